@@ -1,0 +1,135 @@
+"""The policy-domain lexicon: ``word,count`` files, normalisation and word matching.
+
+Id 0 is the padding word, so a lexicon of N words feeds a word embedding of N + 1 rows
+(``PolicyBertConfig.word_vocab_size``). Matching runs an Aho–Corasick automaton
+(``pyahocorasick``) over a case- and width-folded copy of the text that keeps every character at
+its offset, so a match's span indexes the original text and maps onto tokenizer offsets.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import re
+import unicodedata
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Iterable
+
+import ahocorasick
+
+logger = logging.getLogger(__name__)
+
+PAD_WORD = "[PAD]"
+LEXICON_FILE = "lexicon.txt"
+_SPACE = re.compile(r"\s+")
+
+
+def fold_char(char: str) -> str:
+    """NFKC + lower-case of one character, kept only if it stays one character (offsets must not move)."""
+    folded = unicodedata.normalize("NFKC", char).lower()
+    return folded if len(folded) == 1 else char
+
+
+def fold_text(text: str) -> str:
+    """Fold a text character by character; ``len(fold_text(t)) == len(t)`` always."""
+    return "".join(map(fold_char, text))
+
+
+def normalize_word(word: str) -> str:
+    """The lexicon form of a word: inner whitespace removed (the reference list has ``数 据``), then folded."""
+    return fold_text(_SPACE.sub("", word))
+
+
+@dataclass(frozen=True)
+class WordMatch:
+    """A lexicon word found in a text: ``text[start:end]`` folds to the word with id ``word_id``."""
+
+    word_id: int
+    start: int
+    end: int
+
+
+class LexiconError(ValueError):
+    """A lexicon file that cannot be read as ``word,count`` lines."""
+
+
+class Lexicon:
+    """Words with counts, ids starting at 1 (0 pads), and an automaton that finds them in text."""
+
+    def __init__(self, words: Iterable[str], counts: Iterable[int] | None = None):
+        words = list(words)
+        counts = [0] * len(words) if counts is None else list(counts)
+        if len(counts) != len(words):
+            raise ValueError(f"{len(words)} words but {len(counts)} counts")
+        merged: dict[str, int] = {}
+        sources: dict[str, list[str]] = {}
+        for raw, count in zip(words, counts):
+            word = normalize_word(raw)
+            if not word:
+                raise LexiconError(f"lexicon word {raw!r} is empty after normalisation")
+            merged[word] = merged.get(word, 0) + count
+            sources.setdefault(word, []).append(raw)
+        collisions = {w: raws for w, raws in sources.items() if len(raws) > 1}
+        if collisions:
+            shown = "; ".join(f"{' + '.join(map(repr, r))} -> {w!r}" for w, r in list(collisions.items())[:5])
+            logger.warning(
+                "lexicon: %d entries normalise to a word already listed and were merged (counts summed): %s%s",
+                sum(len(r) - 1 for r in collisions.values()),
+                shown,
+                " ..." if len(collisions) > 5 else "",
+            )
+        self.merged = collisions
+        self.words: list[str] = list(merged)
+        self.counts: list[int] = list(merged.values())
+        self.word_to_id: dict[str, int] = {w: i + 1 for i, w in enumerate(self.words)}
+        self._automaton = ahocorasick.Automaton()
+        for word, word_id in self.word_to_id.items():
+            self._automaton.add_word(word, (word_id, len(word)))
+        if self.words:
+            self._automaton.make_automaton()
+
+    def __len__(self) -> int:
+        """The word vocabulary size, padding word included: what ``word_vocab_size`` must equal."""
+        return len(self.words) + 1
+
+    def id_to_word(self, word_id: int) -> str:
+        return PAD_WORD if word_id == 0 else self.words[word_id - 1]
+
+    def match(self, text: str) -> list[WordMatch]:
+        """Every occurrence of every lexicon word in ``text``, ordered by start then end."""
+        if not self.words or not text:
+            return []
+        found = [
+            WordMatch(word_id, end + 1 - length, end + 1)
+            for end, (word_id, length) in self._automaton.iter(fold_text(text))
+        ]
+        found.sort(key=lambda m: (m.start, m.end))
+        return found
+
+    @classmethod
+    def load(cls, path: str | os.PathLike) -> "Lexicon":
+        """Read ``word,count`` lines (UTF-8). Blank lines are skipped; anything else malformed is an error."""
+        path = Path(path)
+        if not path.is_file():
+            raise LexiconError(f"lexicon file not found: {path}")
+        words, counts = [], []
+        try:
+            lines = path.read_text(encoding="utf-8").splitlines()
+        except UnicodeDecodeError as err:
+            raise LexiconError(f"{path}: not UTF-8 text ({err.reason} at byte {err.start})") from None
+        for number, line in enumerate(lines, 1):
+            if not line.strip():
+                continue
+            word, sep, count = line.rpartition(",")
+            if not sep or not word.strip() or not count.strip().isdigit():
+                raise LexiconError(f"{path}:{number}: expected 'word,count', got {line!r}")
+            words.append(word)
+            counts.append(int(count))
+        if not words:
+            raise LexiconError(f"{path}: no 'word,count' lines")
+        return cls(words, counts)
+
+    def save(self, path: str | os.PathLike) -> None:
+        """Write ``word,count`` lines in id order, so ids survive a save/load round trip."""
+        Path(path).write_text("".join(f"{w},{c}\n" for w, c in zip(self.words, self.counts)), encoding="utf-8")

@@ -1,0 +1,364 @@
+"""PolicyBERT: a BERT character encoder fused with a ZEN-style word encoder.
+
+Written in the style of `transformers`' ``modeling_bert.py``: a config class, the modules, a
+``PreTrainedModel`` base and the task heads. The character stream *is* a ``BertModel`` (same
+module names, so bge-base-zh-v1.5 weights load key for key); the word stream is a second stack
+of ``BertLayer`` s over the lexicon words matched in the sentence. After character layer ``i``
+the word stream's output of layer ``min(i, num_word_layers - 1)`` is projected onto characters
+through the 0/1 matching matrix ``M`` (batch x chars x words) and merged by one of three fusions:
+
+* ``none`` (ZEN):  ``C' = C + M W``
+* ``gate``:        ``g = sigmoid(Linear([C; M W]))``, ``C' = C + g * M W``
+* ``attn``:        ``C' = LayerNorm(C + Dropout(MultiHead(Q=C, K=M W, V=M W)))``
+
+Layers at or past ``num_word_layers`` add the last word state as ZEN does (``late_fusion="add"``)
+or are left alone (``late_fusion="none"``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+from torch.nn import CrossEntropyLoss
+from transformers import (
+    AutoConfig,
+    AutoModel,
+    AutoModelForPreTraining,
+    AutoModelForSequenceClassification,
+    BertConfig,
+    PreTrainedModel,
+)
+from transformers import initialization as init
+from transformers.masking_utils import create_bidirectional_mask
+from transformers.modeling_outputs import BaseModelOutputWithPooling, SequenceClassifierOutput
+from transformers.models.bert.modeling_bert import (
+    BertAttention,
+    BertEmbeddings,
+    BertEncoder,
+    BertLayer,
+    BertLMPredictionHead,
+    BertPooler,
+    BertPreTrainingHeads,
+)
+from transformers.utils import ModelOutput
+
+FUSION_TYPES = ("none", "gate", "attn")
+LATE_FUSIONS = ("add", "none")
+
+
+class PolicyBertConfig(BertConfig):
+    """``BertConfig`` plus the word stream and the fusion.
+
+    Args:
+        word_vocab_size: rows of the word embedding, i.e. lexicon words + 1 (id 0 pads). 0 turns
+            the word stream off and the model is a plain BERT.
+        num_word_layers: Transformer layers of the word stream (ZEN uses 6).
+        max_words: k_w, the number of matched words kept per ``max_words_span`` characters; the
+            budget grows with the sentence so long chunks keep their word coverage.
+        max_words_span: the length the ``max_words`` budget is quoted for (128 in the thesis).
+        fusion_type: ``none`` (ZEN add), ``gate`` or ``attn``.
+        gate_bias_init: initial bias of the gate's Linear; 5.0 starts every gate at sigmoid(5)
+            ≈ 0.993, i.e. at ZEN's plain addition, so training departs from a known model.
+        late_fusion: what layers ``>= num_word_layers`` do with the last word state: ``add``
+            (ZEN) or ``none``.
+    """
+
+    model_type = "policybert"
+
+    def __init__(
+        self,
+        word_vocab_size: int = 0,
+        num_word_layers: int = 6,
+        max_words: int = 40,
+        max_words_span: int = 128,
+        fusion_type: str = "none",
+        gate_bias_init: float = 5.0,
+        late_fusion: str = "add",
+        **kwargs,
+    ):
+        super().__init__(**kwargs)
+        if fusion_type not in FUSION_TYPES:
+            raise ValueError(f"fusion_type must be one of {FUSION_TYPES}, got {fusion_type!r}")
+        if late_fusion not in LATE_FUSIONS:
+            raise ValueError(f"late_fusion must be one of {LATE_FUSIONS}, got {late_fusion!r}")
+        if word_vocab_size and not 0 < num_word_layers <= self.num_hidden_layers:
+            raise ValueError(
+                f"num_word_layers must be in 1..num_hidden_layers ({self.num_hidden_layers}), got {num_word_layers}"
+            )
+        self.word_vocab_size = word_vocab_size
+        self.num_word_layers = num_word_layers
+        self.max_words = max_words
+        self.max_words_span = max_words_span
+        self.fusion_type = fusion_type
+        self.gate_bias_init = gate_bias_init
+        self.late_fusion = late_fusion
+
+    def word_budget(self, num_chars: int) -> int:
+        """k_w for a sentence of ``num_chars`` tokens: ``max_words`` per ``max_words_span``, at least ``max_words``."""
+        return max(self.max_words, -(-self.max_words * num_chars // self.max_words_span))
+
+
+class PolicyBertWordEmbeddings(nn.Module):
+    """ZEN's word embeddings: a lookup, LayerNorm and dropout; words carry no position."""
+
+    def __init__(self, config: PolicyBertConfig):
+        super().__init__()
+        self.word_embeddings = nn.Embedding(config.word_vocab_size, config.hidden_size, padding_idx=0)
+        self.LayerNorm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
+        self.dropout = nn.Dropout(config.hidden_dropout_prob)
+
+    def forward(self, word_ids: torch.LongTensor) -> torch.Tensor:
+        return self.dropout(self.LayerNorm(self.word_embeddings(word_ids)))
+
+
+class PolicyBertGate(nn.Linear):
+    """The gate's Linear over ``[C; M W]``: a class of its own so that weight init can find its bias."""
+
+    def __init__(self, config: PolicyBertConfig):
+        super().__init__(2 * config.hidden_size, config.hidden_size)
+
+
+class PolicyBertFusion(nn.Module):
+    """Merges the word states mapped onto characters (``M W``) into the character states."""
+
+    def __init__(self, config: PolicyBertConfig):
+        super().__init__()
+        self.config = config
+        self.fusion_type = config.fusion_type
+        if self.fusion_type == "gate":
+            self.gate = PolicyBertGate(config)
+        elif self.fusion_type == "attn":
+            # BERT's cross-attention block is exactly LayerNorm(C + Dropout(Dense(MultiHead(C, W, W)))).
+            self.attention = BertAttention(config, is_cross_attention=True)
+
+    def forward(self, chars: torch.Tensor, words_on_chars: torch.Tensor, covered: torch.Tensor) -> torch.Tensor:
+        """``covered``: bool (batch, chars), a real character covered by at least one matched word."""
+        if self.fusion_type == "none":
+            return chars + words_on_chars
+        if self.fusion_type == "gate":
+            gate = torch.sigmoid(self.gate(torch.cat([chars, words_on_chars], dim=-1)))
+            return chars + gate * words_on_chars
+        # attn: characters attend to the word-bearing characters only. A sentence without any
+        # match keeps its character states untouched (no LayerNorm shift, no softmax over an
+        # empty key set, which is NaN), so a text without lexicon words embeds as plain BERT.
+        has_words = covered.any(dim=-1)
+        keys = covered | ~has_words[:, None]
+        mask = create_bidirectional_mask(
+            config=self.config, inputs_embeds=chars, attention_mask=keys, encoder_hidden_states=words_on_chars
+        )
+        fused, _ = self.attention(chars, encoder_hidden_states=words_on_chars, encoder_attention_mask=mask)
+        return torch.where(has_words[:, None, None], fused, chars)
+
+
+class PolicyBertPreTrainedModel(PreTrainedModel):
+    config_class = PolicyBertConfig
+    config: PolicyBertConfig
+    base_model_prefix = "bert"
+    supports_gradient_checkpointing = True
+    _supports_sdpa = True
+    _no_split_modules = ["BertEmbeddings", "BertLayer"]
+
+    @torch.no_grad()
+    def _init_weights(self, module: nn.Module) -> None:
+        super()._init_weights(module)
+        if isinstance(module, BertLMPredictionHead):
+            init.zeros_(module.bias)
+        elif isinstance(module, BertEmbeddings):
+            init.copy_(module.position_ids, torch.arange(module.position_ids.shape[-1]).expand((1, -1)))
+            init.zeros_(module.token_type_ids)
+        elif isinstance(module, PolicyBertGate):
+            # After the generic Linear init zeroed the bias: the reference code stopped there, and
+            # its gates began at 0.5 instead of ~1 (ZEN's plain addition).
+            init.constant_(module.bias, self.config.gate_bias_init)
+
+
+class PolicyBertModel(PolicyBertPreTrainedModel):
+    """The fused encoder. With ``word_ids=None`` (or ``word_vocab_size=0``) it is exactly a ``BertModel``."""
+
+    def __init__(self, config: PolicyBertConfig, add_pooling_layer: bool = True):
+        super().__init__(config)
+        self.embeddings = BertEmbeddings(config)
+        self.encoder = BertEncoder(config)
+        self.pooler = BertPooler(config) if add_pooling_layer else None
+        if config.word_vocab_size:
+            self.word_embeddings = PolicyBertWordEmbeddings(config)
+            self.word_encoder = nn.ModuleList(BertLayer(config) for _ in range(config.num_word_layers))
+            # Layers past the word stream fuse by plain addition (ZEN) and need no parameters.
+            self.fusions = nn.ModuleList(PolicyBertFusion(config) for _ in range(config.num_word_layers))
+        self.post_init()
+
+    def get_input_embeddings(self) -> nn.Embedding:
+        return self.embeddings.word_embeddings
+
+    def set_input_embeddings(self, value: nn.Embedding) -> None:
+        self.embeddings.word_embeddings = value
+
+    def forward(
+        self,
+        input_ids: torch.LongTensor,
+        attention_mask: torch.Tensor | None = None,
+        token_type_ids: torch.LongTensor | None = None,
+        position_ids: torch.LongTensor | None = None,
+        word_ids: torch.LongTensor | None = None,
+        word_attention_mask: torch.Tensor | None = None,
+        word_matching_matrix: torch.Tensor | None = None,
+        output_hidden_states: bool = False,
+        **kwargs,
+    ) -> BaseModelOutputWithPooling:
+        if attention_mask is None:
+            attention_mask = torch.ones_like(input_ids)
+        hidden = self.embeddings(input_ids=input_ids, token_type_ids=token_type_ids, position_ids=position_ids)
+        char_mask = create_bidirectional_mask(config=self.config, inputs_embeds=hidden, attention_mask=attention_mask)
+
+        use_words = self.config.word_vocab_size > 0 and word_ids is not None
+        if use_words:
+            if word_matching_matrix is None:
+                raise ValueError("word_ids were given without word_matching_matrix")
+            if word_attention_mask is None:
+                word_attention_mask = (word_ids != 0).long()
+            word_valid = word_attention_mask.bool()
+            matching = word_matching_matrix.to(hidden.dtype) * word_valid[:, None, :].to(hidden.dtype)
+            matching = matching * attention_mask[:, :, None].to(hidden.dtype)
+            covered = matching.any(dim=-1)
+            words = self.word_embeddings(word_ids)
+            # A sentence with no word at all would softmax over an empty key set (NaN); let its
+            # padding words attend to each other instead: M zeroes their contribution anyway.
+            word_keys = word_valid | ~word_valid.any(dim=-1, keepdim=True)
+            word_mask = create_bidirectional_mask(config=self.config, inputs_embeds=words, attention_mask=word_keys)
+
+        all_hidden = (hidden,) if output_hidden_states else None
+        words_on_chars = None
+        for i, layer in enumerate(self.encoder.layer):
+            hidden = layer(hidden, char_mask, **kwargs)
+            if use_words:
+                if i < self.config.num_word_layers:
+                    words = self.word_encoder[i](words, word_mask, **kwargs)
+                    words_on_chars = torch.bmm(matching, words)
+                    hidden = self.fusions[i](hidden, words_on_chars, covered)
+                elif self.config.late_fusion == "add":
+                    hidden = hidden + words_on_chars
+            if output_hidden_states:
+                all_hidden = all_hidden + (hidden,)
+
+        pooled = self.pooler(hidden) if self.pooler is not None else None
+        return BaseModelOutputWithPooling(last_hidden_state=hidden, pooler_output=pooled, hidden_states=all_hidden)
+
+
+@dataclass
+class PolicyBertForPreTrainingOutput(ModelOutput):
+    loss: torch.Tensor | None = None
+    mlm_loss: torch.Tensor | None = None
+    nsp_loss: torch.Tensor | None = None
+    prediction_logits: torch.Tensor | None = None
+    seq_relationship_logits: torch.Tensor | None = None
+    hidden_states: tuple[torch.Tensor, ...] | None = None
+
+
+class PolicyBertForPreTraining(PolicyBertPreTrainedModel):
+    """MLM (decoder tied to the character embeddings) + NSP, as in BERT's pre-training."""
+
+    _tied_weights_keys = {
+        "cls.predictions.decoder.weight": "bert.embeddings.word_embeddings.weight",
+        "cls.predictions.decoder.bias": "cls.predictions.bias",
+    }
+
+    def __init__(self, config: PolicyBertConfig):
+        super().__init__(config)
+        self.bert = PolicyBertModel(config)
+        self.cls = BertPreTrainingHeads(config)
+        self.post_init()
+
+    def get_output_embeddings(self) -> nn.Linear:
+        return self.cls.predictions.decoder
+
+    def set_output_embeddings(self, new_embeddings: nn.Linear) -> None:
+        self.cls.predictions.decoder = new_embeddings
+        self.cls.predictions.bias = new_embeddings.bias
+
+    def forward(
+        self,
+        input_ids: torch.LongTensor,
+        attention_mask: torch.Tensor | None = None,
+        token_type_ids: torch.LongTensor | None = None,
+        word_ids: torch.LongTensor | None = None,
+        word_attention_mask: torch.Tensor | None = None,
+        word_matching_matrix: torch.Tensor | None = None,
+        labels: torch.LongTensor | None = None,
+        next_sentence_label: torch.LongTensor | None = None,
+        output_hidden_states: bool = False,
+        **kwargs,
+    ) -> PolicyBertForPreTrainingOutput:
+        """``labels``: MLM targets, -100 where not masked; ``next_sentence_label``: 0 = B follows A, 1 = random."""
+        outputs = self.bert(
+            input_ids,
+            attention_mask=attention_mask,
+            token_type_ids=token_type_ids,
+            word_ids=word_ids,
+            word_attention_mask=word_attention_mask,
+            word_matching_matrix=word_matching_matrix,
+            output_hidden_states=output_hidden_states,
+            **kwargs,
+        )
+        prediction_logits, seq_relationship_logits = self.cls(outputs.last_hidden_state, outputs.pooler_output)
+        loss_fct = CrossEntropyLoss()
+        mlm_loss = nsp_loss = None
+        if labels is not None:
+            mlm_loss = loss_fct(prediction_logits.view(-1, self.config.vocab_size), labels.view(-1))
+        if next_sentence_label is not None:
+            nsp_loss = loss_fct(seq_relationship_logits.view(-1, 2), next_sentence_label.view(-1))
+        losses = [x for x in (mlm_loss, nsp_loss) if x is not None]
+        return PolicyBertForPreTrainingOutput(
+            loss=sum(losses) if losses else None,
+            mlm_loss=mlm_loss,
+            nsp_loss=nsp_loss,
+            prediction_logits=prediction_logits,
+            seq_relationship_logits=seq_relationship_logits,
+            hidden_states=outputs.hidden_states,
+        )
+
+
+class PolicyBertForSequenceClassification(PolicyBertPreTrainedModel):
+    """Dropout + Linear on the pooled output: the PolicySM sentence-pair (NSP) classifier."""
+
+    def __init__(self, config: PolicyBertConfig):
+        super().__init__(config)
+        self.num_labels = config.num_labels
+        self.bert = PolicyBertModel(config)
+        dropout = config.classifier_dropout if config.classifier_dropout is not None else config.hidden_dropout_prob
+        self.dropout = nn.Dropout(dropout)
+        self.classifier = nn.Linear(config.hidden_size, config.num_labels)
+        self.post_init()
+
+    def forward(
+        self,
+        input_ids: torch.LongTensor,
+        attention_mask: torch.Tensor | None = None,
+        token_type_ids: torch.LongTensor | None = None,
+        word_ids: torch.LongTensor | None = None,
+        word_attention_mask: torch.Tensor | None = None,
+        word_matching_matrix: torch.Tensor | None = None,
+        labels: torch.LongTensor | None = None,
+        **kwargs,
+    ) -> SequenceClassifierOutput:
+        outputs = self.bert(
+            input_ids,
+            attention_mask=attention_mask,
+            token_type_ids=token_type_ids,
+            word_ids=word_ids,
+            word_attention_mask=word_attention_mask,
+            word_matching_matrix=word_matching_matrix,
+            **kwargs,
+        )
+        logits = self.classifier(self.dropout(outputs.pooler_output))
+        loss = None
+        if labels is not None:
+            loss = CrossEntropyLoss()(logits.view(-1, self.num_labels), labels.view(-1))
+        return SequenceClassifierOutput(loss=loss, logits=logits)
+
+
+AutoConfig.register(PolicyBertConfig.model_type, PolicyBertConfig)
+AutoModel.register(PolicyBertConfig, PolicyBertModel)
+AutoModelForPreTraining.register(PolicyBertConfig, PolicyBertForPreTraining)
+AutoModelForSequenceClassification.register(PolicyBertConfig, PolicyBertForSequenceClassification)
