@@ -128,9 +128,16 @@ def atomic_output_dir(out: str | os.PathLike) -> Iterator[Path]:
         shutil.rmtree(scratch, ignore_errors=True)
 
 
-def save_model_dir(model: PreTrainedModel, tokenizer: PolicyBertTokenizer, out: str | os.PathLike) -> Path:
-    """Write model (safetensors), tokenizer and lexicon to ``out`` atomically."""
+def save_model_dir(
+    model: PreTrainedModel,
+    tokenizer: PolicyBertTokenizer,
+    out: str | os.PathLike,
+    extra_files: dict[str, str] | None = None,
+) -> Path:
+    """Write model (safetensors), tokenizer, lexicon and ``extra_files`` (name -> text) to ``out`` atomically."""
     with atomic_output_dir(out) as scratch:
         model.save_pretrained(scratch)
         tokenizer.save_pretrained(scratch)
+        for name, text in (extra_files or {}).items():
+            (scratch / name).write_text(text, encoding="utf-8")
     return Path(out)

@@ -1,0 +1,193 @@
+"""The real merge on tiny bge-like and ZEN-like checkpoints built here (no downloads)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file
+from transformers import BertConfig, BertModel
+
+from chatchat_policybert.embeddings import PolicyBertEmbeddings
+from chatchat_policybert.lexicon import Lexicon
+from chatchat_policybert.loading import load_policybert
+from chatchat_policybert.modeling import PolicyBertModel
+from chatchat_policybert.testing import build_tiny_bert, tiny_config
+from training.merge_bge import main as merge_main
+
+REPO = Path(__file__).resolve().parents[2]
+LEXICON_WORDS = ["数据", "数据安全", "安全", "数字经济", "发展", "个人信息", "保护"]
+ZEN_NGRAMS = ["保护", "无关词", "数据", "数字经济"]  # ZEN rows 1..4; order differs from the lexicon on purpose
+
+
+@pytest.fixture(scope="module")
+def texts() -> list[str]:
+    return ["加强数据安全保护，推动数字经济发展。", "个人信息保护法规定了处理个人信息的规则。", "国家数据局统筹数据资源整合共享。"]
+
+
+@pytest.fixture(scope="module")
+def bge_dir(tmp_path_factory, texts) -> Path:
+    return build_tiny_bert(tmp_path_factory.mktemp("bge") / "bge", texts, seed=1)
+
+
+@pytest.fixture(scope="module")
+def lexicon_file(tmp_path_factory) -> Path:
+    path = tmp_path_factory.mktemp("lex") / "words.txt"
+    path.write_text("".join(f"{w},{100 - i}\n" for i, w in enumerate(LEXICON_WORDS)), encoding="utf-8")
+    return path
+
+
+def make_zen(directory: Path, hidden: int = 32, word_layers: int = 2) -> Path:
+    """A ZEN_pretrain_base-shaped checkpoint: bert.* keys, word layers, ngram.txt, old gamma/beta names."""
+    directory.mkdir(parents=True)
+    torch.manual_seed(7)
+    char = BertModel(BertConfig(**tiny_config(50, hidden_size=hidden, num_hidden_layers=word_layers)))
+    state = {f"bert.{k}": v for k, v in char.state_dict().items()}
+    layers = BertModel(BertConfig(**tiny_config(50, hidden_size=hidden, num_hidden_layers=word_layers)))
+    for key, value in layers.encoder.state_dict().items():
+        state[f"bert.encoder.word_layers.{key.removeprefix('layer.')}"] = value + 1.0
+    state["bert.word_embeddings.word_embeddings.weight"] = torch.randn(len(ZEN_NGRAMS) + 1, hidden)
+    state["bert.word_embeddings.LayerNorm.gamma"] = torch.full((hidden,), 2.0)
+    state["bert.word_embeddings.LayerNorm.beta"] = torch.full((hidden,), 0.5)
+    state["cls.predictions.bias"] = torch.zeros(50)
+    torch.save(state, directory / "pytorch_model.bin")
+    (directory / "ngram.txt").write_text("".join(f"{w},{9}\n" for w in ZEN_NGRAMS), encoding="utf-8")
+    return directory
+
+
+def test_fresh_merge_with_zen(tmp_path, bge_dir, lexicon_file, texts):
+    zen = make_zen(tmp_path / "zen")
+    out = tmp_path / "policybert"
+    rc = merge_main(["--bge", str(bge_dir), "--zen", str(zen), "--lexicon", str(lexicon_file),
+                     "--fusion", "gate", "--num-word-layers", "2", "--out", str(out)])
+    assert rc == 0
+    merged = load_file(out / "model.safetensors")
+    bge = load_file(bge_dir / "model.safetensors")
+    for key, value in bge.items():  # every character-encoder tensor is bge's, key for key
+        assert torch.equal(merged[key], value), key
+    zen_state = torch.load(zen / "pytorch_model.bin", weights_only=True)
+    assert torch.equal(merged["word_encoder.1.output.dense.weight"], zen_state["bert.encoder.word_layers.1.output.dense.weight"])
+    assert torch.equal(merged["word_embeddings.LayerNorm.weight"], zen_state["bert.word_embeddings.LayerNorm.gamma"])
+    lexicon = Lexicon.load(out / "lexicon.txt")
+    rows = merged["word_embeddings.word_embeddings.weight"]
+    zen_rows = zen_state["bert.word_embeddings.word_embeddings.weight"]
+    for word in ("数据", "数字经济", "保护"):  # mapped by string, not by id
+        assert torch.equal(rows[lexicon.word_to_id[word]], zen_rows[ZEN_NGRAMS.index(word) + 1]), word
+    model, tokenizer = load_policybert(bge_dir)
+    ids = tokenizer.tokenizer("安全", add_special_tokens=False)["input_ids"]
+    expected = model.embeddings.word_embeddings.weight[ids].mean(0)
+    torch.testing.assert_close(rows[lexicon.word_to_id["安全"]], expected)  # absent from ZEN: char mean
+    assert torch.all(merged["fusions.0.gate.bias"] == 5.0)
+    report = json.loads((out / "merge_report.json").read_text(encoding="utf-8"))
+    assert "zen:cls.predictions.bias" in report["dropped"]
+    assert "zen:embeddings.word_embeddings.weight" in report["dropped"]
+    vectors = PolicyBertEmbeddings(out).embed_documents(texts)
+    assert len(vectors) == 3 and len(vectors[0]) == 32
+
+
+def test_fresh_merge_without_zen_equals_bge_on_text_without_words(tmp_path, bge_dir, lexicon_file):
+    out = tmp_path / "policybert"
+    assert merge_main(["--bge", str(bge_dir), "--zen", "none", "--lexicon", str(lexicon_file),
+                       "--fusion", "attn", "--num-word-layers", "1", "--out", str(out)]) == 0
+    merged = load_file(out / "model.safetensors")
+    assert torch.equal(merged["word_encoder.0.attention.self.query.weight"], merged["encoder.layer.0.attention.self.query.weight"])
+    plain = PolicyBertEmbeddings(bge_dir).embed_documents(["国家统筹整合共享。"])
+    fused = PolicyBertEmbeddings(out).embed_documents(["国家统筹整合共享。"])
+    assert max(abs(a - b) for a, b in zip(plain[0], fused[0])) < 1e-5
+
+
+def test_merge_back_alpha(tmp_path, bge_dir, lexicon_file):
+    fresh = tmp_path / "fresh"
+    assert merge_main(["--bge", str(bge_dir), "--lexicon", str(lexicon_file), "--num-word-layers", "1", "--out", str(fresh)]) == 0
+    model = PolicyBertModel.from_pretrained(fresh)
+    with torch.no_grad():  # stand-in for fine-tuning: move every tensor
+        for p in model.parameters():
+            p.add_(0.25)
+    finetuned = tmp_path / "finetuned"
+    model.save_pretrained(finetuned)
+    for name in ("lexicon.txt", "tokenizer.json", "tokenizer_config.json"):
+        (finetuned / name).write_bytes((fresh / name).read_bytes())
+    bge = load_file(bge_dir / "model.safetensors")
+    ft = load_file(finetuned / "model.safetensors")
+    for alpha in (0.3, 1.0):
+        out = tmp_path / f"merged-{alpha}"
+        assert merge_main(["--finetuned", str(finetuned), "--alpha", str(alpha), "--bge", str(bge_dir), "--out", str(out)]) == 0
+        merged = load_file(out / "model.safetensors")
+        key = "encoder.layer.1.output.dense.weight"
+        torch.testing.assert_close(merged[key], alpha * ft[key] + (1 - alpha) * bge[key])
+        assert torch.equal(merged["word_encoder.0.output.dense.weight"], ft["word_encoder.0.output.dense.weight"])
+        assert torch.equal(merged["fusions.0.attention.output.dense.bias"], ft["fusions.0.attention.output.dense.bias"])
+        load_policybert(out)
+
+
+def run_cli(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "training.merge_bge", *args], cwd=REPO, capture_output=True,
+                          text=True, env={"HF_HUB_OFFLINE": "1", "PATH": "/usr/bin:/bin"})
+
+
+@pytest.mark.parametrize(
+    "case, expected",
+    [
+        ("hub", "pass the local directory"),
+        ("missing_lexicon", "lexicon file not found"),
+        ("zen_without_ngrams", "no ngram.txt"),
+        ("hidden_mismatch", "hidden size 16 does not match bge's 32"),
+        ("too_many_word_layers", "num_word_layers must be in 1..num_hidden_layers (2), got 6"),
+        ("policybert_as_bge", "expected a plain 'bert' checkpoint"),
+        ("bge_as_finetuned", "expected 'policybert'"),
+    ],
+)
+def test_cli_errors_are_one_line(tmp_path, capsys, bge_dir, lexicon_file, case, expected):
+    out = tmp_path / "out"
+    args = {
+        "hub": ["--bge", "BAAI/bge-base-zh-v1.5", "--lexicon", str(lexicon_file)],
+        "missing_lexicon": ["--bge", str(bge_dir), "--lexicon", str(tmp_path / "nope.txt")],
+        "zen_without_ngrams": ["--bge", str(bge_dir), "--lexicon", str(lexicon_file), "--zen", str(tmp_path),
+                               "--num-word-layers", "1"],
+        "too_many_word_layers": ["--bge", str(bge_dir), "--lexicon", str(lexicon_file)],
+        "hidden_mismatch": ["--bge", str(bge_dir), "--lexicon", str(lexicon_file), "--num-word-layers", "2",
+                            "--zen", str(make_zen(tmp_path / "zen16", hidden=16))],
+        "policybert_as_bge": ["--bge", str(_fresh(tmp_path, bge_dir, lexicon_file)), "--lexicon", str(lexicon_file)],
+        "bge_as_finetuned": ["--finetuned", str(bge_dir), "--bge", str(bge_dir)],
+    }[case]
+    capsys.readouterr()
+    assert merge_main([*args, "--out", str(out)]) == 2
+    stderr = capsys.readouterr().err
+    assert stderr.count("\n") == 1 and expected in stderr, stderr
+    assert not out.exists()
+    assert not [p for p in tmp_path.iterdir() if p.name.startswith(".out.")]
+
+
+def _fresh(tmp_path: Path, bge_dir: Path, lexicon_file: Path) -> Path:
+    out = tmp_path / "fresh-policybert"
+    assert merge_main(["--bge", str(bge_dir), "--lexicon", str(lexicon_file), "--num-word-layers", "1", "--out", str(out)]) == 0
+    return out
+
+
+def test_failed_merge_keeps_previous_output(tmp_path, bge_dir, lexicon_file):
+    out = _fresh(tmp_path, bge_dir, lexicon_file)
+    before = {p.name: p.read_bytes() for p in out.iterdir()}
+    broken_zen = tmp_path / "zen"
+    broken_zen.mkdir()
+    (broken_zen / "ngram.txt").write_text("数据,3\n", encoding="utf-8")
+    (broken_zen / "pytorch_model.bin").write_bytes(b"not a checkpoint")
+    rc = merge_main(["--bge", str(bge_dir), "--lexicon", str(lexicon_file), "--zen", str(broken_zen),
+                     "--num-word-layers", "1", "--out", str(out)])
+    assert rc == 2
+    assert {p.name: p.read_bytes() for p in out.iterdir()} == before
+
+
+def test_cli_process_exit_code_and_message_offline(tmp_path, lexicon_file):
+    result = run_cli("--bge", "BAAI/bge-base-zh-v1.5", "--lexicon", str(lexicon_file), "--out", str(tmp_path / "o"))
+    assert result.returncode == 2, result.stderr
+    assert result.stderr.startswith("merge_bge: error: --bge: could not fetch 'BAAI/bge-base-zh-v1.5'")
+    assert "Traceback" not in result.stderr
+
+
+def test_help():
+    result = run_cli("--help")
+    assert result.returncode == 0 and "--finetuned" in result.stdout and "--zen" in result.stdout
