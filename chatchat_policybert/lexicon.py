@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Iterable
 
 import ahocorasick
+import numpy as np
 
 logger = logging.getLogger(__name__)
 
@@ -31,9 +32,20 @@ def fold_char(char: str) -> str:
     return folded if len(folded) == 1 else char
 
 
+class _FoldTable(dict):
+    """A ``str.translate`` table that folds each character the first time it is seen, then from cache."""
+
+    def __missing__(self, code: int) -> str:
+        self[code] = folded = fold_char(chr(code))
+        return folded
+
+
+_FOLD_TABLE = _FoldTable()
+
+
 def fold_text(text: str) -> str:
     """Fold a text character by character; ``len(fold_text(t)) == len(t)`` always."""
-    return "".join(map(fold_char, text))
+    return text.translate(_FOLD_TABLE)
 
 
 def normalize_word(word: str) -> str:
@@ -96,16 +108,19 @@ class Lexicon:
     def id_to_word(self, word_id: int) -> str:
         return PAD_WORD if word_id == 0 else self.words[word_id - 1]
 
-    def match(self, text: str) -> list[WordMatch]:
-        """Every occurrence of every lexicon word in ``text``, ordered by start then end."""
+    def find(self, text: str) -> np.ndarray:
+        """Every occurrence of every lexicon word as rows ``(word_id, start, end)``, ordered by start then end."""
         if not self.words or not text:
-            return []
-        found = [
-            WordMatch(word_id, end + 1 - length, end + 1)
-            for end, (word_id, length) in self._automaton.iter(fold_text(text))
-        ]
-        found.sort(key=lambda m: (m.start, m.end))
-        return found
+            return np.zeros((0, 3), dtype=np.int64)
+        found = np.array(
+            [(word_id, end + 1 - length, end + 1) for end, (word_id, length) in self._automaton.iter(fold_text(text))],
+            dtype=np.int64,
+        ).reshape(-1, 3)
+        return found[np.lexsort((found[:, 2], found[:, 1]))]
+
+    def match(self, text: str) -> list[WordMatch]:
+        """:meth:`find` as :class:`WordMatch` objects."""
+        return [WordMatch(*map(int, row)) for row in self.find(text)]
 
     @classmethod
     def load(cls, path: str | os.PathLike) -> "Lexicon":

@@ -7,37 +7,18 @@ given, and weights are random (seeded) unless the caller trains them.
 from __future__ import annotations
 
 import os
-import string
-import tempfile
-from collections import Counter
 from pathlib import Path
 from typing import Iterable
 
 import torch
-from transformers import BertConfig, BertModel, BertTokenizerFast
+from transformers import BertConfig, BertModel
 
 from .lexicon import Lexicon
 from .loading import save_model_dir
 from .modeling import PolicyBertConfig, PolicyBertModel
-from .tokenization import PolicyBertTokenizer
+from .tokenization import PolicyBertTokenizer, build_char_tokenizer
 
-SPECIAL_TOKENS = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
-
-
-def build_char_tokenizer(texts: Iterable[str], min_count: int = 1, model_max_length: int = 512) -> BertTokenizerFast:
-    """A bge-style BERT tokenizer whose vocabulary is the characters of ``texts``.
-
-    Chinese characters become one token each, as in bge; ASCII letters and digits also get
-    ``##`` continuations so numbers and Latin words split into characters instead of ``[UNK]``.
-    """
-    counts = Counter(ch.lower() for text in texts for ch in text if not ch.isspace())
-    chars = sorted((c for c, n in counts.items() if n >= min_count), key=lambda c: (-counts[c], c))
-    continuations = [f"##{c}" for c in string.ascii_lowercase + string.digits]
-    vocab = SPECIAL_TOKENS + [c for c in chars if c not in SPECIAL_TOKENS] + continuations
-    with tempfile.TemporaryDirectory() as scratch:
-        vocab_file = Path(scratch) / "vocab.txt"
-        vocab_file.write_text("\n".join(vocab) + "\n", encoding="utf-8")
-        return BertTokenizerFast(vocab_file=str(vocab_file), model_max_length=model_max_length)
+__all__ = ["build_char_tokenizer", "build_tiny_bert", "build_tiny_policybert", "tiny_config"]
 
 
 def tiny_config(vocab_size: int, **overrides) -> dict:

@@ -13,14 +13,33 @@ from __future__ import annotations
 import json
 import os
 import random
+import string
+from collections import Counter
 from pathlib import Path
+from typing import Iterable
 
+import numpy as np
 import torch
-from transformers import AutoTokenizer, BatchEncoding, PreTrainedTokenizerFast
+from tokenizers import Encoding
+from transformers import AutoTokenizer, BatchEncoding, BertTokenizerFast, PreTrainedTokenizerFast
 
 from .lexicon import LEXICON_FILE, Lexicon
 
-WordSpan = tuple[int, int, int]  # (word_id, first token, one past the last token)
+SPECIAL_TOKENS = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
+
+
+def build_char_tokenizer(texts: Iterable[str], min_count: int = 1, model_max_length: int = 512) -> BertTokenizerFast:
+    """A bge-style BERT tokenizer whose vocabulary is the characters of ``texts``.
+
+    Chinese characters become one token each, as in bge; ASCII letters and digits also get
+    ``##`` continuations so numbers and Latin words split into characters instead of ``[UNK]``.
+    """
+    counts = Counter(ch.lower() for text in texts for ch in text if not ch.isspace())
+    chars = sorted((c for c, n in counts.items() if n >= min_count), key=lambda c: (-counts[c], c))
+    continuations = [f"##{c}" for c in string.ascii_lowercase + string.digits]
+    vocab = SPECIAL_TOKENS + chars + continuations
+    # transformers 5 takes the vocabulary as a dict; its ``vocab_file`` argument is silently ignored.
+    return BertTokenizerFast(vocab={token: i for i, token in enumerate(vocab)}, model_max_length=model_max_length)
 
 
 class PolicyBertTokenizer:
@@ -67,22 +86,25 @@ class PolicyBertTokenizer:
         if self.lexicon is not None:
             self.lexicon.save(path / LEXICON_FILE)
 
-    def word_spans(self, encoding: BatchEncoding, index: int, texts: tuple[str, ...]) -> list[WordSpan]:
-        """All lexicon words of example ``index`` that align with its tokens, in position order."""
-        sequence_ids = encoding.sequence_ids(index)
-        offsets = encoding["offset_mapping"][index].tolist()
-        spans: list[WordSpan] = []
+    def word_spans(self, encoding: Encoding, texts: tuple[str, ...]) -> np.ndarray:
+        """All lexicon words of one example that align with its tokens: rows ``(word_id, first, last)``."""
+        sequence_ids = np.array([-1 if s is None else s for s in encoding.sequence_ids])
+        offsets = np.array(encoding.offsets, dtype=np.int64).reshape(-1, 2)
+        spans = []
         for segment, text in enumerate(texts):
-            starts, ends = {}, {}
-            for token, (seq, (begin, end)) in enumerate(zip(sequence_ids, offsets)):
-                if seq == segment and end > begin:
-                    starts.setdefault(begin, token)
-                    ends[end] = token + 1
-            for match in self.lexicon.match(text):
-                first, last = starts.get(match.start), ends.get(match.end)
-                if first is not None and last is not None:
-                    spans.append((match.word_id, first, last))
-        return spans
+            found = self.lexicon.find(text)
+            tokens = np.flatnonzero((sequence_ids == segment) & (offsets[:, 1] > offsets[:, 0]))
+            if not len(found) or not len(tokens):
+                continue
+            # Character offset -> token index where a token starts / one past where a token ends.
+            first_of = np.full(len(text) + 1, -1)
+            last_of = np.full(len(text) + 1, -1)
+            first_of[offsets[tokens[::-1], 0]] = tokens[::-1]
+            last_of[offsets[tokens, 1]] = tokens + 1
+            first, last = first_of[found[:, 1]], last_of[found[:, 2]]
+            aligned = (first >= 0) & (last >= 0)
+            spans.append(np.stack([found[aligned, 0], first[aligned], last[aligned]], axis=1))
+        return np.concatenate(spans) if spans else np.zeros((0, 3), dtype=np.int64)
 
     def __call__(
         self,
@@ -99,51 +121,54 @@ class PolicyBertTokenizer:
         Returns ``input_ids``, ``token_type_ids``, ``attention_mask`` and, with a lexicon,
         ``word_ids`` / ``word_attention_mask`` (batch x words) and ``word_matching_matrix``
         (batch x tokens x words, float 0/1). ``return_word_spans`` adds ``word_spans``: per
-        example every aligned match (before the k_w cut), for whole-word masking.
+        example every aligned match (before the k_w cut) as ``(word_id, first, last)`` rows,
+        for whole-word masking.
         """
         texts = [text] if isinstance(text, str) else list(text)
         pairs = None if text_pair is None else ([text_pair] if isinstance(text_pair, str) else list(text_pair))
         if pairs is not None and len(pairs) != len(texts):
             raise ValueError(f"{len(texts)} texts but {len(pairs)} text pairs")
-        encoding = self.tokenizer(
+        # Tensors are built here from the Rust encodings: transformers' own conversion walks
+        # nested Python lists and costs more than tokenising.
+        encodings = self.tokenizer(
             texts,
             pairs,
             max_length=max_length or self.tokenizer.model_max_length,
             padding="longest",
             truncation=True,
-            return_offsets_mapping=self.lexicon is not None,
-            return_token_type_ids=True,
-            return_tensors="pt",
+        ).encodings
+        batch = BatchEncoding(
+            {
+                "input_ids": torch.from_numpy(np.array([e.ids for e in encodings], dtype=np.int64)),
+                "token_type_ids": torch.from_numpy(np.array([e.type_ids for e in encodings], dtype=np.int64)),
+                "attention_mask": torch.from_numpy(np.array([e.attention_mask for e in encodings], dtype=np.int64)),
+            }
         )
         if self.lexicon is None:
-            return encoding
+            return batch
         rng = random.Random(seed) if shuffle_words else None
         all_spans, kept = [], []
-        for i in range(len(texts)):
-            segments = (texts[i],) if pairs is None else (texts[i], pairs[i])
-            spans = self.word_spans(encoding, i, segments)
+        for i, encoding in enumerate(encodings):
+            spans = self.word_spans(encoding, (texts[i],) if pairs is None else (texts[i], pairs[i]))
             all_spans.append(spans)
-            chosen = list(spans)
+            order = list(range(len(spans)))
             if rng is not None:
-                rng.shuffle(chosen)
-            kept.append(chosen[: self.word_budget(int(encoding["attention_mask"][i].sum()))])
+                rng.shuffle(order)
+            kept.append(spans[order[: self.word_budget(sum(encoding.attention_mask))]])
 
-        batch, length = encoding["input_ids"].shape
+        size, length = batch["input_ids"].shape
         width = max(1, max(map(len, kept)))
-        word_ids = torch.zeros(batch, width, dtype=torch.long)
-        matching = torch.zeros(batch, length, width)
-        rows, tokens, columns = [], [], []
+        word_ids = np.zeros((size, width), dtype=np.int64)
+        matching = np.zeros((size, length, width), dtype=np.float32)
         for b, spans in enumerate(kept):
-            for q, (word_id, first, last) in enumerate(spans):
-                word_ids[b, q] = word_id
-                rows.extend([b] * (last - first))
-                tokens.extend(range(first, last))
-                columns.extend([q] * (last - first))
-        matching[rows, tokens, columns] = 1.0
-        del encoding["offset_mapping"]
-        encoding["word_ids"] = word_ids
-        encoding["word_attention_mask"] = (word_ids != 0).long()
-        encoding["word_matching_matrix"] = matching
+            word_ids[b, : len(spans)] = spans[:, 0]
+            lengths = spans[:, 2] - spans[:, 1]
+            columns = np.repeat(np.arange(len(spans)), lengths)
+            tokens = np.repeat(spans[:, 1] - np.cumsum(lengths) + lengths, lengths) + np.arange(lengths.sum())
+            matching[b, tokens, columns] = 1.0
+        batch["word_ids"] = torch.from_numpy(word_ids)
+        batch["word_attention_mask"] = torch.from_numpy((word_ids != 0).astype(np.int64))
+        batch["word_matching_matrix"] = torch.from_numpy(matching)
         if return_word_spans:
-            encoding["word_spans"] = all_spans
-        return encoding
+            batch["word_spans"] = [[tuple(map(int, row)) for row in spans] for spans in all_spans]
+        return batch

@@ -1,0 +1,27 @@
+# The two commands of the README: `make demo` (main job) and `make test`. Both create .venv first.
+PYTHON ?= python3.11
+VENV ?= .venv
+BIN := $(VENV)/bin
+PIP := $(BIN)/pip install --quiet --disable-pip-version-check --constraint constraints.txt
+
+.PHONY: setup test demo bench clean
+
+setup: $(VENV)/.installed
+
+# torch is installed on its own first, pinned by constraints.txt to the CPU wheel, so that no
+# later requirement can pull the CUDA build.
+$(VENV)/.installed: setup.cfg setup.py pyproject.toml constraints.txt
+	$(PYTHON) -m venv $(VENV)
+	$(PIP) --upgrade pip
+	$(PIP) torch==2.13.0
+	$(PIP) --editable '.[dev]'
+	touch $@
+
+test: setup
+	$(BIN)/python -m pytest -q
+
+demo: setup
+	$(BIN)/python -m chatchat_policybert.demo
+
+clean:
+	rm -rf $(VENV) build dist *.egg-info
