@@ -86,6 +86,22 @@ class PolicyBertTokenizer:
         if self.lexicon is not None:
             self.lexicon.save(path / LEXICON_FILE)
 
+    def split_windows(self, texts: list[str], max_length: int) -> list[list[str]]:
+        """Each text as the substrings that fit ``max_length`` tokens: one piece, or consecutive windows."""
+        encodings = self.tokenizer(texts, max_length=max_length, truncation=True).encodings
+        pieces = []
+        for text, encoding in zip(texts, encodings):
+            if not encoding.overflowing:
+                pieces.append([text])
+                continue
+            windows = []
+            for window in (encoding, *encoding.overflowing):
+                spans = [(a, b) for (a, b), seq in zip(window.offsets, window.sequence_ids) if seq is not None and b > a]
+                if spans:
+                    windows.append(text[spans[0][0] : spans[-1][1]])
+            pieces.append(windows)
+        return pieces
+
     def word_spans(self, encoding: Encoding, texts: tuple[str, ...]) -> np.ndarray:
         """All lexicon words of one example that align with its tokens: rows ``(word_id, first, last)``."""
         sequence_ids = np.array([-1 if s is None else s for s in encoding.sequence_ids])
