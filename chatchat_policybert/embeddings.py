@@ -21,11 +21,30 @@ logger = logging.getLogger(__name__)
 DEFAULT_QUERY_INSTRUCTION = "为这个句子生成表示以用于检索相关文章："
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 LONG_TEXT_MODES = ("truncate", "window")
+BF16_CPU_FLAGS = {"amx_bf16", "avx512_bf16"}
+
+
+def auto_dtype(device: str) -> str:
+    """The fastest accurate dtype for ``device``: bfloat16 where the hardware multiplies it natively.
+
+    On a CPU that means AMX or AVX-512-BF16 (read from /proc/cpuinfo); elsewhere bfloat16 is
+    emulated and tens of times slower than float32, so float32 is chosen.
+    """
+    if device.startswith("cuda"):
+        return "bfloat16" if torch.cuda.is_available() and torch.cuda.is_bf16_supported() else "float32"
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as cpuinfo:
+            flags = {flag for line in cpuinfo if line.startswith("flags") for flag in line.split(":", 1)[1].split()}
+    except OSError:
+        return "float32"
+    return "bfloat16" if flags & BF16_CPU_FLAGS else "float32"
 
 
 class PolicyBertEmbeddings(Embeddings):
     """Embeds with a PolicyBERT directory (or a plain BERT/bge one, word stream off).
 
+    ``dtype`` is ``float32`` (default: vectors are the same on every machine), ``bfloat16``,
+    ``float16`` or ``auto`` (:func:`auto_dtype`: bfloat16 only where the hardware has it).
     ``long_text`` says what happens to a text longer than ``max_length`` tokens: ``truncate``
     (default) embeds its beginning and logs a warning with the number of texts cut; ``window``
     embeds it as consecutive windows of ``max_length`` tokens and returns the normalised mean of
@@ -42,14 +61,17 @@ class PolicyBertEmbeddings(Embeddings):
         query_instruction: str = DEFAULT_QUERY_INSTRUCTION,
         long_text: str = "truncate",
     ):
+        if dtype == "auto":
+            dtype = auto_dtype(device)
         if dtype not in DTYPES:
-            raise ValueError(f"dtype must be one of {sorted(DTYPES)}, got {dtype!r}")
+            raise ValueError(f"dtype must be 'auto' or one of {sorted(DTYPES)}, got {dtype!r}")
         if long_text not in LONG_TEXT_MODES:
             raise ValueError(f"long_text must be one of {LONG_TEXT_MODES}, got {long_text!r}")
         if batch_size < 1:
             raise ValueError(f"batch_size must be >= 1, got {batch_size}")
         self.model, self.tokenizer = load_policybert(model_name_or_path, device=device, dtype=DTYPES[dtype])
         self.device = torch.device(device)
+        self.dtype = dtype
         self.batch_size = batch_size
         self.max_length = min(max_length, self.model.config.max_position_embeddings)
         self.query_instruction = query_instruction

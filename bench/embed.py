@@ -1,0 +1,200 @@
+"""Embedding speed: sentence-transformers vs PolicyBertEmbeddings, bge-base-sized models, one run.
+
+    python bench/embed.py                       # 128 chunks of 64/250/750 characters, 3 repetitions
+    python bench/embed.py --chars 250 --chunks 32 --reps 2 --json bench/embed.json
+
+Models are built here with random weights (speed does not depend on the values): a plain BERT of
+bge-base-zh-v1.5's shape and PolicyBERTs of that shape with 6 word layers and each fusion, the
+word stream fed from the real lexicon on chunks of the real policy corpus. Every contender runs
+in its own process (so peak RSS is its own) and the processes take turns, repetition by
+repetition, so a slow phase of the machine hits all of them alike; the median is reported.
+Ratios are against sentence-transformers-bf16 on the plain model, measured in the same run, as
+is the bf16 matmul peak the GFLOP/s are compared with.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import json
+import multiprocessing as mp
+import resource
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+
+REPO = Path(__file__).resolve().parents[1]
+DATA = REPO.parent / "shared" / "data"
+BGE_BASE = dict(hidden_size=768, num_hidden_layers=12, num_attention_heads=12, intermediate_size=3072, max_position_embeddings=512)
+
+
+def corpus_chunks(chars: int, count: int) -> list[str]:
+    """``count`` consecutive ``chars``-character chunks of the policy corpus, whitespace squeezed."""
+    csv.field_size_limit(sys.maxsize)
+    with open(DATA / "policy_corpus" / "Policys_cleaned.csv", encoding="utf-8", newline="") as f:
+        text = "".join("".join(row["contentText"].split()) for row in csv.DictReader(f))
+    return [text[i * chars : (i + 1) * chars] for i in range(count)]
+
+
+def build_models(root: Path, texts: list[str]) -> dict[str, Path]:
+    from transformers import BertConfig, BertModel
+
+    from chatchat_policybert.lexicon import Lexicon
+    from chatchat_policybert.loading import save_model_dir
+    from chatchat_policybert.modeling import FUSION_TYPES, PolicyBertConfig, PolicyBertModel
+    from chatchat_policybert.tokenization import PolicyBertTokenizer, build_char_tokenizer
+
+    tokenizer = build_char_tokenizer(texts)
+    lexicon = Lexicon.load(DATA / "lexicon" / "words_list_checked.txt")
+    torch.manual_seed(0)
+    dirs = {"plain": save_model_dir(BertModel(BertConfig(vocab_size=len(tokenizer), **BGE_BASE)), PolicyBertTokenizer(tokenizer), root / "plain")}
+    for fusion in FUSION_TYPES:
+        config = PolicyBertConfig(vocab_size=len(tokenizer), word_vocab_size=len(lexicon), num_word_layers=6, fusion_type=fusion, **BGE_BASE)
+        dirs[fusion] = save_model_dir(PolicyBertModel(config), PolicyBertTokenizer(tokenizer, lexicon), root / fusion)
+    return dirs
+
+
+def encoder_flops(config, tokens: np.ndarray, words: np.ndarray) -> float:
+    """Multiply-adds x 2 of the encoder for sequences of ``tokens`` characters and ``words`` words."""
+    h, i = config.hidden_size, config.intermediate_size
+
+    def layers(n: int, lengths: np.ndarray) -> float:
+        return n * float(np.sum(8 * lengths * h * h + 4 * lengths * h * i + 4 * lengths**2 * h))
+
+    flops = layers(config.num_hidden_layers, tokens)
+    if getattr(config, "word_vocab_size", 0):
+        k = config.num_word_layers
+        flops += layers(k, words) + k * float(np.sum(2 * tokens * words * h))
+        if config.fusion_type == "gate":
+            flops += k * float(np.sum(4 * tokens * h * h))
+        elif config.fusion_type == "attn":
+            flops += k * float(np.sum(8 * tokens * h * h + 4 * tokens**2 * h))
+    return flops
+
+
+def worker(conn, kind: str, model_dir: str, dtype: str, batch_size: int, threads: int) -> None:
+    """Load one contender, then embed whatever the parent sends, reporting seconds and peak RSS."""
+    torch.set_num_threads(threads)
+    if kind == "st":
+        from sentence_transformers import SentenceTransformer, models
+
+        model = SentenceTransformer(modules=[models.Transformer(model_dir), models.Pooling(768, "cls"), models.Normalize()], device="cpu")
+        if dtype == "bfloat16":
+            model.to(torch.bfloat16)
+        encode = lambda texts: model.encode(texts, batch_size=batch_size, convert_to_numpy=True)  # noqa: E731
+    else:
+        from chatchat_policybert.embeddings import PolicyBertEmbeddings
+
+        model = PolicyBertEmbeddings(model_dir, dtype=dtype, batch_size=batch_size)
+        encode = lambda texts: np.asarray(model.embed_documents(texts), dtype=np.float32)  # noqa: E731
+    conn.send("ready")
+    while (texts := conn.recv()) is not None:
+        start = time.perf_counter()
+        vectors = encode(texts)
+        seconds = time.perf_counter() - start
+        conn.send((seconds, vectors.astype(np.float32), resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20))
+
+
+def matmul_peak(dtype: torch.dtype, size: int = 2048, reps: int = 3) -> float:
+    a, b = torch.randn(size, size, dtype=dtype), torch.randn(size, size, dtype=dtype)
+    torch.matmul(a, b)
+    start = time.perf_counter()
+    for _ in range(reps):
+        torch.matmul(a, b)
+    return 2 * size**3 * reps / (time.perf_counter() - start) / 1e9
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--chars", default="64,250,750", help="chunk lengths in characters, comma-separated")
+    parser.add_argument("--chunks", type=int, default=128, help="chunks per length")
+    parser.add_argument("--batch-size", type=int, default=32)
+    parser.add_argument("--reps", type=int, default=3, help="repetitions (median reported)")
+    parser.add_argument("--threads", type=int, default=torch.get_num_threads())
+    parser.add_argument("--fast-dtype", default=None, help="dtype of the 'fast' PolicyBertEmbeddings rows (default: auto)")
+    parser.add_argument("--force-bf16", action="store_true", help="run sentence-transformers-bf16 even where bf16 is emulated")
+    parser.add_argument("--json", type=Path, help="also write the results here")
+    args = parser.parse_args()
+
+    sys.path.insert(0, str(REPO))
+    from chatchat_policybert.embeddings import auto_dtype
+    from chatchat_policybert.loading import read_config
+    from chatchat_policybert.tokenization import PolicyBertTokenizer
+    from transformers import AutoConfig
+
+    import chatchat_policybert.modeling  # noqa: F401 - registers the config class
+
+    fast = args.fast_dtype or auto_dtype("cpu")
+    # Without AMX/AVX-512-BF16, bf16 matmuls are emulated (~50x slower than fp32 on the AVX2 EPYC
+    # seen here): sentence-transformers-bf16 would take hours, so fp32 becomes the reference.
+    with_bf16 = args.force_bf16 or auto_dtype("cpu") == "bfloat16"
+    reference_name = "st-bf16 (plain)" if with_bf16 else "st-fp32 (plain)"
+    lengths = [int(c) for c in args.chars.split(",")]
+    chunk_sets = {n: corpus_chunks(n, args.chunks) for n in lengths}
+    peak = {"float32": matmul_peak(torch.float32), "bfloat16": matmul_peak(torch.bfloat16, size=2048 if with_bf16 else 512)}
+    print(f"matmul peak ({args.threads} threads): fp32 {peak['float32']:.1f} GFLOP/s, bf16 {peak['bfloat16']:.1f} GFLOP/s; "
+          f"fast dtype: {fast}; reference: {reference_name}")
+    with tempfile.TemporaryDirectory() as scratch:
+        dirs = build_models(Path(scratch), [t for chunks in chunk_sets.values() for t in chunks])
+        contenders = {"st-fp32 (plain)": ("st", "plain", "float32")}
+        if with_bf16:
+            contenders["st-bf16 (plain)"] = ("st", "plain", "bfloat16")
+        for model in ("plain", "none", "gate", "attn"):
+            for dtype in dict.fromkeys(["float32", fast]):
+                contenders[f"ours-{dtype} ({model})"] = ("ours", model, dtype)
+        ctx = mp.get_context("spawn")
+        procs = {}
+        for name, (kind, model, dtype) in contenders.items():
+            parent, child = ctx.Pipe()
+            proc = ctx.Process(target=worker, args=(child, kind, str(dirs[model]), dtype, args.batch_size, args.threads), daemon=True)
+            proc.start()
+            procs[name] = (parent, proc)
+        for parent, _ in procs.values():
+            assert parent.recv() == "ready"
+
+        results = []
+        for n, chunks in chunk_sets.items():
+            stats = {name: [] for name in contenders}
+            vectors, rss = {}, {}
+            for _ in range(args.reps):
+                for name, (parent, _) in procs.items():
+                    parent.send(chunks)
+                    seconds, vecs, rss[name] = parent.recv()
+                    stats[name].append(seconds)
+                    vectors[name] = vecs
+            reference = statistics.median(stats[reference_name])
+            for name, (kind, model, dtype) in contenders.items():
+                config = AutoConfig.from_pretrained(dirs[model])
+                tok = PolicyBertTokenizer.from_pretrained(dirs[model])
+                batch = tok(chunks)
+                tokens = batch["attention_mask"].sum(1).numpy()
+                words = batch["word_attention_mask"].sum(1).numpy() if "word_ids" in batch else np.zeros_like(tokens)
+                seconds = statistics.median(stats[name])
+                gflops = encoder_flops(config, tokens, words) / seconds / 1e9
+                fp32_twin = name.replace("bfloat16", "float32").replace("float16", "float32").replace("st-bf16", "st-fp32")
+                cosine = float(np.min(np.sum(vectors[name] * vectors[fp32_twin], axis=1)))
+                results.append(
+                    dict(chars=n, contender=name, chunks_per_s=len(chunks) / seconds, tokens_per_s=float(tokens.sum()) / seconds,
+                         gflops=gflops, frac_bf16_peak=gflops / peak["bfloat16"], frac_fp32_peak=gflops / peak["float32"],
+                         peak_rss_gib=rss[name], vs_reference=reference / seconds, min_cos_vs_fp32=cosine)
+                )
+        for parent, proc in procs.values():
+            parent.send(None)
+            proc.join()
+
+    header = f"{'chars':>5} {'contender':<24} {'chunks/s':>9} {'tokens/s':>9} {'GFLOP/s':>8} {'%bf16pk':>8} {'%fp32pk':>8} {'RSS GiB':>8} {'×ref':>9} {'min cos':>8}"
+    print(header)
+    for r in results:
+        print(f"{r['chars']:>5} {r['contender']:<24} {r['chunks_per_s']:>9.2f} {r['tokens_per_s']:>9.0f} {r['gflops']:>8.1f} "
+              f"{100 * r['frac_bf16_peak']:>7.0f}% {100 * r['frac_fp32_peak']:>7.0f}% {r['peak_rss_gib']:>8.2f} {r['vs_reference']:>9.2f} {r['min_cos_vs_fp32']:>8.5f}")
+    if args.json:
+        args.json.write_text(json.dumps({"matmul_peak_gflops": peak, "fast_dtype": fast, "reference": reference_name, "results": results}, indent=1), encoding="utf-8")
+
+
+if __name__ == "__main__":
+    main()
