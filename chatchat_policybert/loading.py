@@ -19,7 +19,7 @@ from typing import Iterator
 import torch
 from transformers import BertModel, PreTrainedModel
 
-from .lexicon import LEXICON_FILE, Lexicon, LexiconError
+from .lexicon import LEXICON_FILE, LexiconError
 from .modeling import PolicyBertModel
 from .tokenization import PolicyBertTokenizer
 
@@ -46,7 +46,7 @@ def resolve_model_dir(name_or_path: str | os.PathLike) -> Path:
         return Path(snapshot_download(name))
     except Exception as err:  # noqa: BLE001 - any hub failure means the same thing to the user
         raise ModelDirError(
-            f"could not fetch {name!r} from the Hugging Face hub ({type(err).__name__}); "
+            f"{name!r} is no local directory, and fetching it from the Hugging Face hub failed ({type(err).__name__}); "
             f"download it where the hub is reachable and pass the local directory instead"
         ) from None
 

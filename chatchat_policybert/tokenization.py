@@ -61,7 +61,9 @@ class PolicyBertTokenizer:
 
     @property
     def model_max_length(self) -> int:
-        return self.tokenizer.model_max_length
+        """The tokenizer's limit; 512 (BERT's positions) where it declares none (transformers' 1e30)."""
+        limit = self.tokenizer.model_max_length
+        return limit if limit <= 1_000_000 else 512
 
     def word_budget(self, num_tokens: int) -> int:
         """k_w: ``max_words`` per ``max_words_span`` tokens, never fewer than ``max_words``."""
@@ -149,7 +151,7 @@ class PolicyBertTokenizer:
         encodings = self.tokenizer(
             texts,
             pairs,
-            max_length=max_length or self.tokenizer.model_max_length,
+            max_length=max_length or self.model_max_length,
             padding="longest",
             truncation=True,
         ).encodings

@@ -184,7 +184,7 @@ def test_failed_merge_keeps_previous_output(tmp_path, bge_dir, lexicon_file):
 def test_cli_process_exit_code_and_message_offline(tmp_path, lexicon_file):
     result = run_cli("--bge", "BAAI/bge-base-zh-v1.5", "--lexicon", str(lexicon_file), "--out", str(tmp_path / "o"))
     assert result.returncode == 2, result.stderr
-    assert result.stderr.startswith("merge_bge: error: --bge: could not fetch 'BAAI/bge-base-zh-v1.5'")
+    assert result.stderr.startswith("merge_bge: error: --bge: 'BAAI/bge-base-zh-v1.5' is no local directory, and fetching it from the Hugging Face hub failed")
     assert "Traceback" not in result.stderr
 
 

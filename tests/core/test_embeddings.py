@@ -1,0 +1,135 @@
+"""PolicyBertEmbeddings: the LangChain Embeddings Chatchat retrieves with."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from langchain_core.embeddings import Embeddings
+
+from chatchat_policybert.embeddings import DEFAULT_QUERY_INSTRUCTION, PolicyBertEmbeddings
+from chatchat_policybert.loading import ModelDirError, load_policybert
+
+KINDS = (None, "none", "gate", "attn")
+
+
+@pytest.fixture(scope="module", params=KINDS, ids=lambda k: k or "bert")
+def embeddings(request, tiny_model_dir) -> PolicyBertEmbeddings:
+    return PolicyBertEmbeddings(tiny_model_dir(request.param, perturb=True), batch_size=4)
+
+
+@pytest.fixture(scope="module")
+def docs(policy_sentences) -> list[str]:
+    return policy_sentences[70:79]
+
+
+def test_is_a_langchain_embeddings(embeddings):
+    assert isinstance(embeddings, Embeddings)
+
+
+def test_vectors_unit_norm_float32_dimension(embeddings, docs):
+    vectors = embeddings.embed_documents(docs)
+    assert isinstance(vectors, list) and len(vectors) == len(docs)
+    assert all(isinstance(v, list) and len(v) == embeddings.dimension == 32 for v in vectors)
+    assert all(isinstance(x, float) for x in vectors[0])
+    array = np.asarray(vectors, dtype=np.float64)
+    assert np.allclose(np.linalg.norm(array, axis=1), 1.0, atol=1e-5)
+    # Values are exactly representable in float32 (the vector is computed in float32).
+    assert np.array_equal(array, array.astype(np.float32).astype(np.float64))
+    assert len({tuple(v) for v in vectors}) == len(docs), "different texts get different vectors"
+
+
+def test_vector_is_normalised_cls_state(embeddings, docs):
+    """The documented recipe: [CLS] of the last layer, L2-normalised (bge)."""
+    enc = embeddings.tokenizer(docs[:3])
+    with torch.no_grad():
+        cls = embeddings.model(**enc).last_hidden_state[:, 0]
+    expected = torch.nn.functional.normalize(cls, dim=-1).numpy()
+    assert np.abs(np.asarray(embeddings.embed_documents(docs[:3])) - expected).max() <= 1e-5
+
+
+def test_query_instruction_is_prepended(embeddings, docs):
+    query = "数据要素市场如何培育？"
+    with_instruction = embeddings.embed_documents([DEFAULT_QUERY_INSTRUCTION + query])[0]
+    assert embeddings.query_instruction == DEFAULT_QUERY_INSTRUCTION
+    assert embeddings.embed_query(query) == with_instruction
+    assert embeddings.embed_query(query) != embeddings.embed_documents([query])[0]
+
+
+def test_custom_query_instruction(tiny_model_dir):
+    embeddings = PolicyBertEmbeddings(tiny_model_dir("gate"), query_instruction="查询：")
+    assert embeddings.embed_query("数据安全") == embeddings.embed_documents(["查询：数据安全"])[0]
+
+
+@pytest.mark.parametrize("bad, index", [(None, 1), (42, 2), (b"bytes", 0), (["nested"], 3)])
+def test_non_string_item_names_its_index(embeddings, bad, index):
+    texts = ["数据", "安全", "发展", "建设"]
+    texts[index] = bad
+    with pytest.raises(ValueError, match=rf"\b{index}\b") as err:
+        embeddings.embed_documents(texts)
+    assert type(bad).__name__ in str(err.value)
+
+
+def test_non_string_query(embeddings):
+    with pytest.raises(ValueError, match="query"):
+        embeddings.embed_query(None)
+
+
+def test_empty_list(embeddings):
+    assert embeddings.embed_documents([]) == []
+
+
+def test_order_preserved_with_length_sorting(embeddings, docs):
+    """Batches are sorted by length internally; the results must come back in input order."""
+    individually = [embeddings.embed_documents([d])[0] for d in docs]
+    together = embeddings.embed_documents(docs)
+    assert np.abs(np.asarray(individually) - np.asarray(together)).max() <= 1e-5
+
+
+def test_deterministic_across_calls_and_instances(tiny_model_dir, docs):
+    a = PolicyBertEmbeddings(tiny_model_dir("attn"))
+    b = PolicyBertEmbeddings(tiny_model_dir("attn"))
+    first = a.embed_documents(docs)
+    assert first == a.embed_documents(docs) == b.embed_documents(docs)
+
+
+def test_constructor_validation(tiny_model_dir, tmp_path):
+    with pytest.raises(ValueError, match="dtype"):
+        PolicyBertEmbeddings(tiny_model_dir("gate"), dtype="int8")
+    with pytest.raises(ValueError, match="batch_size"):
+        PolicyBertEmbeddings(tiny_model_dir("gate"), batch_size=0)
+    with pytest.raises(ModelDirError):
+        PolicyBertEmbeddings(tmp_path / "missing")
+
+
+def test_same_as_direct_model_call(tiny_model_dir, docs):
+    model, tokenizer = load_policybert(tiny_model_dir("attn"))
+    enc = tokenizer([docs[0]])
+    with torch.no_grad():
+        cls = model(**enc).last_hidden_state[0, 0]
+    direct = (cls / cls.norm()).numpy()
+    got = np.asarray(PolicyBertEmbeddings(tiny_model_dir("attn")).embed_documents([docs[0]])[0])
+    assert np.abs(direct - got).max() <= 1e-6
+
+
+# --------------------------------------------------------------------------- property: batch invariance
+
+_CHARS = st.one_of(
+    st.sampled_from(list("数据安全发展建设信息国家经济市场管理服务规范")),
+    st.characters(min_codepoint=0x4E00, max_codepoint=0x9FFF),
+    st.sampled_from(list("，。、 abcXYZ0123")),
+)
+
+
+@settings(max_examples=20, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(texts=st.lists(st.text(_CHARS, min_size=1, max_size=60), min_size=2, max_size=6))
+def test_property_batch_invariance(embeddings, texts):
+    """Random Chinese/mixed strings: a vector alone == the same text inside any batch (every model kind)."""
+    together = np.asarray(embeddings.embed_documents(texts))
+    reversed_ = np.asarray(embeddings.embed_documents(texts[::-1]))[::-1]
+    for i, text in enumerate(texts):
+        alone = np.asarray(embeddings.embed_documents([text])[0])
+        assert np.abs(alone - together[i]).max() <= 1e-5
+        assert np.abs(alone - reversed_[i]).max() <= 1e-5

@@ -1,0 +1,239 @@
+"""load_policybert refuses every kind of bad model directory with one clear ModelDirError; atomic writes."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+import torch
+from transformers import BertModel
+
+from chatchat_policybert.loading import ModelDirError, atomic_output_dir, load_policybert, save_model_dir
+from chatchat_policybert.modeling import PolicyBertModel
+
+
+@pytest.fixture
+def policy_dir(tiny_model_dir, tmp_path) -> Path:
+    """A private, editable copy of a tiny PolicyBERT (gate) directory."""
+    return Path(shutil.copytree(tiny_model_dir("gate"), tmp_path / "policybert"))
+
+
+@pytest.fixture
+def bert_dir(tiny_model_dir, tmp_path) -> Path:
+    return Path(shutil.copytree(tiny_model_dir(None), tmp_path / "bert"))
+
+
+def edit_config(path: Path, **changes) -> None:
+    config = json.loads((path / "config.json").read_text(encoding="utf-8"))
+    config.update(changes)
+    (path / "config.json").write_text(json.dumps(config), encoding="utf-8")
+
+
+def one_line(err: pytest.ExceptionInfo) -> str:
+    message = str(err.value)
+    assert "\n" not in message.strip(), f"expected a one-line message, got {message!r}"
+    return message
+
+
+def test_good_directories_load(policy_dir, bert_dir):
+    model, tokenizer = load_policybert(policy_dir)
+    assert type(model) is PolicyBertModel and not model.training
+    assert tokenizer.lexicon is not None and len(tokenizer.lexicon) == model.config.word_vocab_size
+    plain, plain_tokenizer = load_policybert(bert_dir)
+    assert type(plain) is BertModel and plain_tokenizer.lexicon is None
+
+
+def test_missing_config(policy_dir):
+    (policy_dir / "config.json").unlink()
+    with pytest.raises(ModelDirError) as err:
+        load_policybert(policy_dir)
+    assert "config.json" in one_line(err) and str(policy_dir) in str(err.value)
+
+
+def test_invalid_json(policy_dir):
+    (policy_dir / "config.json").write_text('{"model_type": "policybert",', encoding="utf-8")
+    with pytest.raises(ModelDirError, match="not valid JSON") as err:
+        load_policybert(policy_dir)
+    assert "config.json" in one_line(err)
+
+
+def test_other_model_type(policy_dir):
+    edit_config(policy_dir, model_type="gpt2")
+    with pytest.raises(ModelDirError) as err:
+        load_policybert(policy_dir)
+    message = one_line(err)
+    assert "gpt2" in message and "policybert" in message and "config.json" in message
+
+
+def test_missing_weights(policy_dir):
+    (policy_dir / "model.safetensors").unlink()
+    with pytest.raises(ModelDirError, match="no weights file") as err:
+        load_policybert(policy_dir)
+    assert "model.safetensors" in one_line(err)
+
+
+def test_missing_tokenizer(policy_dir):
+    removed = [f for f in ("tokenizer.json", "vocab.txt") if (policy_dir / f).exists()]
+    assert removed
+    for name in removed:
+        (policy_dir / name).unlink()
+    with pytest.raises(ModelDirError, match="no tokenizer") as err:
+        load_policybert(policy_dir)
+    assert "tokenizer.json" in one_line(err)
+
+
+def test_missing_lexicon(policy_dir):
+    (policy_dir / "lexicon.txt").unlink()
+    with pytest.raises(ModelDirError, match="lexicon.txt") as err:
+        load_policybert(policy_dir)
+    one_line(err)
+
+
+def test_plain_bert_dir_needs_no_lexicon(bert_dir):
+    assert not (bert_dir / "lexicon.txt").exists()
+    model, tokenizer = load_policybert(bert_dir)
+    assert tokenizer.lexicon is None
+
+
+@pytest.mark.parametrize("change", ["extra_word", "fewer_words"])
+def test_lexicon_size_mismatch(policy_dir, change):
+    lexicon_file = policy_dir / "lexicon.txt"
+    lines = lexicon_file.read_text(encoding="utf-8").splitlines()
+    lines = lines + ["新造词语,10"] if change == "extra_word" else lines[:-3]
+    lexicon_file.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    with pytest.raises(ModelDirError) as err:
+        load_policybert(policy_dir)
+    message = one_line(err)
+    config = json.loads((policy_dir / "config.json").read_text(encoding="utf-8"))
+    assert "word_vocab_size" in message and str(config["word_vocab_size"]) in message
+    assert str(len(lines) + 1) in message  # the lexicon's own size, padding included
+
+
+def test_malformed_lexicon_is_a_model_dir_error(policy_dir):
+    with (policy_dir / "lexicon.txt").open("a", encoding="utf-8") as f:
+        f.write("没有逗号的一行\n")
+    with pytest.raises(ModelDirError, match=r"lexicon\.txt:\d+"):
+        load_policybert(policy_dir)
+
+
+def test_hidden_size_mismatch(policy_dir):
+    edit_config(policy_dir, hidden_size=64)
+    with pytest.raises(ModelDirError, match="weights do not fit config.json") as err:
+        load_policybert(policy_dir)
+    one_line(err)
+
+
+def test_vocab_size_mismatch(bert_dir):
+    config = json.loads((bert_dir / "config.json").read_text(encoding="utf-8"))
+    edit_config(bert_dir, vocab_size=config["vocab_size"] + 7)
+    with pytest.raises(ModelDirError, match="weights do not fit config.json"):
+        load_policybert(bert_dir)
+
+
+def test_weights_of_another_model_are_refused(policy_dir, tiny_model_dir):
+    """A BERT checkpoint under a PolicyBERT config: word stream tensors missing, not silently random."""
+    shutil.copy(tiny_model_dir(None) / "model.safetensors", policy_dir / "model.safetensors")
+    with pytest.raises(ModelDirError, match="missing or of the wrong shape") as err:
+        load_policybert(policy_dir)
+    one_line(err)
+
+
+@pytest.mark.parametrize("kind", ["absolute", "relative", "file"])
+def test_nonexistent_local_path(tmp_path, monkeypatch, kind):
+    monkeypatch.chdir(tmp_path)
+    if kind == "absolute":
+        target = str(tmp_path / "no" / "such" / "model")
+    elif kind == "relative":
+        target = "./no_such_model"
+    else:
+        (tmp_path / "weights.bin").write_bytes(b"x")
+        target = str(tmp_path / "weights.bin")
+    with pytest.raises(ModelDirError, match="not found") as err:
+        load_policybert(target)
+    assert target in one_line(err)
+
+
+def test_hub_id_offline_says_pass_a_local_directory(monkeypatch, tmp_path):
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.chdir(tmp_path)  # so that no local folder named BAAI/ can exist
+    with pytest.raises(ModelDirError) as err:
+        load_policybert("BAAI/bge-base-zh-v1.5")
+    message = one_line(err)
+    assert "BAAI/bge-base-zh-v1.5" in message
+    assert "local directory" in message
+
+
+# --------------------------------------------------------------------------- atomic_output_dir
+
+
+def leftovers(parent: Path, name: str) -> list[str]:
+    return sorted(p.name for p in parent.iterdir() if p.name != name)
+
+
+def test_atomic_output_dir_creates_and_replaces(tmp_path):
+    out = tmp_path / "model"
+    with atomic_output_dir(out) as scratch:
+        assert scratch != out and scratch.parent == tmp_path
+        (scratch / "a.txt").write_text("one", encoding="utf-8")
+        assert not out.exists(), "nothing visible before the block finishes"
+    assert (out / "a.txt").read_text(encoding="utf-8") == "one"
+    with atomic_output_dir(out) as scratch:
+        (scratch / "b.txt").write_text("two", encoding="utf-8")
+        assert (out / "a.txt").exists(), "the previous output stays until the end"
+    assert sorted(p.name for p in out.iterdir()) == ["b.txt"]
+    assert leftovers(tmp_path, "model") == []
+
+
+def test_failure_inside_block_keeps_previous_output(tmp_path):
+    out = tmp_path / "model"
+    out.mkdir()
+    (out / "config.json").write_text('{"old": true}', encoding="utf-8")
+    (out / "sub").mkdir()
+    (out / "sub" / "x.bin").write_bytes(b"\x00\x01")
+    before = {p.relative_to(out): p.read_bytes() for p in out.rglob("*") if p.is_file()}
+
+    with pytest.raises(RuntimeError, match="boom"):
+        with atomic_output_dir(out) as scratch:
+            (scratch / "config.json").write_text('{"new": true}', encoding="utf-8")
+            (scratch / "model.safetensors").write_bytes(b"half")
+            raise RuntimeError("boom")
+
+    after = {p.relative_to(out): p.read_bytes() for p in out.rglob("*") if p.is_file()}
+    assert after == before
+    assert leftovers(tmp_path, "model") == [], "no partial or backup directory left behind"
+
+
+def test_failure_without_previous_output_leaves_nothing(tmp_path):
+    out = tmp_path / "nested" / "model"
+    with pytest.raises(KeyboardInterrupt):
+        with atomic_output_dir(out) as scratch:
+            (scratch / "partial").write_text("x", encoding="utf-8")
+            raise KeyboardInterrupt
+    assert not out.exists()
+    assert list(out.parent.iterdir()) == []
+
+
+def test_save_model_dir_failure_keeps_previous_model(tiny_model_dir, tmp_path, policy_sentences):
+    out = Path(shutil.copytree(tiny_model_dir("attn"), tmp_path / "model"))
+    model, tokenizer = load_policybert(out)
+    enc = tokenizer(policy_sentences[:2])
+    with torch.no_grad():
+        before = model(**enc).last_hidden_state
+
+    class Unsaveable(torch.nn.Module):
+        def save_pretrained(self, path):
+            (Path(path) / "model.safetensors").write_bytes(b"partial")
+            raise OSError("disk full")
+
+    with pytest.raises(OSError, match="disk full"):
+        save_model_dir(Unsaveable(), tokenizer, out)
+    assert leftovers(tmp_path, "model") == []
+    again, tokenizer2 = load_policybert(out)
+    with torch.no_grad():
+        assert torch.equal(before, again(**tokenizer2(policy_sentences[:2])).last_hidden_state)
+    # save_model_dir writes extra files into the same atomic directory.
+    save_model_dir(model, tokenizer, out, extra_files={"NOTES.md": "merged"})
+    assert (out / "NOTES.md").read_text(encoding="utf-8") == "merged"
+    assert leftovers(tmp_path, "model") == []
