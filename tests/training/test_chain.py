@@ -1,0 +1,69 @@
+"""The whole chain on real documents into a tiny model: corpus → lexicon → merge → pretrain → PolicySM →
+fine-tune → merge back with bge → a loadable retrieval model. Plus every stage's ``--help``."""
+
+from __future__ import annotations
+
+import importlib
+import json
+
+import pytest
+import torch
+
+from chatchat_policybert.loading import load_policybert
+from chatchat_policybert.modeling import PolicyBertForSequenceClassification
+from training import finetune, lexicon, merge_bge, pretrain
+from training._common import DataError
+
+STAGES = ["corpus", "lexicon", "policysm", "pretrain", "finetune", "merge_bge", "ablate"]
+
+
+@pytest.mark.parametrize("stage", STAGES)
+def test_every_stage_has_help(stage, capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        importlib.import_module(f"training.{stage}").main(["--help"])
+    assert exit_info.value.code == 0
+    assert "usage: python -m training." in capsys.readouterr().out
+
+
+def test_chain_into_a_merged_model(tmp_path, corpus_dir, policysm_dir, shared_data_dir, tiny_model_dir):
+    lexicon.main(
+        ["--corpus", str(corpus_dir / "corpus.jsonl"), "--out", str(tmp_path / "lexicon"), "--segmenter", "jieba",
+         "--stopwords", str(shared_data_dir / "lexicon" / "stopword.txt"), "--min-count", "3"]
+    )  # fmt: skip
+    bge = tiny_model_dir(None)  # a miniature bge: plain BERT, same character vocabulary
+    assert merge_bge.main(
+        ["--bge", str(bge), "--zen", "none", "--lexicon", str(tmp_path / "lexicon" / "lexicon.txt"),
+         "--fusion", "gate", "--num-word-layers", "1", "--out", str(tmp_path / "merged")]
+    ) == 0  # fmt: skip
+    pretrain.main(
+        ["--model", str(tmp_path / "merged"), "--corpus", str(corpus_dir / "corpus.jsonl"), "--out", str(tmp_path / "pre"),
+         "--epochs", "1", "--max-length", "32", "--device", "cpu"]
+    )  # fmt: skip
+    finetune.main(
+        ["--model", str(tmp_path / "pre" / "final"), "--data", str(policysm_dir / "policysm1"), "--out", str(tmp_path / "ft"),
+         "--max-steps", "6", "--max-length", "32", "--eval-batch-size", "64", "--device", "cpu"]
+    )  # fmt: skip
+    metrics = json.loads((tmp_path / "ft" / "metrics.json").read_text(encoding="utf-8"))
+    assert 0.0 <= metrics["dev_accuracy"] <= 1.0 and 0.0 <= metrics["test_accuracy"] <= 1.0
+    assert metrics["examples"]["test"] == sum(1 for _ in (policysm_dir / "policysm1" / "test.tsv").open(encoding="utf-8"))
+    classifier = PolicyBertForSequenceClassification.from_pretrained(tmp_path / "ft" / "final")
+    assert classifier.config.fusion_type == "gate" and classifier.config.num_labels == 2
+
+    assert merge_bge.main(
+        ["--finetuned", str(tmp_path / "ft" / "final"), "--alpha", "0.5", "--bge", str(bge), "--out", str(tmp_path / "export")]
+    ) == 0  # fmt: skip
+    model, tokenizer = load_policybert(tmp_path / "export")
+    with torch.no_grad():
+        vectors = model(**tokenizer(["数据要素市场化配置", "个人信息保护"])).pooler_output
+    assert vectors.shape == (2, model.config.hidden_size) and torch.isfinite(vectors).all()
+    # The fine-tuned word stream made it into the export unchanged.
+    assert torch.equal(model.word_embeddings.word_embeddings.weight, classifier.bert.word_embeddings.word_embeddings.weight)
+
+
+def test_finetune_rejects_corrupt_data(tmp_path, tiny_model_dir):
+    for split in ("train", "dev", "test"):
+        (tmp_path / f"{split}.tsv").write_text("一句话\t另一句话\t1\t0\n", encoding="utf-8")
+    (tmp_path / "dev.tsv").write_text("一句话\t另一句话\tyes\t0\n", encoding="utf-8")
+    argv = ["--model", str(tiny_model_dir("none")), "--data", str(tmp_path), "--out", str(tmp_path / "out")]
+    with pytest.raises(DataError, match=r"dev\.tsv:1: expected"):
+        finetune.main(argv)

@@ -1,0 +1,14 @@
+"""Offline pipeline that turns policy documents into PolicyBERT weights.
+
+Stages, each ``python -m training.<stage> --help``:
+
+1. ``corpus``   — clean documents, drop duplicates, split into sentences (``corpus.jsonl``).
+2. ``lexicon``  — segment the corpus (HanLP, or jieba on request) into a ``word,count`` lexicon.
+3. ``policysm`` — PolicySM-1/-2 sentence-pair TSVs from comma sub-clauses.
+4. ``pretrain`` — MLM (whole-word masking over lexicon words) + NSP pre-training, resumable.
+5. ``finetune`` — NSP sentence-pair classification on a PolicySM TSV folder.
+6. ``merge_bge`` — export / merge with the original bge weights.
+
+``ablate`` runs a small from-scratch replication of the fusion comparison on CPU.
+The runtime package ``chatchat_policybert`` never imports this package.
+"""

@@ -1,0 +1,114 @@
+"""Small pieces every stage shares: input errors, the corpus file format, atomic writes, seeding."""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import shutil
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+
+LICENSE_NAME = "LICENSE-policy-data.txt"
+
+
+class DataError(Exception):
+    """A problem with a user's input file; the CLIs print it as one line instead of a traceback."""
+
+
+def run_cli(main: Callable[[list[str] | None], None], argv: list[str] | None = None) -> None:
+    """Calls ``main`` and turns ``DataError`` into ``error: …`` on stderr and exit code 1."""
+    try:
+        main(argv)
+    except DataError as exc:
+        raise SystemExit(f"error: {exc}") from None
+
+
+@dataclass
+class Document:
+    """One cleaned document: ``sentences`` keep their order, which NSP and PolicySM-2 rely on."""
+
+    doc_id: str
+    title: str
+    sentences: list[str]
+
+
+def write_corpus(docs: list[Document], path: Path) -> None:
+    """One JSON object per line, so a later stage can stream documents without pandas."""
+    with atomic_path(path) as tmp, tmp.open("w", encoding="utf-8") as f:
+        for doc in docs:
+            f.write(json.dumps({"doc_id": doc.doc_id, "title": doc.title, "sentences": doc.sentences}, ensure_ascii=False))
+            f.write("\n")
+
+
+def read_corpus(path: Path) -> list[Document]:
+    """Reads ``corpus.jsonl`` written by ``training.corpus``; a corrupt or empty file is a ``DataError``."""
+    path = Path(path)
+    if not path.is_file():
+        raise DataError(f"{path}: corpus file not found (run `python -m training.corpus` first)")
+    docs = []
+    with path.open(encoding="utf-8") as f:
+        for lineno, line in enumerate(f, 1):
+            if not line.strip():
+                continue
+            try:
+                obj = json.loads(line)
+                doc = Document(str(obj["doc_id"]), str(obj.get("title", "")), [str(s) for s in obj["sentences"]])
+            except (json.JSONDecodeError, KeyError, TypeError) as exc:
+                raise DataError(
+                    f"{path}:{lineno}: not a corpus line ({exc.__class__.__name__}); "
+                    'expected {"doc_id", "title", "sentences"} as written by training.corpus'
+                ) from None
+            docs.append(doc)
+    if not any(doc.sentences for doc in docs):
+        raise DataError(f"{path}: the corpus has no sentences")
+    return docs
+
+
+@contextmanager
+def atomic_path(path: Path) -> Iterator[Path]:
+    """Yields a temporary sibling of ``path`` that replaces ``path`` only if the block succeeds.
+
+    An interrupted stage therefore never leaves a half-written file that a later stage would read.
+    Works for files and directories.
+    """
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    try:
+        yield tmp
+        if path.is_dir() and not path.is_symlink():
+            shutil.rmtree(path)
+        os.replace(tmp, path)
+    finally:
+        if tmp.is_dir():
+            shutil.rmtree(tmp)
+        elif tmp.exists():
+            tmp.unlink()
+
+
+def copy_license(source: Path, out_dir: Path) -> None:
+    """Copies the policy data's Apache-2.0 notice next to derived data, as the licence requires.
+
+    The notice is looked for next to the input and in its parent folders (the shared data keeps it at
+    its root).
+    """
+    source = Path(source).resolve()
+    for folder in [source if source.is_dir() else source.parent, *source.parents]:
+        notice = folder / LICENSE_NAME
+        if notice.is_file():
+            Path(out_dir).mkdir(parents=True, exist_ok=True)
+            shutil.copyfile(notice, Path(out_dir) / LICENSE_NAME)
+            return
+
+
+def seed_everything(seed: int) -> None:
+    """Seeds Python, NumPy and torch so that a run is repeatable."""
+    import numpy as np
+    import torch
+
+    random.seed(seed)
+    np.random.seed(seed)
+    torch.manual_seed(seed)
