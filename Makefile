@@ -4,7 +4,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 PIP := $(BIN)/pip install --quiet --disable-pip-version-check --constraint constraints.txt
 
-.PHONY: setup test demo bench clean
+.PHONY: setup test demo bench ablate clean
 
 setup: $(VENV)/.installed
 
@@ -20,8 +20,15 @@ $(VENV)/.installed: setup.cfg setup.py pyproject.toml constraints.txt
 test: setup
 	$(BIN)/python -m pytest -q
 
+# CHATCHAT_ROOT defaults to ./chatchat-root; pass MODEL=DIR to use a trained PolicyBERT.
 demo: setup
-	$(BIN)/python -m chatchat_policybert.demo
+	$(BIN)/python -m chatchat_policybert.demo --root $${CHATCHAT_ROOT:-chatchat-root} $(if $(MODEL),--model $(MODEL))
+
+bench: setup
+	$(BIN)/python bench/embed.py
+
+ablate: setup
+	$(BIN)/python -m training.ablate --out runs/ablate
 
 clean:
 	rm -rf $(VENV) build dist *.egg-info

@@ -152,3 +152,13 @@ def tiny_model_dir(tmp_path_factory, char_tokenizer, reference_lexicon):
         return cache[key]
 
     return make
+
+
+# Tiny test models gain nothing from intra-op threads, and on a loaded 2-core box OpenMP
+# spinning makes each small matmul take milliseconds.
+@pytest.fixture(scope="session", autouse=True)
+def _single_torch_thread():
+    previous = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(previous)

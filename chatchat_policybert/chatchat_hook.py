@@ -1,0 +1,229 @@
+"""Make stock Langchain-Chatchat 0.3.1.3 run PolicyBERT in-process, without editing Chatchat.
+
+Why an import hook: Chatchat has no plugin API, `kb_cache/faiss_cache.py` binds
+`get_Embeddings` by name when it is imported, and `chatchat kb -r` / `chatchat start -a`
+run their work in forked or spawned processes, so patching from a parent process does not
+reach them. `chatchat_policybert_hook.pth` (installed at the root of site-packages) calls
+`install()` at every interpreter start-up; `install()` only puts a meta-path finder in
+place, which wraps `chatchat.server.utils.get_Embeddings` the moment that module has run,
+before anything can import the name. It also makes `kb -r` transactional for FAISS
+(`chatchat_policybert.kb_rebuild`), by wrapping `migrate.folder2db` the same way.
+
+The wrapper serves embed models whose platform entry has a `local_embeddings` block (see
+`chatchat_policybert.settings`) and delegates everything else to Chatchat unchanged. One
+embeddings object per configuration is kept per process, because Chatchat calls
+`get_Embeddings` on every search. A mis-configured platform logs one error line through
+Chatchat's logger and yields an object whose methods raise that same message, so Chatchat
+reports the failure where it uses the model and keeps running.
+
+This module imports only the standard library at start-up: it runs in every Python process
+of the environment. Set CHATCHAT_POLICYBERT_HOOK=0 to disable it.
+"""
+
+from __future__ import annotations
+
+# Start-up cost matters here (every interpreter of the environment imports this module):
+# only modules Python has already loaded; importlib.abc, typing and pathlib alone cost ~20 ms.
+import _thread
+import functools
+import importlib
+import importlib.machinery
+import os
+import sys
+from types import ModuleType
+
+TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing
+if TYPE_CHECKING:
+    from pathlib import Path
+
+    from langchain_core.embeddings import Embeddings
+
+    from chatchat_policybert.settings import LocalEmbeddingsConfig
+
+UTILS_MODULE = "chatchat.server.utils"
+MIGRATE_MODULE = "chatchat.server.knowledge_base.migrate"
+DISABLE_ENV = "CHATCHAT_POLICYBERT_HOOK"
+_WRAPPED_MARK = "__policybert_wrapped__"
+
+_lock = _thread.allocate_lock()
+_instances: dict[tuple, object] = {}
+_logged_errors: set[str] = set()
+
+
+def install() -> None:
+    """Arrange for `get_Embeddings` to be wrapped; never raises (it runs from a .pth file)."""
+    if os.environ.get(DISABLE_ENV, "1").strip().lower() in {"0", "false", "no", "off"}:
+        return
+    try:
+        for name, patch in _patchers().items():
+            if name in sys.modules:
+                patch(sys.modules[name])
+        if not any(isinstance(f, _ChatchatFinder) for f in sys.meta_path):
+            sys.meta_path.insert(0, _ChatchatFinder())
+    except Exception as exc:  # a broken hook must never break the interpreter
+        print(f"chatchat-policybert: import hook not installed: {exc!r}", file=sys.stderr)
+
+
+def _patch_migrate(module: ModuleType) -> None:
+    from chatchat_policybert.kb_rebuild import patch_migrate
+
+    patch_migrate(module)
+
+
+def _patchers() -> dict[str, object]:
+    """Module name -> function that patches it right after it executes."""
+    return {UTILS_MODULE: patch_module, MIGRATE_MODULE: _patch_migrate}
+
+
+class _ChatchatFinder:
+    """Finds nothing itself; hands out the real spec of a patched module with a patching loader."""
+
+    def find_spec(self, fullname: str, path: object, target: ModuleType | None = None):
+        patch = _patchers().get(fullname)
+        if patch is None:
+            return None
+        spec = importlib.machinery.PathFinder.find_spec(fullname, path)
+        if spec is None or spec.loader is None:
+            return None
+        spec.loader = _PatchingLoader(spec.loader, patch)
+        return spec
+
+
+class _PatchingLoader:
+    """Delegates to the real loader and patches the module right after it executes."""
+
+    def __init__(self, wrapped: object, patch: object) -> None:
+        self._wrapped = wrapped
+        self._patch = patch
+
+    def create_module(self, spec):
+        return self._wrapped.create_module(spec)
+
+    def exec_module(self, module: ModuleType) -> None:
+        self._wrapped.exec_module(module)
+        # Hand back the real loader so tracebacks, inspect and reloads behave as usual.
+        module.__loader__ = self._wrapped
+        if module.__spec__ is not None:
+            module.__spec__.loader = self._wrapped
+        try:
+            self._patch(module)
+        except Exception as exc:
+            print(f"chatchat-policybert: could not patch {module.__name__}: {exc!r}", file=sys.stderr)
+
+    def __getattr__(self, name: str) -> object:
+        return getattr(self._wrapped, name)
+
+
+def patch_module(utils: ModuleType) -> None:
+    """Replace `utils.get_Embeddings` by a wrapper that serves `local_embeddings` platforms."""
+    original = utils.get_Embeddings
+    if getattr(original, _WRAPPED_MARK, False):
+        return
+
+    @functools.wraps(original)
+    def get_Embeddings(embed_model: str | None = None, local_wrap: bool = False):
+        name = embed_model or utils.get_default_embedding()
+        found = _local_config(utils, name)
+        if found is None:
+            return original(embed_model=embed_model, local_wrap=local_wrap)
+        return _get_instance(utils, name, *found)
+
+    setattr(get_Embeddings, _WRAPPED_MARK, True)
+    utils.get_Embeddings = get_Embeddings
+
+
+def _local_config(utils: ModuleType, model_name: str) -> tuple[str, object] | None:
+    """(platform name, parsed config or error message) if `model_name` is served in-process."""
+    from chatchat_policybert.settings import SettingsError, parse_config
+
+    info = utils.get_model_info(model_name=model_name)
+    platform_name = info.get("platform_name")
+    if not platform_name:
+        return None
+    platform = utils.get_config_platforms().get(platform_name, {})
+    try:
+        config = parse_config(platform)
+    except SettingsError as exc:
+        return platform_name, str(exc)
+    return None if config is None else (platform_name, config)
+
+
+def _get_instance(utils: ModuleType, model_name: str, platform_name: str, config: object):
+    """The process-wide embeddings object for this configuration, loading it on first use."""
+    from pathlib import Path
+
+    root = Path(utils.Settings.CHATCHAT_ROOT)
+    if isinstance(config, str):
+        return _unavailable(utils, model_name, config)
+    key = (config, str(root))
+    with _lock:
+        instance = _instances.get(key)
+        if instance is None:
+            try:
+                instance = load_embeddings(config, root, platform_name)
+            except Exception as exc:
+                return _unavailable(utils, model_name, str(exc))
+            _instances[key] = instance
+    return instance
+
+
+def load_embeddings(config: LocalEmbeddingsConfig, root: Path, platform_name: str) -> Embeddings:
+    """Import the configured class and build it; errors name the key to fix."""
+    from langchain_core.embeddings import Embeddings
+
+    where = f"platform '{platform_name}' in model_settings.yaml"
+    model_dir = config.resolved_model_path(root)
+    if not model_dir.is_dir():
+        raise FileNotFoundError(f"local_embeddings.model_path '{model_dir}' of {where} is not a directory")
+    cls = _import_class(config.class_path, where)
+    if not (isinstance(cls, type) and issubclass(cls, Embeddings)):
+        raise TypeError(f"local_embeddings.class '{config.class_path}' of {where} is not a LangChain Embeddings class")
+    try:
+        return cls(**config.constructor_kwargs(root))
+    except Exception as exc:
+        raise RuntimeError(f"loading '{model_dir}' with {config.class_path} failed: {type(exc).__name__}: {exc}") from exc
+
+
+def _import_class(class_path: str, where: str) -> object:
+    module_name, sep, attr = class_path.partition(":")
+    if not sep:
+        module_name, _, attr = class_path.rpartition(".")
+    try:
+        return getattr(importlib.import_module(module_name), attr)
+    except (ImportError, AttributeError, ValueError) as exc:
+        raise ImportError(f"local_embeddings.class '{class_path}' of {where} cannot be imported: {exc}") from None
+
+
+def _unavailable(utils: ModuleType, model_name: str, reason: str) -> Embeddings:
+    message = f"PolicyBERT embed model '{model_name}' unavailable: {reason}"
+    if message not in _logged_errors:
+        _logged_errors.add(message)
+        utils.logger.error(message)
+    return _unavailable_class()(message)
+
+
+@functools.lru_cache(maxsize=1)
+def _unavailable_class() -> type:
+    """Built on first need, so that start-up never imports langchain_core."""
+    from langchain_core.embeddings import Embeddings
+
+    class UnavailableEmbeddings(Embeddings):
+        """Stands in for a model that failed to load: every use raises the load error.
+
+        Returning this (rather than None, as Chatchat does on failure) makes Chatchat's own
+        error reports carry the real reason instead of "'NoneType' object has no attribute".
+        """
+
+        def __init__(self, message: str) -> None:
+            self.message = message
+
+        def embed_documents(self, texts: list[str]) -> list[list[float]]:
+            raise RuntimeError(self.message)
+
+        def embed_query(self, text: str) -> list[float]:
+            raise RuntimeError(self.message)
+
+        def __repr__(self) -> str:
+            return f"UnavailableEmbeddings({self.message!r})"
+
+    return UnavailableEmbeddings

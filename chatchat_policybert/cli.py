@@ -1,0 +1,367 @@
+"""`chatchat-policybert setup | doctor | serve`: wire PolicyBERT into a Chatchat 0.3.1.3 root.
+
+- `setup` merges the shipped `model_settings.yaml` / `kb_settings.yaml` into a root that
+  `chatchat init` prepared, points the PolicyBERT platform at `--model`, creates the default
+  knowledge base folder, then runs the doctor's checks.
+- `doctor` lists what would stop PolicyBERT retrieval from working in a root, one line each.
+- `serve` exposes the configured model as an OpenAI-compatible `/v1/embeddings`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import os
+import site
+import sys
+import urllib.request
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Sequence
+
+from .settings import PLATFORM_KEY, SettingsError, find_local_model, load_yaml
+
+SETTINGS_FILES = ("model_settings.yaml", "kb_settings.yaml")
+PTH_NAME = "chatchat_policybert_hook.pth"
+SQRT2 = math.sqrt(2.0)
+
+
+def shipped_settings_dir() -> Path:
+    """Where the shipped YAML files are: packaged copies in a wheel, the repository root otherwise."""
+    packaged = Path(__file__).resolve().parent / "chatchat_settings"
+    if (packaged / SETTINGS_FILES[0]).is_file():
+        return packaged
+    return Path(__file__).resolve().parents[1]
+
+
+def default_root() -> Path:
+    """Chatchat's own rule: $CHATCHAT_ROOT, else the current directory."""
+    return Path(os.environ.get("CHATCHAT_ROOT", ".")).resolve()
+
+
+def threshold_cosine(score_threshold: float) -> float:
+    """Lowest cosine a FAISS hit may have under Chatchat's `1 - d²/√2 >= t` rule (unit vectors)."""
+    return (score_threshold - 1.0 + SQRT2) / SQRT2
+
+
+# ----------------------------------------------------------------------------- setup
+
+
+def _yaml():
+    import ruamel.yaml
+
+    yaml = ruamel.yaml.YAML()
+    yaml.indent(mapping=2, sequence=4, offset=2)
+    yaml.width = 4096
+    return yaml
+
+
+def merge_settings(target: Any, shipped: Any, keep_other_platforms: bool) -> None:
+    """Write `shipped` keys into `target` (ruamel maps, comments kept).
+
+    Mappings merge key by key; `MODEL_PLATFORMS` is replaced by the shipped list, plus, with
+    `keep_other_platforms`, the existing platforms whose names it does not use.
+    """
+    for key, value in shipped.items():
+        if key == "MODEL_PLATFORMS" and keep_other_platforms:
+            names = {p.get("platform_name") for p in value}
+            kept = [p for p in target.get(key) or [] if p.get("platform_name") not in names]
+            value.extend(kept)
+            target[key] = value
+        elif isinstance(value, dict) and isinstance(target.get(key), dict):
+            merge_settings(target[key], value, keep_other_platforms)
+        else:
+            target[key] = value
+
+
+def _policybert_block(model_settings: Any) -> Any:
+    for platform in model_settings.get("MODEL_PLATFORMS") or []:
+        if PLATFORM_KEY in platform:
+            return platform[PLATFORM_KEY]
+    raise SettingsError(f"the shipped model_settings.yaml has no platform with '{PLATFORM_KEY}'")
+
+
+def run_setup(args: argparse.Namespace) -> int:
+    """Merge the shipped settings into a root prepared by `chatchat init`, then check it."""
+    root: Path = args.root
+    missing = [name for name in SETTINGS_FILES if not (root / name).is_file()]
+    if missing:
+        print(f"ERROR {root} has no {', '.join(missing)}: run `CHATCHAT_ROOT={root} chatchat init` first", file=sys.stderr)
+        return 2
+    yaml = _yaml()
+    source = args.settings_dir
+    for name in SETTINGS_FILES:
+        shipped = yaml.load((source / name).read_text(encoding="utf-8"))
+        if name == "model_settings.yaml":
+            block = _policybert_block(shipped)
+            if args.model is not None:
+                block["model_path"] = str(args.model.resolve())
+            for key in ("device", "dtype"):
+                if getattr(args, key):
+                    block[key] = getattr(args, key)
+            if args.ollama_url:
+                for platform in shipped["MODEL_PLATFORMS"]:
+                    if platform.get("platform_type") == "ollama":
+                        platform["api_base_url"] = args.ollama_url
+        path = root / name
+        current = yaml.load(path.read_text(encoding="utf-8")) or {}
+        merge_settings(current, shipped, args.keep_other_platforms)
+        with path.open("w", encoding="utf-8") as handle:
+            yaml.dump(current, handle)
+        print(f"OK    merged {source / name} into {path}")
+    _link_nltk_data(root)
+    kb_settings = load_yaml(root / "kb_settings.yaml")
+    kb_dir = _kb_root(root) / kb_settings["DEFAULT_KNOWLEDGE_BASE"] / "content"
+    kb_dir.mkdir(parents=True, exist_ok=True)
+    print(f"OK    knowledge base folder {kb_dir} (put documents here, then `chatchat kb -r -n {kb_dir.parent.name}`)")
+    if args.no_check:
+        return 0
+    return report(diagnose(root, load_model=True))
+
+
+def _link_nltk_data(root: Path) -> None:
+    """Offline, unstructured's loaders need NLTK data: link Chatchat's shipped copy into the root.
+
+    Chatchat adds `$CHATCHAT_ROOT/data/nltk_data` to NLTK's path but `chatchat init` leaves it empty.
+    """
+    try:
+        import chatchat
+    except ImportError:
+        return
+    shipped = Path(chatchat.__file__).resolve().parent / "data" / "nltk_data"
+    target = root / "data" / "nltk_data"
+    if shipped.is_dir() and target.is_dir() and not any(target.iterdir()):
+        for child in shipped.iterdir():
+            (target / child.name).symlink_to(child, target_is_directory=child.is_dir())
+        print(f"OK    linked Chatchat's NLTK data into {target}")
+
+
+# ----------------------------------------------------------------------------- doctor
+
+
+@dataclass
+class Finding:
+    level: str  # "OK", "WARN" or "ERROR"
+    message: str
+
+
+def _kb_root(root: Path) -> Path:
+    basic = root / "basic_settings.yaml"
+    configured = load_yaml(basic).get("KB_ROOT_PATH") if basic.is_file() else None
+    return Path(configured) if configured else root / "data" / "knowledge_base"
+
+
+def hook_installed() -> Path | None:
+    """The start-up `.pth` of this interpreter's environment, if present and not disabled."""
+    if os.environ.get("CHATCHAT_POLICYBERT_HOOK", "1").strip().lower() in {"0", "false", "no", "off"}:
+        return None
+    for directory in [*site.getsitepackages(), site.getusersitepackages()]:
+        candidate = Path(directory) / PTH_NAME
+        if candidate.is_file():
+            return candidate
+    return None
+
+
+def _llm_reachable(url: str) -> str | None:
+    """None if `url`/models answers, else the reason."""
+    try:
+        with urllib.request.urlopen(url.rstrip("/") + "/models", timeout=2) as response:
+            response.read(1)
+        return None
+    except Exception as exc:  # any failure means "not usable now"
+        return f"{type(exc).__name__}: {exc}"
+
+
+def diagnose(root: Path, load_model: bool) -> list[Finding]:
+    """Check a Chatchat root for everything PolicyBERT retrieval depends on."""
+    findings: list[Finding] = []
+
+    def add(level: str, message: str) -> None:
+        findings.append(Finding(level, message))
+    try:
+        model_settings = load_yaml(root / "model_settings.yaml")
+        kb_settings = load_yaml(root / "kb_settings.yaml") if (root / "kb_settings.yaml").is_file() else {}
+    except SettingsError as exc:
+        add("ERROR", f"{exc} (run `chatchat init` and `chatchat-policybert setup`)")
+        return findings
+    platforms = model_settings.get("MODEL_PLATFORMS") or []
+
+    llms = {m: p for p in platforms for m in (p.get("llm_models") or []) if isinstance(p.get("llm_models"), list)}
+    if not llms:
+        add("ERROR", "no platform lists an LLM: every `chatchat` command dies with IndexError at import")
+    default_llm = model_settings.get("DEFAULT_LLM_MODEL")
+    if llms and default_llm not in llms:
+        add("WARN", f"DEFAULT_LLM_MODEL '{default_llm}' is not listed; Chatchat falls back to '{next(iter(llms))}'")
+    elif default_llm in llms:
+        url = llms[default_llm].get("api_base_url", "")
+        problem = _llm_reachable(url)
+        if problem:
+            add("WARN", f"LLM '{default_llm}' platform at {url} does not answer ({problem}); for Ollama: "
+                f"`ollama serve` and `ollama pull {default_llm}`")
+        else:
+            add("OK", f"LLM '{default_llm}' platform answers at {url}")
+
+    try:
+        local = find_local_model(model_settings, None)
+    except SettingsError as exc:
+        add("ERROR", f"{exc}: DEFAULT_EMBEDDING_MODEL is not PolicyBERT")
+        local = None
+    pth = hook_installed()
+    if pth is None:
+        add("ERROR", f"import hook not installed in {sys.prefix} ({PTH_NAME} missing or CHATCHAT_POLICYBERT_HOOK=0): "
+            "Chatchat will call api_base_url instead of loading the model")
+    else:
+        add("OK", f"import hook installed: {pth}")
+
+    chunk = kb_settings.get("CHUNK_SIZE", 750)
+    if local is not None:
+        add("OK", f"embed model '{local.embed_models[0]}' served in-process by platform '{local.platform_name}'")
+        if chunk + 2 > local.config.max_length:
+            add("WARN", f"CHUNK_SIZE {chunk} + [CLS]/[SEP] exceeds max_length {local.config.max_length}: long chunks get cut")
+        if load_model:
+            findings.extend(_check_model(local, root))
+
+    threshold = float(kb_settings.get("SCORE_THRESHOLD", 2.0))
+    cosine = threshold_cosine(threshold)
+    if cosine > 1.0:
+        add("ERROR", f"SCORE_THRESHOLD {threshold} needs cosine >= {cosine:.2f}: no FAISS hit can pass, "
+            "retrieval is BM25 only (0.293 keeps cosine >= 0.50)")
+    elif cosine < 0.0:
+        add("WARN", f"SCORE_THRESHOLD {threshold} keeps every FAISS hit (cosine >= {cosine:.2f})")
+    else:
+        add("OK", f"SCORE_THRESHOLD {threshold} keeps FAISS hits with cosine >= {cosine:.2f}")
+
+    findings.extend(_check_kb(root, kb_settings, model_settings))
+    return findings
+
+
+def _check_model(local: Any, root: Path) -> list[Finding]:
+    from .chatchat_hook import load_embeddings
+
+    try:
+        embeddings = load_embeddings(local.config, root, local.platform_name)
+        vector = embeddings.embed_query("数据要素")
+    except Exception as exc:
+        return [Finding("ERROR", f"model of platform '{local.platform_name}' does not load: {exc}")]
+    norm = math.sqrt(sum(x * x for x in vector))
+    level = "OK" if abs(norm - 1.0) < 1e-3 else "ERROR"
+    path = local.config.resolved_model_path(root)
+    return [Finding(level, f"model {path} loads: dimension {len(vector)}, query vector norm {norm:.4f}")]
+
+
+def _check_kb(root: Path, kb_settings: dict, model_settings: dict) -> list[Finding]:
+    name = kb_settings.get("DEFAULT_KNOWLEDGE_BASE", "samples")
+    kb_dir = _kb_root(root) / name
+    if not kb_dir.is_dir():
+        return [Finding("ERROR", f"DEFAULT_KNOWLEDGE_BASE '{name}' has no folder {kb_dir}: the WebUI page crashes")]
+    embed_model = str(model_settings.get("DEFAULT_EMBEDDING_MODEL", "")).replace(":", "_")
+    index = kb_dir / "vector_store" / embed_model / "index.faiss"
+    if not index.is_file():
+        return [Finding("WARN", f"knowledge base '{name}' has no FAISS index {index}: run `chatchat kb -r -n {name}`")]
+    return [Finding("OK", f"knowledge base '{name}' has a FAISS index for '{embed_model}'")]
+
+
+def report(findings: Sequence[Finding]) -> int:
+    """Print one line per finding; exit status 1 if any is an error."""
+    for finding in findings:
+        print(f"{finding.level:<5} {finding.message}")
+    return 1 if any(f.level == "ERROR" for f in findings) else 0
+
+
+def run_doctor(args: argparse.Namespace) -> int:
+    return report(diagnose(args.root, load_model=not args.no_load))
+
+
+# ----------------------------------------------------------------------------- serve
+
+
+def run_serve(args: argparse.Namespace) -> int:
+    import uvicorn
+
+    from .chatchat_hook import load_embeddings
+    from .server import ServerLimits, create_app
+    from .settings import LocalEmbeddingsConfig
+
+    if args.model_path is not None:
+        config = LocalEmbeddingsConfig(model_path=str(args.model_path.resolve()), device=args.device or "cpu")
+        platform, name = "command line", args.model_name or "policybert"
+    else:
+        local = find_local_model(load_yaml(args.root / "model_settings.yaml"), args.model_name)
+        config, platform = local.config, local.platform_name
+        name = args.model_name or local.embed_models[0]
+    embeddings = load_embeddings(config, args.root, platform)
+    dimension = len(embeddings.embed_documents(["维度"])[0])
+    limits = ServerLimits(
+        max_body_bytes=int(args.max_body_mb * 1024 * 1024),
+        max_inputs=args.max_inputs,
+        max_batch=args.max_batch,
+        max_wait_s=args.max_wait_ms / 1000.0,
+    )
+    app = create_app(embeddings.embed_documents, name, dimension, limits)
+    print(f"serving '{name}' (dimension {dimension}) at http://{args.host}:{args.port}/v1/embeddings", flush=True)
+    uvicorn.run(app, host=args.host, port=args.port, log_level="warning")
+    return 0
+
+
+# ----------------------------------------------------------------------------- parser
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="chatchat-policybert",
+        description="Use PolicyBERT as the embedding model of a stock Langchain-Chatchat 0.3.1.3.",
+    )
+    commands = parser.add_subparsers(dest="command", required=True)
+
+    def with_root(sub: argparse.ArgumentParser) -> None:
+        sub.add_argument("--root", type=Path, default=None,
+                         help="Chatchat data root (default: $CHATCHAT_ROOT, else the current directory)")
+
+    setup = commands.add_parser("setup", help="merge the PolicyBERT settings into a Chatchat root and check it",
+                                description=run_setup.__doc__)
+    with_root(setup)
+    setup.add_argument("--model", type=Path, help="PolicyBERT (or BERT/bge) model directory to use")
+    setup.add_argument("--device", help="torch device for the model, e.g. cpu or cuda:0")
+    setup.add_argument("--dtype", choices=["float32", "float16", "bfloat16", "auto"], help="weights dtype")
+    setup.add_argument("--ollama-url", help="Ollama OpenAI-compatible base URL (default http://127.0.0.1:11434/v1)")
+    setup.add_argument("--settings-dir", type=Path, default=None,
+                       help="folder with the model_settings.yaml/kb_settings.yaml to merge (default: the shipped ones)")
+    setup.add_argument("--keep-other-platforms", action="store_true",
+                       help="keep existing MODEL_PLATFORMS entries whose names the shipped file does not use")
+    setup.add_argument("--no-check", action="store_true", help="skip the doctor's checks after merging")
+    setup.set_defaults(func=run_setup)
+
+    doctor = commands.add_parser("doctor", help="report what is wrong in a Chatchat root, one line per check")
+    with_root(doctor)
+    doctor.add_argument("--no-load", action="store_true", help="do not load the model (faster)")
+    doctor.set_defaults(func=run_doctor)
+
+    serve = commands.add_parser("serve", help="serve the model as an OpenAI-compatible /v1/embeddings")
+    with_root(serve)
+    serve.add_argument("--model-name", help="embed model name to serve (default: DEFAULT_EMBEDDING_MODEL of the root)")
+    serve.add_argument("--model-path", type=Path, help="serve this model directory instead of the root's settings")
+    serve.add_argument("--device", help="torch device with --model-path (default cpu)")
+    serve.add_argument("--host", default="127.0.0.1")
+    serve.add_argument("--port", type=int, default=9998)
+    serve.add_argument("--max-batch", type=int, default=32, help="texts per model call across concurrent requests")
+    serve.add_argument("--max-wait-ms", type=float, default=5.0, help="how long a request waits for others to batch with")
+    serve.add_argument("--max-inputs", type=int, default=2048, help="inputs per request before 413")
+    serve.add_argument("--max-body-mb", type=float, default=8.0, help="request body size before 413")
+    serve.set_defaults(func=run_serve)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    args.root = (args.root or default_root()).resolve()
+    if getattr(args, "settings_dir", "absent") is None:
+        args.settings_dir = shipped_settings_dir()
+    try:
+        return args.func(args)
+    except SettingsError as exc:
+        print(f"ERROR {exc}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,108 @@
+"""Helpers to drive a real Chatchat 0.3.1.3 deployment from tests (processes, ports, environment)."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+import requests
+from ollama_standin import OllamaStandIn
+
+BIN = Path(sys.executable).parent
+KB_NAME = "WeiMingPolicies"
+EMBED_MODEL = "policybert"
+N_DOCUMENTS = 3
+MAX_DOC_CHARS = 2500  # keeps `kb -r` at a few dozen chunks
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def chatchat_env(root: Path) -> dict[str, str]:
+    """Environment of every Chatchat command: the root, offline NLTK data, no proxies for loopback."""
+    import chatchat
+
+    env = {k: v for k, v in os.environ.items() if k.lower() not in {"http_proxy", "https_proxy", "all_proxy"}}
+    env.update(
+        CHATCHAT_ROOT=str(root),
+        NLTK_DATA=str(Path(chatchat.__file__).parent / "data" / "nltk_data"),
+        NO_PROXY="127.0.0.1,localhost",
+        PYTHONUNBUFFERED="1",
+        TOKENIZERS_PARALLELISM="false",
+    )
+    return env
+
+
+def run(args: list[str], env: dict[str, str], timeout: float = 300) -> subprocess.CompletedProcess:
+    result = subprocess.run(args, env=env, capture_output=True, text=True, timeout=timeout)
+    return result
+
+
+@dataclass
+class Deployment:
+    root: Path
+    model_dir: Path
+    env: dict[str, str]
+    api_port: int
+    webui_port: int
+    standin: OllamaStandIn
+    demo_log: str
+
+    @property
+    def api(self) -> str:
+        return f"http://127.0.0.1:{self.api_port}"
+
+    @property
+    def vector_store(self) -> Path:
+        return self.root / "data" / "knowledge_base" / KB_NAME / "vector_store" / EMBED_MODEL
+
+    @property
+    def content_dir(self) -> Path:
+        return self.root / "data" / "knowledge_base" / KB_NAME / "content"
+
+
+def wait_until(check, process: subprocess.Popen, log_path: Path, what: str, timeout: float = 180) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if process.poll() is not None:
+            pytest.fail(f"chatchat start exited ({process.returncode}) before the {what} answered:\n"
+                        + log_path.read_text(encoding="utf-8")[-5000:])
+        try:
+            if check():
+                return
+        except requests.RequestException:
+            pass
+        time.sleep(0.5)
+    pytest.fail(f"{what} did not answer within {timeout}s:\n" + log_path.read_text(encoding="utf-8")[-5000:])
+
+
+def stop_group(process: subprocess.Popen, grace: float = 15) -> None:
+    """SIGTERM the whole group (Chatchat then kills its API/WebUI children), SIGKILL what remains."""
+    for sig in (signal.SIGTERM, signal.SIGKILL):
+        try:
+            os.killpg(process.pid, sig)
+        except ProcessLookupError:
+            return
+        deadline = time.monotonic() + grace
+        while time.monotonic() < deadline:
+            if process.poll() is not None and not _group_alive(process.pid):
+                return
+            time.sleep(0.2)
+
+
+def _group_alive(pgid: int) -> bool:
+    try:
+        os.killpg(pgid, 0)
+    except ProcessLookupError:
+        return False
+    return True

@@ -1,0 +1,132 @@
+"""`chatchat-policybert setup` / `doctor` and the `local_embeddings` settings block."""
+
+from __future__ import annotations
+
+import math
+import os
+import shutil
+from pathlib import Path
+
+import pytest
+import yaml
+from chatchat_deploy import BIN, Deployment, run
+
+from chatchat_policybert.cli import threshold_cosine
+from chatchat_policybert.settings import SettingsError, find_local_model, parse_config
+
+INIT_LIKE_MODEL_SETTINGS = """\
+# written by chatchat init
+DEFAULT_LLM_MODEL: glm4-chat
+DEFAULT_EMBEDDING_MODEL: bge-m3
+MODEL_PLATFORMS:
+  - platform_name: xinference
+    platform_type: xinference
+    api_base_url: http://127.0.0.1:9997/v1
+    llm_models: [glm4-chat]
+    embed_models: [bge-m3]
+  - platform_name: ollama
+    platform_type: ollama
+    api_base_url: http://127.0.0.1:11434/v1
+    llm_models: [qwen:7b]
+"""
+
+
+def cli(*args: str, env: dict | None = None):
+    return run([str(BIN / "chatchat-policybert"), *args], env or dict(os.environ), timeout=120)
+
+
+def make_root(tmp_path: Path) -> Path:
+    root = tmp_path / "root"
+    root.mkdir()
+    (root / "model_settings.yaml").write_text(INIT_LIKE_MODEL_SETTINGS, encoding="utf-8")
+    (root / "kb_settings.yaml").write_text("DEFAULT_KNOWLEDGE_BASE: samples\nSCORE_THRESHOLD: 2.0\n", encoding="utf-8")
+    return root
+
+
+def test_threshold_cosine_matches_chatchat_rule():
+    assert threshold_cosine(0.293) == pytest.approx(0.5, abs=1e-3)
+    assert threshold_cosine(2.0) > 1.0  # Chatchat's default: no vector hit can pass
+    for cos in (0.2, 0.5, 0.9):  # 1 - d²/√2 with d² = 2 - 2·cos, at the threshold itself
+        assert threshold_cosine(1 - (2 - 2 * cos) / math.sqrt(2)) == pytest.approx(cos)
+
+
+def test_setup_merges_settings_and_keeps_comments(tmp_path: Path, tiny_model: Path):
+    root = make_root(tmp_path)
+    result = cli("setup", "--root", str(root), "--model", str(tiny_model), "--ollama-url", "http://127.0.0.1:1/v1",
+                 "--keep-other-platforms", "--no-check")
+    assert result.returncode == 0, result.stderr
+    text = (root / "model_settings.yaml").read_text(encoding="utf-8")
+    assert "# written by chatchat init" in text and "# Read by chatchat_policybert's import hook" in text
+    settings = yaml.safe_load(text)
+    platforms = {p["platform_name"]: p for p in settings["MODEL_PLATFORMS"]}
+    assert list(platforms) == ["policybert", "ollama", "xinference"]
+    assert platforms["ollama"]["llm_models"] == ["qwen2.5:7b"]
+    assert platforms["ollama"]["api_base_url"] == "http://127.0.0.1:1/v1"
+    assert settings["DEFAULT_EMBEDDING_MODEL"] == "policybert" and settings["DEFAULT_LLM_MODEL"] == "qwen2.5:7b"
+    local = find_local_model(settings, None)
+    assert Path(local.config.model_path) == tiny_model.resolve()
+    kb = yaml.safe_load((root / "kb_settings.yaml").read_text(encoding="utf-8"))
+    assert kb["DEFAULT_KNOWLEDGE_BASE"] == "WeiMingPolicies" and 0 < threshold_cosine(kb["SCORE_THRESHOLD"]) < 1
+    assert kb["CHUNK_SIZE"] <= 750 and kb["VECTOR_SEARCH_TOP_K"] == 5
+    assert (root / "data" / "knowledge_base" / "WeiMingPolicies" / "content").is_dir()
+
+    again = cli("setup", "--root", str(root), "--model", str(tiny_model), "--no-check")
+    assert again.returncode == 0
+    names = [p["platform_name"] for p in yaml.safe_load((root / "model_settings.yaml").read_text())["MODEL_PLATFORMS"]]
+    assert names == ["policybert", "ollama"]  # without --keep-other-platforms only the shipped ones remain
+
+
+def test_setup_before_chatchat_init_says_what_to_run(tmp_path: Path):
+    result = cli("setup", "--root", str(tmp_path))
+    assert result.returncode == 2 and "chatchat init" in result.stderr
+
+
+def test_doctor_passes_on_the_deployment(deployment: Deployment, standin):
+    result = cli("doctor", "--root", str(deployment.root), env=deployment.env)
+    assert result.returncode == 0, result.stdout
+    for expected in ("OK    import hook installed", "OK    LLM 'qwen2.5:7b' platform answers",
+                     "dimension 32, query vector norm 1.0000", "keeps FAISS hits with cosine >= 0.50",
+                     "OK    knowledge base 'WeiMingPolicies' has a FAISS index"):
+        assert expected in result.stdout, result.stdout
+
+
+def test_doctor_names_each_problem(tmp_path: Path, deployment: Deployment):
+    root = tmp_path / "broken"
+    root.mkdir()
+    for name in ("model_settings.yaml", "kb_settings.yaml"):
+        shutil.copy(deployment.root / name, root / name)
+    settings = yaml.safe_load((root / "model_settings.yaml").read_text(encoding="utf-8"))
+    for platform in settings["MODEL_PLATFORMS"]:
+        platform["llm_models"] = []
+        if "local_embeddings" in platform:
+            platform["local_embeddings"]["model_path"] = str(tmp_path / "missing-model")
+    (root / "model_settings.yaml").write_text(yaml.safe_dump(settings, allow_unicode=True), encoding="utf-8")
+    (root / "kb_settings.yaml").write_text("DEFAULT_KNOWLEDGE_BASE: WeiMingPolicies\nSCORE_THRESHOLD: 2.0\n")
+
+    result = cli("doctor", "--root", str(root), env=deployment.env)
+    errors = [line for line in result.stdout.splitlines() if line.startswith("ERROR")]
+    assert result.returncode == 1
+    assert any("no platform lists an LLM" in e for e in errors)
+    assert any("missing-model" in e and "is not a directory" in e for e in errors)
+    assert any("SCORE_THRESHOLD 2.0 needs cosine >= 1.71" in e for e in errors)
+    assert any("DEFAULT_KNOWLEDGE_BASE 'WeiMingPolicies' has no folder" in e for e in errors)
+
+
+@pytest.mark.parametrize(
+    ("block", "fragment"),
+    [
+        ({"model_path": "m", "devcie": "cpu"}, "devcie"),
+        ({"device": "cpu"}, "model_path"),
+        ({"model_path": "m", "dtype": "int3"}, "dtype"),
+        ({"model_path": "m", "batch_size": 0}, "batch_size"),
+        ("models/policybert", "must be a mapping"),
+    ],
+)
+def test_bad_local_embeddings_block_names_the_key(block, fragment):
+    with pytest.raises(SettingsError, match=fragment) as error:
+        parse_config({"platform_name": "pb", "local_embeddings": block})
+    assert "platform 'pb'" in str(error.value)
+
+
+def test_platform_without_block_is_left_to_chatchat():
+    assert parse_config({"platform_name": "ollama", "platform_type": "ollama"}) is None

@@ -1,0 +1,125 @@
+"""The import hook as users get it: from a built (non-editable) wheel in a fresh virtualenv.
+
+The fresh venv gets only our wheel; the heavy dependencies are reused from the test venv via a
+path-only `.pth` line (which adds that folder to sys.path without running its `.pth` files, so
+the dev install's own hook and editable finder stay out of it).
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+import sysconfig
+import venv
+from pathlib import Path
+
+import numpy as np
+import pytest
+from chatchat_deploy import Deployment, run
+
+from chatchat_policybert.embeddings import PolicyBertEmbeddings
+
+PTH_NAME = "chatchat_policybert_hook.pth"
+
+PROBE = """
+import json, multiprocessing as mp, sys
+import chatchat_policybert
+import chatchat.server.utils as utils
+from chatchat.server.knowledge_base.kb_cache import faiss_cache
+
+
+def child(queue):
+    import chatchat.server.utils as utils
+    queue.put(type(utils.get_Embeddings("policybert")).__name__)
+
+
+if __name__ == "__main__":
+    first, second = utils.get_Embeddings("policybert"), utils.get_Embeddings()
+    children = {}
+    for method in ("fork", "spawn"):
+        ctx = mp.get_context(method)
+        queue = ctx.Queue()
+        process = ctx.Process(target=child, args=(queue,))
+        process.start()
+        children[method] = queue.get(timeout=120)
+        process.join(60)
+    print(json.dumps({
+        "package": chatchat_policybert.__file__,
+        "wrapped": getattr(utils.get_Embeddings, "__policybert_wrapped__", False),
+        "faiss_cache_bound_to_wrapper": faiss_cache.get_Embeddings is utils.get_Embeddings,
+        "one_instance": first is second,
+        "class": type(first).__name__,
+        "query": first.embed_query("数据要素市场"),
+        "children": children,
+    }))
+"""
+
+
+@pytest.fixture(scope="module")
+def wheel(tmp_path_factory, repo_root: Path) -> Path:
+    source = tmp_path_factory.mktemp("src") / "repo"
+    shutil.copytree(repo_root, source, ignore=shutil.ignore_patterns(
+        ".venv", ".git", "build", "dist", "runs", "*.egg-info", "__pycache__", ".pytest_cache", ".hypothesis", "tests"))
+    out = tmp_path_factory.mktemp("wheel")
+    subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "--no-build-isolation", "-w", str(out),
+                    str(source)], check=True, capture_output=True, timeout=300)
+    return next(out.glob("chatchat_policybert-*.whl"))
+
+
+@pytest.fixture(scope="module")
+def fresh_venv(tmp_path_factory, wheel: Path) -> Path:
+    env_dir = tmp_path_factory.mktemp("fresh") / "venv"
+    venv.EnvBuilder(with_pip=False).create(env_dir)
+    python = env_dir / "bin" / "python"
+    purelib = Path(subprocess.check_output([str(python), "-c", "import sysconfig; print(sysconfig.get_path('purelib'))"],
+                                           text=True).strip())
+    (purelib / "zz_test_dependencies.pth").write_text(sysconfig.get_path("purelib") + "\n", encoding="utf-8")
+    subprocess.run([sys.executable, "-m", "pip", "--python", str(python), "install", "-q", "--no-deps", "--no-index",
+                    str(wheel)], check=True, capture_output=True, timeout=300)
+    return env_dir
+
+
+def site_packages(env_dir: Path) -> Path:
+    return next((env_dir / "lib").glob("python3*/site-packages"))
+
+
+def test_wheel_puts_pth_at_site_packages_root(fresh_venv: Path):
+    pth = site_packages(fresh_venv) / PTH_NAME
+    assert pth.is_file()
+    assert not (fresh_venv / PTH_NAME).exists()  # where setuptools' data_files would have put it
+    assert "chatchat_policybert.chatchat_hook" in pth.read_text(encoding="utf-8")
+
+
+def test_hook_serves_policybert_in_every_chatchat_process(fresh_venv: Path, deployment: Deployment, tmp_path: Path):
+    probe = tmp_path / "probe.py"
+    probe.write_text(PROBE, encoding="utf-8")
+    result = run([str(fresh_venv / "bin" / "python"), str(probe)], {**deployment.env, "PYTHONPATH": ""}, timeout=300)
+    assert result.returncode == 0, result.stderr[-4000:]
+    report = json.loads(result.stdout.strip().splitlines()[-1])
+    assert Path(report["package"]).is_relative_to(site_packages(fresh_venv))
+    assert report["wrapped"] and report["faiss_cache_bound_to_wrapper"] and report["one_instance"]
+    assert report["class"] == "PolicyBertEmbeddings"
+    assert report["children"] == {"fork": "PolicyBertEmbeddings", "spawn": "PolicyBertEmbeddings"}
+    expected = PolicyBertEmbeddings(str(deployment.model_dir)).embed_query("数据要素市场")
+    np.testing.assert_allclose(report["query"], expected, atol=1e-6)
+
+
+def test_console_script_and_packaged_settings(fresh_venv: Path, deployment: Deployment):
+    for args in (["--help"], ["setup", "--help"], ["doctor", "--help"], ["serve", "--help"]):
+        result = run([str(fresh_venv / "bin" / "chatchat-policybert"), *args], deployment.env, timeout=60)
+        assert result.returncode == 0 and "usage:" in result.stdout, result.stderr
+    where = run([str(fresh_venv / "bin" / "python"), "-c",
+                 "from chatchat_policybert.cli import shipped_settings_dir; print(shipped_settings_dir())"],
+                deployment.env, timeout=60)
+    assert Path(where.stdout.strip()).is_relative_to(site_packages(fresh_venv))
+
+
+def test_uninstall_removes_the_hook_quietly(fresh_venv: Path):
+    python = fresh_venv / "bin" / "python"
+    subprocess.run([sys.executable, "-m", "pip", "--python", str(python), "uninstall", "-y", "-q", "chatchat-policybert"],
+                   check=True, capture_output=True, timeout=120)
+    assert not (site_packages(fresh_venv) / PTH_NAME).exists()
+    started = subprocess.run([str(python), "-c", "pass"], capture_output=True, text=True, timeout=60)
+    assert started.returncode == 0 and started.stderr == ""

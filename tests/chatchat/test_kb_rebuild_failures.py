@@ -1,0 +1,133 @@
+"""A failed `chatchat kb -r` leaves the knowledge base's saved FAISS index loadable and unchanged.
+
+Chatchat exits 0 either way; the tests judge by the files. Each runs on a copy of the session's
+deployment so the shared index is never at risk.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import pickle
+import shutil
+import signal
+import sqlite3
+import subprocess
+import time
+from pathlib import Path
+
+import faiss
+import pytest
+import yaml
+from chatchat_deploy import BIN, KB_NAME, Deployment, run, stop_group
+
+EMBEDDINGS_MODULE = '''
+import time
+from chatchat_policybert.embeddings import PolicyBertEmbeddings
+
+
+class FailingEmbeddings(PolicyBertEmbeddings):
+    """Passes the one-text checks, then runs out of memory on the first real batch."""
+
+    def embed_documents(self, texts):
+        if len(texts) > 1:
+            raise MemoryError("simulated out of memory")
+        return super().embed_documents(texts)
+
+
+class StallingEmbeddings(PolicyBertEmbeddings):
+    """Passes the one-text checks, then hangs on the first real batch (to be killed)."""
+
+    def embed_documents(self, texts):
+        if len(texts) > 1:
+            time.sleep(600)
+        return super().embed_documents(texts)
+'''
+
+
+class Root:
+    def __init__(self, path: Path, env: dict[str, str]) -> None:
+        self.path = path
+        self.env = env
+        self.vector_store = path / "data" / "knowledge_base" / KB_NAME / "vector_store"
+
+    def fingerprint(self) -> dict[str, str]:
+        return {p.name: hashlib.sha256(p.read_bytes()).hexdigest() for p in sorted((self.vector_store / "policybert").iterdir())}
+
+    def db_rows(self) -> tuple[list, list]:
+        with sqlite3.connect(self.path / "data" / "knowledge_base" / "info.db") as db:
+            files = db.execute("select file_name, docs_count from knowledge_file where kb_name=? order by file_name",
+                               (KB_NAME,)).fetchall()
+            docs = db.execute("select doc_id from file_doc where kb_name=? order by doc_id", (KB_NAME,)).fetchall()
+        return files, docs
+
+    def set_embeddings(self, **changes: str) -> None:
+        path = self.path / "model_settings.yaml"
+        settings = yaml.safe_load(path.read_text(encoding="utf-8"))
+        next(p for p in settings["MODEL_PLATFORMS"] if "local_embeddings" in p)["local_embeddings"].update(changes)
+        path.write_text(yaml.safe_dump(settings, allow_unicode=True), encoding="utf-8")
+
+    def assert_index_loadable(self, vectors: int) -> None:
+        index = faiss.read_index(str(self.vector_store / "policybert" / "index.faiss"))
+        with (self.vector_store / "policybert" / "index.pkl").open("rb") as handle:
+            docstore, index_to_id = pickle.load(handle)
+        assert index.ntotal == vectors == len(index_to_id) == len(docstore._dict)
+
+
+@pytest.fixture
+def root(tmp_path: Path, deployment: Deployment) -> Root:
+    """A copy of the deployment's root; absolute paths in its settings point at the copy."""
+    copy = tmp_path / "root"
+    shutil.copytree(deployment.root, copy, symlinks=True, ignore=shutil.ignore_patterns("logs", "start.log"))
+    for settings in copy.glob("*.yaml"):
+        settings.write_text(settings.read_text(encoding="utf-8").replace(str(deployment.root), str(copy)), encoding="utf-8")
+    module_dir = tmp_path / "modules"
+    module_dir.mkdir()
+    (module_dir / "test_embeddings_classes.py").write_text(EMBEDDINGS_MODULE, encoding="utf-8")
+    env = {**deployment.env, "CHATCHAT_ROOT": str(copy), "PYTHONPATH": str(module_dir)}
+    return Root(copy, env)
+
+
+def rebuild(root: Root) -> str:
+    result = run([str(BIN / "chatchat"), "kb", "-r", "-n", KB_NAME], root.env)
+    assert result.returncode == 0  # Chatchat's exit status says nothing; the files do
+    return result.stdout + result.stderr
+
+
+def test_missing_model_dir_touches_nothing(root: Root):
+    before, rows, vectors = root.fingerprint(), root.db_rows(), len(root.db_rows()[1])
+    root.set_embeddings(model_path=str(root.path / "gone"))
+    log = rebuild(root)
+    assert "not started, every existing index is unchanged" in log and "is not a directory" in log
+    assert root.fingerprint() == before and root.db_rows() == rows
+    root.assert_index_loadable(vectors)
+
+
+def test_model_failing_mid_rebuild_restores_index_and_rows(root: Root):
+    before, rows, vectors = root.fingerprint(), root.db_rows(), len(root.db_rows()[1])
+    root.set_embeddings(**{"class": "test_embeddings_classes:FailingEmbeddings"})
+    log = rebuild(root)
+    assert "failed, its previous index" in log and "MemoryError: simulated out of memory" in log
+    assert root.fingerprint() == before and root.db_rows() == rows
+    assert sorted(p.name for p in root.vector_store.iterdir()) == ["policybert"]
+    root.assert_index_loadable(vectors)
+
+
+def test_killed_rebuild_keeps_index(root: Root):
+    before, vectors = root.fingerprint(), len(root.db_rows()[1])
+    root.set_embeddings(**{"class": "test_embeddings_classes:StallingEmbeddings"})
+    process = subprocess.Popen([str(BIN / "chatchat"), "kb", "-r", "-n", KB_NAME], env=root.env,
+                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    try:
+        staging = root.vector_store / "policybert.rebuilding"
+        deadline = time.monotonic() + 180
+        while not (staging / "index.faiss").exists() and time.monotonic() < deadline:
+            assert process.poll() is None, "kb -r ended before it started embedding"
+            time.sleep(0.5)
+        assert staging.exists()
+        os.killpg(process.pid, signal.SIGKILL)
+        process.wait(30)
+    finally:
+        stop_group(process, grace=5)
+    assert root.fingerprint() == before
+    root.assert_index_loadable(vectors)

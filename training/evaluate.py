@@ -1,0 +1,266 @@
+"""Retrieval evaluation: BM25, dense, RRF hybrid and Chatchat's own ensemble on the same chunks.
+
+Answers "does this embedding model retrieve policy text better than BM25 / stock bge, and
+what does Chatchat's SCORE_THRESHOLD do to it?" on a user's corpus and questions:
+
+    python -m training.evaluate --corpus ../shared/data/policy_corpus/Policys_cleaned.csv \\
+        --questions eval/policy_questions.jsonl --model runs/policybert --out eval/results.json --plot eval/recall.png
+    python -m training.evaluate --beir T2Retrieval/ --model bge-base-zh-v1.5 --retrievers bm25,dense
+
+Without ``--chatchat-root`` a temporary root is built the README's way (``chatchat init``,
+``chatchat-policybert setup --model <first model>``, corpus into the default KB,
+``chatchat kb -r``); with it, the user's built KB is evaluated as it is. All retrievers rank
+the chunks Chatchat's configured splitter makes. Document metrics count identical-text
+documents as one; a document ranks where its best chunk ranks.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from tqdm import tqdm
+
+from training._common import DataError, atomic_path, run_cli
+from training.chatchat_root import Chunk, default_kb, faiss_indexes, indexed_vectors, load_chunks, prepare_root
+from training.eval_data import Corpus, Query, load_beir, load_corpus, load_questions
+from training.ir_metrics import first_evidence_rank, mrr_at_k, ndcg_at_k, percentile, recall_at_k, unique_in_order
+from training.retrievers import Bm25, ChatchatEnsemble, ChatchatWorker, Dense, Retriever, Rrf
+
+RETRIEVERS = ("bm25", "dense", "rrf", "chatchat")
+MRR_K = NDCG_K = 10
+
+
+@dataclass
+class RunResult:
+    """One retriever's per-query records and their means."""
+
+    name: str
+    metrics: dict[str, float] = field(default_factory=dict)
+    queries: list[dict] = field(default_factory=list)
+
+
+def evaluate_retriever(retriever: Retriever, queries: list[Query], chunks: list[Chunk], ks: list[int]) -> RunResult:
+    """Runs every query once and scores the ranking at document and passage level."""
+    result = RunResult(retriever.name)
+    depth = max(ks + [MRR_K, NDCG_K])
+    for query in tqdm(queries, desc=retriever.name, unit="q"):
+        ranking, seconds = retriever.search(query.text)
+        docs = unique_in_order(chunks[i].group for i in ranking)
+        relevant = [g for g, gain in query.gains.items() if gain > 0]
+        record = {
+            "id": query.qid,
+            "seconds": seconds,
+            "chunks": len(ranking),
+            "docs": docs[:depth],
+            **{f"R@{k}": recall_at_k(docs, relevant, k) for k in ks},
+            f"MRR@{MRR_K}": mrr_at_k(docs, relevant, MRR_K),
+            f"nDCG@{NDCG_K}": ndcg_at_k(docs, query.gains, NDCG_K),
+        }
+        if query.evidence is not None:
+            rank = first_evidence_rank([chunks[i].text for i in ranking[: max(ks)]], query.evidence)
+            record["evidence_rank"] = rank
+            record.update({f"hit@{k}": float(rank is not None and rank <= k) for k in ks})
+        result.queries.append(record)
+    names = [key for key in result.queries[0] if key.startswith(("R@", "MRR@", "nDCG@", "hit@"))]
+    result.metrics = {name: sum(q[name] for q in result.queries) / len(result.queries) for name in names}
+    times = [q["seconds"] * 1000 for q in result.queries]
+    result.metrics.update({"p50 ms": percentile(times, 50), "p95 ms": percentile(times, 95),
+                           "chunks": sum(q["chunks"] for q in result.queries) / len(result.queries)})
+    return result
+
+
+def format_table(results: list[RunResult]) -> str:
+    """A Markdown table (readable on a terminal, pasteable into a README)."""
+    columns = list(results[0].metrics)
+    header = ["retriever", *columns]
+    rows = [[r.name, *(f"{r.metrics[c]:.1f}" if c.endswith(("ms", "chunks")) else f"{r.metrics[c]:.3f}" for c in columns)]
+            for r in results]
+    widths = [max(len(row[i]) for row in [header, *rows]) for i in range(len(header))]
+    line = lambda cells: "| " + " | ".join(c.ljust(w) for c, w in zip(cells, widths)) + " |"  # noqa: E731
+    return "\n".join([line(header), "|" + "|".join("-" * (w + 2) for w in widths) + "|", *map(line, rows)])
+
+
+def plot_recall(results: list[RunResult], ks: list[int], path: Path) -> None:
+    """Grouped bars of Recall@k per retriever; matplotlib is imported only here (optional dependency)."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        raise DataError("--plot needs matplotlib (pip install matplotlib)") from None
+    fig, ax = plt.subplots(figsize=(1.6 + 1.4 * len(results), 4))
+    width = 0.8 / len(ks)
+    for j, k in enumerate(ks):
+        xs = [i + (j - (len(ks) - 1) / 2) * width for i in range(len(results))]
+        bars = ax.bar(xs, [r.metrics[f"R@{k}"] for r in results], width, label=f"Recall@{k}")
+        ax.bar_label(bars, fmt="%.2f", fontsize=7)
+    ax.set_xticks(range(len(results)), [r.name for r in results], rotation=15, ha="right", fontsize=8)
+    ax.set_ylim(0, 1.05)
+    ax.set_ylabel("document recall")
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def parse_model(spec: str) -> tuple[str, Path]:
+    """``LABEL=PATH`` or ``PATH`` (labelled by its folder name)."""
+    label, sep, path = spec.partition("=")
+    if not sep:
+        label, path = Path(spec).name, spec
+    if not Path(path).is_dir():
+        raise DataError(f"--model {spec}: {path} is not a model directory")
+    return label, Path(path)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="python -m training.evaluate", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    data = parser.add_argument_group("data (either --corpus with --questions, or --beir)")
+    data.add_argument("--corpus", type=Path, help="policy CSV (title, contentText) or folder of .md/.txt files")
+    data.add_argument("--questions", type=Path, help='JSONL: {"id", "question", "doc_title", "evidence"[, "doc_index"]}')
+    data.add_argument("--beir", type=Path, help="BEIR/C-MTEB folder: corpus.jsonl, queries.jsonl, qrels/*.tsv")
+    data.add_argument("--beir-split", help="qrels/<split>.tsv to use (default: the only one, else test)")
+    data.add_argument("--limit", type=int, help="evaluate only the first N queries (quick runs)")
+    retrieval = parser.add_argument_group("retrievers")
+    retrieval.add_argument("--model", action="append", default=[], metavar="[LABEL=]DIR",
+                        help="PolicyBertEmbeddings-loadable model (PolicyBERT or plain BERT/bge); repeatable. "
+                             "The first one embeds the temporary Chatchat KB")
+    retrieval.add_argument("--retrievers",
+                        help=f"comma list of {', '.join(RETRIEVERS)} (default: all that the models/root given allow)")
+    retrieval.add_argument("--device", default="cpu", help="torch device of the dense models")
+    retrieval.add_argument("--batch-size", type=int, default=32, help="texts per forward pass")
+    retrieval.add_argument("--depth", type=int, default=100, help="chunks ranked by bm25/dense/rrf per query")
+    chatchat = parser.add_argument_group("Chatchat")
+    chatchat.add_argument("--chatchat-root", type=Path,
+                          help="evaluate this built root's KB as it is (default: build a temporary root)")
+    chatchat.add_argument("--kb", help="knowledge base in --chatchat-root (default: its DEFAULT_KNOWLEDGE_BASE)")
+    chatchat.add_argument("--work-dir", type=Path, help="build the temporary root here and keep it (default: a temp dir)")
+    chatchat.add_argument("--score-threshold", type=float, action="append", default=[],
+                          help="SCORE_THRESHOLD for the chatchat retriever; repeatable, e.g. 2.0 for Chatchat's "
+                               "default (default: the root's kb_settings.yaml)")
+    chatchat.add_argument("--chatchat-top-k", type=int, default=None,
+                          help="top_k passed to search_docs (default: the largest k). Chatchat 0.3.1.3 returns "
+                               "at most 5 chunks whatever top_k; top_k sizes the BM25 and FAISS lists it fuses")
+    output = parser.add_argument_group("output")
+    output.add_argument("--ks", default="1,5,10", help="cut-offs for Recall@k and passage hit@k")
+    output.add_argument("--out", type=Path, help="write metrics and per-query rankings as JSON")
+    output.add_argument("--plot", type=Path, help="write a PNG bar chart of Recall@k per retriever (needs matplotlib)")
+    return parser
+
+
+def _retriever_kinds(spec: str | None, have_model: bool, have_root: bool) -> list[str]:
+    """The retrievers to run; by default all that the given models and root allow."""
+    if spec is None:
+        return [k for k in RETRIEVERS if have_model or k == "bm25" or (k == "chatchat" and have_root)]
+    kinds = [k.strip() for k in spec.split(",") if k.strip()]
+    unknown = sorted(set(kinds) - set(RETRIEVERS))
+    if unknown or not kinds:
+        raise DataError(f"--retrievers: unknown {', '.join(unknown) or '(none given)'}; choose from {', '.join(RETRIEVERS)}")
+    if not have_model and {"dense", "rrf"} & set(kinds):
+        raise DataError("dense and rrf need --model")
+    if not have_model and not have_root and "chatchat" in kinds:
+        raise DataError("chatchat needs --model (to build a KB) or --chatchat-root (a built one)")
+    return kinds
+
+
+def _load_data(args: argparse.Namespace) -> tuple[Corpus, list[Query]]:
+    if args.beir is not None:
+        if args.corpus or args.questions:
+            raise DataError("use either --beir or --corpus/--questions")
+        corpus, queries = load_beir(args.beir, args.beir_split)
+    elif args.corpus is not None and args.questions is not None:
+        corpus = load_corpus(args.corpus)
+        queries = load_questions(args.questions, corpus)
+    else:
+        raise DataError("give --corpus and --questions, or --beir")
+    return corpus, queries[: args.limit] if args.limit else queries
+
+
+def _run(args: argparse.Namespace, root: Path, corpus: Corpus, queries: list[Query], ks: list[int],
+         kinds: list[str], models: list[tuple[str, Path]]) -> list[RunResult]:
+    from chatchat_policybert.embeddings import PolicyBertEmbeddings
+
+    if args.chatchat_root is not None:
+        kb = args.kb or default_kb(root)
+        if "chatchat" in kinds and not faiss_indexes(root, kb):
+            raise DataError(f"{root}: knowledge base {kb} has no FAISS index; run `chatchat kb -r -n {kb}`")
+    else:
+        kb = prepare_root(root, corpus, models[0][1] if models else None, build_index="chatchat" in kinds)
+    chunks = load_chunks(root, kb, corpus)
+    distinct = len({d.group for d in corpus.documents})
+    print(f"{len(queries)} queries; {distinct} distinct documents, {len(set(corpus.kb_files.values()))} in KB {kb} "
+          f"({root}) as {len(chunks)} Chatchat chunks")
+
+    results = []
+    bm25 = Bm25(chunks, args.depth) if {"bm25", "rrf"} & set(kinds) else None
+    if "bm25" in kinds:
+        results.append(evaluate_retriever(bm25, queries, chunks, ks))
+    for n, (label, path) in enumerate(models):
+        if not {"dense", "rrf"} & set(kinds):
+            break
+        embeddings = PolicyBertEmbeddings(path, device=args.device, batch_size=args.batch_size)
+        # The temporary KB was embedded by the first model: reuse its vectors rather than embed twice.
+        built_by_it = n == 0 and args.chatchat_root is None and "chatchat" in kinds
+        matrix = indexed_vectors(root, kb, chunks) if built_by_it else None
+        dense = Dense(f"dense:{label}", embeddings, chunks, args.depth, matrix)
+        if "dense" in kinds:
+            results.append(evaluate_retriever(dense, queries, chunks, ks))
+        if "rrf" in kinds:
+            results.append(evaluate_retriever(Rrf(dense, bm25, args.depth), queries, chunks, ks))
+    if "chatchat" in kinds:
+        top_k = args.chatchat_top_k or max(ks)
+        with ChatchatWorker(root, kb, chunks, top_k, root / "logs" / "evaluate_chatchat_worker.log") as worker:
+            for threshold in args.score_threshold or [None]:
+                results.append(evaluate_retriever(ChatchatEnsemble(worker, threshold), queries, chunks, ks))
+    return results
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = build_parser().parse_args(argv)
+    try:
+        ks = sorted({int(k) for k in args.ks.split(",") if k.strip()})
+    except ValueError:
+        raise DataError(f"--ks {args.ks!r}: expected comma-separated integers") from None
+    if not ks or ks[0] < 1:
+        raise DataError("--ks needs positive cut-offs")
+    models = [parse_model(spec) for spec in args.model]
+    kinds = _retriever_kinds(args.retrievers, bool(models), args.chatchat_root is not None)
+    if args.kb and args.chatchat_root is None:
+        raise DataError("--kb only applies with --chatchat-root")
+    corpus, queries = _load_data(args)
+
+    if args.chatchat_root is not None:
+        results = _run(args, args.chatchat_root.resolve(), corpus, queries, ks, kinds, models)
+    elif args.work_dir is not None:
+        results = _run(args, args.work_dir.resolve(), corpus, queries, ks, kinds, models)
+    else:
+        with tempfile.TemporaryDirectory(prefix="policybert-eval-") as tmp:
+            results = _run(args, Path(tmp) / "root", corpus, queries, ks, kinds, models)
+
+    print(format_table(results))
+    if args.out is not None:
+        payload = {
+            "command_line": sys.argv if argv is None else argv,
+            "queries": len(queries),
+            "documents": len({d.group for d in corpus.documents}),
+            "results": {r.name: {"metrics": r.metrics, "queries": r.queries} for r in results},
+        }
+        with atomic_path(args.out) as tmp:
+            tmp.write_text(json.dumps(payload, ensure_ascii=False, indent=1), encoding="utf-8")
+        print(f"wrote {args.out}")
+    if args.plot is not None:
+        plot_recall(results, ks, args.plot)
+        print(f"wrote {args.plot}")
+
+
+if __name__ == "__main__":
+    run_cli(main)

@@ -1,0 +1,163 @@
+"""The retrievers ``training.evaluate`` compares, all over the same Chatchat chunks.
+
+Each ``search(query)`` returns chunk indices, best first, and the seconds the search took.
+
+- ``Bm25`` — what Chatchat's ensemble uses: LangChain's ``BM25Retriever`` (rank_bm25 Okapi)
+  over ``jieba.lcut_for_search`` tokens, but built once instead of on every query.
+- ``Dense`` — exact inner product of ``PolicyBertEmbeddings`` vectors (unit length, so cosine),
+  queries with bge's instruction (the class default).
+- ``Rrf`` — reciprocal-rank fusion of two retrievers' full rankings.
+- ``ChatchatEnsemble`` — Chatchat's API ``search_docs`` in a worker process bound to a built
+  root: BM25 + FAISS hits kept only above ``SCORE_THRESHOLD``. Chatchat 0.3.1.3 returns at most
+  5 chunks whatever ``top_k`` (its ``EnsembleRetrieverService`` keeps its default ``top_k=5``).
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Protocol
+
+import numpy as np
+from tqdm import tqdm
+
+from training._common import DataError
+from training.chatchat_root import LOG_TAIL, Chunk, chatchat_env
+from training.chatchat_worker import MARK
+from training.ir_metrics import rank_by_score, reciprocal_rank_fusion
+
+EMBED_PROGRESS_BATCH = 256
+
+
+class Retriever(Protocol):
+    name: str
+
+    def search(self, query: str) -> tuple[list[int], float]: ...
+
+
+class Bm25:
+    """Chatchat's BM25 half, built once over all chunks and ranking them all (up to ``depth``)."""
+
+    def __init__(self, chunks: list[Chunk], depth: int, name: str = "bm25"):
+        import jieba
+        from langchain_community.retrievers import BM25Retriever
+
+        jieba.setLogLevel(60)
+        self.name, self.depth = name, depth
+        self._retriever = BM25Retriever.from_texts([c.text for c in chunks], preprocess_func=jieba.lcut_for_search)
+
+    def search(self, query: str) -> tuple[list[int], float]:
+        start = time.perf_counter()
+        scores = self._retriever.vectorizer.get_scores(self._retriever.preprocess_func(query))
+        ranking = rank_by_score(scores, self.depth)
+        return ranking, time.perf_counter() - start
+
+
+class Dense:
+    """Brute-force cosine over the chunks, embedded once with a ``PolicyBertEmbeddings`` model."""
+
+    def __init__(self, name: str, embeddings, chunks: list[Chunk], depth: int, matrix: np.ndarray | None = None):
+        """``matrix``: the chunks' vectors when already known (the FAISS index of this model)."""
+        self.name, self.depth, self._embeddings = name, depth, embeddings
+        self._matrix = self._embed_chunks(chunks) if matrix is None else matrix
+
+    def _embed_chunks(self, chunks: list[Chunk]) -> np.ndarray:
+        texts = [c.text for c in chunks]
+        parts = []
+        for start in tqdm(range(0, len(texts), EMBED_PROGRESS_BATCH), desc=f"embed chunks ({self.name})", unit="batch"):
+            parts.append(np.asarray(self._embeddings.embed_documents(texts[start : start + EMBED_PROGRESS_BATCH]), dtype=np.float32))
+        return np.concatenate(parts)
+
+    def search(self, query: str) -> tuple[list[int], float]:
+        start = time.perf_counter()
+        vector = np.asarray(self._embeddings.embed_query(query), dtype=np.float32)
+        ranking = rank_by_score(self._matrix @ vector, self.depth)
+        return ranking, time.perf_counter() - start
+
+
+class Rrf:
+    """Reciprocal-rank fusion (k = 60) of two retrievers; its latency is the sum of theirs."""
+
+    def __init__(self, first: Retriever, second: Retriever, depth: int):
+        self.name, self.depth = f"rrf({first.name}+{second.name})", depth
+        self._parts = (first, second)
+
+    def search(self, query: str) -> tuple[list[int], float]:
+        rankings, seconds = zip(*(part.search(query) for part in self._parts))
+        return reciprocal_rank_fusion(rankings)[: self.depth], sum(seconds)
+
+
+class ChatchatWorker:
+    """One ``training.chatchat_worker search`` process: Chatchat and the model load once, for all thresholds.
+
+    Hits come back as (source, text) and are mapped to chunk indices. Latency is measured in
+    the child around ``search_docs`` alone, which includes what Chatchat does per query: its
+    embed-model check, rebuilding BM25 over the whole KB, the FAISS search.
+    """
+
+    def __init__(self, root: Path, kb: str, chunks: list[Chunk], top_k: int, log_path: Path):
+        self._index: dict[tuple[str, str], int] = {}
+        self._by_text: dict[str, int] = {}
+        for i, chunk in enumerate(chunks):
+            self._index.setdefault((chunk.source, chunk.text), i)
+            self._by_text.setdefault(chunk.text, i)
+        log_path.parent.mkdir(parents=True, exist_ok=True)
+        self._log_path = log_path
+        self._log = log_path.open("w", encoding="utf-8")
+        self._process = subprocess.Popen(
+            [sys.executable, "-m", "training.chatchat_worker", "search", "--kb", kb, "--top-k", str(top_k)],
+            env=chatchat_env(root), stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self._log,
+            text=True, encoding="utf-8",
+        )
+        self.configured_threshold: float = self._read()["score_threshold"]
+
+    def __enter__(self) -> ChatchatWorker:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def _read(self) -> dict:
+        for line in self._process.stdout:
+            if line.startswith(MARK):
+                return json.loads(line[len(MARK):])
+        self.close()
+        raise DataError(f"the Chatchat search worker exited:\n{self._log_path.read_text(encoding='utf-8')[-LOG_TAIL:]}")
+
+    def search(self, query: str, threshold: float | None) -> tuple[list[int], float]:
+        self._process.stdin.write(json.dumps({"query": query, "threshold": threshold}, ensure_ascii=False) + "\n")
+        self._process.stdin.flush()
+        answer = self._read()
+        ranking = []
+        for source, text in answer["hits"]:
+            index = self._index.get((source, text), self._by_text.get(text))
+            if index is None:
+                raise DataError("Chatchat returned a chunk its content folder does not produce: "
+                                "the FAISS index is out of date, run `chatchat kb -r`")
+            ranking.append(index)
+        return ranking, answer["seconds"]
+
+    def close(self) -> None:
+        if self._process.poll() is None:
+            self._process.stdin.close()
+            try:
+                self._process.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                self._process.kill()
+                self._process.wait()
+        self._log.close()
+
+
+class ChatchatEnsemble:
+    """Chatchat's ``search_docs`` at one SCORE_THRESHOLD (None: the root's configured one)."""
+
+    def __init__(self, worker: ChatchatWorker, threshold: float | None):
+        self._worker = worker
+        self.threshold = worker.configured_threshold if threshold is None else threshold
+        self.name = f"chatchat(thr={self.threshold:g})"
+
+    def search(self, query: str) -> tuple[list[int], float]:
+        return self._worker.search(query, self.threshold)
