@@ -110,11 +110,18 @@ def build_local_model(out_dir: Path, lexicon_path: Path, documents: Sequence[Pol
 
 
 def chatchat_env(root: Path) -> dict[str, str]:
-    import chatchat
+    """Environment of every Chatchat command: the root, Chatchat's bundled NLTK data (offline), no proxies for loopback."""
+    import chatchat  # the package only: each child reads the settings of its own root
 
-    return {**os.environ, "CHATCHAT_ROOT": str(root),
-            "NLTK_DATA": str(Path(chatchat.__file__).resolve().parent / "data" / "nltk_data"),
-            "NO_PROXY": "127.0.0.1,localhost"}
+    env = {k: v for k, v in os.environ.items() if k.lower() not in {"http_proxy", "https_proxy", "all_proxy"}}
+    env.update(
+        CHATCHAT_ROOT=str(root),
+        NLTK_DATA=str(Path(chatchat.__file__).resolve().parent / "data" / "nltk_data"),
+        NO_PROXY="127.0.0.1,localhost",
+        PYTHONUNBUFFERED="1",
+        TOKENIZERS_PARALLELISM="false",
+    )
+    return env
 
 
 def run_step(title: str, args: list[str], env: dict[str, str], shown: str = "") -> subprocess.CompletedProcess:

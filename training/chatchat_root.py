@@ -9,7 +9,6 @@ and splitter (``training.chatchat_worker chunks``), so every retriever sees the 
 from __future__ import annotations
 
 import json
-import os
 import pickle
 import subprocess
 import sys
@@ -19,6 +18,7 @@ from pathlib import Path
 import numpy as np
 import yaml
 
+from chatchat_policybert.demo import chatchat_env
 from training._common import DataError
 from training.chatchat_worker import MARK
 from training.eval_data import Corpus
@@ -34,21 +34,6 @@ class Chunk:
     text: str
     group: str
     """Document group (identical-text documents share one), see ``training.eval_data``."""
-
-
-def chatchat_env(root: Path) -> dict[str, str]:
-    """Environment of every Chatchat child: the root, Chatchat's bundled NLTK data (offline), no proxies."""
-    import chatchat  # the package only: settings are read by the children
-
-    env = {k: v for k, v in os.environ.items() if k.lower() not in {"http_proxy", "https_proxy", "all_proxy"}}
-    env.update(
-        CHATCHAT_ROOT=str(root),
-        NLTK_DATA=str(Path(chatchat.__file__).parent / "data" / "nltk_data"),
-        NO_PROXY="127.0.0.1,localhost",
-        PYTHONUNBUFFERED="1",
-        TOKENIZERS_PARALLELISM="false",
-    )
-    return env
 
 
 def _run(args: list[str], root: Path, what: str, timeout: float = 3600) -> str:

@@ -15,6 +15,8 @@ import pytest
 import requests
 from ollama_standin import OllamaStandIn
 
+from chatchat_policybert.demo import chatchat_env
+
 BIN = Path(sys.executable).parent
 KB_NAME = "WeiMingPolicies"
 EMBED_MODEL = "policybert"
@@ -26,21 +28,6 @@ def free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         return sock.getsockname()[1]
-
-
-def chatchat_env(root: Path) -> dict[str, str]:
-    """Environment of every Chatchat command: the root, offline NLTK data, no proxies for loopback."""
-    import chatchat
-
-    env = {k: v for k, v in os.environ.items() if k.lower() not in {"http_proxy", "https_proxy", "all_proxy"}}
-    env.update(
-        CHATCHAT_ROOT=str(root),
-        NLTK_DATA=str(Path(chatchat.__file__).parent / "data" / "nltk_data"),
-        NO_PROXY="127.0.0.1,localhost",
-        PYTHONUNBUFFERED="1",
-        TOKENIZERS_PARALLELISM="false",
-    )
-    return env
 
 
 def run(args: list[str], env: dict[str, str], timeout: float = 300) -> subprocess.CompletedProcess:
