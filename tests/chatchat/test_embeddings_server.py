@@ -124,7 +124,7 @@ def test_openai_client_one_text_per_request_concurrently(live_url, embeddings, t
         return i, np.asarray(response.data[0].embedding, dtype=np.float32)
 
     with ThreadPoolExecutor(max_workers=8) as pool:
-        results = list(pool.map(one, range(8 * 25)))
+        results = list(pool.map(one, range(8 * 200)))  # 8 clients x 200 requests
     for i, vector in results:
         np.testing.assert_allclose(vector, expected[i % len(texts)], atol=1e-5)
     # Concurrent one-text requests were embedded together, never more than max_batch at once.
