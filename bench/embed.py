@@ -18,6 +18,7 @@ import argparse
 import csv
 import json
 import multiprocessing as mp
+import os
 import resource
 import statistics
 import sys
@@ -41,7 +42,8 @@ def corpus_chunks(chars: int, count: int) -> list[str]:
     return [text[i * chars : (i + 1) * chars] for i in range(count)]
 
 
-def build_models(root: Path, texts: list[str]) -> dict[str, Path]:
+def build_models(root: Path, texts: list[str], names: tuple[str, ...] = ("plain", "none", "gate", "attn")) -> dict[str, Path]:
+    """bge-base-sized model dirs with random weights: ``plain`` BERT and PolicyBERT per fusion in ``names``."""
     from transformers import BertConfig, BertModel
 
     from chatchat_policybert.lexicon import Lexicon
@@ -52,45 +54,55 @@ def build_models(root: Path, texts: list[str]) -> dict[str, Path]:
     tokenizer = build_char_tokenizer(texts)
     lexicon = Lexicon.load(DATA / "lexicon" / "words_list_checked.txt")
     torch.manual_seed(0)
-    dirs = {"plain": save_model_dir(BertModel(BertConfig(vocab_size=len(tokenizer), **BGE_BASE)), PolicyBertTokenizer(tokenizer), root / "plain")}
-    for fusion in FUSION_TYPES:
+    dirs = {}
+    if "plain" in names:
+        dirs["plain"] = save_model_dir(BertModel(BertConfig(vocab_size=len(tokenizer), **BGE_BASE)), PolicyBertTokenizer(tokenizer), root / "plain")
+    for fusion in (f for f in FUSION_TYPES if f in names):
         config = PolicyBertConfig(vocab_size=len(tokenizer), word_vocab_size=len(lexicon), num_word_layers=6, fusion_type=fusion, **BGE_BASE)
         dirs[fusion] = save_model_dir(PolicyBertModel(config), PolicyBertTokenizer(tokenizer, lexicon), root / fusion)
     return dirs
 
 
 def encoder_flops(config, tokens: np.ndarray, words: np.ndarray) -> float:
-    """Multiply-adds x 2 of the encoder for sequences of ``tokens`` characters and ``words`` words."""
+    """Multiply-adds x 2 of the encoder for sequences of ``tokens`` characters and ``words`` words.
+
+    Counts the work the model does: the fusions' word-side projections run on the words, then
+    ``M`` maps them onto characters (``2 * L * k_w * h`` per mapped tensor).
+    """
     h, i = config.hidden_size, config.intermediate_size
+    L, W = tokens.astype(np.float64), words.astype(np.float64)
 
     def layers(n: int, lengths: np.ndarray) -> float:
         return n * float(np.sum(8 * lengths * h * h + 4 * lengths * h * i + 4 * lengths**2 * h))
 
-    flops = layers(config.num_hidden_layers, tokens)
+    flops = layers(config.num_hidden_layers, L)
     if getattr(config, "word_vocab_size", 0):
         k = config.num_word_layers
-        flops += layers(k, words) + k * float(np.sum(2 * tokens * words * h))
+        mapped = {"none": 1, "gate": 2, "attn": 2}[config.fusion_type]  # M W; M (W A_w); M (W A_k), M (W A_v)
+        flops += layers(k, W) + k * float(np.sum(mapped * 2 * L * W * h))
         if config.fusion_type == "gate":
-            flops += k * float(np.sum(4 * tokens * h * h))
+            flops += k * float(np.sum(2 * L * h * h + 2 * W * h * h))
         elif config.fusion_type == "attn":
-            flops += k * float(np.sum(8 * tokens * h * h + 4 * tokens**2 * h))
+            flops += k * float(np.sum(4 * L * h * h + 4 * W * h * h + 4 * L**2 * h))
+        if config.late_fusion == "add":
+            flops += float(np.sum(2 * L * W * h))
     return flops
 
 
-def worker(conn, kind: str, model_dir: str, dtype: str, batch_size: int, threads: int) -> None:
+def worker(conn, kind: str, model_dir: str, dtype: str, device: str, batch_size: int, batch_tokens: int, threads: int) -> None:
     """Load one contender, then embed whatever the parent sends, reporting seconds and peak RSS."""
     torch.set_num_threads(threads)
     if kind == "st":
         from sentence_transformers import SentenceTransformer, models
 
-        model = SentenceTransformer(modules=[models.Transformer(model_dir), models.Pooling(768, "cls"), models.Normalize()], device="cpu")
+        model = SentenceTransformer(modules=[models.Transformer(model_dir), models.Pooling(768, "cls"), models.Normalize()], device=device)
         if dtype == "bfloat16":
             model.to(torch.bfloat16)
         encode = lambda texts: model.encode(texts, batch_size=batch_size, convert_to_numpy=True)  # noqa: E731
     else:
         from chatchat_policybert.embeddings import PolicyBertEmbeddings
 
-        model = PolicyBertEmbeddings(model_dir, dtype=dtype, batch_size=batch_size)
+        model = PolicyBertEmbeddings(model_dir, device=device, dtype=dtype, batch_size=batch_size, batch_tokens=batch_tokens)
         encode = lambda texts: np.asarray(model.embed_documents(texts), dtype=np.float32)  # noqa: E731
     conn.send("ready")
     while (texts := conn.recv()) is not None:
@@ -100,20 +112,34 @@ def worker(conn, kind: str, model_dir: str, dtype: str, batch_size: int, threads
         conn.send((seconds, vectors.astype(np.float32), resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20))
 
 
-def matmul_peak(dtype: torch.dtype, size: int = 2048, reps: int = 3) -> float:
-    a, b = torch.randn(size, size, dtype=dtype), torch.randn(size, size, dtype=dtype)
+def matmul_peak(dtype: torch.dtype, device: str, size: int = 2048, reps: int = 3) -> float:
+    a, b = (torch.randn(size, size, dtype=dtype, device=device) for _ in range(2))
     torch.matmul(a, b)
+    if device.startswith("cuda"):
+        torch.cuda.synchronize()
     start = time.perf_counter()
     for _ in range(reps):
         torch.matmul(a, b)
+    if device.startswith("cuda"):
+        torch.cuda.synchronize()
     return 2 * size**3 * reps / (time.perf_counter() - start) / 1e9
+
+
+def machine_line(device: str, threads: int) -> str:
+    """Date, CPU (or GPU) model, cores and torch version: the line a README table is quoted with."""
+    cpu = next((line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
+                if line.startswith("model name")), "unknown CPU")
+    gpu = f", {torch.cuda.get_device_name(device)}" if device.startswith("cuda") else ""
+    return f"{time.strftime('%Y-%m-%d')}, {cpu}, {len(os.sched_getaffinity(0))} cores{gpu}, torch {torch.__version__} ({threads} threads)"
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--chars", default="64,250,750", help="chunk lengths in characters, comma-separated")
     parser.add_argument("--chunks", type=int, default=128, help="chunks per length")
-    parser.add_argument("--batch-size", type=int, default=32)
+    parser.add_argument("--batch-size", type=int, default=32, help="texts per forward pass (both libraries)")
+    parser.add_argument("--batch-tokens", type=int, default=16384, help="PolicyBertEmbeddings' padded-token budget per forward pass")
+    parser.add_argument("--device", default="cpu", help="torch device, e.g. cuda when a GPU is present")
     parser.add_argument("--reps", type=int, default=3, help="repetitions (median reported)")
     parser.add_argument("--threads", type=int, default=torch.get_num_threads())
     parser.add_argument("--fast-dtype", default=None, help="dtype of the 'fast' PolicyBertEmbeddings rows (default: auto)")
@@ -129,15 +155,19 @@ def main() -> None:
 
     import chatchat_policybert.modeling  # noqa: F401 - registers the config class
 
-    fast = args.fast_dtype or auto_dtype("cpu")
-    # Without AMX/AVX-512-BF16, bf16 matmuls are emulated (~50x slower than fp32 on the AVX2 EPYC
+    if args.device.startswith("cuda") and not torch.cuda.is_available():
+        parser.error(f"--device {args.device}: torch sees no CUDA GPU here")
+    fast = args.fast_dtype or auto_dtype(args.device)
+    # Without AMX/AVX-512-BF16, bf16 matmuls are emulated (~100x slower than fp32 on the AVX2 EPYC
     # seen here): sentence-transformers-bf16 would take hours, so fp32 becomes the reference.
-    with_bf16 = args.force_bf16 or auto_dtype("cpu") == "bfloat16"
+    with_bf16 = args.force_bf16 or auto_dtype(args.device) == "bfloat16"
     reference_name = "st-bf16 (plain)" if with_bf16 else "st-fp32 (plain)"
     lengths = [int(c) for c in args.chars.split(",")]
     chunk_sets = {n: corpus_chunks(n, args.chunks) for n in lengths}
-    peak = {"float32": matmul_peak(torch.float32), "bfloat16": matmul_peak(torch.bfloat16, size=2048 if with_bf16 else 512)}
-    print(f"matmul peak ({args.threads} threads): fp32 {peak['float32']:.1f} GFLOP/s, bf16 {peak['bfloat16']:.1f} GFLOP/s; "
+    peak = {"float32": matmul_peak(torch.float32, args.device),
+            "bfloat16": matmul_peak(torch.bfloat16, args.device, size=2048 if with_bf16 else 512)}
+    print(machine_line(args.device, args.threads))
+    print(f"matmul peak: fp32 {peak['float32']:.1f} GFLOP/s, bf16 {peak['bfloat16']:.1f} GFLOP/s; "
           f"fast dtype: {fast}; reference: {reference_name}")
     with tempfile.TemporaryDirectory() as scratch:
         dirs = build_models(Path(scratch), [t for chunks in chunk_sets.values() for t in chunks])
@@ -151,7 +181,8 @@ def main() -> None:
         procs = {}
         for name, (kind, model, dtype) in contenders.items():
             parent, child = ctx.Pipe()
-            proc = ctx.Process(target=worker, args=(child, kind, str(dirs[model]), dtype, args.batch_size, args.threads), daemon=True)
+            proc = ctx.Process(target=worker, daemon=True, args=(
+                child, kind, str(dirs[model]), dtype, args.device, args.batch_size, args.batch_tokens, args.threads))
             proc.start()
             procs[name] = (parent, proc)
         for parent, _ in procs.values():

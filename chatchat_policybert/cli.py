@@ -322,7 +322,7 @@ def build_parser() -> argparse.ArgumentParser:
     with_root(setup)
     setup.add_argument("--model", type=Path, help="PolicyBERT (or BERT/bge) model directory to use")
     setup.add_argument("--device", help="torch device for the model, e.g. cpu or cuda:0")
-    setup.add_argument("--dtype", choices=["float32", "float16", "bfloat16", "auto"], help="weights dtype")
+    setup.add_argument("--dtype", choices=["float32", "float16", "bfloat16", "auto"], help="compute dtype (float32: the same vectors everywhere; auto: bfloat16 where the CPU/GPU has it)")
     setup.add_argument("--ollama-url", help="Ollama OpenAI-compatible base URL (default http://127.0.0.1:11434/v1)")
     setup.add_argument("--settings-dir", type=Path, default=None,
                        help="folder with the model_settings.yaml/kb_settings.yaml to merge (default: the shipped ones)")

@@ -21,6 +21,7 @@ from dataclasses import dataclass
 
 import torch
 from torch import nn
+from torch.nn import functional as F
 from torch.nn import CrossEntropyLoss
 from transformers import (
     AutoConfig,
@@ -32,6 +33,7 @@ from transformers import (
 )
 from transformers import initialization as init
 from transformers.masking_utils import create_bidirectional_mask
+from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 from transformers.modeling_outputs import BaseModelOutputWithPooling, SequenceClassifierOutput
 from transformers.models.bert.modeling_bert import (
     BertAttention,
@@ -41,6 +43,7 @@ from transformers.models.bert.modeling_bert import (
     BertLMPredictionHead,
     BertPooler,
     BertPreTrainingHeads,
+    eager_attention_forward,
 )
 from transformers.utils import ModelOutput
 
@@ -121,7 +124,13 @@ class PolicyBertGate(nn.Linear):
 
 
 class PolicyBertFusion(nn.Module):
-    """Merges the word states mapped onto characters (``M W``) into the character states."""
+    """Merges the word states, mapped onto characters through ``M``, into the character states.
+
+    Every Linear that the formulas apply to ``M W`` is applied to ``W`` first:
+    ``(M W) A + b = M (W A) + b``, so it runs over the k_w words instead of the L characters
+    (same values up to float rounding; for 250-character chunks that removes two of the four
+    character-length projections of ``attn`` and half of the gate's).
+    """
 
     def __init__(self, config: PolicyBertConfig):
         super().__init__()
@@ -133,23 +142,57 @@ class PolicyBertFusion(nn.Module):
             # BERT's cross-attention block is exactly LayerNorm(C + Dropout(Dense(MultiHead(C, W, W)))).
             self.attention = BertAttention(config, is_cross_attention=True)
 
-    def forward(self, chars: torch.Tensor, words_on_chars: torch.Tensor, covered: torch.Tensor) -> torch.Tensor:
-        """``covered``: bool (batch, chars), a real character covered by at least one matched word."""
+    def key_mask(self, chars: torch.Tensor, covered: torch.Tensor) -> torch.Tensor | None:
+        """The attn fusion's key mask, the same for every layer: characters attend to word-bearing characters.
+
+        A sentence without any match gets all keys (the softmax over an empty set is NaN); its
+        fused states are discarded in :meth:`forward` anyway.
+        """
+        if self.fusion_type != "attn":
+            return None
+        keys = covered | ~covered.any(dim=-1, keepdim=True)
+        return create_bidirectional_mask(
+            config=self.config, inputs_embeds=chars, attention_mask=keys, encoder_hidden_states=chars
+        )
+
+    def forward(
+        self, chars: torch.Tensor, words: torch.Tensor, matching: torch.Tensor, key_mask: torch.Tensor | None
+    ) -> torch.Tensor:
+        """``matching``: (batch, chars, words) 0/1, already zero for padding words and characters."""
+        words_on_chars = torch.bmm(matching, words) if self.fusion_type != "attn" else None
         if self.fusion_type == "none":
             return chars + words_on_chars
         if self.fusion_type == "gate":
-            gate = torch.sigmoid(self.gate(torch.cat([chars, words_on_chars], dim=-1)))
-            return chars + gate * words_on_chars
-        # attn: characters attend to the word-bearing characters only. A sentence without any
-        # match keeps its character states untouched (no LayerNorm shift, no softmax over an
-        # empty key set, which is NaN), so a text without lexicon words embeds as plain BERT.
-        has_words = covered.any(dim=-1)
-        keys = covered | ~has_words[:, None]
-        mask = create_bidirectional_mask(
-            config=self.config, inputs_embeds=chars, attention_mask=keys, encoder_hidden_states=words_on_chars
+            return chars + self.gate_values(chars, words, matching) * words_on_chars
+        # attn: a sentence without any match keeps its character states untouched (no LayerNorm
+        # shift), so a text without lexicon words embeds as plain BERT.
+        attention = self.attention.self
+        shape = (*chars.shape[:-1], -1, attention.attention_head_size)
+        query = attention.query(chars).view(shape).transpose(1, 2)
+        key = self._on_chars(words, matching, attention.key.weight, attention.key.bias).view(shape).transpose(1, 2)
+        value = self._on_chars(words, matching, attention.value.weight, attention.value.bias).view(shape).transpose(1, 2)
+        interface = ALL_ATTENTION_FUNCTIONS.get_interface(self.config._attn_implementation, eager_attention_forward)
+        context, _ = interface(
+            attention, query, key, value, key_mask,
+            dropout=attention.dropout.p if self.training else 0.0, scaling=attention.scaling,
         )
-        fused, _ = self.attention(chars, encoder_hidden_states=words_on_chars, encoder_attention_mask=mask)
+        fused = self.attention.output(context.reshape(*chars.shape[:-1], -1).contiguous(), chars)
+        has_words = matching.flatten(1).any(dim=-1)
         return torch.where(has_words[:, None, None], fused, chars)
+
+    def gate_values(self, chars: torch.Tensor, words: torch.Tensor, matching: torch.Tensor) -> torch.Tensor:
+        """``sigmoid(Linear([C; M W]))`` per character and dimension (the gate fusion's g)."""
+        weight, hidden = self.gate.weight, chars.shape[-1]
+        logits = F.linear(chars, weight[:, :hidden], self.gate.bias) + self._on_chars(words, matching, weight[:, hidden:])
+        return torch.sigmoid(logits)
+
+    @staticmethod
+    def _on_chars(
+        words: torch.Tensor, matching: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None
+    ) -> torch.Tensor:
+        """``Linear(M W) = M (W A^T) + b``, computed in the cheaper order."""
+        projected = torch.bmm(matching, F.linear(words, weight))
+        return projected if bias is None else projected + bias
 
 
 class PolicyBertPreTrainedModel(PreTrainedModel):
@@ -221,7 +264,7 @@ class PolicyBertModel(PolicyBertPreTrainedModel):
             word_valid = word_attention_mask.bool()
             matching = word_matching_matrix.to(hidden.dtype) * word_valid[:, None, :].to(hidden.dtype)
             matching = matching * attention_mask[:, :, None].to(hidden.dtype)
-            covered = matching.any(dim=-1)
+            key_mask = self.fusions[0].key_mask(hidden, matching.any(dim=-1))
             words = self.word_embeddings(word_ids)
             # A sentence with no word at all would softmax over an empty key set (NaN); let its
             # padding words attend to each other instead: M zeroes their contribution anyway.
@@ -235,9 +278,10 @@ class PolicyBertModel(PolicyBertPreTrainedModel):
             if use_words:
                 if i < self.config.num_word_layers:
                     words = self.word_encoder[i](words, word_mask, **kwargs)
-                    words_on_chars = torch.bmm(matching, words)
-                    hidden = self.fusions[i](hidden, words_on_chars, covered)
+                    hidden = self.fusions[i](hidden, words, matching, key_mask)
                 elif self.config.late_fusion == "add":
+                    if words_on_chars is None:
+                        words_on_chars = torch.bmm(matching, words)
                     hidden = hidden + words_on_chars
             if output_hidden_states:
                 all_hidden = all_hidden + (hidden,)

@@ -88,22 +88,6 @@ class PolicyBertTokenizer:
         if self.lexicon is not None:
             self.lexicon.save(path / LEXICON_FILE)
 
-    def split_windows(self, texts: list[str], max_length: int) -> list[list[str]]:
-        """Each text as the substrings that fit ``max_length`` tokens: one piece, or consecutive windows."""
-        encodings = self.tokenizer(texts, max_length=max_length, truncation=True).encodings
-        pieces = []
-        for text, encoding in zip(texts, encodings):
-            if not encoding.overflowing:
-                pieces.append([text])
-                continue
-            windows = []
-            for window in (encoding, *encoding.overflowing):
-                spans = [(a, b) for (a, b), seq in zip(window.offsets, window.sequence_ids) if seq is not None and b > a]
-                if spans:
-                    windows.append(text[spans[0][0] : spans[-1][1]])
-            pieces.append(windows)
-        return pieces
-
     def word_spans(self, encoding: Encoding, texts: tuple[str, ...]) -> np.ndarray:
         """All lexicon words of one example that align with its tokens: rows ``(word_id, first, last)``."""
         sequence_ids = np.array([-1 if s is None else s for s in encoding.sequence_ids])
@@ -124,42 +108,50 @@ class PolicyBertTokenizer:
             spans.append(np.stack([found[aligned, 0], first[aligned], last[aligned]], axis=1))
         return np.concatenate(spans) if spans else np.zeros((0, 3), dtype=np.int64)
 
-    def __call__(
+    def encode(self, text: list[str], text_pair: list[str] | None = None, max_length: int | None = None) -> list[Encoding]:
+        """Truncated, unpadded encodings; the windows cut off a long text stay in ``.overflowing``.
+
+        Tokenising once and batching from these (:meth:`collate`) lets a caller sort by token
+        length, pack batches by a token budget and embed overflowing windows without a second pass.
+        """
+        if text_pair is not None and len(text_pair) != len(text):
+            raise ValueError(f"{len(text)} texts but {len(text_pair)} text pairs")
+        return self.tokenizer(text, text_pair, max_length=max_length or self.model_max_length, truncation=True).encodings
+
+    def collate(
         self,
-        text: str | list[str],
-        text_pair: str | list[str] | None = None,
+        encodings: list[Encoding],
+        text: list[str],
+        text_pair: list[str] | None = None,
         *,
-        max_length: int | None = None,
         shuffle_words: bool = False,
         seed: int | None = None,
         return_word_spans: bool = False,
     ) -> BatchEncoding:
-        """Tokenise a text or batch (optionally pairs), padded to the longest, as ``pt`` tensors.
+        """``encodings`` of ``text`` (and ``text_pair``), padded to the longest, as ``pt`` tensors.
 
         Returns ``input_ids``, ``token_type_ids``, ``attention_mask`` and, with a lexicon,
         ``word_ids`` / ``word_attention_mask`` (batch x words) and ``word_matching_matrix``
         (batch x tokens x words, float 0/1). ``return_word_spans`` adds ``word_spans``: per
         example every aligned match (before the k_w cut) as ``(word_id, first, last)`` rows,
-        for whole-word masking.
+        for whole-word masking. An encoding may be an overflowing window of its text: its
+        offsets still point into the whole text, and words outside the window do not align.
         """
-        texts = [text] if isinstance(text, str) else list(text)
-        pairs = None if text_pair is None else ([text_pair] if isinstance(text_pair, str) else list(text_pair))
-        if pairs is not None and len(pairs) != len(texts):
-            raise ValueError(f"{len(texts)} texts but {len(pairs)} text pairs")
-        # Tensors are built here from the Rust encodings: transformers' own conversion walks
-        # nested Python lists and costs more than tokenising.
-        encodings = self.tokenizer(
-            texts,
-            pairs,
-            max_length=max_length or self.model_max_length,
-            padding="longest",
-            truncation=True,
-        ).encodings
+        # Tensors are built here from the Rust encodings: transformers' own padding and
+        # conversion walk nested Python lists and cost more than tokenising.
+        size, length = len(encodings), max(len(e.ids) for e in encodings)
+        input_ids = np.full((size, length), self.tokenizer.pad_token_id or 0, dtype=np.int64)
+        token_type_ids = np.zeros((size, length), dtype=np.int64)
+        attention_mask = np.zeros((size, length), dtype=np.int64)
+        for b, encoding in enumerate(encodings):
+            input_ids[b, : len(encoding.ids)] = encoding.ids
+            token_type_ids[b, : len(encoding.ids)] = encoding.type_ids
+            attention_mask[b, : len(encoding.ids)] = 1
         batch = BatchEncoding(
             {
-                "input_ids": torch.from_numpy(np.array([e.ids for e in encodings], dtype=np.int64)),
-                "token_type_ids": torch.from_numpy(np.array([e.type_ids for e in encodings], dtype=np.int64)),
-                "attention_mask": torch.from_numpy(np.array([e.attention_mask for e in encodings], dtype=np.int64)),
+                "input_ids": torch.from_numpy(input_ids),
+                "token_type_ids": torch.from_numpy(token_type_ids),
+                "attention_mask": torch.from_numpy(attention_mask),
             }
         )
         if self.lexicon is None:
@@ -167,14 +159,13 @@ class PolicyBertTokenizer:
         rng = random.Random(seed) if shuffle_words else None
         all_spans, kept = [], []
         for i, encoding in enumerate(encodings):
-            spans = self.word_spans(encoding, (texts[i],) if pairs is None else (texts[i], pairs[i]))
+            spans = self.word_spans(encoding, (text[i],) if text_pair is None else (text[i], text_pair[i]))
             all_spans.append(spans)
             order = list(range(len(spans)))
             if rng is not None:
                 rng.shuffle(order)
-            kept.append(spans[order[: self.word_budget(sum(encoding.attention_mask))]])
+            kept.append(spans[order[: self.word_budget(len(encoding.ids))]])
 
-        size, length = batch["input_ids"].shape
         width = max(1, max(map(len, kept)))
         word_ids = np.zeros((size, width), dtype=np.int64)
         matching = np.zeros((size, length, width), dtype=np.float32)
@@ -190,3 +181,21 @@ class PolicyBertTokenizer:
         if return_word_spans:
             batch["word_spans"] = [[tuple(map(int, row)) for row in spans] for spans in all_spans]
         return batch
+
+    def __call__(
+        self,
+        text: str | list[str],
+        text_pair: str | list[str] | None = None,
+        *,
+        max_length: int | None = None,
+        shuffle_words: bool = False,
+        seed: int | None = None,
+        return_word_spans: bool = False,
+    ) -> BatchEncoding:
+        """Tokenise a text or batch (optionally pairs) into padded tensors: :meth:`encode` + :meth:`collate`."""
+        texts = [text] if isinstance(text, str) else list(text)
+        pairs = None if text_pair is None else ([text_pair] if isinstance(text_pair, str) else list(text_pair))
+        encodings = self.encode(texts, pairs, max_length)
+        return self.collate(
+            encodings, texts, pairs, shuffle_words=shuffle_words, seed=seed, return_word_spans=return_word_spans
+        )

@@ -164,6 +164,42 @@ def test_config_validation():
         PolicyBertConfig(word_vocab_size=10, num_hidden_layers=2, num_word_layers=3)
 
 
+def naive_fusion(fusion, chars: torch.Tensor, words: torch.Tensor, matching: torch.Tensor) -> torch.Tensor:
+    """The fusion formulas as written, on ``M W`` (character length), with transformers' own cross-attention."""
+    words_on_chars = torch.bmm(matching, words)
+    if fusion.fusion_type == "none":
+        return chars + words_on_chars
+    if fusion.fusion_type == "gate":
+        return chars + torch.sigmoid(fusion.gate(torch.cat([chars, words_on_chars], dim=-1))) * words_on_chars
+    covered = matching.any(dim=-1)
+    has_words = covered.any(dim=-1)
+    keys = (covered | ~has_words[:, None])[:, None, None, :]
+    fused, _ = fusion.attention(chars, encoder_hidden_states=words_on_chars, encoder_attention_mask=keys)
+    return torch.where(has_words[:, None, None], fused, chars)
+
+
+def test_fusions_compute_their_formulas(fusion_models, padded_texts):
+    """Projections run on words before ``M`` maps them (the fast order); values must be the formula's."""
+    fusion_type, policy, _, tokenizer = fusion_models
+    enc = tokenizer(padded_texts)
+    captured = []
+    hooks = [f.register_forward_hook(lambda m, args, out: captured.append((m, args, out))) for f in policy.fusions]
+    try:
+        with torch.no_grad():
+            policy(**enc)
+    finally:
+        for h in hooks:
+            h.remove()
+    assert len(captured) == len(policy.fusions)
+    for fusion, (chars, words, matching, _), output in captured:
+        assert matching.flatten(1).any(dim=-1).sum() >= 2, "most texts have matched words"
+        with torch.no_grad():
+            expected = naive_fusion(fusion, chars, words, matching)
+        mask = enc["attention_mask"].bool()
+        assert (output[mask] - expected[mask]).abs().max().item() < TOL
+        assert (output[mask] - chars[mask]).abs().max().item() > 1e-3, f"{fusion_type} changes covered characters"
+
+
 # --------------------------------------------------------------------------- 2. the gate
 
 
@@ -201,8 +237,7 @@ def test_fresh_gate_activations_near_sigmoid5(char_tokenizer, reference_lexicon,
     enc = tokenizer(policy_sentences[:6])
     captured = []
     hooks = [
-        f.gate.register_forward_hook(lambda module, args, output: captured.append((args[0], torch.sigmoid(output))))
-        for f in model.fusions
+        f.register_forward_hook(lambda module, args, output: captured.append((module, args[:3]))) for f in model.fusions
     ]
     try:
         with torch.no_grad():
@@ -214,9 +249,14 @@ def test_fresh_gate_activations_near_sigmoid5(char_tokenizer, reference_lexicon,
     covered = (enc["word_matching_matrix"].sum(-1) > 0) & enc["attention_mask"].bool()
     assert covered.sum() > 20
     expected = torch.sigmoid(torch.tensor(5.0)).item()
-    for gate_input, gates in captured:
-        # The gate really sees characters and (non-zero) word states.
-        assert gate_input.shape[-1] == 64 and gate_input[..., 32:][covered].abs().sum() > 0
+    for fusion, (chars, words, matching) in captured:
+        words_on_chars = torch.bmm(matching, words)
+        # The gate really sees (non-zero) word states, and the factored form is the formula.
+        assert words_on_chars[covered].abs().sum() > 0
+        with torch.no_grad():
+            gates = fusion.gate_values(chars, words, matching)
+            naive = torch.sigmoid(fusion.gate(torch.cat([chars, words_on_chars], dim=-1)))
+        torch.testing.assert_close(gates, naive, atol=1e-6, rtol=1e-5)
         values = gates[covered]
         assert values.mean().item() > 0.95
         assert abs(values.mean().item() - expected) < 0.01
