@@ -138,7 +138,7 @@ def main() -> None:
     parser.add_argument("--chars", default="64,250,750", help="chunk lengths in characters, comma-separated")
     parser.add_argument("--chunks", type=int, default=128, help="chunks per length")
     parser.add_argument("--batch-size", type=int, default=32, help="texts per forward pass (both libraries)")
-    parser.add_argument("--batch-tokens", type=int, default=16384, help="PolicyBertEmbeddings' padded-token budget per forward pass")
+    parser.add_argument("--batch-tokens", type=int, default=4096, help="PolicyBertEmbeddings' padded-token budget per forward pass")
     parser.add_argument("--device", default="cpu", help="torch device, e.g. cuda when a GPU is present")
     parser.add_argument("--reps", type=int, default=3, help="repetitions (median reported)")
     parser.add_argument("--threads", type=int, default=torch.get_num_threads())

@@ -50,11 +50,11 @@ class PolicyBertEmbeddings(Embeddings):
     """Embeds with a PolicyBERT directory (or a plain BERT/bge one, word stream off).
 
     ``dtype`` is the compute dtype: ``float32`` (default: vectors are the same on every
-    machine), ``bfloat16`` or ``float16`` (autocast over float32 weights, so LayerNorm and
-    softmax stay in float32), or ``auto`` (:func:`auto_dtype`: bfloat16 only where the hardware
+    machine), ``bfloat16`` or ``float16`` (torch autocast: the weights stay float32 and the one
+    model can serve either), or ``auto`` (:func:`auto_dtype`: bfloat16 only where the hardware
     has it). Each call tokenises its texts once, sorts them by token count and runs batches of
-    at most ``batch_size`` texts and ``batch_tokens`` padded tokens, so short texts share large
-    batches and long ones do not blow up memory.
+    at most ``batch_size`` texts and ``batch_tokens`` padded tokens (a memory cap when
+    ``batch_size`` is raised), so a batch pads only to lengths close to its own.
     ``long_text`` says what happens to a text longer than ``max_length`` tokens: ``truncate``
     (default) embeds its beginning and logs a warning with the number of texts cut; ``window``
     embeds it as consecutive windows of ``max_length`` tokens and returns the normalised mean of
@@ -70,7 +70,7 @@ class PolicyBertEmbeddings(Embeddings):
         max_length: int = 512,
         query_instruction: str = DEFAULT_QUERY_INSTRUCTION,
         long_text: str = "truncate",
-        batch_tokens: int = 16384,
+        batch_tokens: int = 4096,
     ):
         if dtype == "auto":
             dtype = auto_dtype(device)

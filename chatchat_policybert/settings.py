@@ -44,7 +44,7 @@ class LocalEmbeddingsConfig(BaseModel):
     device: str = "cpu"
     dtype: Literal["float32", "float16", "bfloat16", "auto"] = "float32"
     batch_size: int = Field(32, ge=1, le=4096)
-    batch_tokens: int = Field(16384, ge=1)
+    batch_tokens: int = Field(4096, ge=1)
     """Padded tokens per forward pass at most: caps memory when batch_size is raised."""
     max_length: int = Field(512, ge=8, le=8192)
     query_instruction: str | None = None
