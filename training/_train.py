@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import argparse
 import contextlib
 import json
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -13,6 +15,38 @@ from transformers import get_linear_schedule_with_warmup
 from training._common import atomic_path
 
 PRECISIONS = ("auto", "fp32", "bf16", "fp16")
+
+
+@dataclass
+class TrainConfig:
+    """The optimisation settings pre-training and fine-tuning share; each sets its thesis defaults."""
+
+    lr: float = 5e-5
+    batch_size: int = 32
+    eval_batch_size: int = 32
+    epochs: int = 3
+    max_steps: int | None = None
+    warmup_proportion: float = 0.1
+    weight_decay: float = 0.01
+    max_length: int = 128
+    seed: int = 42
+    device: str = "auto"
+    precision: str = "auto"
+
+
+def add_train_arguments(parser: argparse.ArgumentParser, defaults: TrainConfig) -> None:
+    """One flag per :class:`TrainConfig` field, defaulting to ``defaults``."""
+    parser.add_argument("--lr", type=float, default=defaults.lr)
+    parser.add_argument("--batch-size", type=int, default=defaults.batch_size, help="pairs per optimiser step")
+    parser.add_argument("--eval-batch-size", type=int, default=defaults.eval_batch_size)
+    parser.add_argument("--epochs", type=int, default=defaults.epochs)
+    parser.add_argument("--max-steps", type=int, help="stop after this many optimiser steps (overrides --epochs)")
+    parser.add_argument("--warmup-proportion", type=float, default=defaults.warmup_proportion)
+    parser.add_argument("--weight-decay", type=float, default=defaults.weight_decay)
+    parser.add_argument("--max-length", type=int, default=defaults.max_length, help="tokens per pair")
+    parser.add_argument("--seed", type=int, default=defaults.seed, help="training randomness: order, masks, dropout")
+    parser.add_argument("--device", default=defaults.device, help="auto, cpu, cuda, cuda:1, …")
+    parser.add_argument("--precision", choices=PRECISIONS, default=defaults.precision)
 
 
 def pick_device(name: str) -> torch.device:

@@ -23,25 +23,16 @@ from chatchat_policybert.loading import ModelDirError, read_config, save_model_d
 from chatchat_policybert.modeling import PolicyBertForSequenceClassification
 from chatchat_policybert.tokenization import PolicyBertTokenizer
 from training._common import DataError, run_cli, seed_everything
-from training._train import PRECISIONS, autocast, make_optimizer, pick_device, pick_precision, write_json
+from training._train import TrainConfig, add_train_arguments, autocast, make_optimizer, pick_device, pick_precision, write_json
 from training.policysm import Example, read_pairs
 
 
 @dataclass
-class FinetuneConfig:
+class FinetuneConfig(TrainConfig):
     """Defaults are the thesis's."""
 
     lr: float = 5e-5
-    batch_size: int = 32
     eval_batch_size: int = 8
-    epochs: int = 3
-    max_steps: int | None = None
-    warmup_proportion: float = 0.1
-    weight_decay: float = 0.01
-    max_length: int = 128
-    seed: int = 42
-    device: str = "auto"
-    precision: str = "auto"
 
 
 def encode(tokenizer: PolicyBertTokenizer, examples: list[Example], max_length: int) -> dict[str, torch.Tensor]:
@@ -138,17 +129,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--model", type=Path, required=True, help="PolicyBERT dir (training.pretrain's OUT/final, or a merge)")
     parser.add_argument("--data", type=Path, required=True, help="folder with train.tsv, dev.tsv, test.tsv (training.policysm)")
     parser.add_argument("--out", type=Path, required=True, help="folder for metrics.json and final/")
-    parser.add_argument("--lr", type=float, default=defaults.lr)
-    parser.add_argument("--batch-size", type=int, default=defaults.batch_size)
-    parser.add_argument("--eval-batch-size", type=int, default=defaults.eval_batch_size)
-    parser.add_argument("--epochs", type=int, default=defaults.epochs)
-    parser.add_argument("--max-steps", type=int, help="stop after this many optimiser steps (overrides --epochs)")
-    parser.add_argument("--warmup-proportion", type=float, default=defaults.warmup_proportion)
-    parser.add_argument("--weight-decay", type=float, default=defaults.weight_decay)
-    parser.add_argument("--max-length", type=int, default=defaults.max_length)
-    parser.add_argument("--seed", type=int, default=defaults.seed)
-    parser.add_argument("--device", default=defaults.device, help="auto, cpu, cuda, …")
-    parser.add_argument("--precision", choices=PRECISIONS, default=defaults.precision)
+    add_train_arguments(parser, defaults)
     args = vars(parser.parse_args(argv))
     model_dir, data, out = args.pop("model"), args.pop("data"), args.pop("out")
     cfg = FinetuneConfig(**args)

@@ -28,7 +28,7 @@ from chatchat_policybert.loading import ModelDirError, read_config, save_model_d
 from chatchat_policybert.modeling import PolicyBertForPreTraining
 from chatchat_policybert.tokenization import PolicyBertTokenizer
 from training._common import DataError, Document, atomic_path, read_corpus, run_cli, seed_everything
-from training._train import PRECISIONS, autocast, make_optimizer, pick_device, pick_precision, write_json
+from training._train import TrainConfig, add_train_arguments, autocast, make_optimizer, pick_device, pick_precision, write_json
 
 IS_NEXT, IS_RANDOM = 0, 1  # BERT's (and PolicyBertForPreTraining's) next_sentence_label convention
 # Settings a resumed run may change: they do not alter the training trajectory.
@@ -37,7 +37,7 @@ WordSpan = tuple[int, int, int]  # (word id, first token, one past the last toke
 
 
 @dataclass
-class PretrainConfig:
+class PretrainConfig(TrainConfig):
     """Defaults are the thesis's (lr 3e-5, batch 32, 3 epochs).
 
     ``seed`` drives the training randomness (order, masks, dropout); ``data_seed`` the held-out
@@ -46,23 +46,13 @@ class PretrainConfig:
     """
 
     lr: float = 3e-5
-    batch_size: int = 32
     grad_accum: int = 1
-    epochs: int = 3
-    max_steps: int | None = None
-    warmup_proportion: float = 0.1
-    weight_decay: float = 0.01
-    max_length: int = 128
     mlm_probability: float = 0.15
     eval_fraction: float = 0.05
-    eval_batch_size: int = 32
     checkpoint_every: int = 500
     stop_after: int | None = None
     shuffle_words: bool = True
-    seed: int = 42
     data_seed: int = 42
-    device: str = "auto"
-    precision: str = "auto"
 
 
 @dataclass(frozen=True)
@@ -372,24 +362,14 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--corpus", type=Path, required=True, help="corpus.jsonl from training.corpus")
     parser.add_argument("--out", type=Path, required=True, help="folder for checkpoint.pt, metrics.json and final/")
     parser.add_argument("--resume", action="store_true", help="continue from OUT/checkpoint.pt")
-    parser.add_argument("--lr", type=float, default=defaults.lr)
-    parser.add_argument("--batch-size", type=int, default=defaults.batch_size, help="pairs per optimiser step")
+    add_train_arguments(parser, defaults)
     parser.add_argument("--grad-accum", type=int, default=defaults.grad_accum, help="micro-batches per step")
-    parser.add_argument("--epochs", type=int, default=defaults.epochs)
-    parser.add_argument("--max-steps", type=int, help="stop after this many optimiser steps (overrides --epochs)")
-    parser.add_argument("--warmup-proportion", type=float, default=defaults.warmup_proportion)
-    parser.add_argument("--weight-decay", type=float, default=defaults.weight_decay)
-    parser.add_argument("--max-length", type=int, default=defaults.max_length, help="tokens per pair")
     parser.add_argument("--mlm-probability", type=float, default=defaults.mlm_probability)
     parser.add_argument("--eval-fraction", type=float, default=defaults.eval_fraction, help="share of sentences held out")
-    parser.add_argument("--eval-batch-size", type=int, default=defaults.eval_batch_size)
     parser.add_argument("--checkpoint-every", type=int, default=defaults.checkpoint_every, help="optimiser steps")
     parser.add_argument("--stop-after", type=int, help="checkpoint and exit after this step (for time-limited sessions)")
     parser.add_argument("--no-shuffle-words", dest="shuffle_words", action="store_false", help="keep words in text order")
-    parser.add_argument("--seed", type=int, default=defaults.seed, help="order, masks, dropout")
     parser.add_argument("--data-seed", type=int, default=defaults.data_seed, help="held-out documents and NSP pairs")
-    parser.add_argument("--device", default=defaults.device, help="auto, cpu, cuda, cuda:1, …")
-    parser.add_argument("--precision", choices=PRECISIONS, default=defaults.precision)
     args = vars(parser.parse_args(argv))
     model_dir, corpus, out, resume = args.pop("model"), args.pop("corpus"), args.pop("out"), args.pop("resume")
     cfg = PretrainConfig(**args)
