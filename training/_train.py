@@ -93,3 +93,16 @@ def write_json(data: object, path: Path) -> None:
     """Metrics go to disk atomically so that a crash mid-write never leaves unreadable JSON."""
     with atomic_path(path) as tmp:
         tmp.write_text(json.dumps(data, indent=2) + "\n", encoding="utf-8")
+
+
+def optimizer_step(
+    model: nn.Module, optimizer: torch.optim.Optimizer,
+    scheduler: torch.optim.lr_scheduler.LRScheduler, scaler: torch.amp.GradScaler,
+) -> None:
+    """One step after the backward passes: unscale, clip the gradient norm to 1.0, step, advance the schedule."""
+    scaler.unscale_(optimizer)
+    torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+    scaler.step(optimizer)
+    scaler.update()
+    optimizer.zero_grad(set_to_none=True)
+    scheduler.step()

@@ -23,7 +23,7 @@ from chatchat_policybert.loading import ModelDirError, read_config, save_model_d
 from chatchat_policybert.modeling import PolicyBertForSequenceClassification
 from chatchat_policybert.tokenization import PolicyBertTokenizer
 from training._common import DataError, run_cli, seed_everything
-from training._train import TrainConfig, add_train_arguments, autocast, make_optimizer, pick_device, pick_precision, write_json
+from training._train import TrainConfig, add_train_arguments, autocast, make_optimizer, optimizer_step, pick_device, pick_precision, write_json
 from training.policysm import Example, read_pairs
 
 
@@ -95,12 +95,7 @@ def finetune(
             with autocast(precision, device):
                 loss = model(**{k: v.to(device) for k, v in batch.items()}).loss
             scaler.scale(loss).backward()
-            scaler.unscale_(optimizer)
-            torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-            scaler.step(optimizer)
-            scaler.update()
-            optimizer.zero_grad(set_to_none=True)
-            scheduler.step()
+            optimizer_step(model, optimizer, scheduler, scaler)
             step += 1
             loss_sum, batches = loss_sum + loss.item(), batches + 1
             bar.update()

@@ -28,7 +28,7 @@ from chatchat_policybert.loading import ModelDirError, read_config, save_model_d
 from chatchat_policybert.modeling import PolicyBertForPreTraining
 from chatchat_policybert.tokenization import PolicyBertTokenizer
 from training._common import DataError, Document, atomic_path, read_corpus, run_cli, seed_everything
-from training._train import TrainConfig, add_train_arguments, autocast, make_optimizer, pick_device, pick_precision, write_json
+from training._train import TrainConfig, add_train_arguments, autocast, make_optimizer, optimizer_step, pick_device, pick_precision, write_json
 
 IS_NEXT, IS_RANDOM = 0, 1  # BERT's (and PolicyBertForPreTraining's) next_sentence_label convention
 # Settings a resumed run may change: they do not alter the training trajectory.
@@ -306,12 +306,7 @@ def pretrain(
                 scaler.scale(loss).backward()
                 state["loss_sum"] += loss.item()
                 state["batch"] += 1
-            scaler.unscale_(optimizer)
-            torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-            scaler.step(optimizer)
-            scaler.update()
-            optimizer.zero_grad(set_to_none=True)
-            scheduler.step()
+            optimizer_step(model, optimizer, scheduler, scaler)
             state["step"] += 1
             state["loss_steps"] += 1
             bar.update()
