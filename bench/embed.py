@@ -199,18 +199,19 @@ def main() -> None:
                     stats[name].append(seconds)
                     vectors[name] = vecs
             reference = statistics.median(stats[reference_name])
+            flops, tokens = {}, {}
+            for model, path in dirs.items():
+                batch = PolicyBertTokenizer.from_pretrained(path)(chunks)
+                tokens[model] = batch["attention_mask"].sum(1).numpy()
+                words = batch["word_attention_mask"].sum(1).numpy() if "word_ids" in batch else np.zeros_like(tokens[model])
+                flops[model] = encoder_flops(AutoConfig.from_pretrained(path), tokens[model], words)
             for name, (kind, model, dtype) in contenders.items():
-                config = AutoConfig.from_pretrained(dirs[model])
-                tok = PolicyBertTokenizer.from_pretrained(dirs[model])
-                batch = tok(chunks)
-                tokens = batch["attention_mask"].sum(1).numpy()
-                words = batch["word_attention_mask"].sum(1).numpy() if "word_ids" in batch else np.zeros_like(tokens)
                 seconds = statistics.median(stats[name])
-                gflops = encoder_flops(config, tokens, words) / seconds / 1e9
+                gflops = flops[model] / seconds / 1e9
                 fp32_twin = name.replace("bfloat16", "float32").replace("float16", "float32").replace("st-bf16", "st-fp32")
                 cosine = float(np.min(np.sum(vectors[name] * vectors[fp32_twin], axis=1)))
                 results.append(
-                    dict(chars=n, contender=name, chunks_per_s=len(chunks) / seconds, tokens_per_s=float(tokens.sum()) / seconds,
+                    dict(chars=n, contender=name, chunks_per_s=len(chunks) / seconds, tokens_per_s=float(tokens[model].sum()) / seconds,
                          gflops=gflops, frac_bf16_peak=gflops / peak["bfloat16"], frac_fp32_peak=gflops / peak["float32"],
                          peak_rss_gib=rss[name], vs_reference=reference / seconds, min_cos_vs_fp32=cosine)
                 )

@@ -67,9 +67,12 @@ def read_config(path: Path) -> dict:
 
 
 def load_policybert(
-    name_or_path: str | os.PathLike, device: str | torch.device = "cpu", dtype: torch.dtype = torch.float32
+    name_or_path: str | os.PathLike, device: str | torch.device = "cpu"
 ) -> tuple[PreTrainedModel, PolicyBertTokenizer]:
-    """Load a PolicyBERT (or plain BERT) directory for inference: eval mode, on ``device``, in ``dtype``."""
+    """Load a PolicyBERT (or plain BERT) directory for inference: float32, eval mode, on ``device``.
+
+    Lower precision is a compute choice (autocast in :class:`PolicyBertEmbeddings`), not a load one.
+    """
     path = resolve_model_dir(name_or_path)
     config = read_config(path)
     if not any((path / f).is_file() for f in WEIGHT_FILES):
@@ -93,7 +96,7 @@ def load_policybert(
         tokenizer.lexicon = None
     model_class = PolicyBertModel if config["model_type"] == "policybert" else BertModel
     try:
-        model, info = model_class.from_pretrained(path, dtype=dtype, output_loading_info=True)
+        model, info = model_class.from_pretrained(path, dtype=torch.float32, output_loading_info=True)
     except (RuntimeError, ValueError, OSError) as err:
         raise ModelDirError(f"{path}: weights do not fit config.json: {str(err).strip().splitlines()[0]}") from None
     missing = [k for k in info["missing_keys"] if not k.startswith("pooler.")]
