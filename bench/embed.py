@@ -63,14 +63,16 @@ def build_models(root: Path, texts: list[str], names: tuple[str, ...] = ("plain"
     return dirs
 
 
-def encoder_flops(config, tokens: np.ndarray, words: np.ndarray) -> float:
-    """Multiply-adds x 2 of the encoder for sequences of ``tokens`` characters and ``words`` words.
+def encoder_flops(config, tokens: np.ndarray, words: np.ndarray, groups: np.ndarray) -> float:
+    """Multiply-adds x 2 of the encoder for sequences of ``tokens`` characters, ``words`` words and
+    ``groups`` distinct coverage rows of ``M``.
 
     Counts the work the model does: the fusions' word-side projections run on the words, then
-    ``M`` maps them onto characters (``2 * L * k_w * h`` per mapped tensor).
+    ``M`` maps them onto characters (``2 * L * k_w * h`` per mapped tensor); attn's keys and
+    values are mapped onto the coverage groups only, and its characters attend to those.
     """
     h, i = config.hidden_size, config.intermediate_size
-    L, W = tokens.astype(np.float64), words.astype(np.float64)
+    L, W, G = tokens.astype(np.float64), words.astype(np.float64), groups.astype(np.float64)
 
     def layers(n: int, lengths: np.ndarray) -> float:
         return n * float(np.sum(8 * lengths * h * h + 4 * lengths * h * i + 4 * lengths**2 * h))
@@ -78,12 +80,13 @@ def encoder_flops(config, tokens: np.ndarray, words: np.ndarray) -> float:
     flops = layers(config.num_hidden_layers, L)
     if getattr(config, "word_vocab_size", 0):
         k = config.num_word_layers
-        mapped = {"none": 1, "gate": 2, "attn": 2}[config.fusion_type]  # M W; M (W A_w); M (W A_k), M (W A_v)
-        flops += layers(k, W) + k * float(np.sum(mapped * 2 * L * W * h))
-        if config.fusion_type == "gate":
-            flops += k * float(np.sum(2 * L * h * h + 2 * W * h * h))
-        elif config.fusion_type == "attn":
-            flops += k * float(np.sum(4 * L * h * h + 4 * W * h * h + 4 * L**2 * h))
+        flops += layers(k, W)
+        if config.fusion_type == "none":  # M W
+            flops += k * float(np.sum(2 * L * W * h))
+        elif config.fusion_type == "gate":  # M W, M (W A_w), C A_c
+            flops += k * float(np.sum(4 * L * W * h + 2 * L * h * h + 2 * W * h * h))
+        else:  # Q and output projections on characters, K and V on words, mapped onto groups
+            flops += k * float(np.sum(4 * L * h * h + 4 * W * h * h + 4 * G * W * h + 4 * L * G * h))
         if config.late_fusion == "add":
             flops += float(np.sum(2 * L * W * h))
     return flops
@@ -153,7 +156,7 @@ def main() -> None:
     from chatchat_policybert.tokenization import PolicyBertTokenizer
     from transformers import AutoConfig
 
-    import chatchat_policybert.modeling  # noqa: F401 - registers the config class
+    from chatchat_policybert.modeling import merge_repeated_words  # also registers the config class
 
     if args.device.startswith("cuda") and not torch.cuda.is_available():
         parser.error(f"--device {args.device}: torch sees no CUDA GPU here")
@@ -203,8 +206,12 @@ def main() -> None:
             for model, path in dirs.items():
                 batch = PolicyBertTokenizer.from_pretrained(path)(chunks)
                 tokens[model] = batch["attention_mask"].sum(1).numpy()
-                words = batch["word_attention_mask"].sum(1).numpy() if "word_ids" in batch else np.zeros_like(tokens[model])
-                flops[model] = encoder_flops(AutoConfig.from_pretrained(path), tokens[model], words)
+                words = groups = np.zeros_like(tokens[model])
+                if "word_ids" in batch:  # what inference runs: each distinct word once, attn over coverage groups
+                    ids, _, merged = merge_repeated_words(batch["word_ids"], batch["word_attention_mask"].bool(), batch["word_matching_matrix"])
+                    words = (ids != 0).sum(1).numpy()
+                    groups = np.array([len(np.unique(m[m.any(axis=1)], axis=0)) for m in merged.numpy()])
+                flops[model] = encoder_flops(AutoConfig.from_pretrained(path), tokens[model], words, groups)
             for name, (kind, model, dtype) in contenders.items():
                 seconds = statistics.median(stats[name])
                 gflops = flops[model] / seconds / 1e9

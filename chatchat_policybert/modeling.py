@@ -123,6 +123,19 @@ class PolicyBertGate(nn.Linear):
         super().__init__(2 * config.hidden_size, config.hidden_size)
 
 
+@dataclass
+class CoverageGroups:
+    """The attn fusion's keys: distinct coverage rows of ``M`` (batch x G x words), padded with zeros.
+
+    ``log_counts`` (batch x 1 x 1 x G) is the additive attention mask: log of how many
+    characters share each row, ``-inf`` for padding; ``has_words`` marks sentences with a match.
+    """
+
+    groups: torch.Tensor
+    log_counts: torch.Tensor
+    has_words: torch.Tensor
+
+
 class PolicyBertFusion(nn.Module):
     """Merges the word states, mapped onto characters through ``M``, into the character states.
 
@@ -142,43 +155,58 @@ class PolicyBertFusion(nn.Module):
             # BERT's cross-attention block is exactly LayerNorm(C + Dropout(Dense(MultiHead(C, W, W)))).
             self.attention = BertAttention(config, is_cross_attention=True)
 
-    def key_mask(self, chars: torch.Tensor, covered: torch.Tensor) -> torch.Tensor | None:
-        """The attn fusion's key mask, the same for every layer: characters attend to word-bearing characters.
+    def key_groups(self, matching: torch.Tensor) -> CoverageGroups | None:
+        """The attn fusion's keys, the same for every layer: the distinct word sets that cover a character.
 
-        A sentence without any match gets all keys (the softmax over an empty set is NaN); its
-        fused states are discarded in :meth:`forward` anyway.
+        Row ``p`` of ``M W`` depends only on which words cover character ``p``, so characters
+        covered by the same words carry identical keys and values. Softmax over ``n`` identical
+        keys equals softmax over one of them with ``log n`` added to its score, so attention runs
+        over the ``G`` distinct coverage rows of ``M`` (about k_w of them: 141 for a 500-character
+        chunk) instead of all L characters, with the counts as an additive mask; uncovered
+        characters are no keys at all. In training, attention dropout drops a group of identical
+        keys together. A sentence without any match gets one empty key (the softmax over an
+        empty set is NaN); its fused states are discarded in :meth:`forward` anyway.
         """
         if self.fusion_type != "attn":
             return None
-        keys = covered | ~covered.any(dim=-1, keepdim=True)
-        return create_bidirectional_mask(
-            config=self.config, inputs_embeds=chars, attention_mask=keys, encoder_hidden_states=chars
+        rows, counts = [], []
+        for example in matching:
+            covered = example[example.any(dim=-1)]
+            if not len(covered):
+                covered = example.new_zeros(1, example.shape[-1])
+            unique, count = torch.unique(covered, dim=0, return_counts=True)
+            rows.append(unique)
+            counts.append(count)
+        groups = torch.nn.utils.rnn.pad_sequence(rows, batch_first=True)
+        log_counts = torch.nn.utils.rnn.pad_sequence(
+            [count.to(matching.dtype).log() for count in counts], batch_first=True, padding_value=float("-inf")
         )
+        return CoverageGroups(groups, log_counts[:, None, None, :], matching.flatten(1).any(dim=-1))
 
     def forward(
-        self, chars: torch.Tensor, words: torch.Tensor, matching: torch.Tensor, key_mask: torch.Tensor | None
+        self, chars: torch.Tensor, words: torch.Tensor, matching: torch.Tensor, keys: CoverageGroups | None
     ) -> torch.Tensor:
         """``matching``: (batch, chars, words) 0/1, already zero for padding words and characters."""
-        words_on_chars = torch.bmm(matching, words) if self.fusion_type != "attn" else None
         if self.fusion_type == "none":
-            return chars + words_on_chars
+            return chars + torch.bmm(matching, words)
         if self.fusion_type == "gate":
-            return chars + self.gate_values(chars, words, matching) * words_on_chars
+            return chars + self.gate_values(chars, words, matching) * torch.bmm(matching, words)
         # attn: a sentence without any match keeps its character states untouched (no LayerNorm
         # shift), so a text without lexicon words embeds as plain BERT.
         attention = self.attention.self
-        shape = (*chars.shape[:-1], -1, attention.attention_head_size)
-        query = attention.query(chars).view(shape).transpose(1, 2)
-        key = self._on_chars(words, matching, attention.key.weight, attention.key.bias).view(shape).transpose(1, 2)
-        value = self._on_chars(words, matching, attention.value.weight, attention.value.bias).view(shape).transpose(1, 2)
+        heads = (-1, attention.num_attention_heads, attention.attention_head_size)
+        query = attention.query(chars).view(*chars.shape[:-1], *heads[1:]).transpose(1, 2)
+        key = self._on_chars(words, keys.groups, attention.key.weight, attention.key.bias)
+        value = self._on_chars(words, keys.groups, attention.value.weight, attention.value.bias)
+        key = key.view(key.shape[0], *heads).transpose(1, 2)
+        value = value.view(value.shape[0], *heads).transpose(1, 2)
         interface = ALL_ATTENTION_FUNCTIONS.get_interface(self.config._attn_implementation, eager_attention_forward)
         context, _ = interface(
-            attention, query, key, value, key_mask,
+            attention, query, key, value, keys.log_counts.to(query.dtype),
             dropout=attention.dropout.p if self.training else 0.0, scaling=attention.scaling,
         )
         fused = self.attention.output(context.reshape(*chars.shape[:-1], -1).contiguous(), chars)
-        has_words = matching.flatten(1).any(dim=-1)
-        return torch.where(has_words[:, None, None], fused, chars)
+        return torch.where(keys.has_words[:, None, None], fused, chars)
 
     def gate_values(self, chars: torch.Tensor, words: torch.Tensor, matching: torch.Tensor) -> torch.Tensor:
         """``sigmoid(Linear([C; M W]))`` per character and dimension (the gate fusion's g)."""
@@ -193,6 +221,32 @@ class PolicyBertFusion(nn.Module):
         """``Linear(M W) = M (W A^T) + b``, computed in the cheaper order."""
         projected = torch.bmm(matching, F.linear(words, weight))
         return projected if bias is None else projected + bias
+
+
+def merge_repeated_words(
+    word_ids: torch.LongTensor, word_valid: torch.Tensor, matching: torch.Tensor
+) -> tuple[torch.LongTensor, torch.Tensor, torch.Tensor]:
+    """Each distinct word of a sentence once: ids, how often it was kept, ``M`` summed over its occurrences.
+
+    Words carry no position, so without dropout every occurrence of a word has the same state
+    in every word layer, and a softmax over ``n`` identical keys equals one key with ``log n``
+    added to its score. Running each distinct word once with its count is the same model with
+    less work: policy text repeats its terms, and a 500-character chunk keeps ~141 matches of
+    ~84 distinct words. ``M W`` stays exact because the merged column sums the occurrences'.
+    """
+    ids, counts, columns = [], [], []
+    for example_ids, valid, example_matching in zip(word_ids, word_valid, matching):
+        unique, inverse, count = torch.unique(example_ids[valid], return_inverse=True, return_counts=True)
+        ids.append(unique)
+        counts.append(count.to(matching.dtype))
+        occurrences = (inverse[:, None] == torch.arange(len(unique), device=inverse.device)).to(matching.dtype)
+        columns.append((example_matching[:, valid] @ occurrences).T)
+    pad = torch.nn.utils.rnn.pad_sequence
+    ids, counts = pad(ids, batch_first=True), pad(counts, batch_first=True)
+    merged = pad(columns, batch_first=True).transpose(1, 2)
+    if not ids.shape[1]:  # no sentence has a word: one padding word, as the tokenizer gives
+        ids, counts, merged = F.pad(ids, (0, 1)), F.pad(counts, (0, 1)), F.pad(merged, (0, 1))
+    return ids, counts, merged
 
 
 class PolicyBertPreTrainedModel(PreTrainedModel):
@@ -264,12 +318,15 @@ class PolicyBertModel(PolicyBertPreTrainedModel):
             word_valid = word_attention_mask.bool()
             matching = word_matching_matrix.to(hidden.dtype) * word_valid[:, None, :].to(hidden.dtype)
             matching = matching * attention_mask[:, :, None].to(hidden.dtype)
-            key_mask = self.fusions[0].key_mask(hidden, matching.any(dim=-1))
+            counts = word_valid.to(hidden.dtype)
+            if not self.training:
+                word_ids, counts, matching = merge_repeated_words(word_ids, word_valid, matching)
+            keys = self.fusions[0].key_groups(matching)
             words = self.word_embeddings(word_ids)
             # A sentence with no word at all would softmax over an empty key set (NaN); let its
             # padding words attend to each other instead: M zeroes their contribution anyway.
-            word_keys = word_valid | ~word_valid.any(dim=-1, keepdim=True)
-            word_mask = create_bidirectional_mask(config=self.config, inputs_embeds=words, attention_mask=word_keys)
+            counts = counts.masked_fill(~(counts > 0).any(dim=-1, keepdim=True), 1.0)
+            word_mask = counts.log()[:, None, None, :]
 
         all_hidden = (hidden,) if output_hidden_states else None
         words_on_chars = None
@@ -278,7 +335,7 @@ class PolicyBertModel(PolicyBertPreTrainedModel):
             if use_words:
                 if i < self.config.num_word_layers:
                     words = self.word_encoder[i](words, word_mask, **kwargs)
-                    hidden = self.fusions[i](hidden, words, matching, key_mask)
+                    hidden = self.fusions[i](hidden, words, matching, keys)
                 elif self.config.late_fusion == "add":
                     if words_on_chars is None:
                         words_on_chars = torch.bmm(matching, words)

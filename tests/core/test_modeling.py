@@ -12,6 +12,7 @@ from chatchat_policybert.modeling import (
     PolicyBertForPreTraining,
     PolicyBertForSequenceClassification,
     PolicyBertModel,
+    merge_repeated_words,
 )
 from chatchat_policybert.tokenization import PolicyBertTokenizer
 
@@ -164,6 +165,52 @@ def test_config_validation():
         PolicyBertConfig(word_vocab_size=10, num_hidden_layers=2, num_word_layers=3)
 
 
+def test_repeated_words_run_once_with_the_same_output(fusion_models, padded_texts):
+    """Inference merges the occurrences of a word (count as log-bias, M summed); training runs each.
+
+    With every dropout at zero the two paths are the same function, so train mode is the
+    occurrence-by-occurrence reference for eval mode's merged one.
+    """
+    fusion, policy, _, tokenizer = fusion_models
+    enc = tokenizer(padded_texts)
+    valid = enc["word_ids"][enc["word_attention_mask"].bool()]
+    assert len(valid.unique()) < len(valid), "the texts repeat lexicon words"
+    dropouts = [m for m in policy.modules() if isinstance(m, torch.nn.Dropout)]
+    saved = [m.p for m in dropouts]
+    captured = []
+    hook = policy.word_encoder[0].register_forward_hook(lambda m, args, out: captured.append(args[0].shape[1]))
+    try:
+        for m in dropouts:
+            m.p = 0.0
+        with torch.no_grad():
+            merged = policy(**enc).last_hidden_state
+            policy.train()
+            occurrences = policy(**enc).last_hidden_state
+    finally:
+        policy.eval()
+        hook.remove()
+        for m, p in zip(dropouts, saved):
+            m.p = p
+    assert captured[0] < captured[1] == enc["word_ids"].shape[1], "eval mode runs fewer words"
+    assert max_diff_on_real_tokens(merged, occurrences, enc["attention_mask"]) <= TOL
+
+
+def test_merge_repeated_words_keeps_m_w_and_counts():
+    """Overlapping occurrences of one word (``A A`` inside ``A A A``) must add up, not collapse."""
+    word_ids = torch.tensor([[7, 9, 7, 7, 0], [0, 0, 0, 0, 0]])
+    valid = word_ids != 0
+    matching = torch.zeros(2, 6, 5)
+    for q, (first, last) in enumerate([(0, 2), (2, 4), (1, 3), (4, 6)]):
+        matching[0, first:last, q] = 1.0
+    states = torch.randn(10, 3)
+    ids, counts, merged = merge_repeated_words(word_ids, valid, matching)
+    assert ids.tolist() == [[7, 9], [0, 0]] and counts.tolist() == [[3.0, 1.0], [0.0, 0.0]]
+    torch.testing.assert_close(torch.bmm(merged, states[ids]), torch.bmm(matching, states[word_ids] * valid[..., None]))
+    assert merged[0, 1, 0] == 2.0, "character 1 lies in two occurrences of word 7"
+    ids, counts, merged = merge_repeated_words(word_ids[1:], valid[1:], matching[1:])
+    assert ids.shape == counts.shape == (1, 1) and merged.shape == (1, 6, 1), "a wordless batch keeps one padding word"
+
+
 def naive_fusion(fusion, chars: torch.Tensor, words: torch.Tensor, matching: torch.Tensor) -> torch.Tensor:
     """The fusion formulas as written, on ``M W`` (character length), with transformers' own cross-attention."""
     words_on_chars = torch.bmm(matching, words)
@@ -193,6 +240,8 @@ def test_fusions_compute_their_formulas(fusion_models, padded_texts):
     assert len(captured) == len(policy.fusions)
     for fusion, (chars, words, matching, _), output in captured:
         assert matching.flatten(1).any(dim=-1).sum() >= 2, "most texts have matched words"
+        # attn keys are the distinct coverage rows of M: overlapping words must make rows of their own.
+        assert (matching.sum(dim=-1) >= 2).any(), "some character lies inside two words"
         with torch.no_grad():
             expected = naive_fusion(fusion, chars, words, matching)
         mask = enc["attention_mask"].bool()
