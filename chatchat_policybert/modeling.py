@@ -161,8 +161,8 @@ class PolicyBertFusion(nn.Module):
         Row ``p`` of ``M W`` depends only on which words cover character ``p``, so characters
         covered by the same words carry identical keys and values. Softmax over ``n`` identical
         keys equals softmax over one of them with ``log n`` added to its score, so attention runs
-        over the ``G`` distinct coverage rows of ``M`` (about k_w of them: 141 for a 500-character
-        chunk) instead of all L characters, with the counts as an additive mask; uncovered
+        over the ``G`` distinct coverage rows of ``M`` (about one per distinct word: 87 for a
+        500-character chunk) instead of all L characters, with the counts as an additive mask; uncovered
         characters are no keys at all. In training, attention dropout drops a group of identical
         keys together. A sentence without any match gets one empty key (the softmax over an
         empty set is NaN); its fused states are discarded in :meth:`forward` anyway.
