@@ -12,7 +12,9 @@ through the 0/1 matching matrix ``M`` (batch x chars x words) and merged by one 
 * ``attn``:        ``C' = LayerNorm(C + Dropout(MultiHead(Q=C, K=M W, V=M W)))``
 
 Layers at or past ``num_word_layers`` add the last word state as ZEN does (``late_fusion="add"``)
-or are left alone (``late_fusion="none"``).
+or are left alone (``late_fusion="none"``). At inference two exact shortcuts cut the work: each
+distinct word runs once (:func:`merge_repeated_words`) and attn attends to the distinct coverage
+rows of ``M`` (:meth:`PolicyBertFusion.key_groups`).
 """
 
 from __future__ import annotations
@@ -162,10 +164,10 @@ class PolicyBertFusion(nn.Module):
         covered by the same words carry identical keys and values. Softmax over ``n`` identical
         keys equals softmax over one of them with ``log n`` added to its score, so attention runs
         over the ``G`` distinct coverage rows of ``M`` (about one per distinct word: 87 for a
-        500-character chunk) instead of all L characters, with the counts as an additive mask; uncovered
-        characters are no keys at all. In training, attention dropout drops a group of identical
-        keys together. A sentence without any match gets one empty key (the softmax over an
-        empty set is NaN); its fused states are discarded in :meth:`forward` anyway.
+        500-character chunk) instead of all L characters, with the counts as an additive mask;
+        uncovered characters are no keys at all. In training, attention dropout drops a group of
+        identical keys together. A sentence without any match gets one empty key (the softmax
+        over an empty set is NaN); its fused states are discarded in :meth:`forward` anyway.
         """
         if self.fusion_type != "attn":
             return None
@@ -186,7 +188,11 @@ class PolicyBertFusion(nn.Module):
     def forward(
         self, chars: torch.Tensor, words: torch.Tensor, matching: torch.Tensor, keys: CoverageGroups | None
     ) -> torch.Tensor:
-        """``matching``: (batch, chars, words) 0/1, already zero for padding words and characters."""
+        """``matching``: (batch, chars, words), zero for padding words and characters.
+
+        Entries are 0/1, or a count where a merged word (:func:`merge_repeated_words`) covers a
+        character with several occurrences.
+        """
         if self.fusion_type == "none":
             return chars + torch.bmm(matching, words)
         if self.fusion_type == "gate":
