@@ -156,7 +156,7 @@ def main() -> None:
     from chatchat_policybert.tokenization import PolicyBertTokenizer
     from transformers import AutoConfig
 
-    from chatchat_policybert.modeling import merge_repeated_words  # also registers the config class
+    from chatchat_policybert.modeling import coverage_groups, merge_repeated_words  # also registers the config class
 
     if args.device.startswith("cuda") and not torch.cuda.is_available():
         parser.error(f"--device {args.device}: torch sees no CUDA GPU here")
@@ -210,7 +210,7 @@ def main() -> None:
                 if "word_ids" in batch:  # what inference runs: each distinct word once, attn over coverage groups
                     ids, _, merged = merge_repeated_words(batch["word_ids"], batch["word_attention_mask"].bool(), batch["word_matching_matrix"])
                     words = (ids != 0).sum(1).numpy()
-                    groups = np.array([len(np.unique(m[m.any(axis=1)], axis=0)) for m in merged.numpy()])
+                    groups = torch.isfinite(coverage_groups(merged).log_counts).flatten(1).sum(1).numpy()
                 flops[model] = encoder_flops(AutoConfig.from_pretrained(path), tokens[model], words, groups)
             for name, (kind, model, dtype) in contenders.items():
                 seconds = statistics.median(stats[name])

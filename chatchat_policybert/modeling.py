@@ -138,6 +138,23 @@ class CoverageGroups:
     has_words: torch.Tensor
 
 
+def coverage_groups(matching: torch.Tensor) -> CoverageGroups:
+    """The distinct non-empty rows of each example's ``M`` and how many characters share each."""
+    rows, counts = [], []
+    for example in matching:
+        covered = example[example.any(dim=-1)]
+        if not len(covered):
+            covered = example.new_zeros(1, example.shape[-1])
+        unique, count = torch.unique(covered, dim=0, return_counts=True)
+        rows.append(unique)
+        counts.append(count)
+    groups = torch.nn.utils.rnn.pad_sequence(rows, batch_first=True)
+    log_counts = torch.nn.utils.rnn.pad_sequence(
+        [count.to(matching.dtype).log() for count in counts], batch_first=True, padding_value=float("-inf")
+    )
+    return CoverageGroups(groups, log_counts[:, None, None, :], matching.flatten(1).any(dim=-1))
+
+
 class PolicyBertFusion(nn.Module):
     """Merges the word states, mapped onto characters through ``M``, into the character states.
 
@@ -169,21 +186,7 @@ class PolicyBertFusion(nn.Module):
         identical keys together. A sentence without any match gets one empty key (the softmax
         over an empty set is NaN); its fused states are discarded in :meth:`forward` anyway.
         """
-        if self.fusion_type != "attn":
-            return None
-        rows, counts = [], []
-        for example in matching:
-            covered = example[example.any(dim=-1)]
-            if not len(covered):
-                covered = example.new_zeros(1, example.shape[-1])
-            unique, count = torch.unique(covered, dim=0, return_counts=True)
-            rows.append(unique)
-            counts.append(count)
-        groups = torch.nn.utils.rnn.pad_sequence(rows, batch_first=True)
-        log_counts = torch.nn.utils.rnn.pad_sequence(
-            [count.to(matching.dtype).log() for count in counts], batch_first=True, padding_value=float("-inf")
-        )
-        return CoverageGroups(groups, log_counts[:, None, None, :], matching.flatten(1).any(dim=-1))
+        return coverage_groups(matching) if self.fusion_type == "attn" else None
 
     def forward(
         self, chars: torch.Tensor, words: torch.Tensor, matching: torch.Tensor, keys: CoverageGroups | None
