@@ -30,14 +30,16 @@ import numpy as np
 import torch
 
 REPO = Path(__file__).resolve().parents[1]
-DATA = REPO.parent / "shared" / "data"
+sys.path.insert(0, str(REPO))
+from chatchat_policybert.data import CORPUS_CSV, LEXICON  # noqa: E402 - bench/ runs from a checkout
+
 BGE_BASE = dict(hidden_size=768, num_hidden_layers=12, num_attention_heads=12, intermediate_size=3072, max_position_embeddings=512)
 
 
 def corpus_chunks(chars: int, count: int) -> list[str]:
     """``count`` consecutive ``chars``-character chunks of the policy corpus, whitespace squeezed."""
     csv.field_size_limit(sys.maxsize)
-    with open(DATA / "policy_corpus" / "Policys_cleaned.csv", encoding="utf-8", newline="") as f:
+    with open(CORPUS_CSV, encoding="utf-8", newline="") as f:
         text = "".join("".join(row["contentText"].split()) for row in csv.DictReader(f))
     return [text[i * chars : (i + 1) * chars] for i in range(count)]
 
@@ -52,7 +54,7 @@ def build_models(root: Path, texts: list[str], names: tuple[str, ...] = ("plain"
     from chatchat_policybert.tokenization import PolicyBertTokenizer, build_char_tokenizer
 
     tokenizer = build_char_tokenizer(texts)
-    lexicon = Lexicon.load(DATA / "lexicon" / "words_list_checked.txt")
+    lexicon = Lexicon.load(LEXICON)
     torch.manual_seed(0)
     dirs = {}
     if "plain" in names:
@@ -151,12 +153,11 @@ def main() -> None:
     args = parser.parse_args()
 
     sys.path.insert(0, str(REPO))
-    from chatchat_policybert.embeddings import auto_dtype
-    from chatchat_policybert.loading import read_config
-    from chatchat_policybert.tokenization import PolicyBertTokenizer
     from transformers import AutoConfig
 
+    from chatchat_policybert.embeddings import auto_dtype
     from chatchat_policybert.modeling import coverage_groups, merge_repeated_words  # also registers the config class
+    from chatchat_policybert.tokenization import PolicyBertTokenizer
 
     if args.device.startswith("cuda") and not torch.cuda.is_available():
         parser.error(f"--device {args.device}: torch sees no CUDA GPU here")

@@ -32,12 +32,16 @@ from pathlib import Path
 from typing import Iterator
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from embed import DATA, REPO, build_models, machine_line  # noqa: E402 - bench/ is not a package
+from embed import REPO, build_models, machine_line  # noqa: E402 - bench/ is not a package
 
 sys.path.insert(0, str(REPO))
 from chatchat_policybert import cli  # noqa: E402
 from chatchat_policybert.corpus import PolicyDocument, export_policies, read_policies  # noqa: E402
-from chatchat_policybert.demo import BIN, KB_NAME, chatchat_env, index_size, run_step  # noqa: E402
+from chatchat_policybert.chatchat_root import (  # noqa: E402
+    BIN, chatchat_env, content_dir, index_size, kb_root, vector_store_dir,
+)
+from chatchat_policybert.data import CORPUS_CSV, LEXICON  # noqa: E402
+from chatchat_policybert.demo import EMBED_MODEL, KB_NAME, run_step  # noqa: E402
 from chatchat_policybert.modeling import FUSION_TYPES  # noqa: E402
 
 TIME_TARGET = 1.2
@@ -62,7 +66,7 @@ def build_model_dirs(root: Path, size: str, fusion: str, texts: list[str]) -> di
     from chatchat_policybert.lexicon import Lexicon
     from chatchat_policybert.testing import build_tiny_bert, build_tiny_policybert
 
-    lexicon = Lexicon.load(DATA / "lexicon" / "words_list_checked.txt")
+    lexicon = Lexicon.load(LEXICON)
     return {"plain": build_tiny_bert(root / "plain", texts),
             "policybert": build_tiny_policybert(root / fusion, texts, lexicon, fusion=fusion)}
 
@@ -70,10 +74,10 @@ def build_model_dirs(root: Path, size: str, fusion: str, texts: list[str]) -> di
 def prepare_root(root: Path, model: Path, documents: list[PolicyDocument]) -> None:
     """A Chatchat root whose embed model is ``model`` and whose WeiMingPolicies folder holds the corpus."""
     root.mkdir(parents=True, exist_ok=True)
-    run_step("init", [str(BIN / "chatchat"), "init"], chatchat_env(root), shown=f"chatchat init ({root})")
+    run_step("init", [str(BIN / "chatchat"), "init"], root)
     if cli.main(["setup", "--root", str(root), "--model", str(model), "--no-check"]):
         raise SystemExit(f"[setup] failed for {root}")
-    export_policies(documents, root / "data" / "knowledge_base" / KB_NAME / "content")
+    export_policies(documents, content_dir(root, KB_NAME))
 
 
 def timed_rebuild(root: Path) -> Rebuild:
@@ -89,7 +93,7 @@ def timed_rebuild(root: Path) -> Rebuild:
     """
     # The safe `kb -r` keeps the previous index when a rebuild fails: remove it (untimed), so a
     # failed repetition shows as an empty index instead of the last one's vectors.
-    shutil.rmtree(root / "data" / "knowledge_base" / KB_NAME / "vector_store", ignore_errors=True)
+    shutil.rmtree(kb_root(root) / KB_NAME / "vector_store", ignore_errors=True)
     env = chatchat_env(root)
     log = root / LOG_NAME
     with log.open("w", encoding="utf-8") as out:  # a file, not a pipe: nobody reads while wait4 blocks
@@ -98,7 +102,7 @@ def timed_rebuild(root: Path) -> Rebuild:
         _, status, usage = os.wait4(process.pid, 0)
         seconds = time.perf_counter() - start
     process.returncode = os.waitstatus_to_exitcode(status)  # reaped by wait4: keep Popen consistent
-    chunks = index_size(root)
+    chunks = index_size(vector_store_dir(root, KB_NAME, EMBED_MODEL))
     if process.returncode != 0 or chunks == 0:  # kb -r exits 0 even when embedding failed
         tail = log.read_text(encoding="utf-8", errors="replace")[-4000:]
         raise SystemExit(f"[kb] rebuild in {root} failed (exit {process.returncode}, {chunks} vectors):\n{tail}")
@@ -167,7 +171,7 @@ def main() -> None:
     parser.add_argument("--keep", type=Path, help="build models and Chatchat roots here and keep them (default: a temporary directory)")
     args = parser.parse_args()
 
-    documents = read_policies(DATA / "policy_corpus" / "Policys_cleaned.csv")
+    documents = read_policies(CORPUS_CSV)
     documents = documents[: args.docs] if args.docs else documents
     labels = {"plain": f"plain BERT ({args.size})", "policybert": f"PolicyBERT-{args.fusion} ({args.size})"}
     with scratch_dir(args.keep) as scratch:

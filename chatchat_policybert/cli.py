@@ -1,10 +1,13 @@
-"""`chatchat-policybert setup | doctor | serve`: wire PolicyBERT into a Chatchat 0.3.1.3 root.
+"""`chatchat-policybert setup | doctor | serve | eval`: wire PolicyBERT into a Chatchat 0.3.1.3 root.
 
 - `setup` merges the shipped `model_settings.yaml` / `kb_settings.yaml` into a root that
   `chatchat init` prepared, points the PolicyBERT platform at `--model`, creates the default
   knowledge base folder, then runs the doctor's checks.
 - `doctor` lists what would stop PolicyBERT retrieval from working in a root, one line each.
 - `serve` exposes the configured model as an OpenAI-compatible `/v1/embeddings`.
+- `eval` measures retrieval on a corpus and questions (:mod:`chatchat_policybert.evaluation`).
+
+Every bad input ends as one line `error: …` and exit status 2 (:mod:`chatchat_policybert.errors`).
 """
 
 from __future__ import annotations
@@ -19,6 +22,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Sequence
 
+from .chatchat_root import kb_root, vector_store_dir
+from .dtypes import DTYPE_CHOICES
+from .errors import InputError, run_cli
 from .settings import PLATFORM_KEY, SettingsError, find_local_model, load_yaml
 
 SETTINGS_FILES = ("model_settings.yaml", "kb_settings.yaml")
@@ -86,8 +92,7 @@ def run_setup(args: argparse.Namespace) -> int:
     root: Path = args.root
     missing = [name for name in SETTINGS_FILES if not (root / name).is_file()]
     if missing:
-        print(f"ERROR {root} has no {', '.join(missing)}: run `CHATCHAT_ROOT={root} chatchat init` first", file=sys.stderr)
-        return 2
+        raise InputError(f"{root} has no {', '.join(missing)}: run `CHATCHAT_ROOT={root} chatchat init` first")
     yaml = _yaml()
     source = args.settings_dir
     for name in SETTINGS_FILES:
@@ -111,7 +116,7 @@ def run_setup(args: argparse.Namespace) -> int:
         print(f"OK    merged {source / name} into {path}")
     _link_nltk_data(root)
     kb_settings = load_yaml(root / "kb_settings.yaml")
-    kb_dir = _kb_root(root) / kb_settings["DEFAULT_KNOWLEDGE_BASE"] / "content"
+    kb_dir = kb_root(root) / kb_settings["DEFAULT_KNOWLEDGE_BASE"] / "content"
     kb_dir.mkdir(parents=True, exist_ok=True)
     print(f"OK    knowledge base folder {kb_dir} (put documents here, then `chatchat kb -r -n {kb_dir.parent.name}`)")
     if args.no_check:
@@ -143,12 +148,6 @@ def _link_nltk_data(root: Path) -> None:
 class Finding:
     level: str  # "OK", "WARN" or "ERROR"
     message: str
-
-
-def _kb_root(root: Path) -> Path:
-    basic = root / "basic_settings.yaml"
-    configured = load_yaml(basic).get("KB_ROOT_PATH") if basic.is_file() else None
-    return Path(configured) if configured else root / "data" / "knowledge_base"
 
 
 def hook_installed() -> Path | None:
@@ -251,11 +250,11 @@ def _check_model(local: Any, root: Path) -> list[Finding]:
 
 def _check_kb(root: Path, kb_settings: dict, model_settings: dict) -> list[Finding]:
     name = kb_settings.get("DEFAULT_KNOWLEDGE_BASE", "samples")
-    kb_dir = _kb_root(root) / name
+    kb_dir = kb_root(root) / name
     if not kb_dir.is_dir():
         return [Finding("ERROR", f"DEFAULT_KNOWLEDGE_BASE '{name}' has no folder {kb_dir}: the WebUI page crashes")]
-    embed_model = str(model_settings.get("DEFAULT_EMBEDDING_MODEL", "")).replace(":", "_")
-    index = kb_dir / "vector_store" / embed_model / "index.faiss"
+    embed_model = str(model_settings.get("DEFAULT_EMBEDDING_MODEL", ""))
+    index = vector_store_dir(root, name, embed_model) / "index.faiss"
     if not index.is_file():
         return [Finding("WARN", f"knowledge base '{name}' has no FAISS index {index}: run `chatchat kb -r -n {name}`")]
     return [Finding("OK", f"knowledge base '{name}' has a FAISS index for '{embed_model}'")]
@@ -322,7 +321,7 @@ def build_parser() -> argparse.ArgumentParser:
     with_root(setup)
     setup.add_argument("--model", type=Path, help="PolicyBERT (or BERT/bge) model directory to use")
     setup.add_argument("--device", help="torch device for the model, e.g. cpu or cuda:0")
-    setup.add_argument("--dtype", choices=["float32", "float16", "bfloat16", "auto"], help="compute dtype (float32: the same vectors everywhere; auto: bfloat16 where the CPU/GPU has it)")
+    setup.add_argument("--dtype", choices=DTYPE_CHOICES, help="compute dtype (float32: the same vectors everywhere; auto: bfloat16 where the CPU/GPU has it)")
     setup.add_argument("--ollama-url", help="Ollama OpenAI-compatible base URL (default http://127.0.0.1:11434/v1)")
     setup.add_argument("--settings-dir", type=Path, default=None,
                        help="folder with the model_settings.yaml/kb_settings.yaml to merge (default: the shipped ones)")
@@ -348,19 +347,28 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--max-inputs", type=int, default=2048, help="inputs per request before 413")
     serve.add_argument("--max-body-mb", type=float, default=8.0, help="request body size before 413")
     serve.set_defaults(func=run_serve)
+
+    # Parsed by the evaluation's own parser: `chatchat-policybert eval --help` shows its flags.
+    commands.add_parser("eval", add_help=False, help="measure retrieval (BM25, dense, Chatchat) on a corpus and questions")
     return parser
 
 
-def main(argv: Sequence[str] | None = None) -> int:
+def _main(argv: Sequence[str] | None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv[:1] == ["eval"]:
+        from .evaluation.evaluate import main as evaluate
+
+        return evaluate(argv[1:])
     args = build_parser().parse_args(argv)
     args.root = (args.root or default_root()).resolve()
     if getattr(args, "settings_dir", "absent") is None:
         args.settings_dir = shipped_settings_dir()
-    try:
-        return args.func(args)
-    except SettingsError as exc:
-        print(f"ERROR {exc}", file=sys.stderr)
-        return 2
+    return args.func(args)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """The console script: every command, with bad input reported as one line (exit 2)."""
+    return run_cli(_main, argv)
 
 
 if __name__ == "__main__":

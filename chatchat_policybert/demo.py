@@ -15,8 +15,6 @@ exactly as a user's commands would run it.
 from __future__ import annotations
 
 import argparse
-import json
-import os
 import subprocess
 import sys
 import urllib.request
@@ -24,48 +22,19 @@ from pathlib import Path
 from typing import Sequence
 
 from . import cli
+from .chatchat_root import BIN, ChatchatWorker, content_dir, index_size, run_chatchat, vector_store_dir
 from .corpus import PolicyDocument, export_policies, read_policies
+from .data import CORPUS_CSV, LEXICON
+from .errors import run_cli
 
 KB_NAME = "WeiMingPolicies"
+EMBED_MODEL = "policybert"
 BGE = "BAAI/bge-base-zh-v1.5"
-BIN = Path(sys.executable).parent
 DEFAULT_QUESTIONS = (
     "数据要素市场化配置改革有哪些主要任务？",
     "如何保护个人信息和数据安全？",
     "公共数据授权运营的要求是什么？",
 )
-
-# Runs inside Chatchat (CHATCHAT_ROOT set): its own KB search, and, if asked, its RAG prompt + LLM.
-SEARCH_SCRIPT = """
-import json, sys
-from chatchat.server.knowledge_base.kb_doc_api import search_docs
-from chatchat.settings import Settings
-request = json.loads(sys.argv[1])
-kb = Settings.kb_settings
-out = {"results": [], "answer": None}
-for q in request["questions"]:
-    hits = search_docs(query=q, knowledge_base_name=request["kb"], top_k=kb.VECTOR_SEARCH_TOP_K,
-                       score_threshold=kb.SCORE_THRESHOLD, file_name="", metadata={})
-    out["results"].append({"question": q, "hits": [
-        {"source": h["metadata"].get("source"), "text": h["page_content"]}
-        for h in hits]})
-if request["llm"]:
-    from langchain.prompts.chat import ChatPromptTemplate
-    from chatchat.server.chat.utils import History
-    from chatchat.server.utils import get_ChatOpenAI, get_prompt_template
-    first = out["results"][0]
-    template = History(role="user", content=get_prompt_template("rag", "default")).to_msg_template(False)
-    chain = ChatPromptTemplate.from_messages([template]) | get_ChatOpenAI(model_name=request["llm"], streaming=False)
-    context = "\\n\\n".join(h["text"] for h in first["hits"])
-    out["answer"] = chain.invoke({"context": context, "question": first["question"]}).content
-print("@@RESULT@@" + json.dumps(out, ensure_ascii=False))
-"""
-
-
-def default_data_dir() -> Path:
-    """$POLICYBERT_SHARED_DATA, else `shared/data` beside the repository checkout."""
-    env = os.environ.get("POLICYBERT_SHARED_DATA")
-    return Path(env) if env else Path(__file__).resolve().parents[1].parent / "shared" / "data"
 
 
 def hub_reachable(timeout: float = 5.0) -> str | None:
@@ -77,19 +46,21 @@ def hub_reachable(timeout: float = 5.0) -> str | None:
         return f"{type(exc).__name__}: {exc}"
 
 
-def obtain_model(out_dir: Path, data_dir: Path, documents: Sequence[PolicyDocument]) -> Path:
-    """A PolicyBERT directory: merged from bge when the hub answers, else built locally."""
+def obtain_model(out_dir: Path, lexicon: Path, documents: Sequence[PolicyDocument]) -> Path:
+    """A PolicyBERT directory: merged from bge when the hub answers, else built locally.
+
+    The merge runs as the command a user would type (``python -m training.merge_bge``), with the
+    identity start, so the model's vectors are bge's until it is trained.
+    """
     if (out_dir / "config.json").is_file():
         print(f"[model] reusing {out_dir}")
         return out_dir
-    lexicon = data_dir / "lexicon" / "words_list_checked.txt"
     problem = hub_reachable()
     if problem is None:
-        from training.merge_bge import main as merge_main
-
-        print(f"[model] merging PolicyBERT from {BGE} (downloads about 400 MB)")
-        if merge_main(["--bge", BGE, "--zen", "none", "--lexicon", str(lexicon), "--fusion", "attn",
-                       "--out", str(out_dir)]) == 0:
+        print(f"[model] merging PolicyBERT from {BGE} (downloads about 400 MB)", flush=True)
+        merge = subprocess.run([sys.executable, "-m", "training.merge_bge", "--bge", BGE, "--zen", "none",
+                                "--lexicon", str(lexicon), "--fusion", "attn", "--out", str(out_dir)])
+        if merge.returncode == 0:
             return out_dir
         problem = "the merge failed (see above)"
     print(f"[model] cannot merge from {BGE}: {problem}")
@@ -109,35 +80,10 @@ def build_local_model(out_dir: Path, lexicon_path: Path, documents: Sequence[Pol
     return build_tiny_policybert(out_dir, [d.title + d.content for d in documents], Lexicon.load(lexicon_path))
 
 
-def chatchat_env(root: Path) -> dict[str, str]:
-    """Environment of every Chatchat command: the root, Chatchat's bundled NLTK data (offline), no proxies for loopback."""
-    import chatchat  # the package only: each child reads the settings of its own root
-
-    env = {k: v for k, v in os.environ.items() if k.lower() not in {"http_proxy", "https_proxy", "all_proxy"}}
-    env.update(
-        CHATCHAT_ROOT=str(root),
-        NLTK_DATA=str(Path(chatchat.__file__).resolve().parent / "data" / "nltk_data"),
-        NO_PROXY="127.0.0.1,localhost",
-        PYTHONUNBUFFERED="1",
-        TOKENIZERS_PARALLELISM="false",
-    )
-    return env
-
-
-def run_step(title: str, args: list[str], env: dict[str, str], shown: str = "") -> subprocess.CompletedProcess:
-    print(f"[{title}] {shown or ' '.join(args)}", flush=True)
-    result = subprocess.run(args, env=env, capture_output=True, text=True)
-    if result.returncode != 0:
-        raise SystemExit(f"[{title}] failed ({result.returncode}):\n{(result.stdout + result.stderr)[-4000:]}")
-    return result
-
-
-def index_size(root: Path) -> int:
-    """Vectors in the KB's FAISS index: `kb -r` exits 0 even when embedding failed."""
-    import faiss
-
-    path = root / "data" / "knowledge_base" / KB_NAME / "vector_store" / "policybert" / "index.faiss"
-    return faiss.read_index(str(path)).ntotal if path.is_file() else 0
+def run_step(title: str, args: list[str], root: Path) -> None:
+    """One Chatchat command in ``root``, shown as the user would type it; a failure ends the demo."""
+    print(f"[{title}] {' '.join(args)}", flush=True)
+    run_chatchat(args, root, title)
 
 
 def ollama_answers(url: str) -> bool:
@@ -148,7 +94,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m chatchat_policybert.demo", description=__doc__.split("\n\n")[0])
     parser.add_argument("--root", type=Path, required=True, help="Chatchat data root to create or update")
     parser.add_argument("--model", type=Path, help="PolicyBERT directory (default: ROOT/models/policybert, obtained)")
-    parser.add_argument("--data", type=Path, default=default_data_dir(), help="shared data folder (policy_corpus/, lexicon/)")
+    parser.add_argument("--corpus", type=Path, default=CORPUS_CSV, help="policy CSV (default: the shipped corpus)")
+    parser.add_argument("--lexicon", type=Path, default=LEXICON, help="lexicon for a locally built model (default: the shipped one)")
     parser.add_argument("--docs", type=int, default=0, help="load only the first N policies (0: all)")
     parser.add_argument("--max-doc-chars", type=int, default=0, help="cut each policy to N characters (0: whole)")
     parser.add_argument("--question", action="append", help="sample question (repeatable)")
@@ -158,39 +105,38 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     root = args.root.expanduser().resolve()
     root.mkdir(parents=True, exist_ok=True)
-    documents = read_policies(args.data / "policy_corpus" / "Policys_cleaned.csv")
+    documents = read_policies(args.corpus)
     if args.docs:
         documents = documents[: args.docs]
     if args.max_doc_chars:
         documents = [PolicyDocument(d.title, d.pubtime, d.channel, d.content[: args.max_doc_chars]) for d in documents]
-    model = args.model.resolve() if args.model else obtain_model(root / "models" / "policybert", args.data, documents)
+    model = args.model.resolve() if args.model else obtain_model(root / "models" / "policybert", args.lexicon, documents)
 
-    env = chatchat_env(root)
-    run_step("init", [str(BIN / "chatchat"), "init"], env)
+    run_step("init", [str(BIN / "chatchat"), "init"], root)
     if cli.main(["setup", "--root", str(root), "--model", str(model), "--ollama-url", args.ollama_url, "--no-check"]):
         return 1
-    content = root / "data" / "knowledge_base" / KB_NAME / "content"
+    content = content_dir(root, KB_NAME)
     export_policies(documents, content)
     print(f"[corpus] {len(documents)} policies in {content}")
-    run_step("kb", [str(BIN / "chatchat"), "kb", "-r", "-n", KB_NAME], env)
-    vectors = index_size(root)
+    run_step("kb", [str(BIN / "chatchat"), "kb", "-r", "-n", KB_NAME], root)
+    vectors = index_size(vector_store_dir(root, KB_NAME, EMBED_MODEL))
     if vectors == 0:
         print(f"[kb] FAILED: no FAISS index was written; run `chatchat-policybert doctor --root {root}`", file=sys.stderr)
         return 1
     print(f"[kb] {KB_NAME}: {vectors} chunks embedded by PolicyBERT")
 
     llm = args.llm if ollama_answers(args.ollama_url) else None
-    request = {"questions": args.question or list(DEFAULT_QUESTIONS), "kb": KB_NAME, "llm": llm}
-    result = run_step("search", [sys.executable, "-c", SEARCH_SCRIPT, json.dumps(request, ensure_ascii=False)], env,
-                      shown=f"Chatchat's knowledge-base search{' and RAG chat' if llm else ''} for {len(request['questions'])} questions")
-    payload = json.loads(result.stdout.split("@@RESULT@@", 1)[1])
-    for item in payload["results"]:
-        print(f"\nQ: {item['question']}")
-        for rank, hit in enumerate(item["hits"], 1):
-            text = " ".join(hit["text"].split())[:160]
-            print(f"  {rank}. [{hit['source']}] {text}")
+    questions = args.question or list(DEFAULT_QUESTIONS)
+    print(f"[search] Chatchat's knowledge-base search{' and RAG chat' if llm else ''} for {len(questions)} questions",
+          flush=True)
+    with ChatchatWorker(root, "search", "--kb", KB_NAME, log_path=root / "logs" / "demo_search.log") as worker:
+        answers = [worker.ask({"query": q, "llm": llm if i == 0 else None}) for i, q in enumerate(questions)]
+    for question, answer in zip(questions, answers):
+        print(f"\nQ: {question}")
+        for rank, (source, text) in enumerate(answer["hits"], 1):
+            print(f"  {rank}. [{source}] {' '.join(text.split())[:160]}")
     if llm:
-        print(f"\nRAG answer from {llm} to “{payload['results'][0]['question']}”:\n{payload['answer']}")
+        print(f"\nRAG answer from {llm} to “{questions[0]}”:\n{answers[0]['answer']}")
     else:
         print(f"\nNo LLM answers at {args.ollama_url}: start Ollama (`ollama serve`, then `ollama pull {args.llm}`),"
               f" then `CHATCHAT_ROOT={root} chatchat start -a` and use the WebUI's RAG对话 tab.")
@@ -198,4 +144,4 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(run_cli(main))

@@ -14,12 +14,13 @@ import numpy as np
 import torch
 from langchain_core.embeddings import Embeddings
 
+from .dtypes import DTYPE_NAMES
 from .loading import load_policybert
 
 logger = logging.getLogger(__name__)
 
 DEFAULT_QUERY_INSTRUCTION = "为这个句子生成表示以用于检索相关文章："
-DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+DTYPES = {name: getattr(torch, name) for name in DTYPE_NAMES}
 LONG_TEXT_MODES = ("truncate", "window")
 BF16_CPU_FLAGS = {"amx_bf16", "avx512_bf16"}
 

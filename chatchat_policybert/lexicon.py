@@ -19,6 +19,8 @@ from typing import Iterable
 import ahocorasick
 import numpy as np
 
+from .errors import InputError
+
 logger = logging.getLogger(__name__)
 
 PAD_WORD = "[PAD]"
@@ -62,7 +64,7 @@ class WordMatch:
     end: int
 
 
-class LexiconError(ValueError):
+class LexiconError(InputError):
     """A lexicon file that cannot be read as ``word,count`` lines."""
 
 

@@ -10,15 +10,13 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
-import tempfile
-from contextlib import contextmanager
 from pathlib import Path
-from typing import Iterator
 
 import torch
 from transformers import BertModel, PreTrainedModel
 
+from .errors import InputError
+from .files import atomic_path
 from .lexicon import LEXICON_FILE, LexiconError
 from .modeling import PolicyBertModel
 from .tokenization import PolicyBertTokenizer
@@ -28,7 +26,7 @@ TOKENIZER_FILES = ("tokenizer.json", "vocab.txt")
 SUPPORTED_TYPES = ("policybert", "bert")
 
 
-class ModelDirError(ValueError):
+class ModelDirError(InputError):
     """A model directory (or hub id) that cannot be used as an embedding model."""
 
 
@@ -109,28 +107,6 @@ def load_policybert(
     return model.to(device).eval(), tokenizer
 
 
-@contextmanager
-def atomic_output_dir(out: str | os.PathLike) -> Iterator[Path]:
-    """Yield a scratch directory that replaces ``out`` only when the block finishes without error.
-
-    An interrupted or failing writer leaves ``out`` as it was (absent, or the previous model).
-    """
-    out = Path(out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    scratch = Path(tempfile.mkdtemp(prefix=f".{out.name}.partial-", dir=out.parent))
-    try:
-        yield scratch
-        if out.exists():
-            old = Path(tempfile.mkdtemp(prefix=f".{out.name}.old-", dir=out.parent))
-            os.replace(out, old / out.name)
-            os.replace(scratch, out)
-            shutil.rmtree(old)
-        else:
-            os.replace(scratch, out)
-    finally:
-        shutil.rmtree(scratch, ignore_errors=True)
-
-
 def save_model_dir(
     model: PreTrainedModel,
     tokenizer: PolicyBertTokenizer,
@@ -138,7 +114,7 @@ def save_model_dir(
     extra_files: dict[str, str] | None = None,
 ) -> Path:
     """Write model (safetensors), tokenizer, lexicon and ``extra_files`` (name -> text) to ``out`` atomically."""
-    with atomic_output_dir(out) as scratch:
+    with atomic_path(out) as scratch:
         model.save_pretrained(scratch)
         tokenizer.save_pretrained(scratch)
         for name, text in (extra_files or {}).items():

@@ -23,8 +23,8 @@ from dataclasses import dataclass
 
 import torch
 from torch import nn
-from torch.nn import functional as F
 from torch.nn import CrossEntropyLoss
+from torch.nn import functional as F
 from transformers import (
     AutoConfig,
     AutoModel,
@@ -35,8 +35,8 @@ from transformers import (
 )
 from transformers import initialization as init
 from transformers.masking_utils import create_bidirectional_mask
-from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 from transformers.modeling_outputs import BaseModelOutputWithPooling, SequenceClassifierOutput
+from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 from transformers.models.bert.modeling_bert import (
     BertAttention,
     BertEmbeddings,
@@ -61,7 +61,8 @@ class PolicyBertConfig(BertConfig):
             the word stream off and the model is a plain BERT.
         num_word_layers: Transformer layers of the word stream (ZEN uses 6).
         max_words: k_w, the number of matched words kept per ``max_words_span`` characters; the
-            budget grows with the sentence so long chunks keep their word coverage.
+            budget grows with the sentence so long chunks keep their word coverage (applied by
+            :meth:`~chatchat_policybert.tokenization.PolicyBertTokenizer.word_budget`).
         max_words_span: the length the ``max_words`` budget is quoted for (128 in the thesis).
         fusion_type: ``none`` (ZEN add), ``gate`` or ``attn``.
         gate_bias_init: initial bias of the gate's Linear; 5.0 starts every gate at sigmoid(5)
@@ -99,10 +100,6 @@ class PolicyBertConfig(BertConfig):
         self.fusion_type = fusion_type
         self.gate_bias_init = gate_bias_init
         self.late_fusion = late_fusion
-
-    def word_budget(self, num_chars: int) -> int:
-        """k_w for a sentence of ``num_chars`` tokens: ``max_words`` per ``max_words_span``, at least ``max_words``."""
-        return max(self.max_words, -(-self.max_words * num_chars // self.max_words_span))
 
 
 class PolicyBertWordEmbeddings(nn.Module):

@@ -29,6 +29,9 @@ from typing import Any, Iterator, Literal, NamedTuple
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
+from .dtypes import DTYPE_CHOICES
+from .errors import InputError
+
 PLATFORM_KEY = "local_embeddings"
 DEFAULT_CLASS = "chatchat_policybert.embeddings:PolicyBertEmbeddings"
 
@@ -42,7 +45,7 @@ class LocalEmbeddingsConfig(BaseModel):
     """`module:Class` (or `module.Class`) of a LangChain `Embeddings` taking `model_name_or_path`."""
     model_path: str
     device: str = "cpu"
-    dtype: Literal["float32", "float16", "bfloat16", "auto"] = "float32"
+    dtype: Literal[*DTYPE_CHOICES] = "float32"
     batch_size: int = Field(32, ge=1, le=4096)
     batch_tokens: int = Field(4096, ge=1)
     """Padded tokens per forward pass at most: caps memory when batch_size is raised."""
@@ -88,7 +91,7 @@ class LocalPlatform(NamedTuple):
     config: LocalEmbeddingsConfig
 
 
-class SettingsError(ValueError):
+class SettingsError(InputError):
     """A settings file or platform entry that cannot be used; the message names the culprit."""
 
 

@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Iterable
 
 import torch
-from transformers import BertConfig, BertModel
+from transformers import BertConfig, BertModel, PreTrainedModel
 
 from .lexicon import Lexicon
 from .loading import save_model_dir
@@ -35,12 +35,25 @@ def tiny_config(vocab_size: int, **overrides) -> dict:
     return config
 
 
-def build_tiny_bert(out_dir: str | os.PathLike, texts: Iterable[str], seed: int = 0, **overrides) -> Path:
+def _save(model: PreTrainedModel, tokenizer: PolicyBertTokenizer, out_dir: str | os.PathLike, perturb: bool) -> Path:
+    """``perturb`` adds seeded noise (std 0.05) to every parameter, so that LayerNorms, biases and the
+    gate bias are off their init values, as in a trained model: identities that only hold at init
+    cannot hide bugs."""
+    if perturb:
+        with torch.no_grad():
+            for parameter in model.parameters():
+                parameter.add_(0.05 * torch.randn_like(parameter))
+    return save_model_dir(model, tokenizer, out_dir)
+
+
+def build_tiny_bert(
+    out_dir: str | os.PathLike, texts: Iterable[str], seed: int = 0, perturb: bool = False, **overrides
+) -> Path:
     """A random plain BERT directory (config, safetensors, tokenizer), the shape of a miniature bge."""
     tokenizer = build_char_tokenizer(texts)
     torch.manual_seed(seed)
     model = BertModel(BertConfig(**tiny_config(len(tokenizer), **overrides)))
-    return save_model_dir(model, PolicyBertTokenizer(tokenizer), out_dir)
+    return _save(model, PolicyBertTokenizer(tokenizer), out_dir, perturb)
 
 
 def build_tiny_policybert(
@@ -49,6 +62,7 @@ def build_tiny_policybert(
     lexicon: Lexicon,
     fusion: str = "attn",
     seed: int = 0,
+    perturb: bool = False,
     **overrides,
 ) -> Path:
     """A random PolicyBERT directory with ``lexicon`` (1 word layer over 2 character layers by default)."""
@@ -61,4 +75,4 @@ def build_tiny_policybert(
     torch.manual_seed(seed)
     model = PolicyBertModel(config)
     wrapped = PolicyBertTokenizer(tokenizer, lexicon, config.max_words, config.max_words_span)
-    return save_model_dir(model, wrapped, out_dir)
+    return _save(model, wrapped, out_dir, perturb)

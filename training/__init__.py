@@ -3,7 +3,7 @@
 Stages, each ``python -m training.<stage> --help``:
 
 1. ``corpus``   — clean documents, drop duplicates, split into sentences (``corpus.jsonl``).
-2. ``lexicon``  — segment the corpus (HanLP, or jieba on request) into a ``word,count`` lexicon.
+2. ``build_lexicon`` — segment the corpus (HanLP, or jieba on request) into a ``word,count`` lexicon.
 3. ``policysm`` — PolicySM-1/-2 sentence-pair TSVs from comma sub-clauses.
 4. ``pretrain`` — MLM (whole-word masking over lexicon words) + NSP pre-training, resumable.
 5. ``finetune`` — NSP sentence-pair classification on a PolicySM TSV folder.

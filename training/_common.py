@@ -1,29 +1,17 @@
-"""Small pieces every stage shares: input errors, the corpus file format, atomic writes, seeding."""
+"""Small pieces every stage shares: the corpus file format, the data licence notice, seeding."""
 
 from __future__ import annotations
 
 import json
-import os
 import random
 import shutil
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
+from chatchat_policybert.errors import InputError
+from chatchat_policybert.files import atomic_path
+
 LICENSE_NAME = "LICENSE-policy-data.txt"
-
-
-class DataError(Exception):
-    """A problem with a user's input file; the CLIs print it as one line instead of a traceback."""
-
-
-def run_cli(main: Callable[[list[str] | None], None], argv: list[str] | None = None) -> None:
-    """Calls ``main`` and turns ``DataError`` into ``error: …`` on stderr and exit code 1."""
-    try:
-        main(argv)
-    except DataError as exc:
-        raise SystemExit(f"error: {exc}") from None
 
 
 @dataclass
@@ -44,10 +32,10 @@ def write_corpus(docs: list[Document], path: Path) -> None:
 
 
 def read_corpus(path: Path) -> list[Document]:
-    """Reads ``corpus.jsonl`` written by ``training.corpus``; a corrupt or empty file is a ``DataError``."""
+    """Reads ``corpus.jsonl`` written by ``training.corpus``; a corrupt or empty file is a ``InputError``."""
     path = Path(path)
     if not path.is_file():
-        raise DataError(f"{path}: corpus file not found (run `python -m training.corpus` first)")
+        raise InputError(f"{path}: corpus file not found (run `python -m training.corpus` first)")
     docs = []
     with path.open(encoding="utf-8") as f:
         for lineno, line in enumerate(f, 1):
@@ -57,36 +45,14 @@ def read_corpus(path: Path) -> list[Document]:
                 obj = json.loads(line)
                 doc = Document(str(obj["doc_id"]), str(obj.get("title", "")), [str(s) for s in obj["sentences"]])
             except (json.JSONDecodeError, KeyError, TypeError) as exc:
-                raise DataError(
+                raise InputError(
                     f"{path}:{lineno}: not a corpus line ({exc.__class__.__name__}); "
                     'expected {"doc_id", "title", "sentences"} as written by training.corpus'
                 ) from None
             docs.append(doc)
     if not any(doc.sentences for doc in docs):
-        raise DataError(f"{path}: the corpus has no sentences")
+        raise InputError(f"{path}: the corpus has no sentences")
     return docs
-
-
-@contextmanager
-def atomic_path(path: Path) -> Iterator[Path]:
-    """Yields a temporary sibling of ``path`` that replaces ``path`` only if the block succeeds.
-
-    An interrupted stage therefore never leaves a half-written file that a later stage would read.
-    Works for files and directories.
-    """
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    try:
-        yield tmp
-        if path.is_dir() and not path.is_symlink():
-            shutil.rmtree(path)
-        os.replace(tmp, path)
-    finally:
-        if tmp.is_dir():
-            shutil.rmtree(tmp)
-        elif tmp.exists():
-            tmp.unlink()
 
 
 def copy_license(source: Path, out_dir: Path) -> None:

@@ -12,7 +12,7 @@ import torch
 from torch import nn
 from transformers import get_linear_schedule_with_warmup
 
-from training._common import atomic_path
+from chatchat_policybert.files import atomic_path
 
 PRECISIONS = ("auto", "fp32", "bf16", "fp16")
 

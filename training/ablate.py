@@ -15,15 +15,17 @@ from __future__ import annotations
 import argparse
 import random
 import statistics
+import sys
 import time
 from pathlib import Path
 
 import torch
 
+from chatchat_policybert.data import CORPUS_CSV, LEXICON
+from chatchat_policybert.errors import InputError, run_cli
 from chatchat_policybert.lexicon import Lexicon, LexiconError
 from chatchat_policybert.modeling import PolicyBertConfig, PolicyBertForPreTraining, PolicyBertForSequenceClassification
 from chatchat_policybert.tokenization import PolicyBertTokenizer, build_char_tokenizer
-from training._common import DataError, run_cli
 from training._train import write_json
 from training.corpus import build_corpus, load_documents
 from training.finetune import FinetuneConfig, finetune
@@ -33,7 +35,6 @@ from training.pretrain import PretrainConfig, pretrain
 VARIANTS = ("char", "none", "gate", "attn")
 # Thesis, bge-base backbone: Table 7 (MLM accuracy) and Table 8 (PolicySM-1 NSP accuracy).
 THESIS = {"none": (0.7837, 0.9236), "gate": (0.7924, 0.9311), "attn": (0.8029, 0.9272)}
-DATA = Path(__file__).resolve().parents[1].parent / "shared" / "data"
 
 
 def small_config(vocab_size: int, word_vocab_size: int, variant: str, args: argparse.Namespace) -> PolicyBertConfig:
@@ -79,9 +80,9 @@ def markdown(table: dict, seeds: int) -> str:
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="python -m training.ablate", description=__doc__.split("\n\n")[0])
-    parser.add_argument("--input", type=Path, default=DATA / "policy_corpus" / "Policys_cleaned.csv", help="policy CSV or folder")
+    parser.add_argument("--input", type=Path, default=CORPUS_CSV, help="policy CSV or folder")
     parser.add_argument(
-        "--lexicon", type=Path, default=DATA / "lexicon" / "words_list_checked.txt", help="word,count lexicon (default: the thesis's)"
+        "--lexicon", type=Path, default=LEXICON, help="word,count lexicon (default: the thesis's)"
     )
     parser.add_argument("--out", type=Path, default=Path("runs/ablate"), help="results.json, results.md and per-run metrics")
     parser.add_argument("--variants", nargs="+", choices=VARIANTS, default=list(VARIANTS))
@@ -113,7 +114,7 @@ def main(argv: list[str] | None = None) -> None:
     try:
         lexicon = Lexicon.load(args.lexicon)
     except LexiconError as exc:
-        raise DataError(str(exc)) from None
+        raise InputError(str(exc)) from None
     table = clause_table(docs)
     positives = positive_pairs(table)
     policysm1 = build_dataset(positives, policysm1_negatives(table, positives, seed=42), seed=42, dev=0.05, test=0.1)
@@ -186,4 +187,4 @@ def main(argv: list[str] | None = None) -> None:
 
 
 if __name__ == "__main__":
-    run_cli(main)
+    sys.exit(run_cli(main))

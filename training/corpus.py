@@ -7,7 +7,7 @@ same law several times under different citation numbers). Sentences end at ``。
 shorter than ``--min-chars`` characters are dropped. Comma sub-clauses (``split_clauses``) are what
 PolicySM pairs up later.
 
-    python -m training.corpus --input ../shared/data/policy_corpus/Policys_cleaned.csv --out runs/corpus
+    python -m training.corpus --input chatchat_policybert/data/policy_corpus/Policys_cleaned.csv --out runs/corpus
 """
 
 from __future__ import annotations
@@ -16,6 +16,7 @@ import argparse
 import hashlib
 import json
 import re
+import sys
 import unicodedata
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -23,7 +24,9 @@ from pathlib import Path
 import pandas as pd
 from tqdm import tqdm
 
-from training._common import DataError, Document, atomic_path, copy_license, run_cli, write_corpus
+from chatchat_policybert.errors import InputError, run_cli
+from chatchat_policybert.files import atomic_path
+from training._common import Document, copy_license, write_corpus
 
 SENTENCE_END = "。！？；"
 CLOSING_QUOTES = "”’」』"
@@ -157,29 +160,29 @@ def load_documents(path: Path) -> list[RawDocument]:
         files = sorted(p for p in path.rglob("*") if p.suffix.lower() in (".txt", ".md") and p.is_file())
         files = [p for p in files if not p.name.startswith("LICENSE")]
         if not files:
-            raise DataError(f"{path}: no .txt or .md files in this folder")
+            raise InputError(f"{path}: no .txt or .md files in this folder")
         docs = []
         for file in files:
             try:
                 text = file.read_text(encoding="utf-8")
             except UnicodeDecodeError as exc:
-                raise DataError(f"{file}: not UTF-8 text ({exc.reason} at byte {exc.start})") from None
+                raise InputError(f"{file}: not UTF-8 text ({exc.reason} at byte {exc.start})") from None
             if file.suffix.lower() == ".md":
                 text = _read_markdown(text)
             docs.append(RawDocument(str(file.relative_to(path)), file.stem, text))
         return docs
     if not path.is_file():
-        raise DataError(f"{path}: no such file or folder")
+        raise InputError(f"{path}: no such file or folder")
     try:
         frame = pd.read_csv(path, dtype=str, keep_default_na=False)
     except pd.errors.EmptyDataError:
-        raise DataError(f"{path}: the CSV file is empty") from None
+        raise InputError(f"{path}: the CSV file is empty") from None
     except (pd.errors.ParserError, UnicodeDecodeError) as exc:
-        raise DataError(f"{path}: not a readable UTF-8 CSV ({str(exc).splitlines()[0]})") from None
+        raise InputError(f"{path}: not a readable UTF-8 CSV ({str(exc).splitlines()[0]})") from None
     if "contentText" not in frame.columns:
-        raise DataError(f"{path}: expected a 'contentText' column, found {list(frame.columns)}")
+        raise InputError(f"{path}: expected a 'contentText' column, found {list(frame.columns)}")
     if frame.empty:
-        raise DataError(f"{path}: the CSV has a header but no documents")
+        raise InputError(f"{path}: the CSV has a header but no documents")
     titles = frame["title"] if "title" in frame.columns else [""] * len(frame)
     return [RawDocument(str(i), " ".join(str(t).split()), str(text)) for i, (t, text) in enumerate(zip(titles, frame["contentText"]))]
 
@@ -215,7 +218,7 @@ def build_corpus(raw_docs: list[RawDocument], min_chars: int = 10) -> tuple[list
             continue
         docs.append(Document(raw.doc_id, raw.title, sentences))
     if not docs:
-        raise DataError(f"no sentence of at least {min_chars} characters in {len(raw_docs)} document(s)")
+        raise InputError(f"no sentence of at least {min_chars} characters in {len(raw_docs)} document(s)")
     sentences = [s for doc in docs for s in doc.sentences]
     clauses = [c for s in sentences for c in split_clauses(s)]
     characters = sum(len(s) for s in sentences)
@@ -255,4 +258,4 @@ def main(argv: list[str] | None = None) -> None:
 
 
 if __name__ == "__main__":
-    run_cli(main)
+    sys.exit(run_cli(main))

@@ -13,17 +13,28 @@ from __future__ import annotations
 
 import argparse
 import math
+import sys
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import torch
 from tqdm import tqdm
 
+from chatchat_policybert.errors import InputError, run_cli
 from chatchat_policybert.loading import ModelDirError, read_config, save_model_dir
 from chatchat_policybert.modeling import PolicyBertForSequenceClassification
 from chatchat_policybert.tokenization import PolicyBertTokenizer
-from training._common import DataError, run_cli, seed_everything
-from training._train import TrainConfig, add_train_arguments, autocast, make_optimizer, optimizer_step, pick_device, pick_precision, write_json
+from training._common import seed_everything
+from training._train import (
+    TrainConfig,
+    add_train_arguments,
+    autocast,
+    make_optimizer,
+    optimizer_step,
+    pick_device,
+    pick_precision,
+    write_json,
+)
 from training.policysm import Example, read_pairs
 
 
@@ -133,9 +144,9 @@ def main(argv: list[str] | None = None) -> None:
     try:
         config = read_config(model_dir)
     except ModelDirError as exc:
-        raise DataError(str(exc)) from None
+        raise InputError(str(exc)) from None
     if config["model_type"] != "policybert":
-        raise DataError(f"{model_dir}: model_type {config['model_type']!r}; fine-tuning needs a PolicyBERT dir")
+        raise InputError(f"{model_dir}: model_type {config['model_type']!r}; fine-tuning needs a PolicyBERT dir")
     model = PolicyBertForSequenceClassification.from_pretrained(model_dir, num_labels=2)
     tokenizer = PolicyBertTokenizer.from_pretrained(model_dir)
     metrics = finetune(model, tokenizer, splits, cfg, out)
@@ -144,4 +155,4 @@ def main(argv: list[str] | None = None) -> None:
 
 
 if __name__ == "__main__":
-    run_cli(main)
+    sys.exit(run_cli(main))

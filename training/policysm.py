@@ -6,7 +6,7 @@ not adjacent. PolicySM-2 adds 5·|P| harder negatives: clauses of two sentences 
 in the same document (same topic, wrong neighbour). Pairs are de-duplicated, a pair never carries
 both labels, and the train/dev/test split is made over unordered pairs so that neither (A, B) nor
 (B, A) of a test pair is ever trained on. Files are ``sentence_a \\t sentence_b \\t label \\t id``
-without a header, like ``../shared/data/policy_sm/dev.tsv``.
+without a header, like ``chatchat_policybert/data/policy_sm/dev.tsv``.
 
     python -m training.policysm --corpus runs/corpus/corpus.jsonl --out runs/policysm
 """
@@ -22,7 +22,9 @@ from pathlib import Path
 
 from tqdm import tqdm
 
-from training._common import DataError, Document, atomic_path, copy_license, read_corpus, run_cli
+from chatchat_policybert.errors import InputError, run_cli
+from chatchat_policybert.files import atomic_path
+from training._common import Document, copy_license, read_corpus
 from training.corpus import split_clauses
 
 SPLITS = ("train", "dev", "test")
@@ -73,7 +75,7 @@ def _sample_unique(
         while len(out) < count:
             attempts += 1
             if attempts > 50 * count + 1000:
-                raise DataError(
+                raise InputError(
                     f"only {len(out)} of {count} {what} could be drawn: the corpus is too small for this dataset"
                 )
             pair = draw(rng)
@@ -92,7 +94,7 @@ def policysm1_negatives(table: list[list[list[str]]], positives: list[Pair], see
     swappable = [(b, a) for a, b in positives if (b, a) not in adjacent]
     n_swap = round(swap_share * len(positives))
     if n_swap > len(swappable):
-        raise DataError(f"only {len(swappable)} positives can be swapped, {n_swap} needed")
+        raise InputError(f"only {len(swappable)} positives can be swapped, {n_swap} needed")
     swapped = rng.sample(swappable, n_swap)
     pool = [c for doc in table for clauses in doc for c in clauses if c]
     # Swapped pairs are adjacent in reverse and must not be drawn again as random pairs.
@@ -161,14 +163,14 @@ def write_splits(splits: dict[str, list[Example]], out_dir: Path) -> None:
 
 
 def read_pairs(path: Path) -> list[Example]:
-    """Reads a PolicySM TSV (``a \\t b \\t label [\\t id]``); malformed lines are a ``DataError``.
+    """Reads a PolicySM TSV (``a \\t b \\t label [\\t id]``); malformed lines are a ``InputError``.
 
     Pairs with an empty side are skipped with a note on stderr: the reference ``dev.tsv`` has four
     such rows (labelled positive), and nothing can be learnt from them.
     """
     path = Path(path)
     if not path.is_file():
-        raise DataError(f"{path}: file not found")
+        raise InputError(f"{path}: file not found")
     examples, empty = [], 0
     with path.open(encoding="utf-8") as f:
         for lineno, line in enumerate(f, 1):
@@ -177,7 +179,7 @@ def read_pairs(path: Path) -> list[Example]:
                 continue
             fields = line.split("\t")
             if len(fields) not in (3, 4) or fields[2] not in ("0", "1"):
-                raise DataError(f"{path}:{lineno}: expected 'sentence_a<TAB>sentence_b<TAB>0|1<TAB>id', got {line[:60]!r}")
+                raise InputError(f"{path}:{lineno}: expected 'sentence_a<TAB>sentence_b<TAB>0|1<TAB>id', got {line[:60]!r}")
             if not fields[0].strip() or not fields[1].strip():
                 empty += 1
                 continue
@@ -185,7 +187,7 @@ def read_pairs(path: Path) -> list[Example]:
     if empty:
         print(f"{path}: skipped {empty} pair(s) with an empty sentence", file=sys.stderr)
     if not examples:
-        raise DataError(f"{path}: no sentence pairs in this file")
+        raise InputError(f"{path}: no sentence pairs in this file")
     return examples
 
 
@@ -206,7 +208,7 @@ def main(argv: list[str] | None = None) -> None:
     table = clause_table(read_corpus(args.corpus), args.min_clause_chars)
     positives = positive_pairs(table)
     if not positives:
-        raise DataError(f"{args.corpus}: no sentence has two comma sub-clauses; no positive pair")
+        raise InputError(f"{args.corpus}: no sentence has two comma sub-clauses; no positive pair")
     datasets = {
         "policysm1": build_dataset(positives, policysm1_negatives(table, positives, args.seed), args.seed, args.dev, args.test),
         "policysm2": build_dataset(positives, policysm2_negatives(table, positives, args.seed), args.seed, args.dev, args.test),
@@ -223,4 +225,4 @@ def main(argv: list[str] | None = None) -> None:
 
 
 if __name__ == "__main__":
-    run_cli(main)
+    sys.exit(run_cli(main))

@@ -18,17 +18,29 @@ from __future__ import annotations
 import argparse
 import math
 import random
+import sys
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import torch
 from tqdm import tqdm
 
+from chatchat_policybert.errors import InputError, run_cli
+from chatchat_policybert.files import atomic_path
 from chatchat_policybert.loading import ModelDirError, read_config, save_model_dir
 from chatchat_policybert.modeling import PolicyBertForPreTraining
 from chatchat_policybert.tokenization import PolicyBertTokenizer
-from training._common import DataError, Document, atomic_path, read_corpus, run_cli, seed_everything
-from training._train import TrainConfig, add_train_arguments, autocast, make_optimizer, optimizer_step, pick_device, pick_precision, write_json
+from training._common import Document, read_corpus, seed_everything
+from training._train import (
+    TrainConfig,
+    add_train_arguments,
+    autocast,
+    make_optimizer,
+    optimizer_step,
+    pick_device,
+    pick_precision,
+    write_json,
+)
 
 IS_NEXT, IS_RANDOM = 0, 1  # BERT's (and PolicyBertForPreTraining's) next_sentence_label convention
 # Settings a resumed run may change: they do not alter the training trajectory.
@@ -66,7 +78,7 @@ def split_documents(docs: list[Document], eval_fraction: float, seed: int) -> tu
     """Holds out whole documents (at least two, for random NSP partners) with ≥ ``eval_fraction`` of the sentences."""
     usable = [doc for doc in docs if len(doc.sentences) >= 2]
     if len(usable) < 4:
-        raise DataError(f"pre-training needs at least 4 documents with two sentences, the corpus has {len(usable)}")
+        raise InputError(f"pre-training needs at least 4 documents with two sentences, the corpus has {len(usable)}")
     order = list(usable)
     random.Random(f"{seed}-heldout").shuffle(order)
     target = eval_fraction * sum(len(doc.sentences) for doc in usable)
@@ -246,7 +258,7 @@ def pretrain(
 ) -> tuple[list[dict], bool]:
     """Trains in place; returns the per-epoch metrics (also in ``out_dir/metrics.json``) and whether all steps ran."""
     if cfg.batch_size % cfg.grad_accum:
-        raise DataError(f"--batch-size {cfg.batch_size} is not a multiple of --grad-accum {cfg.grad_accum}")
+        raise InputError(f"--batch-size {cfg.batch_size} is not a multiple of --grad-accum {cfg.grad_accum}")
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     seed_everything(cfg.seed)
@@ -265,17 +277,17 @@ def pretrain(
     checkpoint = out_dir / "checkpoint.pt"
     if resume:
         if not checkpoint.is_file():
-            raise DataError(f"{checkpoint}: no checkpoint to resume from")
+            raise InputError(f"{checkpoint}: no checkpoint to resume from")
         try:
             saved = torch.load(checkpoint, map_location=device, weights_only=True)
         except Exception as exc:  # torch reports a truncated or foreign file as many different errors
-            raise DataError(f"{checkpoint}: not a readable checkpoint ({exc.__class__.__name__}); delete it to start over") from None
+            raise InputError(f"{checkpoint}: not a readable checkpoint ({exc.__class__.__name__}); delete it to start over") from None
         changed = {
             k: (v, saved["config"].get(k)) for k, v in asdict(cfg).items() if k not in RESUMABLE and saved["config"].get(k) != v
         }
         if changed:
             shown = ", ".join(f"{k} {old!r} -> {new!r}" for k, (new, old) in changed.items())
-            raise DataError(f"{checkpoint}: was written with other settings ({shown}); resume with the same ones")
+            raise InputError(f"{checkpoint}: was written with other settings ({shown}); resume with the same ones")
         model.load_state_dict(saved["model"])
         optimizer.load_state_dict(saved["optimizer"])
         scheduler.load_state_dict(saved["scheduler"])
@@ -344,9 +356,9 @@ def load_model(path: Path) -> tuple[PolicyBertForPreTraining, PolicyBertTokenize
     try:
         config = read_config(Path(path))
     except ModelDirError as exc:
-        raise DataError(str(exc)) from None
+        raise InputError(str(exc)) from None
     if config["model_type"] != "policybert":
-        raise DataError(f"{path}: model_type {config['model_type']!r}; build a PolicyBERT dir first with training.merge_bge")
+        raise InputError(f"{path}: model_type {config['model_type']!r}; build a PolicyBERT dir first with training.merge_bge")
     return PolicyBertForPreTraining.from_pretrained(path), PolicyBertTokenizer.from_pretrained(path)
 
 
@@ -378,4 +390,4 @@ def main(argv: list[str] | None = None) -> None:
 
 
 if __name__ == "__main__":
-    run_cli(main)
+    sys.exit(run_cli(main))

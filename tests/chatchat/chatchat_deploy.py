@@ -15,8 +15,6 @@ import pytest
 import requests
 from ollama_standin import OllamaStandIn
 
-from chatchat_policybert.demo import chatchat_env
-
 BIN = Path(sys.executable).parent
 KB_NAME = "WeiMingPolicies"
 EMBED_MODEL = "policybert"

@@ -18,7 +18,6 @@ from chatchat_deploy import (
     MAX_DOC_CHARS,
     N_DOCUMENTS,
     Deployment,
-    chatchat_env,
     free_port,
     run,
     stop_group,
@@ -26,12 +25,13 @@ from chatchat_deploy import (
 )
 from ollama_standin import OllamaStandIn
 
+from chatchat_policybert.chatchat_root import chatchat_env
 from chatchat_policybert.corpus import PolicyDocument, read_policies
 
 
 @pytest.fixture(scope="session")
-def policies(shared_data_dir: Path) -> list[PolicyDocument]:
-    documents = read_policies(shared_data_dir / "policy_corpus" / "Policys_cleaned.csv")[:N_DOCUMENTS]
+def policies(data_dir: Path) -> list[PolicyDocument]:
+    documents = read_policies(data_dir / "policy_corpus" / "Policys_cleaned.csv")[:N_DOCUMENTS]
     return [PolicyDocument(d.title, d.pubtime, d.channel, d.content[:MAX_DOC_CHARS]) for d in documents]
 
 
@@ -49,12 +49,12 @@ def standin():
 
 
 @pytest.fixture(scope="session")
-def deployment(tmp_path_factory, tiny_model: Path, shared_data_dir: Path, standin: OllamaStandIn) -> Deployment:
+def deployment(tmp_path_factory, tiny_model: Path, standin: OllamaStandIn) -> Deployment:
     """The README's main job (`python -m chatchat_policybert.demo`) on a few short policies."""
     root = tmp_path_factory.mktemp("chatchat_root")
     env = chatchat_env(root)
     demo = run([str(BIN / "python"), "-m", "chatchat_policybert.demo", "--root", str(root), "--model", str(tiny_model),
-                "--data", str(shared_data_dir), "--docs", str(N_DOCUMENTS), "--max-doc-chars", str(MAX_DOC_CHARS),
+                "--docs", str(N_DOCUMENTS), "--max-doc-chars", str(MAX_DOC_CHARS),
                 "--ollama-url", standin.url], env)
     deployment = Deployment(root, tiny_model, env, free_port(), free_port(), standin, demo_log=demo.stdout + demo.stderr)
     assert demo.returncode == 0, deployment.demo_log[-5000:]

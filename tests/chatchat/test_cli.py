@@ -79,6 +79,7 @@ def test_setup_merges_settings_and_keeps_comments(tmp_path: Path, tiny_model: Pa
 def test_setup_before_chatchat_init_says_what_to_run(tmp_path: Path):
     result = cli("setup", "--root", str(tmp_path))
     assert result.returncode == 2 and "chatchat init" in result.stderr
+    assert result.stderr.startswith("error: ") and result.stderr.count("\n") == 1, "one line, no traceback"
 
 
 def test_doctor_passes_on_the_deployment(deployment: Deployment, standin):

@@ -107,13 +107,31 @@ def test_hook_serves_policybert_in_every_chatchat_process(fresh_venv: Path, depl
 
 
 def test_console_script_and_packaged_settings(fresh_venv: Path, deployment: Deployment):
-    for args in (["--help"], ["setup", "--help"], ["doctor", "--help"], ["serve", "--help"]):
+    for args in (["--help"], ["setup", "--help"], ["doctor", "--help"], ["serve", "--help"], ["eval", "--help"]):
         result = run([str(fresh_venv / "bin" / "chatchat-policybert"), *args], deployment.env, timeout=60)
         assert result.returncode == 0 and "usage:" in result.stdout, result.stderr
     where = run([str(fresh_venv / "bin" / "python"), "-c",
                  "from chatchat_policybert.cli import shipped_settings_dir; print(shipped_settings_dir())"],
                 deployment.env, timeout=60)
     assert Path(where.stdout.strip()).is_relative_to(site_packages(fresh_venv))
+
+
+def test_wheel_ships_its_data_and_evaluates_outside_the_repository(fresh_venv: Path, deployment: Deployment,
+                                                                     tmp_path: Path):
+    """`pip install` of the wheel alone runs `eval` on the shipped corpus and questions, from any folder."""
+    data = site_packages(fresh_venv) / "chatchat_policybert" / "data"
+    for name in ("LICENSE-policy-data.txt", "policy_corpus/Policys_cleaned.csv", "lexicon/words_list_checked.txt",
+                 "lexicon/stopword.txt", "policy_sm/dev.tsv", "policy_questions.jsonl"):
+        assert (data / name).is_file(), name
+    env = {**deployment.env, "PYTHONPATH": ""}
+    env.pop("CHATCHAT_ROOT")
+    result = subprocess.run([str(fresh_venv / "bin" / "chatchat-policybert"), "eval", "--retrievers", "bm25",
+                             "--limit", "3", "--work-dir", str(tmp_path / "root"), "--out", str(tmp_path / "eval.json")],
+                            env=env, cwd=tmp_path, capture_output=True, text=True, timeout=600)
+    assert result.returncode == 0, result.stderr[-4000:]
+    report = json.loads((tmp_path / "eval.json").read_text(encoding="utf-8"))
+    assert report["queries"] == 3 and set(report["results"]) == {"bm25"}
+    assert 0.0 < report["results"]["bm25"]["metrics"]["R@10"] <= 1.0
 
 
 def test_uninstall_removes_the_hook_quietly(fresh_venv: Path):

@@ -10,7 +10,7 @@ import pytest
 import torch
 from transformers import BertModel
 
-from chatchat_policybert.loading import ModelDirError, atomic_output_dir, load_policybert, save_model_dir
+from chatchat_policybert.loading import ModelDirError, load_policybert, save_model_dir
 from chatchat_policybert.modeling import PolicyBertModel
 
 
@@ -165,54 +165,8 @@ def test_hub_id_offline_says_pass_a_local_directory(monkeypatch, tmp_path):
     assert "local directory" in message
 
 
-# --------------------------------------------------------------------------- atomic_output_dir
-
-
 def leftovers(parent: Path, name: str) -> list[str]:
     return sorted(p.name for p in parent.iterdir() if p.name != name)
-
-
-def test_atomic_output_dir_creates_and_replaces(tmp_path):
-    out = tmp_path / "model"
-    with atomic_output_dir(out) as scratch:
-        assert scratch != out and scratch.parent == tmp_path
-        (scratch / "a.txt").write_text("one", encoding="utf-8")
-        assert not out.exists(), "nothing visible before the block finishes"
-    assert (out / "a.txt").read_text(encoding="utf-8") == "one"
-    with atomic_output_dir(out) as scratch:
-        (scratch / "b.txt").write_text("two", encoding="utf-8")
-        assert (out / "a.txt").exists(), "the previous output stays until the end"
-    assert sorted(p.name for p in out.iterdir()) == ["b.txt"]
-    assert leftovers(tmp_path, "model") == []
-
-
-def test_failure_inside_block_keeps_previous_output(tmp_path):
-    out = tmp_path / "model"
-    out.mkdir()
-    (out / "config.json").write_text('{"old": true}', encoding="utf-8")
-    (out / "sub").mkdir()
-    (out / "sub" / "x.bin").write_bytes(b"\x00\x01")
-    before = {p.relative_to(out): p.read_bytes() for p in out.rglob("*") if p.is_file()}
-
-    with pytest.raises(RuntimeError, match="boom"):
-        with atomic_output_dir(out) as scratch:
-            (scratch / "config.json").write_text('{"new": true}', encoding="utf-8")
-            (scratch / "model.safetensors").write_bytes(b"half")
-            raise RuntimeError("boom")
-
-    after = {p.relative_to(out): p.read_bytes() for p in out.rglob("*") if p.is_file()}
-    assert after == before
-    assert leftovers(tmp_path, "model") == [], "no partial or backup directory left behind"
-
-
-def test_failure_without_previous_output_leaves_nothing(tmp_path):
-    out = tmp_path / "nested" / "model"
-    with pytest.raises(KeyboardInterrupt):
-        with atomic_output_dir(out) as scratch:
-            (scratch / "partial").write_text("x", encoding="utf-8")
-            raise KeyboardInterrupt
-    assert not out.exists()
-    assert list(out.parent.iterdir()) == []
 
 
 def test_save_model_dir_failure_keeps_previous_model(tiny_model_dir, tmp_path, policy_sentences):
@@ -224,6 +178,7 @@ def test_save_model_dir_failure_keeps_previous_model(tiny_model_dir, tmp_path, p
 
     class Unsaveable(torch.nn.Module):
         def save_pretrained(self, path):
+            Path(path).mkdir()  # as transformers' save_pretrained does
             (Path(path) / "model.safetensors").write_bytes(b"partial")
             raise OSError("disk full")
 

@@ -27,12 +27,12 @@ def small_csv_facts() -> dict[str, int]:
 
 
 @pytest.fixture(scope="session")
-def small_csv(tmp_path_factory, shared_data_dir) -> Path:
-    frame = pd.read_csv(shared_data_dir / "policy_corpus" / "Policys_cleaned.csv", dtype=str, keep_default_na=False)
+def small_csv(tmp_path_factory, data_dir) -> Path:
+    frame = pd.read_csv(data_dir / "policy_corpus" / "Policys_cleaned.csv", dtype=str, keep_default_na=False)
     out = tmp_path_factory.mktemp("policy") / "policy_corpus" / "small.csv"
     out.parent.mkdir()
     frame.iloc[ROWS].to_csv(out, index=False)
-    shutil.copyfile(shared_data_dir / "LICENSE-policy-data.txt", out.parent.parent / "LICENSE-policy-data.txt")
+    shutil.copyfile(data_dir / "LICENSE-policy-data.txt", out.parent.parent / "LICENSE-policy-data.txt")
     return out
 
 

@@ -8,31 +8,31 @@ import sys
 
 import pytest
 
+from chatchat_policybert.errors import EXIT_INPUT_ERROR, InputError
 from chatchat_policybert.lexicon import Lexicon
-from training import lexicon
-from training._common import DataError
+from training import build_lexicon
 
 
 @pytest.fixture(scope="module")
-def built(tmp_path_factory, corpus_dir, shared_data_dir):
+def built(tmp_path_factory, corpus_dir, data_dir):
     out = tmp_path_factory.mktemp("lexicon")
-    lexicon.main(
+    build_lexicon.main(
         [
             "--corpus", str(corpus_dir / "corpus.jsonl"),
             "--out", str(out),
-            "--stopwords", str(shared_data_dir / "lexicon" / "stopword.txt"),
+            "--stopwords", str(data_dir / "lexicon" / "stopword.txt"),
             "--segmenter", "jieba",
             "--min-count", "3",
-            "--reference", str(shared_data_dir / "lexicon" / "words_list_checked.txt"),
+            "--reference", str(data_dir / "lexicon" / "words_list_checked.txt"),
         ]
     )  # fmt: skip
     return out
 
 
-def test_words_obey_the_thesis_filters(built, corpus_docs, shared_data_dir):
+def test_words_obey_the_thesis_filters(built, corpus_docs, data_dir):
     lines = (built / "lexicon.txt").read_text(encoding="utf-8").splitlines()
     pairs = [(w, int(c)) for w, c in (line.rsplit(",", 1) for line in lines)]
-    stopwords = set(lexicon.read_word_list(shared_data_dir / "lexicon" / "stopword.txt"))
+    stopwords = set(build_lexicon.read_word_list(data_dir / "lexicon" / "stopword.txt"))
     text = "".join(s for doc in corpus_docs for s in doc.sentences)
     assert len(pairs) > 100
     assert [c for _, c in pairs] == sorted((c for _, c in pairs), reverse=True)
@@ -44,10 +44,10 @@ def test_words_obey_the_thesis_filters(built, corpus_docs, shared_data_dir):
     assert len(Lexicon.load(built / "lexicon.txt")) == len(pairs) + 1
 
 
-def test_overlap_report_matches_the_files(built, shared_data_dir):
+def test_overlap_report_matches_the_files(built, data_dir):
     stats = json.loads((built / "lexicon_stats.json").read_text(encoding="utf-8"))["overlap"]
     ours = {line.rsplit(",", 1)[0] for line in (built / "lexicon.txt").read_text(encoding="utf-8").splitlines()}
-    reference = set(lexicon.read_word_list(shared_data_dir / "lexicon" / "words_list_checked.txt"))
+    reference = set(build_lexicon.read_word_list(data_dir / "lexicon" / "words_list_checked.txt"))
     assert "数据" in reference and "数 据" not in reference  # inner spaces are normalised away
     shared = len(ours & reference)
     assert stats["shared"] == shared and stats["reference_words"] == len(reference)
@@ -57,26 +57,26 @@ def test_overlap_report_matches_the_files(built, shared_data_dir):
     assert stats["precision"] > 0.5
 
 
-def test_missing_hanlp_model_is_a_clear_error(tmp_path, corpus_dir, shared_data_dir):
+def test_missing_hanlp_model_is_a_clear_error(tmp_path, corpus_dir, data_dir):
     argv = ["--corpus", str(corpus_dir / "corpus.jsonl"), "--out", str(tmp_path / "out")]
-    argv += ["--stopwords", str(shared_data_dir / "lexicon" / "stopword.txt")]
-    with pytest.raises(DataError, match=r"--segmenter jieba"):
-        lexicon.main([*argv, "--hanlp-model", str(tmp_path / "no-such-model")])
+    argv += ["--stopwords", str(data_dir / "lexicon" / "stopword.txt")]
+    with pytest.raises(InputError, match=r"--segmenter jieba"):
+        build_lexicon.main([*argv, "--hanlp-model", str(tmp_path / "no-such-model")])
     # A folder that is not a HanLP model gets as far as hanlp.load, which refuses it.
     (tmp_path / "empty-model").mkdir()
-    with pytest.raises(DataError, match=r"could not load HanLP model .*config\.json.*--segmenter jieba"):
-        lexicon.main([*argv, "--hanlp-model", str(tmp_path / "empty-model")])
+    with pytest.raises(InputError, match=r"could not load HanLP model .*config\.json.*--segmenter jieba"):
+        build_lexicon.main([*argv, "--hanlp-model", str(tmp_path / "empty-model")])
     # Never a silent fallback: nothing was written.
     assert not (tmp_path / "out" / "lexicon.txt").exists()
 
 
-def test_cli_reports_a_corrupt_corpus_in_one_line(tmp_path, shared_data_dir):
+def test_cli_reports_a_corrupt_corpus_in_one_line(tmp_path, data_dir):
     (tmp_path / "corpus.jsonl").write_text('{"doc_id": "1", "sentences": ["完整的句子。"]}\n{"doc_id": 2, oops\n', encoding="utf-8")
     result = subprocess.run(
-        [sys.executable, "-m", "training.lexicon", "--corpus", str(tmp_path / "corpus.jsonl"), "--out", str(tmp_path),
-         "--stopwords", str(shared_data_dir / "lexicon" / "stopword.txt"), "--segmenter", "jieba"],
+        [sys.executable, "-m", "training.build_lexicon", "--corpus", str(tmp_path / "corpus.jsonl"), "--out", str(tmp_path),
+         "--stopwords", str(data_dir / "lexicon" / "stopword.txt"), "--segmenter", "jieba"],
         capture_output=True, text=True,
     )  # fmt: skip
-    assert result.returncode == 1
+    assert result.returncode == EXIT_INPUT_ERROR
     assert result.stderr.strip().splitlines()[-1].startswith(f"error: {tmp_path / 'corpus.jsonl'}:2: not a corpus line")
     assert "Traceback" not in result.stderr

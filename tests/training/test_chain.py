@@ -9,12 +9,12 @@ import json
 import pytest
 import torch
 
+from chatchat_policybert.errors import InputError
 from chatchat_policybert.loading import load_policybert
 from chatchat_policybert.modeling import PolicyBertForSequenceClassification
-from training import finetune, lexicon, merge_bge, pretrain
-from training._common import DataError
+from training import build_lexicon, finetune, merge_bge, pretrain
 
-STAGES = ["corpus", "lexicon", "policysm", "pretrain", "finetune", "merge_bge", "ablate"]
+STAGES = ["corpus", "build_lexicon", "policysm", "pretrain", "finetune", "merge_bge", "ablate"]
 
 
 @pytest.mark.parametrize("stage", STAGES)
@@ -25,10 +25,10 @@ def test_every_stage_has_help(stage, capsys):
     assert "usage: python -m training." in capsys.readouterr().out
 
 
-def test_chain_into_a_merged_model(tmp_path, corpus_dir, policysm_dir, shared_data_dir, tiny_model_dir):
-    lexicon.main(
+def test_chain_into_a_merged_model(tmp_path, corpus_dir, policysm_dir, data_dir, tiny_model_dir):
+    build_lexicon.main(
         ["--corpus", str(corpus_dir / "corpus.jsonl"), "--out", str(tmp_path / "lexicon"), "--segmenter", "jieba",
-         "--stopwords", str(shared_data_dir / "lexicon" / "stopword.txt"), "--min-count", "3"]
+         "--stopwords", str(data_dir / "lexicon" / "stopword.txt"), "--min-count", "3"]
     )  # fmt: skip
     bge = tiny_model_dir(None)  # a miniature bge: plain BERT, same character vocabulary
     assert merge_bge.main(
@@ -65,5 +65,5 @@ def test_finetune_rejects_corrupt_data(tmp_path, tiny_model_dir):
         (tmp_path / f"{split}.tsv").write_text("一句话\t另一句话\t1\t0\n", encoding="utf-8")
     (tmp_path / "dev.tsv").write_text("一句话\t另一句话\tyes\t0\n", encoding="utf-8")
     argv = ["--model", str(tiny_model_dir("none")), "--data", str(tmp_path), "--out", str(tmp_path / "out")]
-    with pytest.raises(DataError, match=r"dev\.tsv:1: expected"):
+    with pytest.raises(InputError, match=r"dev\.tsv:1: expected"):
         finetune.main(argv)

@@ -9,8 +9,8 @@ import sys
 
 import pytest
 
+from chatchat_policybert.errors import EXIT_INPUT_ERROR, InputError
 from training import corpus
-from training._common import DataError
 from training.corpus import SENTENCE_END, clean_text, split_clauses, split_sentences
 
 
@@ -86,7 +86,7 @@ def test_folder_of_text_and_markdown(tmp_path, policy_sentences):
 def test_bad_csv_is_one_clear_line(tmp_path, content, message):
     path = tmp_path / "in.csv"
     path.write_text(content, encoding="utf-8")
-    with pytest.raises(DataError, match=message):
+    with pytest.raises(InputError, match=message):
         corpus.build_corpus(corpus.load_documents(path))
 
 
@@ -97,7 +97,7 @@ def test_cli_error_has_no_traceback(tmp_path):
         capture_output=True,
         text=True,
     )
-    assert result.returncode == 1
+    assert result.returncode == EXIT_INPUT_ERROR
     assert result.stderr.strip().startswith("error: ") and "Traceback" not in result.stderr
     assert len(result.stderr.strip().splitlines()) == 1
     assert not (tmp_path / "out" / "corpus.jsonl").exists()

@@ -7,8 +7,8 @@ from collections import defaultdict
 
 import pytest
 
+from chatchat_policybert.errors import InputError
 from training import policysm
-from training._common import DataError
 from training.policysm import SPLITS, clause_table, positive_pairs, read_pairs
 
 
@@ -85,16 +85,16 @@ def test_same_seed_same_files_other_seed_other_split(tmp_path, corpus_dir, polic
             assert (tmp_path / "other" / name / f"{split}.tsv").read_bytes() != mine
 
 
-def test_reads_the_reference_format_and_rejects_corrupt_lines(tmp_path, shared_data_dir, capsys):
-    path = shared_data_dir / "policy_sm" / "dev.tsv"
+def test_reads_the_reference_format_and_rejects_corrupt_lines(tmp_path, data_dir, capsys):
+    path = data_dir / "policy_sm" / "dev.tsv"
     rows = [line.split("\t") for line in path.read_text(encoding="utf-8").splitlines()]
     with_text = [r for r in rows if r[0].strip() and r[1].strip()]
     reference = read_pairs(path)
     assert [(ex.a, ex.b, str(ex.label)) for ex in reference] == [tuple(r[:3]) for r in with_text]
     assert f"skipped {len(rows) - len(with_text)} pair(s) with an empty sentence" in capsys.readouterr().err
     (tmp_path / "bad.tsv").write_text("甲\t乙\t1\t0\n只有一列\n", encoding="utf-8")
-    with pytest.raises(DataError, match=r"bad\.tsv:2: expected"):
+    with pytest.raises(InputError, match=r"bad\.tsv:2: expected"):
         read_pairs(tmp_path / "bad.tsv")
     (tmp_path / "empty.tsv").write_text("\n", encoding="utf-8")
-    with pytest.raises(DataError, match="no sentence pairs"):
+    with pytest.raises(InputError, match="no sentence pairs"):
         read_pairs(tmp_path / "empty.tsv")

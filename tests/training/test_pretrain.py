@@ -8,11 +8,12 @@ from collections import Counter
 import pytest
 import torch
 
+from chatchat_policybert.errors import InputError
 from chatchat_policybert.loading import load_policybert
 from chatchat_policybert.modeling import PolicyBertForPreTraining
 from chatchat_policybert.tokenization import PolicyBertTokenizer
 from training import pretrain as stage
-from training._common import DataError, Document
+from training._common import Document
 from training.pretrain import (
     IS_NEXT,
     IS_RANDOM,
@@ -103,7 +104,7 @@ def test_nsp_pairs_and_held_out_documents(corpus_docs):
 
 
 def test_too_few_documents_is_a_clear_error(corpus_docs):
-    with pytest.raises(DataError, match="at least 4 documents"):
+    with pytest.raises(InputError, match="at least 4 documents"):
         split_documents(corpus_docs[:3], 0.1, seed=0)
 
 
@@ -148,11 +149,11 @@ def test_resume_reproduces_an_uninterrupted_run(tiny_model_dir, corpus_docs, tmp
     assert saved == json.loads((tmp_path / "straight" / "metrics.json").read_text(encoding="utf-8"))
 
     # Other settings, or a damaged checkpoint, are refused with one clear line.
-    with pytest.raises(DataError, match=r"other settings \(lr 0\.001 -> 0\.002\)"):
+    with pytest.raises(InputError, match=r"other settings \(lr 0\.001 -> 0\.002\)"):
         stage.pretrain(resumed, tokenizer, docs, PretrainConfig(**{**cfg, "lr": 2e-3}), tmp_path / "resumed", resume=True)
     checkpoint = tmp_path / "resumed" / "checkpoint.pt"
     checkpoint.write_bytes(checkpoint.read_bytes()[:1000])
-    with pytest.raises(DataError, match="not a readable checkpoint"):
+    with pytest.raises(InputError, match="not a readable checkpoint"):
         stage.pretrain(resumed, tokenizer, docs, PretrainConfig(**cfg), tmp_path / "resumed", resume=True)
 
 
@@ -169,7 +170,7 @@ def test_cli_end_to_end(tiny_model_dir, corpus_dir, tmp_path):
 
 def test_resume_without_checkpoint_and_wrong_model_are_clear(tiny_model_dir, corpus_dir, tmp_path):
     argv = ["--corpus", str(corpus_dir / "corpus.jsonl"), "--out", str(tmp_path), "--device", "cpu"]
-    with pytest.raises(DataError, match="no checkpoint to resume from"):
+    with pytest.raises(InputError, match="no checkpoint to resume from"):
         stage.main([*argv, "--model", str(tiny_model_dir("none")), "--resume"])
-    with pytest.raises(DataError, match="model_type 'bert'"):
+    with pytest.raises(InputError, match="model_type 'bert'"):
         stage.main([*argv, "--model", str(tiny_model_dir(None))])

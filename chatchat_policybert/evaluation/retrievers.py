@@ -1,4 +1,4 @@
-"""The retrievers ``training.evaluate`` compares, all over the same Chatchat chunks.
+"""The retrievers ``chatchat-policybert eval`` compares, all over the same Chatchat chunks.
 
 Each ``search(query)`` returns chunk indices, best first, and the seconds the search took.
 
@@ -14,9 +14,6 @@ Each ``search(query)`` returns chunk indices, best first, and the seconds the se
 
 from __future__ import annotations
 
-import json
-import subprocess
-import sys
 import time
 from pathlib import Path
 from typing import Protocol
@@ -24,10 +21,10 @@ from typing import Protocol
 import numpy as np
 from tqdm import tqdm
 
-from training._common import DataError
-from training.chatchat_root import LOG_TAIL, Chunk, chatchat_env
-from training.chatchat_worker import MARK
-from training.ir_metrics import rank_by_score, reciprocal_rank_fusion
+from chatchat_policybert.chatchat_root import ChatchatWorker
+from chatchat_policybert.errors import InputError
+from chatchat_policybert.evaluation.knowledge_base import Chunk
+from chatchat_policybert.evaluation.metrics import rank_by_score, reciprocal_rank_fusion
 
 EMBED_PROGRESS_BATCH = 256
 
@@ -90,12 +87,12 @@ class Rrf:
         return reciprocal_rank_fusion(rankings)[: self.depth], sum(seconds)
 
 
-class ChatchatWorker:
-    """One ``training.chatchat_worker search`` process: Chatchat and the model load once, for all thresholds.
+class ChatchatSearch:
+    """Chatchat's ``search_docs`` in one worker process: Chatchat and the model load once, for all thresholds.
 
     Hits come back as (source, text) and are mapped to chunk indices. Latency is measured in
     the child around ``search_docs`` alone, which includes what Chatchat does per query: its
-    embed-model check, rebuilding BM25 over the whole KB, the FAISS search.
+    embed-model check, its BM25 half, the FAISS search.
     """
 
     def __init__(self, root: Path, kb: str, chunks: list[Chunk], top_k: int, log_path: Path):
@@ -104,57 +101,34 @@ class ChatchatWorker:
         for i, chunk in enumerate(chunks):
             self._index.setdefault((chunk.source, chunk.text), i)
             self._by_text.setdefault(chunk.text, i)
-        log_path.parent.mkdir(parents=True, exist_ok=True)
-        self._log_path = log_path
-        self._log = log_path.open("w", encoding="utf-8")
-        self._process = subprocess.Popen(
-            [sys.executable, "-m", "training.chatchat_worker", "search", "--kb", kb, "--top-k", str(top_k)],
-            env=chatchat_env(root), stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self._log,
-            text=True, encoding="utf-8",
-        )
-        self.configured_threshold: float = self._read()["score_threshold"]
+        self._worker = ChatchatWorker(root, "search", "--kb", kb, "--top-k", str(top_k), log_path=log_path)
+        self.configured_threshold: float = self._worker.ready["score_threshold"]
 
-    def __enter__(self) -> ChatchatWorker:
+    def __enter__(self) -> ChatchatSearch:
         return self
 
-    def __exit__(self, *exc) -> None:
+    def __exit__(self, *exc: object) -> None:
         self.close()
-
-    def _read(self) -> dict:
-        for line in self._process.stdout:
-            if line.startswith(MARK):
-                return json.loads(line[len(MARK):])
-        self.close()
-        raise DataError(f"the Chatchat search worker exited:\n{self._log_path.read_text(encoding='utf-8')[-LOG_TAIL:]}")
 
     def search(self, query: str, threshold: float | None) -> tuple[list[int], float]:
-        self._process.stdin.write(json.dumps({"query": query, "threshold": threshold}, ensure_ascii=False) + "\n")
-        self._process.stdin.flush()
-        answer = self._read()
+        answer = self._worker.ask({"query": query, "threshold": threshold})
         ranking = []
         for source, text in answer["hits"]:
             index = self._index.get((source, text), self._by_text.get(text))
             if index is None:
-                raise DataError("Chatchat returned a chunk its content folder does not produce: "
-                                "the FAISS index is out of date, run `chatchat kb -r`")
+                raise InputError("Chatchat returned a chunk its content folder does not produce: "
+                                 "the FAISS index is out of date, run `chatchat kb -r`")
             ranking.append(index)
         return ranking, answer["seconds"]
 
     def close(self) -> None:
-        if self._process.poll() is None:
-            self._process.stdin.close()
-            try:
-                self._process.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                self._process.kill()
-                self._process.wait()
-        self._log.close()
+        self._worker.close()
 
 
 class ChatchatEnsemble:
     """Chatchat's ``search_docs`` at one SCORE_THRESHOLD (None: the root's configured one)."""
 
-    def __init__(self, worker: ChatchatWorker, threshold: float | None):
+    def __init__(self, worker: ChatchatSearch, threshold: float | None):
         self._worker = worker
         self.threshold = worker.configured_threshold if threshold is None else threshold
         self.name = f"chatchat(thr={self.threshold:g})"

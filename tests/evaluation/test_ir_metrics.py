@@ -6,15 +6,15 @@ import math
 
 import pytest
 
-from training.ir_metrics import (
+from chatchat_policybert.evaluation.metrics import (
     evidence_in_chunk,
     first_evidence_rank,
     mrr_at_k,
     ndcg_at_k,
     percentile,
     rank_by_score,
-    reciprocal_rank_fusion,
     recall_at_k,
+    reciprocal_rank_fusion,
     unique_in_order,
 )
 

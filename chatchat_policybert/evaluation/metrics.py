@@ -1,4 +1,4 @@
-"""Ranking and retrieval metrics for ``training.evaluate``, as plain functions over lists.
+"""Ranking and retrieval metrics for ``chatchat-policybert eval``, as plain functions over lists.
 
 Retrievers rank *chunks*; users care whether the right *document* (and the right passage) came
 back. A document's rank is the rank of its best chunk (MaxP), so a ranked chunk list becomes a

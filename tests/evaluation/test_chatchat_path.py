@@ -8,7 +8,6 @@ from __future__ import annotations
 import json
 import pickle
 from collections import Counter
-from pathlib import Path
 
 import faiss
 import numpy as np
@@ -16,11 +15,20 @@ import pytest
 import yaml
 
 from chatchat_policybert.embeddings import PolicyBertEmbeddings
+from chatchat_policybert.evaluation.dataset import load_corpus
+from chatchat_policybert.evaluation.evaluate import main
+from chatchat_policybert.evaluation.knowledge_base import (
+    faiss_indexes,
+    indexed_vectors,
+    load_chunks,
+    prepare_root,
+)
+from chatchat_policybert.evaluation.retrievers import (
+    Bm25,
+    ChatchatEnsemble,
+    ChatchatSearch,
+)
 from chatchat_policybert.testing import build_tiny_policybert
-from training.chatchat_root import faiss_indexes, indexed_vectors, load_chunks, prepare_root
-from training.eval_data import load_corpus
-from training.evaluate import main
-from training.retrievers import Bm25, ChatchatEnsemble, ChatchatWorker
 
 from .test_eval_data import write_csv, write_jsonl
 
@@ -32,7 +40,7 @@ QUERIES = ["数据出境需要安全评估吗", "个人信息被泄露怎么办"
 
 @pytest.fixture(scope="module")
 def built(tmp_path_factory, policy_documents, reference_lexicon):
-    """(root, kb, corpus, model dir, chunks) of a root built the way `training.evaluate` builds one."""
+    """(root, kb, corpus, model dir, chunks) of a root built the way `chatchat_policybert.evaluation.evaluate` builds one."""
     tmp = tmp_path_factory.mktemp("eval_root")
     rows = [(d["title"], d["contentText"][:MAX_CHARS]) for d in policy_documents[:N_DOCUMENTS]]
     corpus = load_corpus(write_csv(tmp / "policies.csv", rows))
@@ -56,7 +64,7 @@ def test_chunks_are_the_indexed_chunks(built):
 
 
 def test_indexed_vectors_are_the_models_chunk_vectors(built):
-    # training.evaluate reuses them for the dense retriever of the model that built the KB
+    # chatchat_policybert.evaluation.evaluate reuses them for the dense retriever of the model that built the KB
     root, kb, _, model, chunks = built
     expected = np.asarray(PolicyBertEmbeddings(model).embed_documents([c.text for c in chunks]), dtype=np.float32)
     np.testing.assert_allclose(indexed_vectors(root, kb, chunks), expected, atol=1e-5)
@@ -72,7 +80,7 @@ def _bm25_cutoff_set(bm25: Bm25, query: str, chunks, k: int) -> set[int]:
 @pytest.fixture(scope="module")
 def worker(built):
     root, kb, _, _, chunks = built
-    with ChatchatWorker(root, kb, chunks, TOP_K, root / "logs" / "test_worker.log") as worker:
+    with ChatchatSearch(root, kb, chunks, TOP_K, root / "logs" / "test_worker.log") as worker:
         yield worker
 
 

@@ -1,4 +1,4 @@
-"""Inputs of ``training.evaluate``: a corpus, its questions, and the files a Chatchat KB is built from.
+"""Inputs of ``chatchat-policybert eval``: a corpus, its questions, and the files a Chatchat KB is built from.
 
 Three layouts are read:
 
@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from chatchat_policybert.corpus import export_policies, read_policies
-from training._common import DataError
+from chatchat_policybert.errors import InputError
 
 FOLDER_SUFFIXES = (".md", ".txt")
 MAX_ERRORS_SHOWN = 20
@@ -95,7 +95,7 @@ def normalize_title(title: str) -> str:
 def _raise_all(errors: list[str]) -> None:
     if errors:
         more = f"\n… and {len(errors) - MAX_ERRORS_SHOWN} more" if len(errors) > MAX_ERRORS_SHOWN else ""
-        raise DataError("\n".join(errors[:MAX_ERRORS_SHOWN]) + more)
+        raise InputError("\n".join(errors[:MAX_ERRORS_SHOWN]) + more)
 
 
 # ----------------------------------------------------------------------------- corpora
@@ -108,7 +108,7 @@ def load_corpus(path: Path) -> Corpus:
         return _load_folder(path)
     if path.suffix.lower() == ".csv" and path.is_file():
         return _load_csv(path)
-    raise DataError(f"{path}: not a .csv file or a folder of {'/'.join(FOLDER_SUFFIXES)} files")
+    raise InputError(f"{path}: not a .csv file or a folder of {'/'.join(FOLDER_SUFFIXES)} files")
 
 
 def _load_csv(path: Path) -> Corpus:
@@ -117,7 +117,7 @@ def _load_csv(path: Path) -> Corpus:
         reader = csv.DictReader(handle)
         missing = {"title", "contentText"} - set(reader.fieldnames or [])
         if missing:
-            raise DataError(f"{path}: missing column(s) {', '.join(sorted(missing))}")
+            raise InputError(f"{path}: missing column(s) {', '.join(sorted(missing))}")
         documents = [
             EvalDocument(i, str(i), normalize_title(row["title"] or ""), row["contentText"] or "")
             for i, row in enumerate(reader)
@@ -125,7 +125,7 @@ def _load_csv(path: Path) -> Corpus:
     try:
         policies = read_policies(path)
     except ValueError as exc:
-        raise DataError(str(exc)) from None
+        raise InputError(str(exc)) from None
     kb_files = {policy.file_name: text_group(policy.content) for policy in policies}
     return Corpus(documents, kb_files, path, "csv")
 
@@ -133,7 +133,7 @@ def _load_csv(path: Path) -> Corpus:
 def _load_folder(path: Path) -> Corpus:
     files = sorted(p for p in path.rglob("*") if p.is_file() and p.suffix.lower() in FOLDER_SUFFIXES)
     if not files:
-        raise DataError(f"{path}: no {'/'.join(FOLDER_SUFFIXES)} files")
+        raise InputError(f"{path}: no {'/'.join(FOLDER_SUFFIXES)} files")
     documents = []
     for i, file in enumerate(files):
         name = file.relative_to(path).as_posix()
@@ -147,7 +147,7 @@ def _load_folder(path: Path) -> Corpus:
 def _read_jsonl(path: Path) -> list[tuple[int, Any]]:
     """(line number, object) pairs; every malformed line is reported as ``file:line``."""
     if not path.is_file():
-        raise DataError(f"{path}: file not found")
+        raise InputError(f"{path}: file not found")
     rows, errors = [], []
     with path.open(encoding="utf-8") as handle:
         for lineno, line in enumerate(handle, 1):
@@ -178,7 +178,7 @@ def load_questions(path: Path, corpus: Corpus) -> list[Query]:
         where = f"{path}:{lineno}"
         try:
             query = _question(obj, corpus, by_title, kb_groups)
-        except DataError as exc:
+        except InputError as exc:
             errors.append(f"{where}: {exc}")
             continue
         if query.qid in seen:
@@ -188,44 +188,44 @@ def load_questions(path: Path, corpus: Corpus) -> list[Query]:
         queries.append(query)
     _raise_all(errors)
     if not queries:
-        raise DataError(f"{path}: no questions")
+        raise InputError(f"{path}: no questions")
     return queries
 
 
 def _question(obj: Any, corpus: Corpus, by_title: dict[str, list[EvalDocument]], kb_groups: set[str]) -> Query:
     if not isinstance(obj, dict):
-        raise DataError(f"expected a JSON object, got {type(obj).__name__}")
+        raise InputError(f"expected a JSON object, got {type(obj).__name__}")
     missing = [key for key in ("id", "question", "doc_title", "evidence") if key not in obj]
     if missing:
-        raise DataError(f"missing key(s) {', '.join(missing)}")
+        raise InputError(f"missing key(s) {', '.join(missing)}")
     for key in ("question", "doc_title", "evidence"):
         if not isinstance(obj[key], str) or not obj[key].strip():
-            raise DataError(f"{key!r} must be a non-empty string")
+            raise InputError(f"{key!r} must be a non-empty string")
     title = normalize_title(obj["doc_title"])
     if "doc_index" in obj:
         index = obj["doc_index"]
         if not isinstance(index, int) or not 0 <= index < len(corpus.documents):
-            raise DataError(f"doc_index {index!r} is not a document index (0..{len(corpus.documents) - 1})")
+            raise InputError(f"doc_index {index!r} is not a document index (0..{len(corpus.documents) - 1})")
         doc = corpus.documents[index]
         if doc.title != title:
-            raise DataError(f"doc_index {index} is titled {doc.title!r}, not {title!r}")
+            raise InputError(f"doc_index {index} is titled {doc.title!r}, not {title!r}")
     else:
         candidates = by_title.get(title)
         if not candidates:
             close = get_close_matches(title, list(by_title), n=3, cutoff=0.4)
             hint = f"; closest: {' | '.join(close)}" if close else ""
-            raise DataError(f"unknown doc_title {title!r}{hint}")
+            raise InputError(f"unknown doc_title {title!r}{hint}")
         if len({d.group for d in candidates}) > 1:
             indices = ", ".join(str(d.index) for d in candidates)
-            raise DataError(f"doc_title {title!r} names documents with different texts; add doc_index ({indices})")
+            raise InputError(f"doc_title {title!r} names documents with different texts; add doc_index ({indices})")
         doc = candidates[0]
     evidence = obj["evidence"]
     if evidence not in doc.text:
         squashed = "".join(evidence.split()) in "".join(doc.text.split())
         hint = " (it differs only in whitespace)" if squashed else ""
-        raise DataError(f"evidence is not an exact substring of {doc.title!r}{hint}: {evidence[:60]!r}")
+        raise InputError(f"evidence is not an exact substring of {doc.title!r}{hint}: {evidence[:60]!r}")
     if doc.group not in kb_groups:
-        raise DataError(f"{doc.title!r} is not in the knowledge base (the corpus export skips near-empty documents)")
+        raise InputError(f"{doc.title!r} is not in the knowledge base (the corpus export skips near-empty documents)")
     return Query(str(obj["id"]), obj["question"], {doc.group: 1.0}, evidence)
 
 
@@ -244,18 +244,18 @@ def _safe_file_name(doc_id: str, used: set[str]) -> str:
 def _qrels_file(root: Path, split: str | None) -> Path:
     files = sorted((root / "qrels").glob("*.tsv"))
     if not files:
-        raise DataError(f"{root}: no qrels/*.tsv")
+        raise InputError(f"{root}: no qrels/*.tsv")
     if split is not None:
         chosen = root / "qrels" / f"{split}.tsv"
         if not chosen.is_file():
-            raise DataError(f"{chosen}: not found (have: {', '.join(f.stem for f in files)})")
+            raise InputError(f"{chosen}: not found (have: {', '.join(f.stem for f in files)})")
         return chosen
     if len(files) == 1:
         return files[0]
     named = {f.stem: f for f in files}
     if "test" in named:
         return named["test"]
-    raise DataError(f"{root}: several qrels files ({', '.join(named)}); choose one with --beir-split")
+    raise InputError(f"{root}: several qrels files ({', '.join(named)}); choose one with --beir-split")
 
 
 def load_beir(root: Path, split: str | None = None) -> tuple[Corpus, list[Query]]:
@@ -276,7 +276,7 @@ def load_beir(root: Path, split: str | None = None) -> tuple[Corpus, list[Query]
         questions[str(obj["_id"])] = obj["text"]
     _raise_all(errors)
     if not documents:
-        raise DataError(f"{root / 'corpus.jsonl'}: no documents")
+        raise InputError(f"{root / 'corpus.jsonl'}: no documents")
 
     group_of = {doc.doc_id: doc.group for doc in documents}
     gains: dict[str, dict[str, float]] = {}
@@ -305,7 +305,7 @@ def load_beir(root: Path, split: str | None = None) -> tuple[Corpus, list[Query]
     _raise_all(errors)
     queries = [Query(qid, questions[qid], gains[qid]) for qid in questions if qid in gains]
     if not queries:
-        raise DataError(f"{qrels}: no query has a positive judgement")
+        raise InputError(f"{qrels}: no query has a positive judgement")
 
     used: set[str] = set()
     kb_files: dict[str, str] = {}

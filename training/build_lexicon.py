@@ -7,9 +7,9 @@ local model folder with ``--hanlp-model`` or choose jieba explicitly (``--segmen
 stage never swaps segmenters behind your back. ``--reference`` reports the overlap with an existing
 lexicon (Jaccard and recall of the reference).
 
-    python -m training.lexicon --corpus runs/corpus/corpus.jsonl --out runs/lexicon \\
-        --stopwords ../shared/data/lexicon/stopword.txt --segmenter jieba \\
-        --reference ../shared/data/lexicon/words_list_checked.txt
+    python -m training.build_lexicon --corpus runs/corpus/corpus.jsonl --out runs/lexicon \\
+        --stopwords chatchat_policybert/data/lexicon/stopword.txt --segmenter jieba \\
+        --reference chatchat_policybert/data/lexicon/words_list_checked.txt
 """
 
 from __future__ import annotations
@@ -17,13 +17,16 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import sys
 from collections import Counter
 from collections.abc import Callable, Iterable
 from pathlib import Path
 
 from tqdm import tqdm
 
-from training._common import DataError, atomic_path, copy_license, read_corpus, run_cli
+from chatchat_policybert.errors import InputError, run_cli
+from chatchat_policybert.files import atomic_path
+from training._common import copy_license, read_corpus
 
 Segmenter = Callable[[list[str]], list[list[str]]]
 DEFAULT_HANLP_MODEL = "COARSE_ELECTRA_SMALL_ZH"
@@ -48,13 +51,13 @@ def _hanlp_segmenter(model: str) -> Segmenter:
     identifier = getattr(hanlp.pretrained.tok, model, None)
     if identifier is None:
         if not Path(model).exists():
-            raise DataError(f"HanLP model {model!r} is neither a folder nor a hanlp.pretrained.tok name; {advice}")
+            raise InputError(f"HanLP model {model!r} is neither a folder nor a hanlp.pretrained.tok name; {advice}")
         identifier = str(model)
     try:
         tokenizer = hanlp.load(identifier)
     except Exception as exc:  # hanlp raises requests/OS/Key errors alike for a model it cannot get
         reason = str(exc).strip().splitlines()[0] if str(exc).strip() else exc.__class__.__name__
-        raise DataError(f"could not load HanLP model {model!r} ({reason}); {advice}") from None
+        raise InputError(f"could not load HanLP model {model!r} ({reason}); {advice}") from None
     return lambda batch: tokenizer(batch)
 
 
@@ -64,22 +67,22 @@ def load_segmenter(name: str, hanlp_model: str = DEFAULT_HANLP_MODEL) -> Segment
         return _jieba_segmenter()
     if name == "hanlp":
         return _hanlp_segmenter(hanlp_model)
-    raise DataError(f"unknown segmenter {name!r}: choose hanlp or jieba")
+    raise InputError(f"unknown segmenter {name!r}: choose hanlp or jieba")
 
 
 def read_word_list(path: Path) -> list[str]:
     """Words of a ``word`` or ``word,count`` file, inner spaces removed (``数 据`` → ``数据``)."""
     path = Path(path)
     if not path.is_file():
-        raise DataError(f"{path}: file not found")
+        raise InputError(f"{path}: file not found")
     try:
         lines = path.read_text(encoding="utf-8").splitlines()
     except UnicodeDecodeError as exc:
-        raise DataError(f"{path}: not UTF-8 text ({exc.reason} at byte {exc.start})") from None
+        raise InputError(f"{path}: not UTF-8 text ({exc.reason} at byte {exc.start})") from None
     words = ["".join(line.rsplit(",", 1)[0].split()) if "," in line[1:] else "".join(line.split()) for line in lines]
     words = [w for w in words if w]
     if not words:
-        raise DataError(f"{path}: no words in this file")
+        raise InputError(f"{path}: no words in this file")
     return words
 
 
@@ -119,10 +122,10 @@ def overlap(words: Iterable[str], reference: Iterable[str]) -> dict[str, float |
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(prog="python -m training.lexicon", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m training.build_lexicon", description=__doc__.split("\n\n")[0])
     parser.add_argument("--corpus", type=Path, required=True, help="corpus.jsonl from training.corpus")
     parser.add_argument("--out", type=Path, required=True, help="output folder: lexicon.txt (word,count), lexicon_stats.json")
-    parser.add_argument("--stopwords", type=Path, required=True, help="one stopword per line (e.g. ../shared/data/lexicon/stopword.txt)")
+    parser.add_argument("--stopwords", type=Path, required=True, help="one stopword per line (e.g. chatchat_policybert/data/lexicon/stopword.txt)")
     parser.add_argument("--segmenter", choices=["hanlp", "jieba"], default="hanlp", help="default: hanlp, as the thesis")
     parser.add_argument(
         "--hanlp-model",
@@ -139,7 +142,7 @@ def main(argv: list[str] | None = None) -> None:
     segment = load_segmenter(args.segmenter, args.hanlp_model)
     words = select_words(count_words(sentences, segment), stopwords, args.min_count)
     if not words:
-        raise DataError(f"{args.corpus}: no word occurs {args.min_count} times; nothing to write")
+        raise InputError(f"{args.corpus}: no word occurs {args.min_count} times; nothing to write")
 
     args.out.mkdir(parents=True, exist_ok=True)
     with atomic_path(args.out / "lexicon.txt") as tmp:
@@ -157,4 +160,4 @@ def main(argv: list[str] | None = None) -> None:
 
 
 if __name__ == "__main__":
-    run_cli(main)
+    sys.exit(run_cli(main))

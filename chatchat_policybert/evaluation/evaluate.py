@@ -3,9 +3,11 @@
 Answers "does this embedding model retrieve policy text better than BM25 / stock bge, and
 what does Chatchat's SCORE_THRESHOLD do to it?" on a user's corpus and questions:
 
-    python -m training.evaluate --corpus ../shared/data/policy_corpus/Policys_cleaned.csv \\
-        --questions eval/policy_questions.jsonl --model runs/policybert --out eval/results.json --plot eval/recall.png
-    python -m training.evaluate --beir T2Retrieval/ --model bge-base-zh-v1.5 --retrievers bm25,dense
+    chatchat-policybert eval --model runs/policybert --out runs/eval.json --plot runs/recall.png
+    chatchat-policybert eval --corpus my_policies/ --questions my_questions.jsonl --model runs/policybert
+    chatchat-policybert eval --beir T2Retrieval/ --model bge-base-zh-v1.5 --retrievers bm25,dense
+
+Without --corpus/--questions/--beir it evaluates on the shipped policy corpus and its questions.
 
 Without ``--chatchat-root`` a temporary root is built the README's way (``chatchat init``,
 ``chatchat-policybert setup --model <first model>``, corpus into the default KB,
@@ -25,11 +27,21 @@ from pathlib import Path
 
 from tqdm import tqdm
 
-from training._common import DataError, atomic_path, run_cli
-from training.chatchat_root import Chunk, default_kb, faiss_indexes, indexed_vectors, load_chunks, prepare_root
-from training.eval_data import Corpus, Query, load_beir, load_corpus, load_questions
-from training.ir_metrics import first_evidence_rank, mrr_at_k, ndcg_at_k, percentile, recall_at_k, unique_in_order
-from training.retrievers import Bm25, ChatchatEnsemble, ChatchatWorker, Dense, Retriever, Rrf
+from chatchat_policybert.chatchat_root import default_kb, faiss_indexes
+from chatchat_policybert.data import CORPUS_CSV, QUESTIONS
+from chatchat_policybert.errors import InputError, run_cli
+from chatchat_policybert.evaluation.dataset import Corpus, Query, load_beir, load_corpus, load_questions
+from chatchat_policybert.evaluation.knowledge_base import Chunk, indexed_vectors, load_chunks, prepare_root
+from chatchat_policybert.evaluation.metrics import (
+    first_evidence_rank,
+    mrr_at_k,
+    ndcg_at_k,
+    percentile,
+    recall_at_k,
+    unique_in_order,
+)
+from chatchat_policybert.evaluation.retrievers import Bm25, ChatchatEnsemble, ChatchatSearch, Dense, Retriever, Rrf
+from chatchat_policybert.files import atomic_path
 
 RETRIEVERS = ("bm25", "dense", "rrf", "chatchat")
 MRR_K = NDCG_K = 10
@@ -93,7 +105,7 @@ def plot_recall(results: list[RunResult], ks: list[int], path: Path) -> None:
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
     except ImportError:
-        raise DataError("--plot needs matplotlib (pip install matplotlib)") from None
+        raise InputError("--plot needs matplotlib (pip install matplotlib)") from None
     fig, ax = plt.subplots(figsize=(1.6 + 1.4 * len(results), 4))
     width = 0.8 / len(ks)
     for j, k in enumerate(ks):
@@ -116,17 +128,19 @@ def parse_model(spec: str) -> tuple[str, Path]:
     if not sep:
         label, path = Path(spec).name, spec
     if not Path(path).is_dir():
-        raise DataError(f"--model {spec}: {path} is not a model directory")
+        raise InputError(f"--model {spec}: {path} is not a model directory")
     return label, Path(path)
 
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
-        prog="python -m training.evaluate", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+        prog="chatchat-policybert eval", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    data = parser.add_argument_group("data (either --corpus with --questions, or --beir)")
-    data.add_argument("--corpus", type=Path, help="policy CSV (title, contentText) or folder of .md/.txt files")
-    data.add_argument("--questions", type=Path, help='JSONL: {"id", "question", "doc_title", "evidence"[, "doc_index"]}')
+    data = parser.add_argument_group("data (--corpus with --questions, or --beir; default: the shipped policy set)")
+    data.add_argument("--corpus", type=Path, help="policy CSV (title, contentText) or folder of .md/.txt files "
+                                                  "(default: the shipped policy corpus)")
+    data.add_argument("--questions", type=Path, help='JSONL: {"id", "question", "doc_title", "evidence"[, "doc_index"]} '
+                                                     "(default: the shipped questions, with the shipped corpus)")
     data.add_argument("--beir", type=Path, help="BEIR/C-MTEB folder: corpus.jsonl, queries.jsonl, qrels/*.tsv")
     data.add_argument("--beir-split", help="qrels/<split>.tsv to use (default: the only one, else test)")
     data.add_argument("--limit", type=int, help="evaluate only the first N queries (quick runs)")
@@ -164,24 +178,24 @@ def _retriever_kinds(spec: str | None, have_model: bool, have_root: bool) -> lis
     kinds = [k.strip() for k in spec.split(",") if k.strip()]
     unknown = sorted(set(kinds) - set(RETRIEVERS))
     if unknown or not kinds:
-        raise DataError(f"--retrievers: unknown {', '.join(unknown) or '(none given)'}; choose from {', '.join(RETRIEVERS)}")
+        raise InputError(f"--retrievers: unknown {', '.join(unknown) or '(none given)'}; choose from {', '.join(RETRIEVERS)}")
     if not have_model and {"dense", "rrf"} & set(kinds):
-        raise DataError("dense and rrf need --model")
+        raise InputError("dense and rrf need --model")
     if not have_model and not have_root and "chatchat" in kinds:
-        raise DataError("chatchat needs --model (to build a KB) or --chatchat-root (a built one)")
+        raise InputError("chatchat needs --model (to build a KB) or --chatchat-root (a built one)")
     return kinds
 
 
 def _load_data(args: argparse.Namespace) -> tuple[Corpus, list[Query]]:
     if args.beir is not None:
         if args.corpus or args.questions:
-            raise DataError("use either --beir or --corpus/--questions")
+            raise InputError("use either --beir or --corpus/--questions")
         corpus, queries = load_beir(args.beir, args.beir_split)
-    elif args.corpus is not None and args.questions is not None:
-        corpus = load_corpus(args.corpus)
-        queries = load_questions(args.questions, corpus)
+    elif (args.corpus is None) == (args.questions is None):
+        corpus = load_corpus(args.corpus or CORPUS_CSV)
+        queries = load_questions(args.questions or QUESTIONS, corpus)
     else:
-        raise DataError("give --corpus and --questions, or --beir")
+        raise InputError("give --corpus and --questions together (or neither, for the shipped policy set), or --beir")
     return corpus, queries[: args.limit] if args.limit else queries
 
 
@@ -192,7 +206,7 @@ def _run(args: argparse.Namespace, root: Path, corpus: Corpus, queries: list[Que
     if args.chatchat_root is not None:
         kb = args.kb or default_kb(root)
         if "chatchat" in kinds and not faiss_indexes(root, kb):
-            raise DataError(f"{root}: knowledge base {kb} has no FAISS index; run `chatchat kb -r -n {kb}`")
+            raise InputError(f"{root}: knowledge base {kb} has no FAISS index; run `chatchat kb -r -n {kb}`")
     else:
         kb = prepare_root(root, corpus, models[0][1] if models else None, build_index="chatchat" in kinds)
     chunks = load_chunks(root, kb, corpus)
@@ -218,7 +232,7 @@ def _run(args: argparse.Namespace, root: Path, corpus: Corpus, queries: list[Que
             results.append(evaluate_retriever(Rrf(dense, bm25, args.depth), queries, chunks, ks))
     if "chatchat" in kinds:
         top_k = args.chatchat_top_k or max(ks)
-        with ChatchatWorker(root, kb, chunks, top_k, root / "logs" / "evaluate_chatchat_worker.log") as worker:
+        with ChatchatSearch(root, kb, chunks, top_k, root / "logs" / "evaluate_chatchat_worker.log") as worker:
             for threshold in args.score_threshold or [None]:
                 results.append(evaluate_retriever(ChatchatEnsemble(worker, threshold), queries, chunks, ks))
     return results
@@ -229,13 +243,13 @@ def main(argv: list[str] | None = None) -> None:
     try:
         ks = sorted({int(k) for k in args.ks.split(",") if k.strip()})
     except ValueError:
-        raise DataError(f"--ks {args.ks!r}: expected comma-separated integers") from None
+        raise InputError(f"--ks {args.ks!r}: expected comma-separated integers") from None
     if not ks or ks[0] < 1:
-        raise DataError("--ks needs positive cut-offs")
+        raise InputError("--ks needs positive cut-offs")
     models = [parse_model(spec) for spec in args.model]
     kinds = _retriever_kinds(args.retrievers, bool(models), args.chatchat_root is not None)
     if args.kb and args.chatchat_root is None:
-        raise DataError("--kb only applies with --chatchat-root")
+        raise InputError("--kb only applies with --chatchat-root")
     corpus, queries = _load_data(args)
 
     if args.chatchat_root is not None:
@@ -263,4 +277,4 @@ def main(argv: list[str] | None = None) -> None:
 
 
 if __name__ == "__main__":
-    run_cli(main)
+    sys.exit(run_cli(main))

@@ -8,11 +8,15 @@ from pathlib import Path
 
 import pytest
 
-from training._common import DataError
-from training.eval_data import load_beir, load_corpus, load_questions, text_group
+from chatchat_policybert.data import CORPUS_CSV, QUESTIONS
+from chatchat_policybert.errors import InputError
+from chatchat_policybert.evaluation.dataset import (
+    load_beir,
+    load_corpus,
+    load_questions,
+    text_group,
+)
 
-REPO = Path(__file__).resolve().parents[2]
-SHIPPED_QUESTIONS = REPO / "eval" / "policy_questions.jsonl"
 LONG_A = "关于数据出境安全评估的规定。" * 20 + "数据处理者应当在有效期届满60个工作日前重新申报评估。"
 LONG_B = "个人信息保护的若干规定。" * 20 + "个人信息处理者应当立即采取补救措施。"
 
@@ -79,7 +83,7 @@ def test_questions_resolve_titles_and_duplicates(corpus, tmp_path):
 def test_bad_question_lines_are_reported_with_file_and_line(corpus, tmp_path, line, message):
     good = {"id": "x", "question": "信息泄露了怎么办？", "doc_title": "个人信息保护法", "evidence": "补救措施"}
     path = write_jsonl(tmp_path / "q.jsonl", [good, line])
-    with pytest.raises(DataError) as error:
+    with pytest.raises(InputError) as error:
         load_questions(path, corpus)
     assert message in str(error.value)
 
@@ -89,13 +93,13 @@ def test_every_bad_line_is_reported_at_once(corpus, tmp_path):
         {"id": 1, "question": "问", "doc_title": "不存在", "evidence": "补救"},
         {"id": 2, "question": "问", "doc_title": "个人信息保护法", "evidence": "没有"},
     ])
-    with pytest.raises(DataError) as error:
+    with pytest.raises(InputError) as error:
         load_questions(path, corpus)
     assert "q.jsonl:1: unknown doc_title" in str(error.value) and "q.jsonl:2: evidence" in str(error.value)
 
 
 def test_unknown_corpus_path_is_an_error(tmp_path):
-    with pytest.raises(DataError, match="not a .csv file or a folder"):
+    with pytest.raises(InputError, match="not a .csv file or a folder"):
         load_corpus(tmp_path / "missing.csv")
 
 
@@ -136,14 +140,14 @@ def test_beir_loader_merges_identical_texts_and_drops_unjudged_queries(beir, tmp
 def test_beir_errors_name_file_and_line(beir):
     with (beir / "qrels" / "test.tsv").open("a", encoding="utf-8") as handle:
         handle.write("q1\tnope\t1\n")
-    with pytest.raises(DataError, match=r"test\.tsv:7: unknown corpus-id 'nope'"):
+    with pytest.raises(InputError, match=r"test\.tsv:7: unknown corpus-id 'nope'"):
         load_beir(beir)
 
 
 def test_beir_split_choice(beir):
     (beir / "qrels" / "test.tsv").rename(beir / "qrels" / "train.tsv")
     (beir / "qrels" / "dev.tsv").write_text("q2\td/2\t1\n", encoding="utf-8")
-    with pytest.raises(DataError, match="several qrels files"):
+    with pytest.raises(InputError, match="several qrels files"):
         load_beir(beir)
     _, queries = load_beir(beir, "dev")
     assert [q.qid for q in queries] == ["q2"]
@@ -152,9 +156,9 @@ def test_beir_split_choice(beir):
 # ----------------------------------------------------------------------------- the shipped question set
 
 
-def test_shipped_questions_are_valid_against_the_shared_corpus(shared_data_dir):
-    corpus = load_corpus(shared_data_dir / "policy_corpus" / "Policys_cleaned.csv")
-    queries = load_questions(SHIPPED_QUESTIONS, corpus)
+def test_shipped_questions_are_valid_against_the_shipped_corpus():
+    corpus = load_corpus(CORPUS_CSV)
+    queries = load_questions(QUESTIONS, corpus)
     assert len(queries) >= 40
     texts = {d.group: d.text for d in corpus.documents}
     for query in queries:

@@ -1,0 +1,105 @@
+"""Runs Chatchat's own chunking, search and RAG answer inside a child process bound to one CHATCHAT_ROOT.
+
+Started by :mod:`chatchat_policybert.chatchat_root` (``call_worker``, ``ChatchatWorker``), which
+explains why a child process. Results are printed as one line ``@@chatchat@@ <json>`` each
+(Chatchat prints freely to stdout too).
+
+- ``chunks`` prints every chunk of a knowledge base's content folder once.
+- ``search`` prints ``{"ready", "score_threshold"}``, then reads one ``{"query", "threshold"}``
+  object per stdin line and answers each with the hits of Chatchat's ``search_docs``; with
+  ``"llm": NAME`` in the request it also answers the question with Chatchat's RAG prompt over those
+  hits (the WebUI's RAG对话 chain, no streaming).
+
+    CHATCHAT_ROOT=root python -m chatchat_policybert.chatchat_worker chunks --kb WeiMingPolicies
+    CHATCHAT_ROOT=root python -m chatchat_policybert.chatchat_worker search --kb WeiMingPolicies --top-k 10
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+from pathlib import Path
+
+from chatchat_policybert.chatchat_root import WORKER_MARK
+
+
+def _emit(obj: object) -> None:
+    sys.stdout.write(WORKER_MARK + json.dumps(obj, ensure_ascii=False) + "\n")
+    sys.stdout.flush()
+
+
+def relative_source(source: str, content_dir: Path) -> str:
+    """Chatchat stores sources relative to the KB content folder; its loaders give absolute paths."""
+    path = Path(source)
+    return path.relative_to(content_dir).as_posix() if path.is_absolute() else path.as_posix()
+
+
+def chunks(kb: str) -> None:
+    """Every chunk `chatchat kb -r` would index, via the same loader, splitter and settings."""
+    from chatchat.server.knowledge_base.utils import KnowledgeFile, get_doc_path, list_files_from_folder
+
+    content_dir = Path(get_doc_path(kb))
+    out = []
+    for name in sorted(list_files_from_folder(kb)):
+        for doc in KnowledgeFile(name, kb).file2text():
+            out.append([relative_source(doc.metadata.get("source", name), content_dir), doc.page_content])
+    _emit({"chunks": out})
+
+
+def rag_answer(question: str, context: str, llm: str) -> str:
+    """Chatchat's RAG prompt (``rag``/``default``) over ``context``, answered by ``llm``."""
+    from chatchat.server.chat.utils import History
+    from chatchat.server.utils import get_ChatOpenAI, get_prompt_template
+    from langchain.prompts.chat import ChatPromptTemplate
+
+    template = History(role="user", content=get_prompt_template("rag", "default")).to_msg_template(False)
+    chain = ChatPromptTemplate.from_messages([template]) | get_ChatOpenAI(model_name=llm, streaming=False)
+    return chain.invoke({"context": context, "question": question}).content
+
+
+def search(kb: str, top_k: int | None) -> None:
+    """Answers request lines with the API's `search_docs`, as `chatchat start` runs it.
+
+    A null threshold means the root's configured SCORE_THRESHOLD and no ``--top-k`` the root's
+    VECTOR_SEARCH_TOP_K; one process serves every request, so the model and Chatchat load once.
+    """
+    from chatchat.server.knowledge_base.kb_doc_api import search_docs
+    from chatchat.settings import Settings
+
+    configured = Settings.kb_settings.SCORE_THRESHOLD
+    top_k = top_k or Settings.kb_settings.VECTOR_SEARCH_TOP_K
+    _emit({"ready": True, "score_threshold": configured, "top_k": top_k})
+    for line in sys.stdin:
+        request = json.loads(line)
+        threshold = configured if request.get("threshold") is None else request["threshold"]
+        start = time.perf_counter()
+        docs = search_docs(query=request["query"], knowledge_base_name=kb, top_k=top_k, score_threshold=threshold,
+                           file_name="", metadata={})
+        seconds = time.perf_counter() - start
+        # The API function returns DocumentWithVSId dicts, exactly what /knowledge_base/search_docs sends.
+        answer = {"hits": [[d["metadata"].get("source", ""), d["page_content"]] for d in docs], "seconds": seconds}
+        if request.get("llm"):
+            context = "\n\n".join(d["page_content"] for d in docs)
+            answer["answer"] = rag_answer(request["query"], context, request["llm"])
+        _emit(answer)
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("mode", choices=["chunks", "search"])
+    parser.add_argument("--kb", required=True, help="knowledge base name")
+    parser.add_argument("--top-k", type=int, help="search: chunks per query (default: the root's VECTOR_SEARCH_TOP_K)")
+    args = parser.parse_args(argv)
+    if "CHATCHAT_ROOT" not in os.environ:
+        parser.error("set CHATCHAT_ROOT")
+    if args.mode == "chunks":
+        chunks(args.kb)
+    else:
+        search(args.kb, args.top_k)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,36 @@
+"""Atomic writes: a file or directory appears complete or not at all.
+
+Every writer of a model directory, a corpus, a metrics file or a checkpoint goes through
+:func:`atomic_path`, so an interrupted or failing stage never leaves a half-written output that a
+later stage (or Chatchat) would read, and a failed rewrite leaves the previous version in place.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+
+@contextmanager
+def atomic_path(path: str | os.PathLike) -> Iterator[Path]:
+    """Yield a fresh sibling path (not yet created) that replaces ``path`` only if the block succeeds.
+
+    The caller writes a file or creates a directory there. A directory replaces the old one by two
+    renames within the parent (the old one is moved aside first, then removed), a file by one
+    ``os.replace``; on any error the sibling is removed and ``path`` is untouched.
+    """
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    scratch = Path(tempfile.mkdtemp(prefix=f".{path.name}.partial-", dir=path.parent))
+    tmp = scratch / path.name
+    try:
+        yield tmp
+        if tmp.is_dir() and path.is_dir() and not path.is_symlink():
+            os.replace(path, scratch / ".old")
+        os.replace(tmp, path)
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
