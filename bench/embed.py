@@ -8,7 +8,7 @@ bge-base-zh-v1.5's shape and PolicyBERTs of that shape with 6 word layers and ea
 word stream fed from the real lexicon on chunks of the real policy corpus. Every contender runs
 in its own process (so peak RSS is its own) and the processes take turns, repetition by
 repetition, so a slow phase of the machine hits all of them alike; the median is reported.
-Ratios are against sentence-transformers-bf16 on the plain model, measured in the same run, as
+Ratios are against sentence-transformers on the plain model in the fast dtype (fp32 where bf16 is emulated), measured in the same run, as
 is the bf16 matmul peak the GFLOP/s are compared with.
 """
 
@@ -101,8 +101,8 @@ def worker(conn, kind: str, model_dir: str, dtype: str, device: str, batch_size:
         from sentence_transformers import SentenceTransformer, models
 
         model = SentenceTransformer(modules=[models.Transformer(model_dir), models.Pooling(768, "cls"), models.Normalize()], device=device)
-        if dtype == "bfloat16":
-            model.to(torch.bfloat16)
+        if dtype != "float32":
+            model.to(getattr(torch, dtype))
         encode = lambda texts: model.encode(texts, batch_size=batch_size, convert_to_numpy=True)  # noqa: E731
     else:
         from chatchat_policybert.embeddings import PolicyBertEmbeddings
@@ -147,7 +147,8 @@ def main() -> None:
     parser.add_argument("--device", default="cpu", help="torch device, e.g. cuda when a GPU is present")
     parser.add_argument("--reps", type=int, default=3, help="repetitions (median reported)")
     parser.add_argument("--threads", type=int, default=torch.get_num_threads())
-    parser.add_argument("--fast-dtype", default=None, help="dtype of the 'fast' PolicyBertEmbeddings rows (default: auto)")
+    parser.add_argument("--fast-dtype", default=None, help="dtype of the 'fast' rows of both libraries, e.g. float16 on a GPU "
+                        "(default: auto, bfloat16 only where the hardware has it); the reference is sentence-transformers in it")
     parser.add_argument("--force-bf16", action="store_true", help="run sentence-transformers-bf16 even where bf16 is emulated")
     parser.add_argument("--json", type=Path, help="also write the results here")
     args = parser.parse_args()
@@ -161,23 +162,23 @@ def main() -> None:
 
     if args.device.startswith("cuda") and not torch.cuda.is_available():
         parser.error(f"--device {args.device}: torch sees no CUDA GPU here")
-    fast = args.fast_dtype or auto_dtype(args.device)
     # Without AMX/AVX-512-BF16, bf16 matmuls are emulated (~100x slower than fp32 on the AVX2 EPYC
     # seen here): sentence-transformers-bf16 would take hours, so fp32 becomes the reference.
-    with_bf16 = args.force_bf16 or auto_dtype(args.device) == "bfloat16"
-    reference_name = "st-bf16 (plain)" if with_bf16 else "st-fp32 (plain)"
+    fast = args.fast_dtype or ("bfloat16" if args.force_bf16 else auto_dtype(args.device))
+    with_half = fast != "float32"
+    reference_name = f"st-{fast} (plain)"
     lengths = [int(c) for c in args.chars.split(",")]
     chunk_sets = {n: corpus_chunks(n, args.chunks) for n in lengths}
     peak = {"float32": matmul_peak(torch.float32, args.device),
-            "bfloat16": matmul_peak(torch.bfloat16, args.device, size=2048 if with_bf16 else 512)}
+            "bfloat16": matmul_peak(torch.bfloat16, args.device, size=2048 if with_half else 512)}
     print(machine_line(args.device, args.threads))
     print(f"matmul peak: fp32 {peak['float32']:.1f} GFLOP/s, bf16 {peak['bfloat16']:.1f} GFLOP/s; "
           f"fast dtype: {fast}; reference: {reference_name}")
     with tempfile.TemporaryDirectory() as scratch:
         dirs = build_models(Path(scratch), [t for chunks in chunk_sets.values() for t in chunks])
-        contenders = {"st-fp32 (plain)": ("st", "plain", "float32")}
-        if with_bf16:
-            contenders["st-bf16 (plain)"] = ("st", "plain", "bfloat16")
+        contenders = {"st-float32 (plain)": ("st", "plain", "float32")}
+        if with_half:
+            contenders[reference_name] = ("st", "plain", fast)
         for model in ("plain", "none", "gate", "attn"):
             for dtype in dict.fromkeys(["float32", fast]):
                 contenders[f"ours-{dtype} ({model})"] = ("ours", model, dtype)
@@ -216,7 +217,7 @@ def main() -> None:
             for name, (kind, model, dtype) in contenders.items():
                 seconds = statistics.median(stats[name])
                 gflops = flops[model] / seconds / 1e9
-                fp32_twin = name.replace("bfloat16", "float32").replace("float16", "float32").replace("st-bf16", "st-fp32")
+                fp32_twin = name.replace("bfloat16", "float32").replace("float16", "float32")
                 cosine = float(np.min(np.sum(vectors[name] * vectors[fp32_twin], axis=1)))
                 results.append(
                     dict(chars=n, contender=name, chunks_per_s=len(chunks) / seconds, tokens_per_s=float(tokens[model].sum()) / seconds,

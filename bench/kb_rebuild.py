@@ -38,7 +38,7 @@ sys.path.insert(0, str(REPO))
 from chatchat_policybert import cli  # noqa: E402
 from chatchat_policybert.corpus import PolicyDocument, export_policies, read_policies  # noqa: E402
 from chatchat_policybert.chatchat_root import (  # noqa: E402
-    BIN, chatchat_env, content_dir, index_size, kb_root, vector_store_dir,
+    chatchat_command, chatchat_env, content_dir, index_size, kb_root, vector_store_dir,
 )
 from chatchat_policybert.data import CORPUS_CSV, LEXICON  # noqa: E402
 from chatchat_policybert.demo import EMBED_MODEL, KB_NAME, run_step  # noqa: E402
@@ -74,7 +74,7 @@ def build_model_dirs(root: Path, size: str, fusion: str, texts: list[str]) -> di
 def prepare_root(root: Path, model: Path, documents: list[PolicyDocument]) -> None:
     """A Chatchat root whose embed model is ``model`` and whose WeiMingPolicies folder holds the corpus."""
     root.mkdir(parents=True, exist_ok=True)
-    run_step("init", [str(BIN / "chatchat"), "init"], root)
+    run_step("init", ["init"], root)
     if cli.main(["setup", "--root", str(root), "--model", str(model), "--no-check"]):
         raise SystemExit(f"[setup] failed for {root}")
     export_policies(documents, content_dir(root, KB_NAME))
@@ -98,7 +98,7 @@ def timed_rebuild(root: Path) -> Rebuild:
     log = root / LOG_NAME
     with log.open("w", encoding="utf-8") as out:  # a file, not a pipe: nobody reads while wait4 blocks
         start = time.perf_counter()
-        process = subprocess.Popen([str(BIN / "chatchat"), "kb", "-r", "-n", KB_NAME], env=env, stdout=out, stderr=subprocess.STDOUT)
+        process = subprocess.Popen(chatchat_command("kb", "-r", "-n", KB_NAME), env=env, stdout=out, stderr=subprocess.STDOUT)
         _, status, usage = os.wait4(process.pid, 0)
         seconds = time.perf_counter() - start
     process.returncode = os.waitstatus_to_exitcode(status)  # reaped by wait4: keep Popen consistent

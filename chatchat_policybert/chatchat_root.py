@@ -20,7 +20,6 @@ import yaml
 
 from .errors import InputError
 
-BIN = Path(sys.executable).parent
 LOG_TAIL = 3000
 WORKER_MARK = "@@chatchat@@ "
 """Prefix of the worker's result lines (Chatchat prints freely to stdout too)."""
@@ -91,6 +90,11 @@ def run_chatchat(args: list[str], root: Path, what: str, timeout: float = 3600) 
     if result.returncode != 0:
         raise InputError(f"{what} failed (exit {result.returncode}):\n{log[-LOG_TAIL:]}")
     return log
+
+
+def chatchat_command(*args: str) -> list[str]:
+    """``chatchat ARGS`` run by this interpreter (``python -m chatchat.cli``), wherever pip put the script."""
+    return [sys.executable, "-m", "chatchat.cli", *args]
 
 
 def worker_command(mode: str, *args: str) -> list[str]:

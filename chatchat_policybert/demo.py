@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Sequence
 
 from . import cli
-from .chatchat_root import BIN, ChatchatWorker, content_dir, index_size, run_chatchat, vector_store_dir
+from .chatchat_root import ChatchatWorker, chatchat_command, content_dir, index_size, run_chatchat, vector_store_dir
 from .corpus import PolicyDocument, export_policies, read_policies
 from .data import CORPUS_CSV, LEXICON
 from .errors import run_cli
@@ -81,9 +81,9 @@ def build_local_model(out_dir: Path, lexicon_path: Path, documents: Sequence[Pol
 
 
 def run_step(title: str, args: list[str], root: Path) -> None:
-    """One Chatchat command in ``root``, shown as the user would type it; a failure ends the demo."""
-    print(f"[{title}] {' '.join(args)}", flush=True)
-    run_chatchat(args, root, title)
+    """``chatchat ARGS`` in ``root``, shown as the user would type it; a failure ends the demo."""
+    print(f"[{title}] chatchat {' '.join(args)}", flush=True)
+    run_chatchat(chatchat_command(*args), root, f"chatchat {args[0]}")
 
 
 def ollama_answers(url: str) -> bool:
@@ -112,13 +112,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         documents = [PolicyDocument(d.title, d.pubtime, d.channel, d.content[: args.max_doc_chars]) for d in documents]
     model = args.model.resolve() if args.model else obtain_model(root / "models" / "policybert", args.lexicon, documents)
 
-    run_step("init", [str(BIN / "chatchat"), "init"], root)
+    run_step("init", ["init"], root)
     if cli.main(["setup", "--root", str(root), "--model", str(model), "--ollama-url", args.ollama_url, "--no-check"]):
         return 1
     content = content_dir(root, KB_NAME)
     export_policies(documents, content)
     print(f"[corpus] {len(documents)} policies in {content}")
-    run_step("kb", [str(BIN / "chatchat"), "kb", "-r", "-n", KB_NAME], root)
+    run_step("kb", ["kb", "-r", "-n", KB_NAME], root)
     vectors = index_size(vector_store_dir(root, KB_NAME, EMBED_MODEL))
     if vectors == 0:
         print(f"[kb] FAILED: no FAISS index was written; run `chatchat-policybert doctor --root {root}`", file=sys.stderr)

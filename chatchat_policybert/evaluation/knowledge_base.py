@@ -16,9 +16,9 @@ from pathlib import Path
 import numpy as np
 
 from chatchat_policybert.chatchat_root import (
-    BIN,
     LOG_TAIL,
     call_worker,
+    chatchat_command,
     content_dir,
     default_kb,
     faiss_indexes,
@@ -43,7 +43,7 @@ def prepare_root(root: Path, corpus: Corpus, model: Path | None, build_index: bo
     ``chatchat kb -r`` exits 0 even when embedding fails, so success is judged by the index file.
     """
     root.mkdir(parents=True, exist_ok=True)
-    run_chatchat([str(BIN / "chatchat"), "init"], root, "chatchat init")
+    run_chatchat(chatchat_command("init"), root, "chatchat init")
     setup = [sys.executable, "-m", "chatchat_policybert.cli", "setup", "--root", str(root), "--no-check"]
     if model is not None:
         setup += ["--model", str(Path(model).resolve())]
@@ -53,7 +53,7 @@ def prepare_root(root: Path, corpus: Corpus, model: Path | None, build_index: bo
     if build_index:
         if model is None:
             raise InputError("building the FAISS index needs a model (--model)")
-        log = run_chatchat([str(BIN / "chatchat"), "kb", "-r", "-n", kb], root, "chatchat kb -r")
+        log = run_chatchat(chatchat_command("kb", "-r", "-n", kb), root, "chatchat kb -r")
         if not faiss_indexes(root, kb):
             raise InputError(f"`chatchat kb -r -n {kb}` built no FAISS index:\n{log[-LOG_TAIL:]}")
     return kb
