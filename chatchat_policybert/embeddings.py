@@ -9,6 +9,7 @@ from __future__ import annotations
 import logging
 import os
 import threading
+from collections.abc import Mapping
 
 import numpy as np
 import torch
@@ -45,6 +46,22 @@ def auto_dtype(device: str, flags: set[str] | None = None) -> str:
     if device.startswith("cuda"):
         return "bfloat16" if torch.cuda.is_available() and torch.cuda.is_bf16_supported() else "float32"
     return "bfloat16" if (cpu_flags() if flags is None else flags) & BF16_CPU_FLAGS else "float32"
+
+
+def cls_vectors(model: torch.nn.Module, batch: Mapping[str, torch.Tensor]) -> torch.Tensor:
+    """The L2-normalised [CLS] states (float32) of one collated batch, as bge pools.
+
+    The one pooling step of serving (:class:`PolicyBertEmbeddings`) and of contrastive training
+    (``training.contrastive``), so that a model is trained on exactly the vectors it will serve.
+    Gradients flow unless the caller disables them (inference mode here, ``no_grad`` in evaluation).
+    """
+    output = model(**batch)
+    return torch.nn.functional.normalize(output.last_hidden_state[:, 0].float(), dim=-1)
+
+
+def token_limit(model: torch.nn.Module, max_length: int) -> int:
+    """Tokens per text: ``max_length``, capped at the model's position embeddings (serving and training alike)."""
+    return min(max_length, model.config.max_position_embeddings)
 
 
 class PolicyBertEmbeddings(Embeddings):
@@ -88,7 +105,7 @@ class PolicyBertEmbeddings(Embeddings):
         self.dtype = dtype
         self.batch_size = batch_size
         self.batch_tokens = batch_tokens
-        self.max_length = min(max_length, self.model.config.max_position_embeddings)
+        self.max_length = token_limit(self.model, max_length)
         self.query_instruction = query_instruction
         self.long_text = long_text
         self.dimension = self.model.config.hidden_size
@@ -128,9 +145,7 @@ class PolicyBertEmbeddings(Embeddings):
                 size = max(1, min(self.batch_size, self.batch_tokens // int(lengths[order[start]])))
                 index = order[start : start + size]
                 batch = self.tokenizer.collate([encodings[i] for i in index], [texts[i] for i in index])
-                output = self.model(**batch.to(self.device))
-                cls = torch.nn.functional.normalize(output.last_hidden_state[:, 0].float(), dim=-1)
-                vectors[index] = cls.cpu().numpy()
+                vectors[index] = cls_vectors(self.model, batch.to(self.device)).cpu().numpy()
                 start += size
         return vectors
 
