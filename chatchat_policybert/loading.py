@@ -4,15 +4,22 @@ A PolicyBERT directory holds ``config.json`` (``model_type: policybert``), ``mod
 the tokenizer files and ``lexicon.txt``; a plain BERT/bge directory lacks the lexicon and runs
 with the word stream off. ``from_pretrained`` alone would warn and randomly initialise whatever
 tensors are missing — here that is an error, because it would silently change every vector.
+
+:func:`load_model_dir` is the one loader of runtime and training: every stage (pre-training,
+fine-tuning, merging, serving) gets the same refusals, and a stage that creates a head names it
+in ``allow_missing`` instead of switching the check off.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import re
+import struct
 from pathlib import Path
 
 import torch
+from safetensors import SafetensorError
 from transformers import BertModel, PreTrainedModel
 
 from .errors import InputError
@@ -24,10 +31,28 @@ from .tokenization import PolicyBertTokenizer
 WEIGHT_FILES = ("model.safetensors", "pytorch_model.bin")
 TOKENIZER_FILES = ("tokenizer.json", "vocab.txt")
 SUPPORTED_TYPES = ("policybert", "bert")
+# Files whose ``auto_map`` would make transformers import Python code shipped in the directory.
+REMOTE_CODE_FILES = ("config.json", "tokenizer_config.json")
+# Rows an embedding may have beyond the tokenizer's vocabulary: checkpoints pad their embedding to a
+# multiple of 64 or 128 for speed, so unused rows up to that are normal; more means the wrong tokenizer.
+MAX_UNUSED_VOCAB_ROWS = 127
+# A Hugging Face hub id: ``owner/name``, letters, digits, ``_ . -``. Anything else can only be a local path.
+_HUB_ID = re.compile(r"[A-Za-z0-9][\w.-]{0,95}/[A-Za-z0-9][\w.-]{0,95}")
 
 
 class ModelDirError(InputError):
     """A model directory (or hub id) that cannot be used as an embedding model."""
+
+
+def _looks_like_path(name: str) -> bool:
+    """Whether a missing ``name`` is meant as a local path (so: "no such directory", not a hub download).
+
+    A hub id is ``owner/name``; ``models/bge`` has that shape too, so a name whose first component
+    exists here as a directory is also taken as a path.
+    """
+    if not _HUB_ID.fullmatch(name) or ".." in name:
+        return True
+    return Path(name.split("/", 1)[0]).is_dir()
 
 
 def resolve_model_dir(name_or_path: str | os.PathLike) -> Path:
@@ -36,8 +61,10 @@ def resolve_model_dir(name_or_path: str | os.PathLike) -> Path:
     if path.is_dir():
         return path
     name = str(name_or_path)
-    if path.exists() or name.count("/") != 1 or name.startswith((".", "/", "~")):
-        raise ModelDirError(f"model directory not found: {name}")
+    if path.exists():
+        raise ModelDirError(f"model directory not found: {name} is a file, expected a directory")
+    if _looks_like_path(name):
+        raise ModelDirError(f"model directory not found: no such directory {name} (resolved to {path.absolute()})")
     from huggingface_hub import snapshot_download
 
     try:
@@ -50,6 +77,7 @@ def resolve_model_dir(name_or_path: str | os.PathLike) -> Path:
 
 
 def read_config(path: Path) -> dict:
+    """``config.json`` of a model directory, checked to be JSON of a supported ``model_type``."""
     config_file = path / "config.json"
     if not config_file.is_file():
         raise ModelDirError(f"{path}: no config.json (expected a PolicyBERT or BERT model directory)")
@@ -57,11 +85,162 @@ def read_config(path: Path) -> dict:
         config = json.loads(config_file.read_text(encoding="utf-8"))
     except (json.JSONDecodeError, UnicodeDecodeError) as err:
         raise ModelDirError(f"{config_file}: not valid JSON ({err})") from None
+    if not isinstance(config, dict):
+        raise ModelDirError(f"{config_file}: expected a JSON object, got {type(config).__name__}")
     if config.get("model_type") not in SUPPORTED_TYPES:
         raise ModelDirError(
             f"{config_file}: model_type {config.get('model_type')!r} is not one of {SUPPORTED_TYPES}"
         )
     return config
+
+
+def refuse_remote_code(path: Path) -> None:
+    """Refuse a directory that asks transformers to run its own Python (``auto_map``).
+
+    PolicyBERT and BERT need no custom code; a directory that maps a class to a ``.py`` file in it
+    is either not ours or tampered with, and transformers would import that file (after a y/N
+    prompt that a careless "y" answers). Loading also passes ``trust_remote_code=False``.
+    """
+    for name in REMOTE_CODE_FILES:
+        file = path / name
+        if not file.is_file():
+            continue
+        try:
+            content = json.loads(file.read_text(encoding="utf-8"))
+        except (json.JSONDecodeError, UnicodeDecodeError) as err:
+            raise ModelDirError(f"{file}: not valid JSON ({err})") from None
+        if isinstance(content, dict) and "auto_map" in content:
+            raise ModelDirError(
+                f"{file}: has auto_map (custom Python code in the directory); PolicyBERT never runs a model "
+                f"directory's own code — remove auto_map or use a directory saved by this package"
+            )
+
+
+def check_safetensors(file: Path) -> None:
+    """Refuse a truncated or corrupt ``model.safetensors`` before safetensors raises its own error.
+
+    The format is an 8-byte little-endian header length, a JSON header whose ``data_offsets`` end
+    at the data size, then the data; a file cut short (an interrupted copy) has less data than that.
+    """
+    size = file.stat().st_size
+    with file.open("rb") as f:
+        head = f.read(8)
+        header_len = struct.unpack("<Q", head)[0] if len(head) == 8 else -1
+        if not 2 <= header_len <= size - 8:
+            raise ModelDirError(f"{file}: not a safetensors file or truncated ({size} bytes, no complete header)")
+        try:
+            header = json.loads(f.read(header_len))
+            data_end = max((int(v["data_offsets"][1]) for k, v in header.items() if k != "__metadata__"), default=0)
+        except (ValueError, TypeError, KeyError, IndexError, AttributeError):
+            raise ModelDirError(f"{file}: corrupt safetensors header") from None
+    if 8 + header_len + data_end > size:
+        raise ModelDirError(
+            f"{file}: truncated ({size} bytes, its header describes {8 + header_len + data_end}); copy the file again"
+        )
+
+
+def _check_vocab(path: Path, config: dict, tokenizer: PolicyBertTokenizer) -> None:
+    """The tokenizer's ids must index the embedding, and the embedding must not dwarf the tokenizer.
+
+    An id beyond ``vocab_size`` fails only on the first rare character (an index error mid-request);
+    a tokenizer far smaller than the embedding maps most text to ``[UNK]`` without any error.
+    """
+    size, rows = len(tokenizer.tokenizer), config.get("vocab_size")
+    if not isinstance(rows, int):
+        raise ModelDirError(f"{path / 'config.json'}: vocab_size {rows!r} is not an integer")
+    files = " / ".join(f for f in TOKENIZER_FILES if (path / f).is_file())
+    if size > rows:
+        raise ModelDirError(
+            f"{path}: tokenizer ({files}) has {size} tokens but config.json vocab_size is {rows}: "
+            f"ids {rows}..{size - 1} have no embedding row"
+        )
+    if rows - size > MAX_UNUSED_VOCAB_ROWS:
+        raise ModelDirError(
+            f"{path}: tokenizer ({files}) has {size} tokens but config.json vocab_size is {rows} "
+            f"(more than {MAX_UNUSED_VOCAB_ROWS} unused rows): the tokenizer does not belong to these weights"
+        )
+
+
+def _check_lexicon(path: Path, config: dict, tokenizer: PolicyBertTokenizer) -> None:
+    """A model directory's lexicon must give each line its own id: a duplicate would shift every later id."""
+    lexicon_file = path / LEXICON_FILE
+    lexicon = tokenizer.lexicon
+    if lexicon.merged:
+        word, raws = next(iter(lexicon.merged.items()))
+        raise ModelDirError(
+            f"{lexicon_file}: {sum(len(r) - 1 for r in lexicon.merged.values())} duplicate entries (e.g. "
+            f"{' + '.join(map(repr, raws))} -> {word!r}) would shift the word ids the weights were trained with; "
+            f"only building a lexicon may merge duplicates"
+        )
+    if len(lexicon) != config["word_vocab_size"]:
+        raise ModelDirError(
+            f"{lexicon_file}: {len(lexicon) - 1} words + padding = {len(lexicon)}, "
+            f"but config.json has word_vocab_size {config['word_vocab_size']}"
+        )
+
+
+def load_model_dir(
+    name_or_path: str | os.PathLike,
+    model_class: type[PreTrainedModel] | None = None,
+    allow_missing: tuple[str, ...] = (),
+    device: str | torch.device = "cpu",
+    **model_kwargs,
+) -> tuple[PreTrainedModel, PolicyBertTokenizer]:
+    """Load a model directory as ``model_class`` (float32, eval mode, on ``device``) with its tokenizer.
+
+    ``model_class`` defaults to :class:`PolicyBertModel` or :class:`BertModel` by ``model_type``;
+    a training class (``PolicyBertForPreTraining``, ``...ForSequenceClassification``) must match
+    the directory's ``model_type``. A tensor the class has and the checkpoint lacks is refused
+    unless its name starts with one of ``allow_missing`` — the heads the calling stage creates
+    (e.g. ``("cls.",)`` for pre-training, ``("classifier.",)`` for fine-tuning), which are then
+    freshly initialised. ``model_kwargs`` go to ``from_pretrained`` (e.g. ``num_labels``).
+    Training stages call ``.train()`` themselves.
+    """
+    path = resolve_model_dir(name_or_path)
+    config = read_config(path)
+    refuse_remote_code(path)
+    if model_class is not None and model_class.config_class.model_type != config["model_type"]:
+        raise ModelDirError(
+            f"{path / 'config.json'}: model_type {config['model_type']!r}, but {model_class.__name__} "
+            f"needs a {model_class.config_class.model_type!r} directory"
+        )
+    weights = next((path / f for f in WEIGHT_FILES if (path / f).is_file()), None)
+    if weights is None:
+        raise ModelDirError(f"{path}: no weights file (expected one of {', '.join(WEIGHT_FILES)})")
+    if weights.suffix == ".safetensors":
+        check_safetensors(weights)
+    if not any((path / f).is_file() for f in TOKENIZER_FILES):
+        raise ModelDirError(f"{path}: no tokenizer (expected one of {', '.join(TOKENIZER_FILES)})")
+    is_policybert = config["model_type"] == "policybert" and config.get("word_vocab_size", 0) > 0
+    if is_policybert and not (path / LEXICON_FILE).is_file():
+        raise ModelDirError(f"{path}: no {LEXICON_FILE} (a PolicyBERT directory carries its lexicon)")
+    try:
+        tokenizer = PolicyBertTokenizer.from_pretrained(path)
+    except LexiconError as err:
+        raise ModelDirError(str(err)) from None
+    except (ValueError, OSError) as err:
+        raise ModelDirError(f"{path}: tokenizer files cannot be read: {str(err).strip().splitlines()[0]}") from None
+    _check_vocab(path, config, tokenizer)
+    if is_policybert:
+        _check_lexicon(path, config, tokenizer)
+    else:
+        tokenizer.lexicon = None
+    if model_class is None:
+        model_class = PolicyBertModel if config["model_type"] == "policybert" else BertModel
+    try:
+        model, info = model_class.from_pretrained(
+            path, dtype=torch.float32, output_loading_info=True, trust_remote_code=False, **model_kwargs
+        )
+    except (RuntimeError, ValueError, OSError, SafetensorError) as err:
+        raise ModelDirError(f"{path}: weights do not fit config.json: {str(err).strip().splitlines()[0]}") from None
+    missing = [k for k in info["missing_keys"] if not k.startswith(allow_missing)]
+    if missing or info.get("mismatched_keys"):
+        problem = missing or [k if isinstance(k, str) else k[0] for k in info["mismatched_keys"]]
+        raise ModelDirError(
+            f"{path}: weights do not fit config.json ({len(problem)} tensors missing or of the wrong shape, "
+            f"e.g. {problem[0]})"
+        )
+    return model.to(device).eval(), tokenizer
 
 
 def load_policybert(
@@ -70,41 +249,9 @@ def load_policybert(
     """Load a PolicyBERT (or plain BERT) directory for inference: float32, eval mode, on ``device``.
 
     Lower precision is a compute choice (autocast in :class:`PolicyBertEmbeddings`), not a load one.
+    The pooler may be missing: embeddings read the [CLS] hidden state, never the pooler output.
     """
-    path = resolve_model_dir(name_or_path)
-    config = read_config(path)
-    if not any((path / f).is_file() for f in WEIGHT_FILES):
-        raise ModelDirError(f"{path}: no weights file (expected one of {', '.join(WEIGHT_FILES)})")
-    if not any((path / f).is_file() for f in TOKENIZER_FILES):
-        raise ModelDirError(f"{path}: no tokenizer (expected one of {', '.join(TOKENIZER_FILES)})")
-    is_policybert = config["model_type"] == "policybert" and config.get("word_vocab_size", 0) > 0
-    lexicon_file = path / LEXICON_FILE
-    if is_policybert and not lexicon_file.is_file():
-        raise ModelDirError(f"{path}: no {LEXICON_FILE} (a PolicyBERT directory carries its lexicon)")
-    try:
-        tokenizer = PolicyBertTokenizer.from_pretrained(path)
-    except LexiconError as err:
-        raise ModelDirError(str(err)) from None
-    if is_policybert and len(tokenizer.lexicon) != config["word_vocab_size"]:
-        raise ModelDirError(
-            f"{lexicon_file}: {len(tokenizer.lexicon) - 1} words + padding = {len(tokenizer.lexicon)}, "
-            f"but config.json has word_vocab_size {config['word_vocab_size']}"
-        )
-    if not is_policybert:
-        tokenizer.lexicon = None
-    model_class = PolicyBertModel if config["model_type"] == "policybert" else BertModel
-    try:
-        model, info = model_class.from_pretrained(path, dtype=torch.float32, output_loading_info=True)
-    except (RuntimeError, ValueError, OSError) as err:
-        raise ModelDirError(f"{path}: weights do not fit config.json: {str(err).strip().splitlines()[0]}") from None
-    missing = [k for k in info["missing_keys"] if not k.startswith("pooler.")]
-    if missing or info.get("mismatched_keys"):
-        problem = missing or [k if isinstance(k, str) else k[0] for k in info["mismatched_keys"]]
-        raise ModelDirError(
-            f"{path}: weights do not fit config.json ({len(problem)} tensors missing or of the wrong shape, "
-            f"e.g. {problem[0]})"
-        )
-    return model.to(device).eval(), tokenizer
+    return load_model_dir(name_or_path, allow_missing=("pooler.",), device=device)
 
 
 def save_model_dir(

@@ -76,7 +76,8 @@ class PolicyBertTokenizer:
         config = json.loads((path / "config.json").read_text(encoding="utf-8")) if (path / "config.json").is_file() else {}
         lexicon = Lexicon.load(path / LEXICON_FILE) if (path / LEXICON_FILE).is_file() else None
         return cls(
-            AutoTokenizer.from_pretrained(path),
+            # Never import Python from a model directory (see loading.refuse_remote_code).
+            AutoTokenizer.from_pretrained(path, trust_remote_code=False),
             lexicon,
             max_words=config.get("max_words", 40),
             max_words_span=config.get("max_words_span", 128),

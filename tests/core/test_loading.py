@@ -8,10 +8,16 @@ from pathlib import Path
 
 import pytest
 import torch
+from safetensors.torch import load_file, save_file
 from transformers import BertModel
 
-from chatchat_policybert.loading import ModelDirError, load_policybert, save_model_dir
-from chatchat_policybert.modeling import PolicyBertModel
+from chatchat_policybert.loading import ModelDirError, load_model_dir, load_policybert, save_model_dir
+from chatchat_policybert.modeling import (
+    PolicyBertForPreTraining,
+    PolicyBertForSequenceClassification,
+    PolicyBertModel,
+)
+from chatchat_policybert.testing import build_char_tokenizer
 
 
 @pytest.fixture
@@ -192,3 +198,114 @@ def test_save_model_dir_failure_keeps_previous_model(tiny_model_dir, tmp_path, p
     save_model_dir(model, tokenizer, out, extra_files={"NOTES.md": "merged"})
     assert (out / "NOTES.md").read_text(encoding="utf-8") == "merged"
     assert leftovers(tmp_path, "model") == []
+
+
+# --- issue #15: loader hardening; issue #13: one loader for runtime and training ---------------
+
+
+def test_truncated_safetensors_is_a_model_dir_error(policy_dir):
+    """An interrupted copy: safetensors' own SafetensorError must not escape."""
+    weights = policy_dir / "model.safetensors"
+    data = weights.read_bytes()
+    for cut in (len(data) // 2, 4, 100):
+        weights.write_bytes(data[:cut])
+        with pytest.raises(ModelDirError) as err:
+            load_policybert(policy_dir)
+        assert "model.safetensors" in one_line(err) and "truncated" in str(err.value)
+
+
+def save_char_tokenizer(path: Path, texts: list[str]) -> int:
+    """Replace the directory's tokenizer by a character tokenizer of ``texts``; returns its size."""
+    for name in ("tokenizer.json", "vocab.txt", "tokenizer_config.json", "special_tokens_map.json"):
+        (path / name).unlink(missing_ok=True)
+    tokenizer = build_char_tokenizer(texts)
+    tokenizer.save_pretrained(path)
+    return len(tokenizer)
+
+
+def test_tokenizer_larger_than_embedding_is_refused(policy_dir, policy_documents, reference_lexicon):
+    """Ids past vocab_size would only fail on the first rare character, mid-request."""
+    rows = json.loads((policy_dir / "config.json").read_text(encoding="utf-8"))["vocab_size"]
+    texts = [d["contentText"] for d in policy_documents] + list(reference_lexicon.words)
+    size = save_char_tokenizer(policy_dir, texts + ["abcdefghijklmnopqrstuvwxyz0123456789", "龘靐齉爩鱻麤"])
+    assert size > rows
+    with pytest.raises(ModelDirError) as err:
+        load_policybert(policy_dir)
+    message = one_line(err)
+    assert f"{size} tokens" in message and f"vocab_size is {rows}" in message and "tokenizer.json" in message
+
+
+def test_tokenizer_far_smaller_than_embedding_is_refused(policy_dir):
+    """A 5-character tokenizer beside a ~2,600-row embedding maps nearly every character to [UNK]."""
+    size = save_char_tokenizer(policy_dir, ["数据安全"])
+    with pytest.raises(ModelDirError, match="does not belong") as err:
+        load_policybert(policy_dir)
+    assert f"{size} tokens" in one_line(err)
+
+
+@pytest.mark.parametrize("file", ["tokenizer_config.json", "config.json"])
+def test_remote_code_directories_are_refused(policy_dir, file):
+    """auto_map makes transformers import a .py from the directory; it must never run."""
+    marker = policy_dir / "ran.txt"
+    (policy_dir / "evil.py").write_text(f"open({str(marker)!r}, 'w').write('ran')\n", encoding="utf-8")
+    content = json.loads((policy_dir / file).read_text(encoding="utf-8"))
+    content["auto_map"] = {"AutoTokenizer": ["evil.EvilTokenizer", None], "AutoModel": "evil.EvilModel"}
+    content.pop("tokenizer_class", None)
+    (policy_dir / file).write_text(json.dumps(content), encoding="utf-8")
+    with pytest.raises(ModelDirError, match="auto_map") as err:
+        load_policybert(policy_dir)
+    assert file in one_line(err)
+    assert not marker.exists()
+
+
+def test_duplicate_lexicon_line_is_refused(policy_dir):
+    """A copy inserted before the original keeps word_vocab_size but shifts every id after it."""
+    lexicon_file = policy_dir / "lexicon.txt"
+    lines = lexicon_file.read_text(encoding="utf-8").splitlines()
+    lexicon_file.write_text("\n".join([lines[10]] + lines) + "\n", encoding="utf-8")
+    with pytest.raises(ModelDirError, match="duplicate") as err:
+        load_policybert(policy_dir)
+    assert "lexicon.txt" in one_line(err) and lines[10].rsplit(",", 1)[0] in str(err.value)
+
+
+def test_relative_path_under_an_existing_folder_is_not_a_hub_id(tmp_path, monkeypatch):
+    """``models/bge`` has a hub id's shape; with ``models/`` here it is a typo, not a download."""
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "models").mkdir()
+    with pytest.raises(ModelDirError, match="no such directory") as err:
+        load_policybert("models/bge-base-zh")
+    assert "models/bge-base-zh" in one_line(err)
+
+
+def drop_tensor(path: Path, prefix: str) -> str:
+    """Remove the first tensor whose name starts with ``prefix`` from model.safetensors; returns its name."""
+    weights = path / "model.safetensors"
+    state = load_file(weights)
+    name = next(k for k in sorted(state) if k.startswith(prefix))
+    del state[name]
+    save_file(state, weights, metadata={"format": "pt"})
+    return name
+
+
+def test_training_class_allow_list(policy_dir):
+    """Pre-training creates its heads (allowed by name); a missing encoder tensor is refused all the same."""
+    with pytest.raises(ModelDirError, match="missing") as err:
+        load_model_dir(policy_dir, PolicyBertForPreTraining)
+    assert "cls." in one_line(err)
+    model, tokenizer = load_model_dir(policy_dir, PolicyBertForPreTraining, allow_missing=("cls.", "bert.pooler."))
+    assert type(model) is PolicyBertForPreTraining and tokenizer.lexicon is not None
+    classifier, _ = load_model_dir(
+        policy_dir, PolicyBertForSequenceClassification, allow_missing=("classifier.", "bert.pooler."), num_labels=2
+    )
+    assert classifier.config.num_labels == 2
+    name = drop_tensor(policy_dir, "encoder.layer.1.")
+    with pytest.raises(ModelDirError, match="missing") as err:
+        load_model_dir(policy_dir, PolicyBertForPreTraining, allow_missing=("cls.", "bert.pooler."))
+    assert name in one_line(err)
+
+
+def test_training_class_must_match_model_type(bert_dir):
+    with pytest.raises(ModelDirError, match="PolicyBertForPreTraining") as err:
+        load_model_dir(bert_dir, PolicyBertForPreTraining, allow_missing=("cls.",))
+    assert "'bert'" in one_line(err)
