@@ -1,0 +1,386 @@
+"""The one training loop of every stage (pre-training, fine-tuning, contrastive), flat like nanoGPT's ``train.py``.
+
+A stage describes its data and objective as a :class:`Task` and its settings as a subclass of
+:class:`TrainConfig` (with its thesis defaults); :func:`parse_config` turns that dataclass into
+flags, :func:`train` runs it. The same code runs on one process or under
+``torchrun --nproc_per_node N`` (DistributedDataParallel, gloo on CPU, nccl on CUDA):
+
+* ``batch_size`` is the GLOBAL batch of one optimiser step = per-process micro-batch × processes ×
+  ``grad_accum``. Each epoch's order is one seeded permutation; step s takes its slice of
+  ``batch_size`` examples (the last one topped up from the start of the order, so that every
+  micro-batch has the same size) and cuts it into processes × ``grad_accum`` micro-batches; process
+  r runs micro-batches r·grad_accum … (r+1)·grad_accum − 1.
+* Every micro-batch seeds torch's generator (dropout) and the task's own randomness from its
+  position (epoch, step, micro-batch), never from what ran before. So a run is the same whatever
+  the number of processes (up to float summation order), and ``--resume`` continues bit for bit
+  from a checkpoint of weights, optimiser, schedule, scaler and the step.
+* Only the main process (rank 0) evaluates and writes ``checkpoint.pt``, ``metrics.json`` and
+  ``run.json``; the stage writes ``final/`` there too (:func:`is_main_process`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import json
+import math
+import os
+import random
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, Literal, Protocol, TypeVar, overload
+
+import torch
+import torch.distributed as dist
+from torch import nn
+from tqdm import tqdm
+from transformers import HfArgumentParser, get_linear_schedule_with_warmup
+
+from chatchat_policybert.errors import InputError
+from chatchat_policybert.files import atomic_path
+
+Precision = Literal["auto", "fp32", "bf16", "fp16"]
+# Settings a resumed run may change: they do not alter the training trajectory.
+RESUMABLE = {"out", "resume", "stop_after", "checkpoint_every", "device", "eval_batch_size", "gradient_checkpointing"}
+CHECKPOINT, METRICS, RUN = "checkpoint.pt", "metrics.json", "run.json"
+
+
+def _help(text: str) -> dict[str, str]:
+    return {"help": text}
+
+
+@dataclass
+class TrainConfig:
+    """The settings every stage shares. Defaults are the thesis's (its Tables 2, 3, 5, 6 and the author's
+    scripts: lr 5e-5, batch 32, 3 epochs, warm-up over 0.9 of the steps, max length 128); a stage's
+    subclass overrides what differs."""
+
+    out: Path = field(metadata=_help("folder for checkpoint.pt, metrics.json and final/"))
+    resume: bool = field(default=False, metadata=_help("continue from OUT/checkpoint.pt"))
+    lr: float = field(default=5e-5, metadata=_help("peak learning rate"))
+    batch_size: int = field(
+        default=32, metadata=_help("GLOBAL examples per optimiser step = per-process micro-batch × processes × grad-accum")
+    )
+    grad_accum: int = field(default=1, metadata=_help("micro-batches per process per optimiser step"))
+    eval_batch_size: int = field(default=32, metadata=_help("examples per batch when evaluating"))
+    epochs: int = field(default=3, metadata=_help("passes over the training examples"))
+    max_steps: int | None = field(default=None, metadata=_help("stop after this many optimiser steps (overrides --epochs)"))
+    warmup_proportion: float = field(default=0.9, metadata=_help("share of the steps the learning rate warms up over"))
+    weight_decay: float = field(default=0.01, metadata=_help("AdamW decay (none on biases and LayerNorm)"))
+    max_length: int = field(default=128, metadata=_help("tokens per example"))
+    seed: int = field(default=42, metadata=_help("training randomness: order, masks, dropout"))
+    device: str = field(default="auto", metadata=_help("auto, cpu, cuda, … (under torchrun each process takes cuda:LOCAL_RANK)"))
+    precision: Precision = field(default="auto", metadata=_help("auto: bf16 (or fp16) on a GPU, fp32 on CPU"))
+    checkpoint_every: int = field(default=500, metadata=_help("optimiser steps between checkpoints"))
+    stop_after: int | None = field(default=None, metadata=_help("checkpoint and exit after this step (time-limited sessions)"))
+    gradient_checkpointing: bool = field(default=False, metadata=_help("recompute activations in backward: less memory, slower"))
+
+    def __post_init__(self) -> None:
+        """Refuses settings no run can use, naming the flag, before any model is loaded."""
+        self.out = Path(self.out)
+        positive = {
+            "lr": self.lr, "batch_size": self.batch_size, "grad_accum": self.grad_accum, "epochs": self.epochs,
+            "eval_batch_size": self.eval_batch_size, "max_length": self.max_length, "checkpoint_every": self.checkpoint_every,
+            "max_steps": self.max_steps, "stop_after": self.stop_after,
+        }  # fmt: skip
+        for name, value in positive.items():
+            if value is not None and value <= 0:
+                raise InputError(f"--{name.replace('_', '-')} {value}: expected a number above 0")
+        for name in ("warmup_proportion", "weight_decay"):
+            if not 0.0 <= getattr(self, name) <= 1.0:
+                raise InputError(f"--{name.replace('_', '-')} {getattr(self, name)}: expected a value from 0 to 1")
+        if self.precision not in Precision.__args__:
+            raise InputError(f"--precision {self.precision!r}: expected one of {', '.join(Precision.__args__)}")
+
+
+class Task(Protocol):
+    """What a stage hands :func:`train`."""
+
+    def __len__(self) -> int:
+        """Training examples."""
+
+    def batch(self, indices: list[int], key: str) -> dict[str, torch.Tensor]:
+        """One micro-batch of the training examples ``indices``, on CPU; ``key`` seeds its randomness."""
+
+    def loss(self, model: nn.Module, batch: dict[str, torch.Tensor]) -> torch.Tensor:
+        """The mean loss of ``batch`` (already on the model's device, under autocast)."""
+
+    def evaluate(self, model: nn.Module) -> dict:
+        """Held-out metrics; main process only, the model unwrapped, in eval mode, under no_grad and autocast."""
+
+
+class _Parser(HfArgumentParser):
+    """Bad flags become an :class:`InputError` (one line, exit 2 through ``run_cli``), like every other bad input."""
+
+    def error(self, message: str) -> None:  # type: ignore[override]
+        raise InputError(f"{self.prog}: {message}")
+
+
+C = TypeVar("C", bound=TrainConfig)
+
+
+@overload
+def parse_config(config_class: type[C], argv: Sequence[str] | None, prog: str, description: str) -> C: ...
+@overload
+def parse_config(
+    config_class: type[C], argv: Sequence[str] | None, prog: str, description: str, extra: tuple[type, ...],
+    presets: Mapping[str, Mapping[str, Any]] = ...,
+) -> tuple[Any, ...]: ...  # fmt: skip
+def parse_config(
+    config_class: type[C],
+    argv: Sequence[str] | None,
+    prog: str,
+    description: str,
+    extra: tuple[type, ...] = (),
+    presets: Mapping[str, Mapping[str, Any]] | None = None,
+) -> C | tuple[Any, ...]:
+    """One flag per dataclass field (``--batch-size`` for ``batch_size``; help from the field's metadata).
+
+    ``extra`` are further dataclasses (e.g. a stage's input paths, kept out of the config that a
+    resumed run compares); with them the result is ``(config, *extras)``. ``presets`` name sets of
+    defaults (``--preset NAME``) that flags given on the command line still override.
+    """
+    parser = _Parser([config_class, *extra], prog=prog, description=description)
+    if presets:
+        parser.add_argument("--preset", choices=sorted(presets), help="named defaults: " + "; ".join(
+            f"{name}: " + ", ".join(f"{k}={v}" for k, v in values.items()) for name, values in presets.items()
+        ))  # fmt: skip
+        chosen = parser.parse_known_args(argv)[0].preset
+        if chosen:
+            parser.set_defaults(**presets[chosen])
+    parsed = parser.parse_args_into_dataclasses(args=argv, look_for_args_file=False)
+    dataclass_objects = [obj for obj in parsed if dataclasses.is_dataclass(obj)]
+    return dataclass_objects[0] if not extra else tuple(dataclass_objects)
+
+
+def config_dict(cfg: TrainConfig) -> dict[str, Any]:
+    """The settings as JSON values (paths as strings), for ``run.json`` and the checkpoint."""
+    return {k: str(v) if isinstance(v, Path) else v for k, v in asdict(cfg).items()}
+
+
+def process_rank() -> int:
+    """This process's rank under torchrun (``RANK``), 0 when launched alone."""
+    return int(os.environ.get("RANK", 0))
+
+
+def process_count() -> int:
+    """Processes in the run (torchrun's ``WORLD_SIZE``), 1 when launched alone."""
+    return int(os.environ.get("WORLD_SIZE", 1))
+
+
+def is_main_process() -> bool:
+    """Whether this process writes files and prints: rank 0, or the only process."""
+    return process_rank() == 0
+
+
+def pick_device(name: str) -> torch.device:
+    """``auto`` takes the GPU where there is one; under torchrun each process takes its own (``LOCAL_RANK``)."""
+    device = torch.device("cuda" if name == "auto" and torch.cuda.is_available() else "cpu" if name == "auto" else name)
+    if device.type == "cuda" and process_count() > 1:
+        return torch.device("cuda", int(os.environ.get("LOCAL_RANK", 0)))
+    return device
+
+
+def pick_precision(name: str, device: torch.device) -> str:
+    """``auto``: bf16 on a GPU that has it, else fp16 on a GPU, fp32 on CPU (CPU autocast is slower there)."""
+    if name != "auto":
+        if name == "fp16" and device.type != "cuda":
+            raise InputError("--precision fp16 needs a CUDA device; use bf16 or fp32 on CPU")
+        return name
+    if device.type == "cuda":
+        return "bf16" if torch.cuda.is_bf16_supported() else "fp16"
+    return "fp32"
+
+
+def autocast(precision: str, device: torch.device) -> contextlib.AbstractContextManager:
+    """Reduced-precision matmuls for bf16/fp16; nothing for fp32."""
+    if precision == "fp32":
+        return contextlib.nullcontext()
+    dtype = torch.bfloat16 if precision == "bf16" else torch.float16
+    return torch.autocast(device_type=device.type, dtype=dtype)
+
+
+@contextlib.contextmanager
+def evaluating(model: nn.Module, precision: str) -> Iterator[None]:
+    """Eval mode, no gradients and the run's autocast, restoring training mode after: how every stage scores."""
+    was_training = model.training
+    model.eval()
+    try:
+        with torch.no_grad(), autocast(precision, next(model.parameters()).device):
+            yield
+    finally:
+        model.train(was_training)
+
+
+def make_optimizer(
+    model: nn.Module, lr: float, weight_decay: float, total_steps: int, warmup_proportion: float
+) -> tuple[torch.optim.Optimizer, torch.optim.lr_scheduler.LambdaLR]:
+    """AdamW without decay on biases and LayerNorm (as BERT), and a linear warm-up then linear decay to 0."""
+    decay, no_decay = [], []
+    for name, param in model.named_parameters():
+        if param.requires_grad:
+            (no_decay if param.ndim < 2 or "LayerNorm" in name else decay).append(param)
+    optimizer = torch.optim.AdamW(
+        [{"params": decay, "weight_decay": weight_decay}, {"params": no_decay, "weight_decay": 0.0}], lr=lr
+    )
+    scheduler = get_linear_schedule_with_warmup(optimizer, round(warmup_proportion * total_steps), total_steps)
+    return optimizer, scheduler
+
+
+def optimizer_step(
+    model: nn.Module, optimizer: torch.optim.Optimizer,
+    scheduler: torch.optim.lr_scheduler.LRScheduler, scaler: torch.amp.GradScaler,
+) -> None:  # fmt: skip
+    """One step after the backward passes: unscale, clip the gradient norm to 1.0, step, advance the schedule."""
+    scaler.unscale_(optimizer)
+    torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+    scaler.step(optimizer)
+    scaler.update()
+    optimizer.zero_grad(set_to_none=True)
+    scheduler.step()
+
+
+def write_json(data: object, path: Path) -> None:
+    """Metrics go to disk atomically so that a crash mid-write never leaves unreadable JSON."""
+    with atomic_path(path) as tmp:
+        tmp.write_text(json.dumps(data, indent=2) + "\n", encoding="utf-8")
+
+
+def load_checkpoint(path: Path, cfg: TrainConfig, device: torch.device) -> dict:
+    """The saved training state, refused (one line) when missing, unreadable or written with other settings."""
+    if not path.is_file():
+        raise InputError(f"{path}: no checkpoint to resume from")
+    try:
+        saved = torch.load(path, map_location=device, weights_only=True)
+    except Exception as exc:  # torch reports a truncated or foreign file as many different errors
+        raise InputError(f"{path}: not a readable checkpoint ({exc.__class__.__name__}); delete it to start over") from None
+    changed = {
+        k: (saved["config"].get(k), v) for k, v in config_dict(cfg).items() if k not in RESUMABLE and saved["config"].get(k) != v
+    }
+    if changed:
+        shown = ", ".join(f"{k} {old!r} -> {new!r}" for k, (old, new) in changed.items())
+        raise InputError(f"{path}: was written with other settings ({shown}); resume with the same ones")
+    return saved
+
+
+def train(model: nn.Module, task: Task, cfg: TrainConfig) -> tuple[list[dict], bool]:
+    """Trains ``model`` in place; returns the per-epoch metrics (also ``OUT/metrics.json``) and whether all steps ran.
+
+    Each record: epoch (fractional when a run stops mid-epoch), step, mean train loss of the
+    epoch's steps, learning rate, and ``held_out`` = ``task.evaluate`` (main process only).
+    """
+    rank, world = process_rank(), process_count()
+    main = rank == 0
+    if cfg.batch_size % (world * cfg.grad_accum):
+        raise InputError(
+            f"--batch-size {cfg.batch_size}: expected a multiple of processes × --grad-accum ({world} × {cfg.grad_accum})"
+        )
+    if len(task) == 0:
+        raise InputError("no training examples")
+    device = pick_device(cfg.device)
+    precision = pick_precision(cfg.precision, device)
+    started_group = world > 1 and not dist.is_initialized()
+    if started_group:
+        if device.type == "cuda":
+            torch.cuda.set_device(device)
+        dist.init_process_group("nccl" if device.type == "cuda" else "gloo")
+    micro = cfg.batch_size // (world * cfg.grad_accum)
+    steps_per_epoch = math.ceil(len(task) / cfg.batch_size)
+    total_steps = cfg.max_steps or cfg.epochs * steps_per_epoch
+    checkpoint = cfg.out / CHECKPOINT
+
+    if cfg.gradient_checkpointing:
+        if not getattr(model, "supports_gradient_checkpointing", False):
+            raise InputError(f"--gradient-checkpointing: {type(model).__name__} does not support it")
+        # Non-reentrant checkpointing is the kind DistributedDataParallel supports.
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    model.to(device).train()
+    optimizer, scheduler = make_optimizer(model, cfg.lr, cfg.weight_decay, total_steps, cfg.warmup_proportion)
+    scaler = torch.amp.GradScaler(device.type, enabled=precision == "fp16")
+    state: dict[str, Any] = {"step": 0, "loss_sum": 0.0, "history": []}  # loss_sum: this epoch's steps so far
+    if cfg.resume:
+        saved = load_checkpoint(checkpoint, cfg, device)
+        model.load_state_dict(saved["model"])
+        optimizer.load_state_dict(saved["optimizer"])
+        scheduler.load_state_dict(saved["scheduler"])
+        scaler.load_state_dict(saved["scaler"])
+        state = saved["state"]
+    # Some stages leave parameters without a gradient in a step (e.g. a frozen or unused head).
+    ddp = nn.parallel.DistributedDataParallel(model, find_unused_parameters=True) if world > 1 else None
+
+    def save_checkpoint() -> None:
+        payload = {
+            "config": config_dict(cfg), "model": model.state_dict(), "optimizer": optimizer.state_dict(),
+            "scheduler": scheduler.state_dict(), "scaler": scaler.state_dict(), "state": state,
+        }  # fmt: skip
+        with atomic_path(checkpoint) as tmp:
+            torch.save(payload, tmp)
+
+    if main:
+        cfg.out.mkdir(parents=True, exist_ok=True)
+        print(
+            f"{len(task)} training examples; {total_steps} steps of {cfg.batch_size} = {micro} × {world} process(es) "
+            f"× {cfg.grad_accum} accumulated, on {device} ({precision})"
+        )
+    bar = tqdm(total=total_steps, initial=state["step"], desc="training", unit="step", disable=not main)
+    stopped_early, order = False, None
+    for step in range(state["step"], total_steps):
+        epoch, position = divmod(step, steps_per_epoch)
+        if order is None or position == 0:
+            order = torch.randperm(len(task), generator=torch.Generator().manual_seed(cfg.seed * 1000 + epoch)).tolist()
+        chosen = order[position * cfg.batch_size : (position + 1) * cfg.batch_size]
+        chosen += order[: cfg.batch_size - len(chosen)]  # the last step of an epoch is topped up from its start
+        step_loss = torch.zeros((), device=device)
+        for micro_step in range(cfg.grad_accum):
+            part = rank * cfg.grad_accum + micro_step
+            key = f"{epoch}-{position}-{part}"
+            torch.manual_seed(random.Random(f"{cfg.seed}-{key}").getrandbits(63))  # dropout, whatever ran before
+            batch = {k: v.to(device) for k, v in task.batch(chosen[part * micro : (part + 1) * micro], key).items()}
+            # Processes exchange gradients once per optimiser step, after its last micro-batch.
+            sync = ddp.no_sync() if ddp is not None and micro_step < cfg.grad_accum - 1 else contextlib.nullcontext()
+            with sync:
+                with autocast(precision, device):
+                    loss = task.loss(ddp or model, batch) / cfg.grad_accum
+                scaler.scale(loss).backward()
+            step_loss += loss.detach()
+        optimizer_step(model, optimizer, scheduler, scaler)
+        if ddp is not None:
+            dist.all_reduce(step_loss)  # SUM: gloo has no AVG
+            step_loss /= world
+        state["step"] = step + 1
+        state["loss_sum"] += step_loss.item()
+        bar.update()
+        bar.set_postfix(loss=f"{state['loss_sum'] / (position + 1):.3f}")
+
+        if position == steps_per_epoch - 1 or state["step"] == total_steps:
+            record = {
+                "epoch": epoch + 1 if position == steps_per_epoch - 1 else round(epoch + (position + 1) / steps_per_epoch, 3),
+                "step": state["step"],
+                "train_loss": round(state["loss_sum"] / (position + 1), 4),
+                "lr": scheduler.get_last_lr()[0],
+            }
+            if main:
+                with evaluating(model, precision):
+                    record["held_out"] = task.evaluate(model)
+                tqdm.write(f"epoch {record['epoch']}: train loss {record['train_loss']}, held out {record['held_out']}")
+            state["history"].append(record)
+            state["loss_sum"] = 0.0
+            if main:
+                write_json(state["history"], cfg.out / METRICS)
+        if main and (state["step"] % cfg.checkpoint_every == 0 or state["step"] == cfg.stop_after):
+            save_checkpoint()
+        if state["step"] == cfg.stop_after and state["step"] < total_steps:
+            stopped_early = True
+            break
+    bar.close()
+    if main:
+        if stopped_early:
+            print(f"stopped after step {state['step']} of {total_steps}; continue with --resume")
+        else:
+            save_checkpoint()
+        write_json({"config": config_dict(cfg), "train_examples": len(task), "processes": world}, cfg.out / RUN)
+    if started_group:
+        dist.barrier()  # no process leaves (and tears down the group) before the main one has written
+        dist.destroy_process_group()
+    return state["history"], not stopped_early
