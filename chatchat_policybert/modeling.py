@@ -12,7 +12,11 @@ through the 0/1 matching matrix ``M`` (batch x chars x words) and merged by one 
 * ``attn``:        ``C' = LayerNorm(C + Dropout(MultiHead(Q=C, K=M W, V=M W)))``
 
 Layers at or past ``num_word_layers`` add the last word state as ZEN does (``late_fusion="add"``)
-or are left alone (``late_fusion="none"``). At inference two exact shortcuts cut the work: each
+or are left alone (``late_fusion="none"``). Every fused layer ``i`` scales its change to the
+character states by a learnable ``s_i`` (``fusion_scales``): ``C' = C + s_i (Fuse(C, M W) - C)``,
+and ``C + s_i M W`` for the late additions. ``s = 1`` is the formulas above; ``s = 0`` is exactly
+the ``BertModel`` the characters come from, so a model merged from bge can start as bge and
+training decides how much of the word stream to let in. At inference two exact shortcuts cut the work: each
 distinct word runs once (:func:`merge_repeated_words`) and attn attends to the distinct coverage
 rows of ``M`` (:meth:`PolicyBertFusion.key_groups`).
 """
@@ -69,6 +73,10 @@ class PolicyBertConfig(BertConfig):
             ≈ 0.993, i.e. at ZEN's plain addition, so training departs from a known model.
         late_fusion: what layers ``>= num_word_layers`` do with the last word state: ``add``
             (ZEN) or ``none``.
+        fusion_scale_init: initial value of every fused layer's scale ``s`` on its change to
+            the character states. 1.0 (the default, and what directories saved before ``s``
+            existed load as) is the thesis's formulas; 0.0 starts the model as exactly its
+            character encoder, so a fresh merge embeds every text as bge does.
     """
 
     model_type = "policybert"
@@ -82,6 +90,7 @@ class PolicyBertConfig(BertConfig):
         fusion_type: str = "none",
         gate_bias_init: float = 5.0,
         late_fusion: str = "add",
+        fusion_scale_init: float = 1.0,
         **kwargs,
     ):
         super().__init__(**kwargs)
@@ -100,6 +109,7 @@ class PolicyBertConfig(BertConfig):
         self.fusion_type = fusion_type
         self.gate_bias_init = gate_bias_init
         self.late_fusion = late_fusion
+        self.fusion_scale_init = fusion_scale_init
 
 
 class PolicyBertWordEmbeddings(nn.Module):
@@ -186,17 +196,29 @@ class PolicyBertFusion(nn.Module):
         return coverage_groups(matching) if self.fusion_type == "attn" else None
 
     def forward(
+        self,
+        chars: torch.Tensor,
+        words: torch.Tensor,
+        matching: torch.Tensor,
+        keys: CoverageGroups | None,
+        scale: torch.Tensor | float = 1.0,
+    ) -> torch.Tensor:
+        """``C + scale * (Fuse(C, M W) - C)``; ``matching``: (batch, chars, words), zero for padding.
+
+        Entries of ``matching`` are 0/1, or a count where a merged word
+        (:func:`merge_repeated_words`) covers a character with several occurrences. ``scale`` 0
+        returns ``chars`` unchanged, bit for bit (the change is finite, and ``C + 0 * x == C``).
+        """
+        return chars + scale * self.change(chars, words, matching, keys)
+
+    def change(
         self, chars: torch.Tensor, words: torch.Tensor, matching: torch.Tensor, keys: CoverageGroups | None
     ) -> torch.Tensor:
-        """``matching``: (batch, chars, words), zero for padding words and characters.
-
-        Entries are 0/1, or a count where a merged word (:func:`merge_repeated_words`) covers a
-        character with several occurrences.
-        """
+        """``Fuse(C, M W) - C``, the fusion's change to the character states before the scale."""
         if self.fusion_type == "none":
-            return chars + torch.bmm(matching, words)
+            return torch.bmm(matching, words)
         if self.fusion_type == "gate":
-            return chars + self.gate_values(chars, words, matching) * torch.bmm(matching, words)
+            return self.gate_values(chars, words, matching) * torch.bmm(matching, words)
         # attn: a sentence without any match keeps its character states untouched (no LayerNorm
         # shift), so a text without lexicon words embeds as plain BERT.
         attention = self.attention.self
@@ -212,7 +234,7 @@ class PolicyBertFusion(nn.Module):
             dropout=attention.dropout.p if self.training else 0.0, scaling=attention.scaling,
         )
         fused = self.attention.output(context.reshape(*chars.shape[:-1], -1).contiguous(), chars)
-        return torch.where(keys.has_words[:, None, None], fused, chars)
+        return torch.where(keys.has_words[:, None, None], fused - chars, 0.0)
 
     def gate_values(self, chars: torch.Tensor, words: torch.Tensor, matching: torch.Tensor) -> torch.Tensor:
         """``sigmoid(Linear([C; M W]))`` per character and dimension (the gate fusion's g)."""
@@ -262,6 +284,9 @@ class PolicyBertPreTrainedModel(PreTrainedModel):
     supports_gradient_checkpointing = True
     _supports_sdpa = True
     _no_split_modules = ["BertEmbeddings", "BertLayer"]
+    # Directories saved before the fusion scales existed load them from ``fusion_scale_init``,
+    # whose default 1.0 is the formulas those models were trained with.
+    _keys_to_ignore_on_load_missing = [r"(^|\.)fusion_scales$"]
 
     @torch.no_grad()
     def _init_weights(self, module: nn.Module) -> None:
@@ -275,6 +300,8 @@ class PolicyBertPreTrainedModel(PreTrainedModel):
             # After the generic Linear init zeroed the bias: the reference code stopped there, and
             # its gates began at 0.5 instead of ~1 (ZEN's plain addition).
             init.constant_(module.bias, self.config.gate_bias_init)
+        elif isinstance(module, PolicyBertModel) and module.config.word_vocab_size:
+            init.constant_(module.fusion_scales, module.config.fusion_scale_init)
 
 
 class PolicyBertModel(PolicyBertPreTrainedModel):
@@ -290,6 +317,10 @@ class PolicyBertModel(PolicyBertPreTrainedModel):
             self.word_encoder = nn.ModuleList(BertLayer(config) for _ in range(config.num_word_layers))
             # Layers past the word stream fuse by plain addition (ZEN) and need no parameters.
             self.fusions = nn.ModuleList(PolicyBertFusion(config) for _ in range(config.num_word_layers))
+            # s per character layer (the late ones included), not per fusion module: ZEN's addition
+            # keeps no parameters of its own, and the shape does not depend on late_fusion, so
+            # weights move between the late_fusion variants (with "none" the late entries go unused).
+            self.fusion_scales = nn.Parameter(torch.full((config.num_hidden_layers,), config.fusion_scale_init))
         self.post_init()
 
     def get_input_embeddings(self) -> nn.Embedding:
@@ -341,11 +372,11 @@ class PolicyBertModel(PolicyBertPreTrainedModel):
             if use_words:
                 if i < self.config.num_word_layers:
                     words = self.word_encoder[i](words, word_mask, **kwargs)
-                    hidden = self.fusions[i](hidden, words, matching, keys)
+                    hidden = self.fusions[i](hidden, words, matching, keys, scale=self.fusion_scales[i])
                 elif self.config.late_fusion == "add":
                     if words_on_chars is None:
                         words_on_chars = torch.bmm(matching, words)
-                    hidden = hidden + words_on_chars
+                    hidden = hidden + self.fusion_scales[i] * words_on_chars
             if output_hidden_states:
                 all_hidden = all_hidden + (hidden,)
 

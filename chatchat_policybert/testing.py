@@ -38,11 +38,13 @@ def tiny_config(vocab_size: int, **overrides) -> dict:
 def _save(model: PreTrainedModel, tokenizer: PolicyBertTokenizer, out_dir: str | os.PathLike, perturb: bool) -> Path:
     """``perturb`` adds seeded noise (std 0.05) to every parameter, so that LayerNorms, biases and the
     gate bias are off their init values, as in a trained model: identities that only hold at init
-    cannot hide bugs."""
+    cannot hide bugs. The fusion scales stay as initialised (1: the thesis's formulas, which the
+    tests write out; ``tests/core/test_identity_start.py`` covers other values)."""
     if perturb:
         with torch.no_grad():
-            for parameter in model.parameters():
-                parameter.add_(0.05 * torch.randn_like(parameter))
+            for name, parameter in model.named_parameters():
+                if not name.endswith("fusion_scales"):
+                    parameter.add_(0.05 * torch.randn_like(parameter))
     return save_model_dir(model, tokenizer, out_dir)
 
 
