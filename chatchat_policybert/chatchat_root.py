@@ -10,6 +10,7 @@ through :mod:`chatchat_policybert.chatchat_worker`), exactly as a user's command
 from __future__ import annotations
 
 import json
+import math
 import os
 import subprocess
 import sys
@@ -43,6 +44,47 @@ def default_kb(root: Path) -> str:
     if not (Path(root) / "kb_settings.yaml").is_file():
         raise InputError(f"{root}: no kb_settings.yaml (not a Chatchat root; run `chatchat init`)")
     return _settings(root, "kb_settings.yaml")["DEFAULT_KNOWLEDGE_BASE"]
+
+
+def vs_type(root: Path) -> str:
+    """The root's DEFAULT_VS_TYPE: the store `chatchat kb -r` fills and `search_docs` reads."""
+    return str(_settings(root, "kb_settings.yaml").get("DEFAULT_VS_TYPE", "faiss"))
+
+
+def pg_uri(root: Path) -> str | None:
+    """The root's ``kbs_config.pg.connection_uri`` (a SQLAlchemy URI), None if it sets none."""
+    kbs_config = _settings(root, "kb_settings.yaml").get("kbs_config") or {}
+    return (kbs_config.get("pg") or {}).get("connection_uri")
+
+
+# Chatchat 0.3.1.3 scores a hit 1 - distance/√2 for both stores (langchain's euclidean relevance)
+# and keeps it when that is >= SCORE_THRESHOLD t. FAISS (IndexFlatL2) reports the squared L2
+# distance d², pgvector (`<->`) the distance d; with d² = 2 - 2·cos for unit vectors the same t
+# keeps different cosines:
+#   faiss: 1 - d²/√2 >= t  ⇔  cos >= 1 - (1 - t)/√2
+#   pg:    1 - d/√2  >= t  ⇔  cos >= 1 - (1 - t)²   (t <= 1; for t > 1 no hit passes)
+# The two agree only where (1 - t)/√2 = (1 - t)², i.e. t = 1 - 1/√2 ≈ 0.293 (cosine 0.5).
+VS_TYPES = ("faiss", "pg")
+"""The vector stores PolicyBERT's tools support (`setup --vs`)."""
+TARGET_COSINE = 0.5
+"""The cosine cut `setup` keeps, whichever the store."""
+
+
+def cosine_cut(score_threshold: float, store: str) -> float:
+    """Lowest cosine a hit of ``store`` may have under SCORE_THRESHOLD (unit vectors); > 1: none passes."""
+    slack = 1.0 - score_threshold
+    if store == "pg":
+        return 1.0 - slack * slack if slack >= 0 else math.inf
+    return 1.0 - slack / math.sqrt(2.0)
+
+
+def score_threshold_for(cosine: float, store: str) -> float:
+    """The SCORE_THRESHOLD that keeps exactly the hits with cosine >= ``cosine`` in ``store`` (inverse of :func:`cosine_cut`)."""
+    if not -1.0 <= cosine <= 1.0:
+        raise InputError(f"cosine cut {cosine} is not in [-1, 1]")
+    if store == "pg":
+        return 1.0 - math.sqrt(1.0 - cosine)
+    return 1.0 - math.sqrt(2.0) * (1.0 - cosine)
 
 
 def content_dir(root: Path, kb: str) -> Path:

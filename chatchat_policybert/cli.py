@@ -22,14 +22,23 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Sequence
 
-from .chatchat_root import kb_root, vector_store_dir
+from .chatchat_root import (
+    TARGET_COSINE,
+    VS_TYPES,
+    cosine_cut,
+    kb_root,
+    pg_uri,
+    score_threshold_for,
+    vector_store_dir,
+    vs_type,
+)
 from .dtypes import DTYPE_CHOICES
 from .errors import InputError, run_cli
 from .settings import PLATFORM_KEY, SettingsError, find_local_model, load_yaml
 
 SETTINGS_FILES = ("model_settings.yaml", "kb_settings.yaml")
 PTH_NAME = "chatchat_policybert_hook.pth"
-SQRT2 = math.sqrt(2.0)
+DENSE_ONLY_NOTE = "on pg Chatchat retrieves dense-only (its BM25 half exists only for FAISS)"
 
 
 def shipped_settings_dir() -> Path:
@@ -45,9 +54,9 @@ def default_root() -> Path:
     return Path(os.environ.get("CHATCHAT_ROOT", ".")).resolve()
 
 
-def threshold_cosine(score_threshold: float) -> float:
-    """Lowest cosine a FAISS hit may have under Chatchat's `1 - d²/√2 >= t` rule (unit vectors)."""
-    return (score_threshold - 1.0 + SQRT2) / SQRT2
+def threshold_cosine(score_threshold: float, store: str = "faiss") -> float:
+    """Lowest cosine a hit of ``store`` may have under SCORE_THRESHOLD (see :func:`chatchat_root.cosine_cut`)."""
+    return cosine_cut(score_threshold, store)
 
 
 # ----------------------------------------------------------------------------- setup
@@ -93,6 +102,14 @@ def run_setup(args: argparse.Namespace) -> int:
     missing = [name for name in SETTINGS_FILES if not (root / name).is_file()]
     if missing:
         raise InputError(f"{root} has no {', '.join(missing)}: run `CHATCHAT_ROOT={root} chatchat init` first")
+    if args.pg_uri is not None and args.vs != "pg":
+        raise InputError("--pg-uri is only used with --vs pg")
+    if args.vs == "pg":
+        from .pg_store import validate_uri
+
+        if args.pg_uri is None:
+            raise InputError("--vs pg needs --pg-uri postgresql+psycopg2://USER:PASSWORD@HOST:PORT/DATABASE")
+        validate_uri(args.pg_uri)
     yaml = _yaml()
     source = args.settings_dir
     for name in SETTINGS_FILES:
@@ -108,6 +125,8 @@ def run_setup(args: argparse.Namespace) -> int:
                 for platform in shipped["MODEL_PLATFORMS"]:
                     if platform.get("platform_type") == "ollama":
                         platform["api_base_url"] = args.ollama_url
+        elif args.vs is not None:
+            _choose_store(shipped, args.vs, args.pg_uri)
         path = root / name
         current = yaml.load(path.read_text(encoding="utf-8")) or {}
         merge_settings(current, shipped, args.keep_other_platforms)
@@ -122,6 +141,19 @@ def run_setup(args: argparse.Namespace) -> int:
     if args.no_check:
         return 0
     return report(diagnose(root, load_model=True))
+
+
+def _choose_store(kb_settings: Any, store: str, uri: str | None) -> None:
+    """Point the kb_settings to merge at ``store``, with the threshold keeping cosine >= TARGET_COSINE there.
+
+    The threshold is rounded up at the 4th decimal, so the cut stays at (not below) the target.
+    """
+    kb_settings["DEFAULT_VS_TYPE"] = store
+    kb_settings["SCORE_THRESHOLD"] = math.ceil(score_threshold_for(TARGET_COSINE, store) * 1e4) / 1e4
+    if uri is not None:
+        kb_settings["kbs_config"] = {store: {"connection_uri": uri}}
+    if store == "pg":
+        print(f"NOTE  {DENSE_ONLY_NOTE}")
 
 
 def _link_nltk_data(root: Path) -> None:
@@ -220,17 +252,32 @@ def diagnose(root: Path, load_model: bool) -> list[Finding]:
         if load_model:
             findings.extend(_check_model(local, root))
 
+    store = vs_type(root)
+    if store not in VS_TYPES:
+        add("WARN", f"DEFAULT_VS_TYPE '{store}': only {', '.join(VS_TYPES)} are checked here and rebuilt safely")
+        return findings
     threshold = float(kb_settings.get("SCORE_THRESHOLD", 2.0))
-    cosine = threshold_cosine(threshold)
+    cosine = threshold_cosine(threshold, store)
+    label = "FAISS" if store == "faiss" else store
+    advice = f"{score_threshold_for(TARGET_COSINE, store):.4f} keeps cosine >= {TARGET_COSINE:.2f}"
     if cosine > 1.0:
-        add("ERROR", f"SCORE_THRESHOLD {threshold} needs cosine >= {cosine:.2f}: no FAISS hit can pass, "
-            "retrieval is BM25 only (0.293 keeps cosine >= 0.50)")
+        fallback = "retrieval is BM25 only" if store == "faiss" else "retrieval finds nothing"
+        add("ERROR", f"SCORE_THRESHOLD {threshold} needs cosine >= {cosine:.2f}: no {label} hit can pass, "
+            f"{fallback} ({advice})")
     elif cosine < 0.0:
-        add("WARN", f"SCORE_THRESHOLD {threshold} keeps every FAISS hit (cosine >= {cosine:.2f})")
+        add("WARN", f"SCORE_THRESHOLD {threshold} keeps every {label} hit (cosine >= {cosine:.2f}; {advice})")
     else:
-        add("OK", f"SCORE_THRESHOLD {threshold} keeps FAISS hits with cosine >= {cosine:.2f}")
+        add("OK", f"SCORE_THRESHOLD {threshold} keeps {label} hits with cosine >= {cosine:.2f}")
 
-    findings.extend(_check_kb(root, kb_settings, model_settings))
+    if store == "pg":
+        from .pg_store import check_server
+
+        add("OK", f"vector store pg: {DENSE_ONLY_NOTE}")
+        server = [Finding(level, message) for level, message in check_server(pg_uri(root))]
+        findings.extend(server)
+        if any(f.level == "ERROR" for f in server):
+            return findings
+    findings.extend(_check_kb(root, kb_settings, model_settings, store))
     return findings
 
 
@@ -248,11 +295,18 @@ def _check_model(local: Any, root: Path) -> list[Finding]:
     return [Finding(level, f"model {path} loads: dimension {len(vector)}, query vector norm {norm:.4f}")]
 
 
-def _check_kb(root: Path, kb_settings: dict, model_settings: dict) -> list[Finding]:
+def _check_kb(root: Path, kb_settings: dict, model_settings: dict, store: str) -> list[Finding]:
     name = kb_settings.get("DEFAULT_KNOWLEDGE_BASE", "samples")
     kb_dir = kb_root(root) / name
     if not kb_dir.is_dir():
         return [Finding("ERROR", f"DEFAULT_KNOWLEDGE_BASE '{name}' has no folder {kb_dir}: the WebUI page crashes")]
+    if store == "pg":
+        from .pg_store import collection_size
+
+        vectors = collection_size(pg_uri(root), name)
+        if not vectors:
+            return [Finding("WARN", f"knowledge base '{name}' has no vectors in pg: run `chatchat kb -r -n {name}`")]
+        return [Finding("OK", f"knowledge base '{name}' has {vectors} vectors in pg")]
     embed_model = str(model_settings.get("DEFAULT_EMBEDDING_MODEL", ""))
     index = vector_store_dir(root, name, embed_model) / "index.faiss"
     if not index.is_file():
@@ -323,6 +377,12 @@ def build_parser() -> argparse.ArgumentParser:
     setup.add_argument("--device", help="torch device for the model, e.g. cpu or cuda:0")
     setup.add_argument("--dtype", choices=DTYPE_CHOICES, help="compute dtype (float32: the same vectors everywhere; auto: bfloat16 where the CPU/GPU has it)")
     setup.add_argument("--ollama-url", help="Ollama OpenAI-compatible base URL (default http://127.0.0.1:11434/v1)")
+    setup.add_argument("--vs", choices=VS_TYPES,
+                       help="vector store to use, with the SCORE_THRESHOLD keeping cosine >= 0.5 in it (default: the "
+                            "shipped faiss). faiss: one index file per knowledge base, dense + BM25 retrieval; "
+                            "pg: PostgreSQL + pgvector (needs --pg-uri and the [pg] extra), dense-only retrieval")
+    setup.add_argument("--pg-uri", help="with --vs pg: Chatchat's kbs_config.pg.connection_uri, "
+                                        "postgresql+psycopg2://USER:PASSWORD@HOST:PORT/DATABASE")
     setup.add_argument("--settings-dir", type=Path, default=None,
                        help="folder with the model_settings.yaml/kb_settings.yaml to merge (default: the shipped ones)")
     setup.add_argument("--keep-other-platforms", action="store_true",

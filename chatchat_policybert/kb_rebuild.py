@@ -45,7 +45,7 @@ def patch_migrate(migrate: ModuleType) -> None:
         bound = signature.bind(*args, **kwargs)
         bound.apply_defaults()
         params = dict(bound.arguments)
-        if params["mode"] != "recreate_vs" or params["vs_type"] != "faiss":
+        if params["mode"] != "recreate_vs" or params["vs_type"] not in ("faiss", "pg"):
             return original(*args, **kwargs)
         return _rebuild_all(migrate, original, params)
 
@@ -64,7 +64,12 @@ def _rebuild_all(migrate: ModuleType, original: Any, params: dict) -> None:
                      f"embed model '{embed_model}' does not work: {exc}")
         raise
     for kb_name in kb_names:
-        _rebuild_one(original, params, kb_name, logger)
+        if params["vs_type"] == "pg":  # the same guarantee with a staging collection: pg_store
+            from .pg_store import rebuild_one
+
+            rebuild_one(original, params, kb_name, logger)
+        else:
+            _rebuild_one(original, params, kb_name, logger)
 
 
 def _chatchat_logger():
