@@ -1,9 +1,8 @@
-"""Small pieces every stage shares: the corpus file format, the data licence notice, seeding."""
+"""Small pieces every stage shares: the corpus file format, the sentence-pair record, the data licence notice."""
 
 from __future__ import annotations
 
 import json
-import random
 import shutil
 from dataclasses import dataclass
 from pathlib import Path
@@ -21,6 +20,19 @@ class Document:
     doc_id: str
     title: str
     sentences: list[str]
+
+
+@dataclass(frozen=True)
+class SentencePair:
+    """Two sentences and a label: a PolicySM row and a pre-training NSP example alike.
+
+    The label follows the file or model it goes to: PolicySM's 1 = B follows A, pre-training's
+    BERT ``next_sentence_label`` 0 = B follows A (``training.pretrain.IS_NEXT``).
+    """
+
+    a: str
+    b: str
+    label: int
 
 
 def write_corpus(docs: list[Document], path: Path) -> None:
@@ -68,13 +80,3 @@ def copy_license(source: Path, out_dir: Path) -> None:
             Path(out_dir).mkdir(parents=True, exist_ok=True)
             shutil.copyfile(notice, Path(out_dir) / LICENSE_NAME)
             return
-
-
-def seed_everything(seed: int) -> None:
-    """Seeds Python, NumPy and torch so that a run is repeatable."""
-    import numpy as np
-    import torch
-
-    random.seed(seed)
-    np.random.seed(seed)
-    torch.manual_seed(seed)

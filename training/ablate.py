@@ -26,9 +26,9 @@ from chatchat_policybert.errors import InputError, run_cli
 from chatchat_policybert.lexicon import Lexicon, LexiconError
 from chatchat_policybert.modeling import PolicyBertConfig, PolicyBertForPreTraining, PolicyBertForSequenceClassification
 from chatchat_policybert.tokenization import PolicyBertTokenizer, build_char_tokenizer
-from training._train import write_json
 from training.corpus import build_corpus, load_documents
 from training.finetune import FinetuneConfig, finetune
+from training.loop import write_json
 from training.policysm import build_dataset, clause_table, policysm1_negatives, positive_pairs
 from training.pretrain import PretrainConfig, pretrain
 
@@ -93,6 +93,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--max-length", type=int, default=48, help="tokens per sentence pair")
     parser.add_argument("--pretrain-lr", type=float, default=2e-3, help="a from-scratch small model needs more than 3e-5")
     parser.add_argument("--finetune-lr", type=float, default=5e-4)
+    parser.add_argument(
+        "--warmup-proportion", type=float, default=0.1, help="a from-scratch model warms up briefly, not the thesis's 0.9"
+    )
     parser.add_argument("--hidden-size", type=int, default=64)
     parser.add_argument("--layers", type=int, default=2, help="character layers")
     parser.add_argument("--word-layers", type=int, default=1)
@@ -136,7 +139,9 @@ def main(argv: list[str] | None = None) -> None:
             torch.manual_seed(seed)
             model = PolicyBertForPreTraining(config)
             pre_cfg = PretrainConfig(
+                out=run_dir / "pretrain",
                 lr=args.pretrain_lr,
+                warmup_proportion=args.warmup_proportion,
                 batch_size=args.batch_size,
                 max_steps=args.pretrain_steps,
                 max_length=args.max_length,
@@ -145,13 +150,15 @@ def main(argv: list[str] | None = None) -> None:
                 seed=seed,
                 device="cpu",
             )
-            held_out = pretrain(model, tokenizer, docs, pre_cfg, run_dir / "pretrain")[0][-1]["held_out"]
+            held_out = pretrain(model, tokenizer, docs, pre_cfg)[0][-1]["held_out"]
             classifier_config = small_config(len(chars), len(lexicon), variant, args)
             classifier_config.num_labels = 2
             classifier = PolicyBertForSequenceClassification(classifier_config)
             classifier.bert.load_state_dict(model.bert.state_dict())
             fine_cfg = FinetuneConfig(
+                out=run_dir / "finetune",
                 lr=args.finetune_lr,
+                warmup_proportion=args.warmup_proportion,
                 batch_size=args.batch_size,
                 eval_batch_size=64,
                 max_steps=args.finetune_steps,
@@ -159,7 +166,7 @@ def main(argv: list[str] | None = None) -> None:
                 seed=seed,
                 device="cpu",
             )
-            fine = finetune(classifier, tokenizer, policysm1, fine_cfg, run_dir / "finetune")
+            fine = finetune(classifier, tokenizer, policysm1, fine_cfg)
             runs.append(
                 {
                     "variant": variant,

@@ -3,7 +3,7 @@
 Positives P are adjacent comma sub-clauses of one sentence. PolicySM-1 adds |P| negatives: 20 %
 are positives in swapped order, 80 % random pairs of clauses from anywhere in the corpus that are
 not adjacent. PolicySM-2 adds 5·|P| harder negatives: clauses of two sentences 2–5 sentences apart
-in the same document (same topic, wrong neighbour). Pairs are de-duplicated, a pair never carries
+later in the same document (same topic, wrong neighbour). Pairs are de-duplicated, a pair never carries
 both labels, and the train/dev/test split is made over unordered pairs so that neither (A, B) nor
 (B, A) of a test pair is ever trained on. Files are ``sentence_a \\t sentence_b \\t label \\t id``
 without a header, like ``chatchat_policybert/data/policy_sm/dev.tsv``.
@@ -17,25 +17,17 @@ import argparse
 import json
 import random
 import sys
-from dataclasses import dataclass
 from pathlib import Path
 
 from tqdm import tqdm
 
 from chatchat_policybert.errors import InputError, run_cli
 from chatchat_policybert.files import atomic_path
-from training._common import Document, copy_license, read_corpus
+from training._common import Document, SentencePair, copy_license, read_corpus
 from training.corpus import split_clauses
 
 SPLITS = ("train", "dev", "test")
 Pair = tuple[str, str]
-
-
-@dataclass(frozen=True)
-class Example:
-    a: str
-    b: str
-    label: int
 
 
 def clause_table(docs: list[Document], min_clause_chars: int = 2) -> list[list[list[str]]]:
@@ -108,25 +100,29 @@ def policysm1_negatives(table: list[list[list[str]]], positives: list[Pair], see
 def policysm2_negatives(
     table: list[list[list[str]]], positives: list[Pair], seed: int, ratio: int = 5, min_gap: int = 2, max_gap: int = 5
 ) -> list[Pair]:
-    """``ratio``·|P| negatives: a clause of sentence j and one of sentence k, ``min_gap`` ≤ |j−k| ≤ ``max_gap``, same document."""
+    """``ratio``·|P| negatives: a clause of sentence i then one of sentence j = i + δ, ``min_gap`` ≤ δ ≤ ``max_gap``, same document.
+
+    As the thesis defines it, B always comes after A: the pair keeps the text's direction and only
+    the distance is wrong.
+    """
     rng = random.Random(f"{seed}-policysm2")
-    anchors = [(d, j) for d, doc in enumerate(table) for j, clauses in enumerate(doc) if any(clauses)]
+    anchors = [(d, i) for d, doc in enumerate(table) for i, clauses in enumerate(doc) if any(clauses) and i + min_gap < len(doc)]
 
     def draw(r: random.Random) -> Pair | None:
-        d, j = r.choice(anchors)
+        d, i = r.choice(anchors)
         doc = table[d]
-        k = j + r.choice([-1, 1]) * r.randint(min_gap, max_gap)
-        if not 0 <= k < len(doc):
+        j = i + r.randint(min_gap, max_gap)
+        if j >= len(doc):
             return None
-        a, b = r.choice(doc[j]), r.choice(doc[k])
+        a, b = r.choice(doc[i]), r.choice(doc[j])
         return (a, b) if a and b else None
 
     return _sample_unique(rng, draw, ratio * len(positives), set(), set(positives), "PolicySM-2 distant negatives")
 
 
-def split_examples(examples: list[Example], seed: int, dev: float = 0.1, test: float = 0.1) -> dict[str, list[Example]]:
+def split_examples(examples: list[SentencePair], seed: int, dev: float = 0.1, test: float = 0.1) -> dict[str, list[SentencePair]]:
     """Splits by unordered pair: (A, B) and (B, A) always land in the same split."""
-    groups: dict[frozenset[str], list[Example]] = {}
+    groups: dict[frozenset[str], list[SentencePair]] = {}
     for ex in examples:
         groups.setdefault(frozenset((ex.a, ex.b)), []).append(ex)
     keys = list(groups)
@@ -142,16 +138,16 @@ def split_examples(examples: list[Example], seed: int, dev: float = 0.1, test: f
     return splits
 
 
-def build_dataset(positives: list[Pair], negatives: list[Pair], seed: int, dev: float, test: float) -> dict[str, list[Example]]:
+def build_dataset(positives: list[Pair], negatives: list[Pair], seed: int, dev: float, test: float) -> dict[str, list[SentencePair]]:
     """Labels, checks that no pair is both positive and negative, and splits."""
     overlap = set(positives) & set(negatives)
     if overlap:
         raise AssertionError(f"{len(overlap)} pairs are both positive and negative")
-    examples = [Example(a, b, 1) for a, b in positives] + [Example(a, b, 0) for a, b in negatives]
+    examples = [SentencePair(a, b, 1) for a, b in positives] + [SentencePair(a, b, 0) for a, b in negatives]
     return split_examples(examples, seed, dev, test)
 
 
-def write_splits(splits: dict[str, list[Example]], out_dir: Path) -> None:
+def write_splits(splits: dict[str, list[SentencePair]], out_dir: Path) -> None:
     """One TSV per split; ids run on across train, dev and test so that every pair has one id."""
     out_dir.mkdir(parents=True, exist_ok=True)
     next_id = 0
@@ -162,7 +158,7 @@ def write_splits(splits: dict[str, list[Example]], out_dir: Path) -> None:
                 next_id += 1
 
 
-def read_pairs(path: Path) -> list[Example]:
+def read_pairs(path: Path) -> list[SentencePair]:
     """Reads a PolicySM TSV (``a \\t b \\t label [\\t id]``); malformed lines are a ``InputError``.
 
     Pairs with an empty side are skipped with a note on stderr: the reference ``dev.tsv`` has four
@@ -183,7 +179,7 @@ def read_pairs(path: Path) -> list[Example]:
             if not fields[0].strip() or not fields[1].strip():
                 empty += 1
                 continue
-            examples.append(Example(fields[0], fields[1], int(fields[2])))
+            examples.append(SentencePair(fields[0], fields[1], int(fields[2])))
     if empty:
         print(f"{path}: skipped {empty} pair(s) with an empty sentence", file=sys.stderr)
     if not examples:
@@ -191,7 +187,7 @@ def read_pairs(path: Path) -> list[Example]:
     return examples
 
 
-def balance(splits: dict[str, list[Example]]) -> dict[str, dict[str, int]]:
+def balance(splits: dict[str, list[SentencePair]]) -> dict[str, dict[str, int]]:
     return {name: {"pairs": len(rows), "positive": sum(ex.label for ex in rows)} for name, rows in splits.items()}
 
 

@@ -43,7 +43,7 @@ def test_chain_into_a_merged_model(tmp_path, corpus_dir, policysm_dir, data_dir,
         ["--model", str(tmp_path / "pre" / "final"), "--data", str(policysm_dir / "policysm1"), "--out", str(tmp_path / "ft"),
          "--max-steps", "6", "--max-length", "32", "--eval-batch-size", "64", "--device", "cpu"]
     )  # fmt: skip
-    metrics = json.loads((tmp_path / "ft" / "metrics.json").read_text(encoding="utf-8"))
+    metrics = json.loads((tmp_path / "ft" / "results.json").read_text(encoding="utf-8"))
     assert 0.0 <= metrics["dev_accuracy"] <= 1.0 and 0.0 <= metrics["test_accuracy"] <= 1.0
     assert metrics["examples"]["test"] == sum(1 for _ in (policysm_dir / "policysm1" / "test.tsv").open(encoding="utf-8"))
     classifier = PolicyBertForSequenceClassification.from_pretrained(tmp_path / "ft" / "final")

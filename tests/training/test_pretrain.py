@@ -13,7 +13,7 @@ from chatchat_policybert.loading import load_policybert
 from chatchat_policybert.modeling import PolicyBertForPreTraining
 from chatchat_policybert.tokenization import PolicyBertTokenizer
 from training import pretrain as stage
-from training._common import Document
+from training._common import Document, SentencePair
 from training.pretrain import (
     IS_NEXT,
     IS_RANDOM,
@@ -30,9 +30,9 @@ from training.pretrain import (
 def masked(char_tokenizer, reference_lexicon, policy_sentences):
     """A masked batch of real consecutive policy sentences, and the units it was masked by."""
     tokenizer = PolicyBertTokenizer(char_tokenizer, reference_lexicon)
-    examples = [stage.NspExample(a, b, IS_NEXT) for a, b in zip(policy_sentences[:300], policy_sentences[1:301])]
+    examples = [SentencePair(a, b, IS_NEXT) for a, b in zip(policy_sentences[:300], policy_sentences[1:301])]
     keys = [str(i) for i in range(len(examples))]
-    cfg = PretrainConfig(max_length=96)
+    cfg = PretrainConfig(out="unused", max_length=96)
     batch = make_batch(tokenizer, examples, keys, 0, cfg, shuffle_words=True)
     plain = tokenizer([e.a for e in examples], [e.b for e in examples], max_length=96, return_word_spans=True)
     special = set(char_tokenizer.all_special_ids)
@@ -120,10 +120,10 @@ def fresh(model_dir) -> tuple[PolicyBertForPreTraining, PolicyBertTokenizer]:
 
 def test_loss_goes_down(tiny_model_dir, corpus_docs, tmp_path):
     model, tokenizer = fresh(tiny_model_dir("gate"))
-    cfg = PretrainConfig(lr=2e-3, batch_size=16, max_steps=25, max_length=48, warmup_proportion=0.0, device="cpu")
+    cfg = PretrainConfig(out=tmp_path, lr=2e-3, batch_size=16, max_steps=25, max_length=48, warmup_proportion=0.0, device="cpu")
     held_out = nsp_examples(split_documents(corpus_docs, cfg.eval_fraction, cfg.data_seed)[1], cfg.data_seed + 1)
-    before = evaluate(model, tokenizer, held_out, cfg, torch.device("cpu"), "fp32")
-    history, finished = stage.pretrain(model, tokenizer, corpus_docs, cfg, tmp_path)
+    before = evaluate(model.eval(), tokenizer, held_out, cfg)
+    history, finished = stage.pretrain(model, tokenizer, corpus_docs, cfg)
     assert finished and history[-1]["held_out"]["examples"] == before["examples"]
     assert history[-1]["held_out"]["mlm_loss"] < before["mlm_loss"] - 0.5
 
@@ -134,14 +134,15 @@ def test_resume_reproduces_an_uninterrupted_run(tiny_model_dir, corpus_docs, tmp
     model_dir = tiny_model_dir("attn")
 
     straight, tokenizer = fresh(model_dir)
-    history, finished = stage.pretrain(straight, tokenizer, docs, PretrainConfig(**cfg), tmp_path / "straight")
+    history, finished = stage.pretrain(straight, tokenizer, docs, PretrainConfig(**cfg, out=tmp_path / "straight"))
     assert finished and len(history) >= 2, "the run should cross an epoch boundary"
 
     first, tokenizer = fresh(model_dir)
-    _, finished = stage.pretrain(first, tokenizer, docs, PretrainConfig(**cfg, stop_after=3), tmp_path / "resumed")
+    resumed_dir = tmp_path / "resumed"
+    _, finished = stage.pretrain(first, tokenizer, docs, PretrainConfig(**cfg, out=resumed_dir, stop_after=3))
     assert not finished
     resumed, tokenizer = fresh(model_dir)
-    resumed_history, finished = stage.pretrain(resumed, tokenizer, docs, PretrainConfig(**cfg), tmp_path / "resumed", resume=True)
+    resumed_history, finished = stage.pretrain(resumed, tokenizer, docs, PretrainConfig(**cfg, out=resumed_dir, resume=True))
     assert finished and resumed_history == history
     for (name, a), (_, b) in zip(straight.state_dict().items(), resumed.state_dict().items()):
         assert torch.equal(a, b), name
@@ -150,11 +151,11 @@ def test_resume_reproduces_an_uninterrupted_run(tiny_model_dir, corpus_docs, tmp
 
     # Other settings, or a damaged checkpoint, are refused with one clear line.
     with pytest.raises(InputError, match=r"other settings \(lr 0\.001 -> 0\.002\)"):
-        stage.pretrain(resumed, tokenizer, docs, PretrainConfig(**{**cfg, "lr": 2e-3}), tmp_path / "resumed", resume=True)
+        stage.pretrain(resumed, tokenizer, docs, PretrainConfig(**{**cfg, "lr": 2e-3}, out=resumed_dir, resume=True))
     checkpoint = tmp_path / "resumed" / "checkpoint.pt"
     checkpoint.write_bytes(checkpoint.read_bytes()[:1000])
     with pytest.raises(InputError, match="not a readable checkpoint"):
-        stage.pretrain(resumed, tokenizer, docs, PretrainConfig(**cfg), tmp_path / "resumed", resume=True)
+        stage.pretrain(resumed, tokenizer, docs, PretrainConfig(**cfg, out=resumed_dir, resume=True))
 
 
 def test_cli_end_to_end(tiny_model_dir, corpus_dir, tmp_path):
