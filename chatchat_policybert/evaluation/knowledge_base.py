@@ -25,7 +25,7 @@ from chatchat_policybert.chatchat_root import (
     run_chatchat,
 )
 from chatchat_policybert.errors import InputError
-from chatchat_policybert.evaluation.dataset import Corpus
+from chatchat_policybert.evaluation.dataset import Corpus, text_group
 
 
 @dataclass(frozen=True)
@@ -59,17 +59,28 @@ def prepare_root(root: Path, corpus: Corpus, model: Path | None, build_index: bo
     return kb
 
 
-def load_chunks(root: Path, kb: str, corpus: Corpus) -> list[Chunk]:
-    """The KB's chunks by Chatchat's own splitter, each mapped to its document group."""
+def load_chunks(root: Path, kb: str, corpus: Corpus | None) -> list[Chunk]:
+    """The KB's chunks by Chatchat's own splitter (in file order, each file's in text order), each mapped
+    to its document group.
+
+    Without a ``corpus`` (a user's KB of any file types) a file's group is the key of its chunks'
+    text: identical files split identically, so identical-text documents still share a group.
+    """
     pairs = call_worker(root, "chunks", "--kb", kb)["chunks"]
+    if not pairs:
+        raise InputError(f"{content_dir(root, kb)}: Chatchat produced no chunks")
+    if corpus is None:
+        texts: dict[str, list[str]] = {}
+        for source, text in pairs:
+            texts.setdefault(source, []).append(text)
+        groups = {source: text_group("\x00".join(parts)) for source, parts in texts.items()}
+        return [Chunk(source, text, groups[source]) for source, text in pairs]
     unknown = sorted({source for source, _ in pairs if source not in corpus.kb_files})
     if unknown:
         raise InputError(
             f"{content_dir(root, kb)} holds files the corpus does not name ({', '.join(unknown[:5])}…): "
             "pass the corpus the knowledge base was built from"
         )
-    if not pairs:
-        raise InputError(f"{content_dir(root, kb)}: Chatchat produced no chunks")
     return [Chunk(source, text, corpus.kb_files[source]) for source, text in pairs]
 
 
