@@ -1,6 +1,6 @@
 """Build a PolicyBERT directory from bge-base-zh-v1.5 (+ ZEN), or merge a fine-tuned one back with bge.
 
-Fresh mode::
+Build mode::
 
     python -m training.merge_bge --bge BAAI/bge-base-zh-v1.5 --zen ZEN_pretrain_base --lexicon words.txt \
         --fusion attn --out models/policybert
@@ -9,14 +9,19 @@ Fresh mode::
   word layers from ZEN (its word layers are BERT layers) or, with ``--zen none``, from copies of
   bge's first layers; word-embedding rows are looked up BY WORD STRING in ZEN's ``ngram.txt``
   (the reference merge paired new ids with unrelated ZEN rows) and a word ZEN lacks starts as the
-  mean of its characters' bge embeddings; fusion parameters are fresh (gate bias 5.0).
+  mean of its characters' bge embeddings; fusion parameters are fresh. ``--init bge`` (the
+  default) starts every fusion scale at 0, so the built model embeds every text exactly as bge
+  does and training lets the word stream in; ``--init thesis`` is the thesis's start (scales 1,
+  gate bias 5.0), which changes bge's vector of every text with a lexicon match, for reproducing
+  its tables.
 
 Merge-back mode (the thesis's ``bge-base-zh-v1.5-merge``)::
 
     python -m training.merge_bge --finetuned runs/finetune/model --alpha 0.5 --bge BAAI/bge-base-zh-v1.5 --out DIR
 
   character-encoder tensors = alpha * fine-tuned + (1 - alpha) * bge; word stream and fusion are
-  the fine-tuned ones.
+  the fine-tuned ones. Several alphas with ``--dev-questions`` (and ``--dev-corpus``) merge each,
+  score each by dense MRR@10 on those questions (the evaluation's own code) and keep the best.
 
 The output directory is written atomically and carries ``merge_report.json``: every source
 tensor is listed as used or dropped with the reason.
@@ -24,26 +29,79 @@ tensor is listed as used or dropped with the reason.
 
 from __future__ import annotations
 
-import argparse
+import copy
 import json
 import sys
+import tempfile
+from collections.abc import Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Literal
 
 import torch
 from safetensors.torch import load_file
 from transformers import AutoTokenizer
 
+from chatchat_policybert.errors import InputError, run_cli
 from chatchat_policybert.lexicon import Lexicon, LexiconError, normalize_word
-from chatchat_policybert.loading import ModelDirError, read_config, resolve_model_dir, save_model_dir
+from chatchat_policybert.loading import ModelDirError, load_model_dir, read_config, resolve_model_dir, save_model_dir
 from chatchat_policybert.modeling import FUSION_TYPES, PolicyBertConfig, PolicyBertModel
 from chatchat_policybert.tokenization import PolicyBertTokenizer
+from training.loop import parse_config
 
 CHAR_PREFIXES = ("embeddings.", "encoder.layer.", "pooler.")
 NGRAM_FILE = "ngram.txt"
+# How a built model's fusions start: the config values each --init sets.
+INITS = {
+    # s = 0: exactly bge. The gate then starts at sigmoid(0) = 0.5, where it learns fastest; the
+    # scale alone decides how much of the word stream gets in.
+    "bge": {"fusion_scale_init": 0.0, "gate_bias_init": 0.0},
+    # The thesis's start: ZEN's addition (gate ≈ sigmoid(5) ≈ 0.993) at every fused layer.
+    "thesis": {"fusion_scale_init": 1.0, "gate_bias_init": 5.0},
+}
 
 
-class MergeError(Exception):
-    """A problem with the inputs, reported as one line naming the file and what was expected."""
+def _help(text: str) -> dict[str, str]:
+    return {"help": text}
+
+
+@dataclass
+class MergeConfig:
+    """The flags of ``python -m training.merge_bge`` (one per field, via :func:`training.loop.parse_config`)."""
+
+    out: Path = field(metadata=_help("output model directory (replaced atomically)"))
+    bge: str = field(default="BAAI/bge-base-zh-v1.5", metadata=_help("hub id or local directory of bge-base-zh-v1.5"))
+    zen: str = field(default="none", metadata=_help("ZEN_pretrain_base directory (with ngram.txt), or 'none'"))
+    lexicon: Path | None = field(default=None, metadata=_help("word,count lexicon file (build mode)"))
+    fusion: Literal[FUSION_TYPES] = field(default="attn", metadata=_help("fusion of word into character states"))
+    num_word_layers: int = field(default=6, metadata=_help("word-stream layers (ZEN: 6)"))
+    max_words: int = field(default=40, metadata=_help("k_w, matched words kept per 128 characters"))
+    init: Literal[tuple(INITS)] = field(
+        default="bge", metadata=_help("bge: fusion scales 0, the model starts as exactly bge; thesis: scales 1, "
+                                      "gate bias 5 (the thesis's start, to reproduce its tables)"))  # fmt: skip
+    seed: int = field(default=0, metadata=_help("seed of the fresh fusion parameters"))
+    finetuned: Path | None = field(default=None, metadata=_help("merge-back mode: a fine-tuned PolicyBERT directory"))
+    alpha: list[float] = field(
+        default_factory=lambda: [1.0],
+        metadata=_help("merge-back weight(s) of the fine-tuned character encoder; several need --dev-questions "
+                       "and the best by dev MRR@10 is kept"))  # fmt: skip
+    dev_questions: Path | None = field(
+        default=None, metadata=_help("JSONL questions that pick the best --alpha (as for chatchat-policybert eval)"))
+    dev_corpus: Path | None = field(
+        default=None, metadata=_help("corpus of --dev-questions (default: the shipped policy corpus)"))
+
+    def __post_init__(self) -> None:
+        """Refuses flag combinations no merge can use, naming the flag, before any model is read."""
+        self.out = Path(self.out)
+        if self.finetuned is None and self.lexicon is None:
+            raise InputError("--lexicon is required unless --finetuned is given")
+        bad = [a for a in self.alpha if not 0.0 <= a <= 1.0]
+        if bad:
+            raise InputError(f"--alpha {bad[0]}: expected a value from 0 to 1")
+        if len(self.alpha) > 1 and (self.finetuned is None or self.dev_questions is None):
+            raise InputError("several --alpha values need --finetuned and --dev-questions to choose between them")
+        if self.dev_corpus is not None and self.dev_questions is None:
+            raise InputError("--dev-corpus needs --dev-questions")
 
 
 def read_state_dict(directory: Path) -> dict[str, torch.Tensor]:
@@ -56,9 +114,9 @@ def read_state_dict(directory: Path) -> dict[str, torch.Tensor]:
         try:
             state = torch.load(source, map_location="cpu", weights_only=True)
         except Exception as err:  # noqa: BLE001 - pickle/zip errors of a corrupt file
-            raise MergeError(f"{source}: not a readable PyTorch checkpoint ({type(err).__name__})") from None
+            raise InputError(f"{source}: not a readable PyTorch checkpoint ({type(err).__name__})") from None
     else:
-        raise MergeError(f"{directory}: no model.safetensors or pytorch_model.bin")
+        raise InputError(f"{directory}: no model.safetensors or pytorch_model.bin")
     renamed = {}
     for key, tensor in state.items():
         key = key.removeprefix("bert.")
@@ -68,13 +126,14 @@ def read_state_dict(directory: Path) -> dict[str, torch.Tensor]:
 
 
 def load_bge(name_or_path: str) -> tuple[Path, dict, dict[str, torch.Tensor]]:
+    """bge's directory, config and tensors; refuses anything but a plain BERT checkpoint."""
     try:
         path = resolve_model_dir(name_or_path)
         config = read_config(path)
     except ModelDirError as err:
-        raise MergeError(f"--bge: {err}") from None
+        raise InputError(f"--bge: {err}") from None
     if config["model_type"] != "bert":
-        raise MergeError(f"--bge {path}: model_type is {config['model_type']!r}, expected a plain 'bert' checkpoint")
+        raise InputError(f"--bge {path}: model_type is {config['model_type']!r}, expected a plain 'bert' checkpoint")
     return path, config, read_state_dict(path)
 
 
@@ -82,12 +141,12 @@ def read_ngrams(zen_dir: Path) -> dict[str, int]:
     """ZEN's ``ngram.txt``: line i (``ngram,freq``) is word-embedding row i + 1; row 0 pads."""
     ngram_file = zen_dir / NGRAM_FILE
     if not ngram_file.is_file():
-        raise MergeError(f"--zen {zen_dir}: no {NGRAM_FILE} (expected a ZEN_pretrain_base directory)")
+        raise InputError(f"--zen {zen_dir}: no {NGRAM_FILE} (expected a ZEN_pretrain_base directory)")
     rows: dict[str, int] = {}
     for number, line in enumerate(ngram_file.read_text(encoding="utf-8").splitlines(), 1):
         ngram = line.rsplit(",", 1)[0]
         if not ngram.strip():
-            raise MergeError(f"{ngram_file}:{number}: expected 'ngram,freq', got {line!r}")
+            raise InputError(f"{ngram_file}:{number}: expected 'ngram,freq', got {line!r}")
         rows.setdefault(normalize_word(ngram), number)
     return rows
 
@@ -98,12 +157,13 @@ def char_mean_embedding(word: str, tokenizer, char_embeddings: torch.Tensor) -> 
     return char_embeddings[ids].mean(dim=0)
 
 
-def merge_fresh(args: argparse.Namespace) -> tuple[PolicyBertModel, PolicyBertTokenizer, dict]:
+def build_from_bge(args: MergeConfig) -> tuple[PolicyBertModel, PolicyBertTokenizer, dict]:
+    """A new PolicyBERT: bge's character encoder, a word stream from ZEN or bge, fusions as ``--init`` says."""
     bge_dir, bge_config, bge_state = load_bge(args.bge)
     try:
         lexicon = Lexicon.load(args.lexicon)
     except LexiconError as err:
-        raise MergeError(f"--lexicon: {err}") from None
+        raise InputError(f"--lexicon: {err}") from None
     config_fields = {k: v for k, v in bge_config.items() if k not in ("model_type", "architectures", "transformers_version")}
     try:
         config = PolicyBertConfig(
@@ -113,13 +173,14 @@ def merge_fresh(args: argparse.Namespace) -> tuple[PolicyBertModel, PolicyBertTo
             max_words=args.max_words,
             fusion_type=args.fusion,
             architectures=["PolicyBertModel"],
+            **INITS[args.init],
         )
     except ValueError as err:
-        raise MergeError(f"--bge {bge_dir} with --num-word-layers {args.num_word_layers}: {err}") from None
+        raise InputError(f"--bge {bge_dir} with --num-word-layers {args.num_word_layers}: {err}") from None
     torch.manual_seed(args.seed)
     model = PolicyBertModel(config)
     target = model.state_dict()
-    report: dict = {"mode": "fresh", "bge": str(bge_dir), "used": {}, "dropped": {}}
+    report: dict = {"mode": "build", "init": args.init, "bge": str(bge_dir), "used": {}, "dropped": {}}
 
     for key, tensor in bge_state.items():
         if not key.startswith(CHAR_PREFIXES):
@@ -127,7 +188,7 @@ def merge_fresh(args: argparse.Namespace) -> tuple[PolicyBertModel, PolicyBertTo
         elif key not in target:
             report["dropped"][f"bge:{key}"] = "no such tensor in PolicyBERT (non-persistent buffer)"
         elif target[key].shape != tensor.shape:
-            raise MergeError(
+            raise InputError(
                 f"--bge {bge_dir}: {key} has shape {tuple(tensor.shape)}, config.json implies {tuple(target[key].shape)}"
             )
         else:
@@ -135,7 +196,7 @@ def merge_fresh(args: argparse.Namespace) -> tuple[PolicyBertModel, PolicyBertTo
             report["used"][key] = f"bge:{key}"
     missing_char = [k for k in target if k.startswith(CHAR_PREFIXES) and k not in report["used"]]
     if missing_char:
-        raise MergeError(f"--bge {bge_dir}: checkpoint lacks {len(missing_char)} encoder tensors, e.g. {missing_char[0]}")
+        raise InputError(f"--bge {bge_dir}: checkpoint lacks {len(missing_char)} encoder tensors, e.g. {missing_char[0]}")
 
     tokenizer = AutoTokenizer.from_pretrained(bge_dir)
     char_embeddings = target["embeddings.word_embeddings.weight"]
@@ -155,23 +216,23 @@ def merge_fresh(args: argparse.Namespace) -> tuple[PolicyBertModel, PolicyBertTo
     else:
         zen_dir = Path(args.zen)
         if not zen_dir.is_dir():
-            raise MergeError(f"--zen {zen_dir}: not a directory (pass a ZEN_pretrain_base directory or 'none')")
+            raise InputError(f"--zen {zen_dir}: not a directory (pass a ZEN_pretrain_base directory or 'none')")
         zen_rows = read_ngrams(zen_dir)
         zen_state = read_state_dict(zen_dir)
         zen_words = zen_state.get("word_embeddings.word_embeddings.weight")
         if zen_words is None or not any(k.startswith("encoder.word_layers.") for k in zen_state):
-            raise MergeError(f"--zen {zen_dir}: no word embeddings / encoder.word_layers.* (not a ZEN checkpoint)")
+            raise InputError(f"--zen {zen_dir}: no word embeddings / encoder.word_layers.* (not a ZEN checkpoint)")
         if zen_words.shape[1] != config.hidden_size:
-            raise MergeError(
+            raise InputError(
                 f"--zen {zen_dir}: hidden size {zen_words.shape[1]} does not match bge's {config.hidden_size}"
             )
         for key in target:
             if key.startswith("word_encoder.") or key.startswith("word_embeddings.LayerNorm."):
                 source = key.replace("word_encoder.", "encoder.word_layers.", 1)
                 if source not in zen_state:
-                    raise MergeError(f"--zen {zen_dir}: checkpoint lacks {source} (needs {config.num_word_layers} word layers)")
+                    raise InputError(f"--zen {zen_dir}: checkpoint lacks {source} (needs {config.num_word_layers} word layers)")
                 if zen_state[source].shape != target[key].shape:
-                    raise MergeError(f"--zen {zen_dir}: {source} has shape {tuple(zen_state[source].shape)}, expected {tuple(target[key].shape)}")
+                    raise InputError(f"--zen {zen_dir}: {source} has shape {tuple(zen_state[source].shape)}, expected {tuple(target[key].shape)}")
                 target[key] = zen_state[source]
                 report["used"][key] = f"zen:{source}"
         for key in zen_state:
@@ -191,85 +252,83 @@ def merge_fresh(args: argparse.Namespace) -> tuple[PolicyBertModel, PolicyBertTo
     report["used"]["word_embeddings.word_embeddings.weight"] = (
         f"{from_zen} rows from ZEN by word string, {len(lexicon.words) - from_zen} from the mean of their characters' bge embeddings"
     )
-    report["fresh"] = [k for k in target if k.startswith("fusions.")]
+    report["fresh"] = [k for k in target if k.startswith(("fusions.", "fusion_scales"))]
     model.load_state_dict(target)
     wrapped = PolicyBertTokenizer(tokenizer, lexicon, config.max_words, config.max_words_span)
     return model, wrapped, report
 
 
-def merge_back(args: argparse.Namespace) -> tuple[PolicyBertModel, PolicyBertTokenizer, dict]:
-    if not 0.0 <= args.alpha <= 1.0:
-        raise MergeError(f"--alpha must be in [0, 1], got {args.alpha}")
-    finetuned = Path(args.finetuned)
-    try:
-        config = read_config(finetuned)
-    except ModelDirError as err:
-        raise MergeError(f"--finetuned: {err}") from None
-    if config["model_type"] != "policybert":
-        raise MergeError(f"--finetuned {finetuned}: model_type is {config['model_type']!r}, expected 'policybert'")
-    ft_state = read_state_dict(finetuned)
-    bge_dir, _, bge_state = load_bge(args.bge)
-    policy_config = PolicyBertConfig.from_pretrained(finetuned)
-    policy_config.architectures = ["PolicyBertModel"]
-    model = PolicyBertModel(policy_config)
-    target = model.state_dict()
-    report: dict = {"mode": "merge-back", "alpha": args.alpha, "finetuned": str(finetuned), "bge": str(bge_dir), "used": {}, "dropped": {}}
-    for key, tensor in ft_state.items():
-        if key not in target:
-            report["dropped"][f"finetuned:{key}"] = "task head, not part of the encoder"
-            continue
-        if key.startswith(CHAR_PREFIXES) and args.alpha < 1.0:
+def merge_back(
+    finetuned: PolicyBertModel, bge_dir: Path, bge_state: dict[str, torch.Tensor], alpha: float
+) -> tuple[PolicyBertModel, dict]:
+    """``alpha`` * fine-tuned + (1 - ``alpha``) * bge on the character encoder; word stream, fusions and scales as fine-tuned."""
+    merged = copy.deepcopy(finetuned)
+    target = merged.state_dict()
+    report: dict = {"mode": "merge-back", "alpha": alpha, "bge": str(bge_dir), "used": {}, "dropped": {}}
+    for key, tensor in finetuned.state_dict().items():
+        if key.startswith(CHAR_PREFIXES) and alpha < 1.0:
             if key not in bge_state:
-                raise MergeError(f"--bge {bge_dir}: checkpoint lacks {key}")
+                raise InputError(f"--bge {bge_dir}: checkpoint lacks {key}")
             if bge_state[key].shape != tensor.shape:
-                raise MergeError(f"--bge {bge_dir}: {key} has shape {tuple(bge_state[key].shape)}, the fine-tuned model has {tuple(tensor.shape)}")
-            target[key] = args.alpha * tensor.float() + (1.0 - args.alpha) * bge_state[key].float()
-            report["used"][key] = f"{args.alpha} * finetuned + {1 - args.alpha:g} * bge"
+                raise InputError(f"--bge {bge_dir}: {key} has shape {tuple(bge_state[key].shape)}, the fine-tuned model has {tuple(tensor.shape)}")
+            target[key] = alpha * tensor + (1.0 - alpha) * bge_state[key].float()
+            report["used"][key] = f"{alpha} * finetuned + {1 - alpha:g} * bge"
         else:
-            target[key] = tensor
             report["used"][key] = f"finetuned:{key}"
-    missing = [k for k in target if k not in report["used"]]
-    if missing:
-        raise MergeError(f"--finetuned {finetuned}: checkpoint lacks {len(missing)} tensors, e.g. {missing[0]}")
     for key in bge_state:
-        if not key.startswith(CHAR_PREFIXES) or args.alpha == 1.0:
+        if not key.startswith(CHAR_PREFIXES) or alpha == 1.0:
             report["dropped"][f"bge:{key}"] = "not part of the encoder" if not key.startswith(CHAR_PREFIXES) else "alpha = 1 keeps the fine-tuned tensor"
-    model.load_state_dict(target)
+    merged.load_state_dict(target)
+    return merged, report
+
+
+def merge_finetuned(args: MergeConfig) -> tuple[PolicyBertModel, PolicyBertTokenizer, dict]:
+    """Merge-back mode: one ``--alpha``, or the best of several by dense MRR@10 on ``--dev-questions``.
+
+    The fine-tuned directory goes through the runtime's loader, so it is checked as a deployment
+    would check it, and a directory saved before the fusion scales existed merges with s = 1.
+    """
     try:
-        tokenizer = PolicyBertTokenizer.from_pretrained(finetuned)
-    except LexiconError as err:
-        raise MergeError(f"--finetuned: {err}") from None
+        finetuned, tokenizer = load_model_dir(args.finetuned, PolicyBertModel)
+    except ModelDirError as err:
+        raise InputError(f"--finetuned: {err}") from None
+    bge_dir, _, bge_state = load_bge(args.bge)
+    if len(args.alpha) == 1:
+        model, report = merge_back(finetuned, bge_dir, bge_state, args.alpha[0])
+        report["finetuned"] = str(args.finetuned)
+        return model, tokenizer, report
+    from chatchat_policybert.data import CORPUS_CSV
+    from chatchat_policybert.evaluation.dataset import load_corpus, load_questions
+    from chatchat_policybert.evaluation.evaluate import MRR_K, dense_results
+
+    corpus = load_corpus(args.dev_corpus or CORPUS_CSV)
+    questions = load_questions(args.dev_questions, corpus)
+    with tempfile.TemporaryDirectory(prefix="merge-alpha-") as tmp:
+        candidates = [
+            (f"alpha={alpha:g}", save_model_dir(merge_back(finetuned, bge_dir, bge_state, alpha)[0], tokenizer, Path(tmp) / f"alpha-{alpha:g}"))
+            for alpha in args.alpha
+        ]
+        results = dense_results(candidates, corpus, questions)
+    scores = [result.metrics[f"MRR@{MRR_K}"] for result in results]
+    best = max(range(len(scores)), key=lambda i: scores[i])  # the first listed alpha wins a tie
+    print(f"dev MRR@{MRR_K} by alpha: " + ", ".join(f"{a:g}: {m:.4f}" for a, m in zip(args.alpha, scores))
+          + f"; keeping alpha {args.alpha[best]:g}")
+    model, report = merge_back(finetuned, bge_dir, bge_state, args.alpha[best])
+    report["finetuned"] = str(args.finetuned)
+    report["alpha_sweep"] = {
+        "dev_questions": str(args.dev_questions), "dev_corpus": str(args.dev_corpus or CORPUS_CSV),
+        f"MRR@{MRR_K}": {f"{alpha:g}": score for alpha, score in zip(args.alpha, scores)},
+    }  # fmt: skip
     return model, tokenizer, report
 
 
-def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(
-        prog="python -m training.merge_bge",
+def main(argv: Sequence[str] | None = None) -> int:
+    """Build or merge, then write the directory and ``merge_report.json`` in one atomic step."""
+    args = parse_config(
+        MergeConfig, argv, prog="python -m training.merge_bge",
         description="Build a PolicyBERT directory from bge (+ ZEN), or merge a fine-tuned PolicyBERT back with bge.",
-    )
-    parser.add_argument("--bge", default="BAAI/bge-base-zh-v1.5", help="hub id or local directory of bge-base-zh-v1.5")
-    parser.add_argument("--zen", default="none", help="ZEN_pretrain_base directory (with ngram.txt), or 'none'")
-    parser.add_argument("--lexicon", help="word,count lexicon file (fresh mode)")
-    parser.add_argument("--fusion", choices=FUSION_TYPES, default="attn", help="fusion of word into character states")
-    parser.add_argument("--num-word-layers", type=int, default=6, help="word-stream layers (ZEN: 6)")
-    parser.add_argument("--max-words", type=int, default=40, help="k_w, matched words kept per 128 characters")
-    parser.add_argument("--finetuned", help="merge-back mode: a fine-tuned PolicyBERT directory")
-    parser.add_argument("--alpha", type=float, default=1.0, help="merge-back weight of the fine-tuned character encoder")
-    parser.add_argument("--seed", type=int, default=0, help="seed of the fresh fusion parameters")
-    parser.add_argument("--out", required=True, help="output model directory (replaced atomically)")
-    args = parser.parse_args(argv)
-    if args.finetuned is None and args.lexicon is None:
-        parser.error("--lexicon is required unless --finetuned is given")
-    return args
-
-
-def main(argv: list[str] | None = None) -> int:
-    args = parse_args(argv)
-    try:
-        model, tokenizer, report = merge_back(args) if args.finetuned else merge_fresh(args)
-    except MergeError as err:
-        print(f"merge_bge: error: {err}", file=sys.stderr)
-        return 2
+    )  # fmt: skip
+    model, tokenizer, report = merge_finetuned(args) if args.finetuned else build_from_bge(args)
     out = save_model_dir(
         model, tokenizer, args.out, {"merge_report.json": json.dumps(report, ensure_ascii=False, indent=1)}
     )
@@ -281,4 +340,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(run_cli(main))

@@ -6,8 +6,14 @@ what does Chatchat's SCORE_THRESHOLD do to it?" on a user's corpus and questions
     chatchat-policybert eval --model runs/policybert --out runs/eval.json --plot runs/recall.png
     chatchat-policybert eval --corpus my_policies/ --questions my_questions.jsonl --model runs/policybert
     chatchat-policybert eval --beir T2Retrieval/ --model bge-base-zh-v1.5 --retrievers bm25,dense
+    chatchat-policybert eval --model runs/policybert --baseline /models/bge-base-zh-v1.5 --require-better
 
 Without --corpus/--questions/--beir it evaluates on the shipped policy corpus and its questions.
+
+With ``--baseline`` (the model the first ``--model`` was made from) it is the deployment gate:
+both models' dense rows on the same chunks and questions, and per metric the difference with a
+paired bootstrap 95 % interval over the questions; ``--require-better`` exits 1 when the
+candidate's MRR@10 is below the baseline's.
 
 Without ``--chatchat-root`` a temporary root is built the README's way (``chatchat init``,
 ``chatchat-policybert setup --model <first model>``, corpus into the default KB,
@@ -36,6 +42,7 @@ from chatchat_policybert.evaluation.metrics import (
     first_evidence_rank,
     mrr_at_k,
     ndcg_at_k,
+    paired_bootstrap_interval,
     percentile,
     recall_at_k,
     unique_in_order,
@@ -45,6 +52,9 @@ from chatchat_policybert.files import atomic_path
 
 RETRIEVERS = ("bm25", "dense", "rrf", "chatchat")
 MRR_K = NDCG_K = 10
+QUALITY_PREFIXES = ("R@", "MRR@", "nDCG@", "hit@")  # per-query metrics (the rest are timings and counts)
+BOOTSTRAP_RESAMPLES = 1000
+EXIT_WORSE = 1  # --require-better failed; 2 stays the input-error status
 
 
 @dataclass
@@ -78,7 +88,7 @@ def evaluate_retriever(retriever: Retriever, queries: list[Query], chunks: list[
             record["evidence_rank"] = rank
             record.update({f"hit@{k}": float(rank is not None and rank <= k) for k in ks})
         result.queries.append(record)
-    names = [key for key in result.queries[0] if key.startswith(("R@", "MRR@", "nDCG@", "hit@"))]
+    names = [key for key in result.queries[0] if key.startswith(QUALITY_PREFIXES)]
     result.metrics = {name: sum(q[name] for q in result.queries) / len(result.queries) for name in names}
     times = [q["seconds"] * 1000 for q in result.queries]
     result.metrics.update({"p50 ms": percentile(times, 50), "p95 ms": percentile(times, 95),
@@ -95,6 +105,72 @@ def format_table(results: list[RunResult]) -> str:
     widths = [max(len(row[i]) for row in [header, *rows]) for i in range(len(header))]
     line = lambda cells: "| " + " | ".join(c.ljust(w) for c, w in zip(cells, widths)) + " |"  # noqa: E731
     return "\n".join([line(header), "|" + "|".join("-" * (w + 2) for w in widths) + "|", *map(line, rows)])
+
+
+@dataclass
+class Delta:
+    """Candidate minus baseline on one metric, with its paired bootstrap interval."""
+
+    metric: str
+    candidate: float
+    baseline: float
+    low: float
+    high: float
+
+    @property
+    def delta(self) -> float:
+        return self.candidate - self.baseline
+
+
+def compare_runs(candidate: RunResult, baseline: RunResult, resamples: int = BOOTSTRAP_RESAMPLES) -> list[Delta]:
+    """Per quality metric, the difference of the means and its 95 % interval, paired by question."""
+    if [q["id"] for q in candidate.queries] != [q["id"] for q in baseline.queries]:
+        raise ValueError("candidate and baseline must be scored on the same questions in the same order")
+    deltas = []
+    for metric in (name for name in candidate.metrics if name.startswith(QUALITY_PREFIXES)):
+        ours, theirs = [q[metric] for q in candidate.queries], [q[metric] for q in baseline.queries]
+        low, high = paired_bootstrap_interval(ours, theirs, resamples)
+        deltas.append(Delta(metric, candidate.metrics[metric], baseline.metrics[metric], low, high))
+    return deltas
+
+
+def format_comparison(candidate: RunResult, baseline: RunResult, deltas: list[Delta]) -> str:
+    """Markdown rows: each metric's candidate, baseline, delta and interval."""
+    lines = [f"| metric | {candidate.name} | {baseline.name} | delta | 95% CI (paired bootstrap, {BOOTSTRAP_RESAMPLES}) |",
+             "|---|---|---|---|---|"]  # fmt: skip
+    lines += [f"| {d.metric} | {d.candidate:.3f} | {d.baseline:.3f} | {d.delta:+.3f} | [{d.low:+.3f}, {d.high:+.3f}] |"
+              for d in deltas]  # fmt: skip
+    return "\n".join(lines)
+
+
+def gate_failure(deltas: list[Delta]) -> str | None:
+    """The one-line reason ``--require-better`` fails, or None when the candidate's MRR@10 is not lower."""
+    mrr = next(d for d in deltas if d.metric == f"MRR@{MRR_K}")
+    if mrr.delta >= 0:
+        return None
+    return (f"candidate MRR@{MRR_K} {mrr.candidate:.4f} is below the baseline's {mrr.baseline:.4f} "
+            f"(delta {mrr.delta:+.4f}, 95% CI [{mrr.low:+.4f}, {mrr.high:+.4f}])")
+
+
+def dense_results(
+    models: list[tuple[str, Path]], corpus: Corpus, queries: list[Query], device: str = "cpu", batch_size: int = 32
+) -> list[RunResult]:
+    """Each model's dense retrieval over the chunks Chatchat's splitter makes of ``corpus``.
+
+    For callers that only rank models (``training.merge_bge`` choosing its alpha): the chunks
+    come from a temporary root built the README's way, without embedding a FAISS index.
+    """
+    from chatchat_policybert.embeddings import PolicyBertEmbeddings
+
+    with tempfile.TemporaryDirectory(prefix="policybert-eval-") as tmp:
+        root = Path(tmp) / "root"
+        chunks = load_chunks(root, prepare_root(root, corpus, None, build_index=False), corpus)
+    depth = max(MRR_K, NDCG_K)
+    return [
+        evaluate_retriever(Dense(f"dense:{label}", PolicyBertEmbeddings(path, device=device, batch_size=batch_size),
+                                 chunks, depth), queries, chunks, [1, depth])
+        for label, path in models
+    ]  # fmt: skip
 
 
 def plot_recall(results: list[RunResult], ks: list[int], path: Path) -> None:
@@ -147,7 +223,12 @@ def build_parser() -> argparse.ArgumentParser:
     retrieval = parser.add_argument_group("retrievers")
     retrieval.add_argument("--model", action="append", default=[], metavar="[LABEL=]DIR",
                         help="PolicyBertEmbeddings-loadable model (PolicyBERT or plain BERT/bge); repeatable. "
-                             "The first one embeds the temporary Chatchat KB")
+                             "The first one embeds the temporary Chatchat KB and is the candidate of --baseline")
+    retrieval.add_argument("--baseline", type=Path, metavar="DIR",
+                           help="the model the first --model was made from (e.g. bge-base-zh-v1.5): print both dense "
+                                "rows and each metric's delta with a paired bootstrap 95%% interval")
+    retrieval.add_argument("--require-better", action="store_true",
+                           help=f"with --baseline: exit {EXIT_WORSE} when the candidate's MRR@{MRR_K} is below the baseline's")
     retrieval.add_argument("--retrievers",
                         help=f"comma list of {', '.join(RETRIEVERS)} (default: all that the models/root given allow)")
     retrieval.add_argument("--device", default="cpu", help="torch device of the dense models")
@@ -238,7 +319,7 @@ def _run(args: argparse.Namespace, root: Path, corpus: Corpus, queries: list[Que
     return results
 
 
-def main(argv: list[str] | None = None) -> None:
+def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
         ks = sorted({int(k) for k in args.ks.split(",") if k.strip()})
@@ -248,6 +329,12 @@ def main(argv: list[str] | None = None) -> None:
         raise InputError("--ks needs positive cut-offs")
     models = [parse_model(spec) for spec in args.model]
     kinds = _retriever_kinds(args.retrievers, bool(models), args.chatchat_root is not None)
+    if args.require_better and args.baseline is None:
+        raise InputError("--require-better needs --baseline")
+    if args.baseline is not None:
+        if not models or "dense" not in kinds:
+            raise InputError("--baseline compares dense retrieval: give --model (the candidate) and keep dense in --retrievers")
+        models.append(parse_model(f"baseline:{args.baseline.name}={args.baseline}"))
     if args.kb and args.chatchat_root is None:
         raise InputError("--kb only applies with --chatchat-root")
     corpus, queries = _load_data(args)
@@ -261,19 +348,32 @@ def main(argv: list[str] | None = None) -> None:
             results = _run(args, Path(tmp) / "root", corpus, queries, ks, kinds, models)
 
     print(format_table(results))
+    payload = {
+        "command_line": sys.argv if argv is None else argv,
+        "queries": len(queries),
+        "documents": len({d.group for d in corpus.documents}),
+        "results": {r.name: {"metrics": r.metrics, "queries": r.queries} for r in results},
+    }
+    failure = None
+    if args.baseline is not None:
+        by_name = {r.name: r for r in results}
+        candidate, baseline = by_name[f"dense:{models[0][0]}"], by_name[f"dense:{models[-1][0]}"]
+        deltas = compare_runs(candidate, baseline)
+        print(format_comparison(candidate, baseline, deltas))
+        failure = gate_failure(deltas)
+        payload["gate"] = {"candidate": candidate.name, "baseline": baseline.name, "resamples": BOOTSTRAP_RESAMPLES,
+                           "deltas": [{**vars(d), "delta": d.delta} for d in deltas], "failure": failure}  # fmt: skip
     if args.out is not None:
-        payload = {
-            "command_line": sys.argv if argv is None else argv,
-            "queries": len(queries),
-            "documents": len({d.group for d in corpus.documents}),
-            "results": {r.name: {"metrics": r.metrics, "queries": r.queries} for r in results},
-        }
         with atomic_path(args.out) as tmp:
             tmp.write_text(json.dumps(payload, ensure_ascii=False, indent=1), encoding="utf-8")
         print(f"wrote {args.out}")
     if args.plot is not None:
         plot_recall(results, ks, args.plot)
         print(f"wrote {args.plot}")
+    if failure is not None and args.require_better:
+        print(f"gate: {failure}", file=sys.stderr)
+        return EXIT_WORSE
+    return 0
 
 
 if __name__ == "__main__":

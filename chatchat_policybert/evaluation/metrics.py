@@ -114,3 +114,21 @@ def first_evidence_rank(ranked_chunks: Sequence[str], evidence: str, min_overlap
 def percentile(values: Sequence[float], q: float) -> float:
     """The q-th percentile (linear interpolation, NumPy's default); NaN for no values."""
     return float(np.percentile(np.asarray(values, dtype=np.float64), q)) if len(values) else float("nan")
+
+
+def paired_bootstrap_interval(
+    candidate: Sequence[float], baseline: Sequence[float], resamples: int = 1000, seed: int = 0, level: float = 0.95
+) -> tuple[float, float]:
+    """The ``level`` percentile interval of mean(candidate - baseline) over questions resampled with replacement.
+
+    Paired: both scores of a question travel together, so the interval reflects how much the
+    *difference* varies across questions, not each model's own spread (which is far wider
+    when questions differ in difficulty). A fixed seed makes a gate decision reproducible.
+    """
+    if len(candidate) != len(baseline) or not len(candidate):
+        raise ValueError(f"paired scores need the same, non-zero number of questions ({len(candidate)} vs {len(baseline)})")
+    differences = np.asarray(candidate, dtype=np.float64) - np.asarray(baseline, dtype=np.float64)
+    picks = np.random.default_rng(seed).integers(0, len(differences), size=(resamples, len(differences)))
+    means = differences[picks].mean(axis=1)
+    tail = (1.0 - level) / 2 * 100
+    return float(np.percentile(means, tail)), float(np.percentile(means, 100 - tail))

@@ -13,6 +13,7 @@ from safetensors.torch import load_file
 from transformers import BertConfig, BertModel
 
 from chatchat_policybert.embeddings import PolicyBertEmbeddings
+from chatchat_policybert.errors import run_cli as run_main
 from chatchat_policybert.lexicon import Lexicon
 from chatchat_policybert.loading import load_policybert
 from chatchat_policybert.modeling import PolicyBertModel
@@ -59,11 +60,11 @@ def make_zen(directory: Path, hidden: int = 32, word_layers: int = 2) -> Path:
     return directory
 
 
-def test_fresh_merge_with_zen(tmp_path, bge_dir, lexicon_file, texts):
+def test_build_with_zen(tmp_path, bge_dir, lexicon_file, texts):
     zen = make_zen(tmp_path / "zen")
     out = tmp_path / "policybert"
     rc = merge_main(["--bge", str(bge_dir), "--zen", str(zen), "--lexicon", str(lexicon_file),
-                     "--fusion", "gate", "--num-word-layers", "2", "--out", str(out)])
+                     "--fusion", "gate", "--num-word-layers", "2", "--init", "thesis", "--out", str(out)])
     assert rc == 0
     merged = load_file(out / "model.safetensors")
     bge = load_file(bge_dir / "model.safetensors")
@@ -81,15 +82,16 @@ def test_fresh_merge_with_zen(tmp_path, bge_dir, lexicon_file, texts):
     ids = tokenizer.tokenizer("安全", add_special_tokens=False)["input_ids"]
     expected = model.embeddings.word_embeddings.weight[ids].mean(0)
     torch.testing.assert_close(rows[lexicon.word_to_id["安全"]], expected)  # absent from ZEN: char mean
-    assert torch.all(merged["fusions.0.gate.bias"] == 5.0)
+    assert torch.all(merged["fusions.0.gate.bias"] == 5.0) and torch.all(merged["fusion_scales"] == 1.0)
     report = json.loads((out / "merge_report.json").read_text(encoding="utf-8"))
+    assert report["init"] == "thesis" and "fusion_scales" in report["fresh"]
     assert "zen:cls.predictions.bias" in report["dropped"]
     assert "zen:embeddings.word_embeddings.weight" in report["dropped"]
     vectors = PolicyBertEmbeddings(out).embed_documents(texts)
     assert len(vectors) == 3 and len(vectors[0]) == 32
 
 
-def test_fresh_merge_without_zen_equals_bge_on_text_without_words(tmp_path, bge_dir, lexicon_file):
+def test_build_without_zen_equals_bge_on_text_without_words(tmp_path, bge_dir, lexicon_file):
     out = tmp_path / "policybert"
     assert merge_main(["--bge", str(bge_dir), "--zen", "none", "--lexicon", str(lexicon_file),
                        "--fusion", "attn", "--num-word-layers", "1", "--out", str(out)]) == 0
@@ -100,7 +102,17 @@ def test_fresh_merge_without_zen_equals_bge_on_text_without_words(tmp_path, bge_
     assert max(abs(a - b) for a, b in zip(plain[0], fused[0])) < 1e-5
 
 
-def test_merge_back_alpha(tmp_path, bge_dir, lexicon_file):
+def test_build_defaults_to_the_bge_start(tmp_path, bge_dir, lexicon_file):
+    out = tmp_path / "policybert"
+    assert merge_main(["--bge", str(bge_dir), "--lexicon", str(lexicon_file), "--fusion", "gate",
+                       "--num-word-layers", "1", "--out", str(out)]) == 0
+    merged = load_file(out / "model.safetensors")
+    assert torch.all(merged["fusion_scales"] == 0.0) and torch.all(merged["fusions.0.gate.bias"] == 0.0)
+    assert json.loads((out / "merge_report.json").read_text(encoding="utf-8"))["init"] == "bge"
+
+
+def finetuned_stand_in(tmp_path: Path, bge_dir: Path, lexicon_file: Path) -> Path:
+    """A built model with every tensor moved (s included), saved like a fine-tuning stage saves one."""
     fresh = tmp_path / "fresh"
     assert merge_main(["--bge", str(bge_dir), "--lexicon", str(lexicon_file), "--num-word-layers", "1", "--out", str(fresh)]) == 0
     model = PolicyBertModel.from_pretrained(fresh)
@@ -111,6 +123,11 @@ def test_merge_back_alpha(tmp_path, bge_dir, lexicon_file):
     model.save_pretrained(finetuned)
     for name in ("lexicon.txt", "tokenizer.json", "tokenizer_config.json"):
         (finetuned / name).write_bytes((fresh / name).read_bytes())
+    return finetuned
+
+
+def test_merge_back_alpha(tmp_path, bge_dir, lexicon_file):
+    finetuned = finetuned_stand_in(tmp_path, bge_dir, lexicon_file)
     bge = load_file(bge_dir / "model.safetensors")
     ft = load_file(finetuned / "model.safetensors")
     for alpha in (0.3, 1.0):
@@ -121,6 +138,7 @@ def test_merge_back_alpha(tmp_path, bge_dir, lexicon_file):
         torch.testing.assert_close(merged[key], alpha * ft[key] + (1 - alpha) * bge[key])
         assert torch.equal(merged["word_encoder.0.output.dense.weight"], ft["word_encoder.0.output.dense.weight"])
         assert torch.equal(merged["fusions.0.attention.output.dense.bias"], ft["fusions.0.attention.output.dense.bias"])
+        assert torch.equal(merged["fusion_scales"], ft["fusion_scales"])
         load_policybert(out)
 
 
@@ -138,7 +156,10 @@ def run_cli(*args: str) -> subprocess.CompletedProcess:
         ("hidden_mismatch", "hidden size 16 does not match bge's 32"),
         ("too_many_word_layers", "num_word_layers must be in 1..num_hidden_layers (2), got 6"),
         ("policybert_as_bge", "expected a plain 'bert' checkpoint"),
-        ("bge_as_finetuned", "expected 'policybert'"),
+        ("bge_as_finetuned", "needs a 'policybert' directory"),
+        ("alpha_out_of_range", "--alpha 1.5: expected a value from 0 to 1"),
+        ("sweep_without_dev_questions", "several --alpha values need --finetuned and --dev-questions"),
+        ("unknown_init", "--init"),
     ],
 )
 def test_cli_errors_are_one_line(tmp_path, capsys, bge_dir, lexicon_file, case, expected):
@@ -153,9 +174,12 @@ def test_cli_errors_are_one_line(tmp_path, capsys, bge_dir, lexicon_file, case, 
                             "--zen", str(make_zen(tmp_path / "zen16", hidden=16))],
         "policybert_as_bge": ["--bge", str(_fresh(tmp_path, bge_dir, lexicon_file)), "--lexicon", str(lexicon_file)],
         "bge_as_finetuned": ["--finetuned", str(bge_dir), "--bge", str(bge_dir)],
+        "alpha_out_of_range": ["--finetuned", str(bge_dir), "--alpha", "0.5", "1.5"],
+        "sweep_without_dev_questions": ["--finetuned", str(bge_dir), "--alpha", "0.5", "0.7"],
+        "unknown_init": ["--lexicon", str(lexicon_file), "--init", "zen"],
     }[case]
     capsys.readouterr()
-    assert merge_main([*args, "--out", str(out)]) == 2
+    assert run_main(merge_main, [*args, "--out", str(out)]) == 2
     stderr = capsys.readouterr().err
     assert stderr.count("\n") == 1 and expected in stderr, stderr
     assert not out.exists()
@@ -175,8 +199,8 @@ def test_failed_merge_keeps_previous_output(tmp_path, bge_dir, lexicon_file):
     broken_zen.mkdir()
     (broken_zen / "ngram.txt").write_text("数据,3\n", encoding="utf-8")
     (broken_zen / "pytorch_model.bin").write_bytes(b"not a checkpoint")
-    rc = merge_main(["--bge", str(bge_dir), "--lexicon", str(lexicon_file), "--zen", str(broken_zen),
-                     "--num-word-layers", "1", "--out", str(out)])
+    rc = run_main(merge_main, ["--bge", str(bge_dir), "--lexicon", str(lexicon_file), "--zen", str(broken_zen),
+                               "--num-word-layers", "1", "--out", str(out)])
     assert rc == 2
     assert {p.name: p.read_bytes() for p in out.iterdir()} == before
 
@@ -184,10 +208,11 @@ def test_failed_merge_keeps_previous_output(tmp_path, bge_dir, lexicon_file):
 def test_cli_process_exit_code_and_message_offline(tmp_path, lexicon_file):
     result = run_cli("--bge", "BAAI/bge-base-zh-v1.5", "--lexicon", str(lexicon_file), "--out", str(tmp_path / "o"))
     assert result.returncode == 2, result.stderr
-    assert result.stderr.startswith("merge_bge: error: --bge: 'BAAI/bge-base-zh-v1.5' is no local directory, and fetching it from the Hugging Face hub failed")
+    assert result.stderr.startswith("error: --bge: 'BAAI/bge-base-zh-v1.5' is no local directory, and fetching it from the Hugging Face hub failed")
     assert "Traceback" not in result.stderr
 
 
 def test_help():
     result = run_cli("--help")
-    assert result.returncode == 0 and "--finetuned" in result.stdout and "--zen" in result.stdout
+    assert result.returncode == 0
+    assert all(flag in result.stdout for flag in ("--finetuned", "--zen", "--init", "--dev-questions"))
