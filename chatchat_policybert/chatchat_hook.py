@@ -7,7 +7,9 @@ reach them. `chatchat_policybert_hook.pth` (installed at the root of site-packag
 `install()` at every interpreter start-up; `install()` only puts a meta-path finder in
 place, which wraps `chatchat.server.utils.get_Embeddings` the moment that module has run,
 before anything can import the name. It also makes `kb -r` transactional for FAISS
-(`chatchat_policybert.kb_rebuild`), by wrapping `migrate.folder2db` the same way.
+(`chatchat_policybert.kb_rebuild`), by wrapping `migrate.folder2db` the same way, and keeps the
+FAISS ensemble's BM25 index between questions (`chatchat_policybert.ensemble_cache`; set
+CHATCHAT_POLICYBERT_BM25_CACHE=0 for Chatchat's rebuild-per-question, e.g. to compare).
 
 The wrapper serves embed models whose platform entry has a `local_embeddings` block (see
 `chatchat_policybert.settings`) and delegates everything else to Chatchat unchanged. One
@@ -42,7 +44,9 @@ if TYPE_CHECKING:
 
 UTILS_MODULE = "chatchat.server.utils"
 MIGRATE_MODULE = "chatchat.server.knowledge_base.migrate"
+ENSEMBLE_MODULE = "chatchat.server.file_rag.retrievers.ensemble"
 DISABLE_ENV = "CHATCHAT_POLICYBERT_HOOK"
+BM25_CACHE_ENV = "CHATCHAT_POLICYBERT_BM25_CACHE"
 _WRAPPED_MARK = "__policybert_wrapped__"
 
 _lock = _thread.allocate_lock()
@@ -52,7 +56,7 @@ _logged_errors: set[str] = set()
 
 def install() -> None:
     """Arrange for `get_Embeddings` to be wrapped; never raises (it runs from a .pth file)."""
-    if os.environ.get(DISABLE_ENV, "1").strip().lower() in {"0", "false", "no", "off"}:
+    if _switched_off(DISABLE_ENV):
         return
     try:
         for name, patch in _patchers().items():
@@ -64,15 +68,27 @@ def install() -> None:
         print(f"chatchat-policybert: import hook not installed: {exc!r}", file=sys.stderr)
 
 
+def _switched_off(env: str) -> bool:
+    return os.environ.get(env, "1").strip().lower() in {"0", "false", "no", "off"}
+
+
 def _patch_migrate(module: ModuleType) -> None:
     from chatchat_policybert.kb_rebuild import patch_migrate
 
     patch_migrate(module)
 
 
+def _patch_ensemble(module: ModuleType) -> None:
+    if _switched_off(BM25_CACHE_ENV):
+        return
+    from chatchat_policybert.ensemble_cache import patch_ensemble
+
+    patch_ensemble(module)
+
+
 def _patchers() -> dict[str, object]:
     """Module name -> function that patches it right after it executes."""
-    return {UTILS_MODULE: patch_module, MIGRATE_MODULE: _patch_migrate}
+    return {UTILS_MODULE: patch_module, MIGRATE_MODULE: _patch_migrate, ENSEMBLE_MODULE: _patch_ensemble}
 
 
 class _ChatchatFinder:

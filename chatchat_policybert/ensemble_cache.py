@@ -1,0 +1,108 @@
+"""Chatchat's FAISS ensemble retriever (BM25 + vectors) without rebuilding BM25 on every question.
+
+Why: Chatchat 0.3.1.3's ``EnsembleRetrieverService.from_vectorstore``, which
+``FaissKBService.do_search`` calls on every question, jieba-tokenises every chunk of the knowledge
+base and builds a new ``BM25Retriever`` — work proportional to the KB size per question (about 3 s
+at 2,095 chunks). It also builds ``EnsembleRetrieverService(retriever=…)`` without ``top_k``, so at
+most 5 chunks come back whatever ``VECTOR_SEARCH_TOP_K`` says (Chatchat #5101).
+
+:func:`patch_ensemble` (called by :mod:`chatchat_policybert.chatchat_hook`) replaces that one
+function. The replacement builds the same two retrievers with the same weights and fuses them
+the same way; only the BM25 index is kept, one per vector-store object (weakly: Chatchat's
+``kb_faiss_pool`` decides how long a store lives), together with the docstore contents it was
+built from. Every change Chatchat makes to a FAISS knowledge base (``kb -r``, a file added,
+deleted or updated through the API or the WebUI) adds or removes docstore entries — Chatchat
+deletes and re-adds, it never edits a stored Document — so the cached index is reused only while
+the docstore's ``(id, Document)`` pairs are the very same as when it was built. That comparison
+is one list comparison by identity (milliseconds at 100k chunks), never a timestamp. On a change
+only the new chunks are tokenised again: tokens are kept per docstore id.
+"""
+
+from __future__ import annotations
+
+import functools
+import threading
+import weakref
+from dataclasses import dataclass
+from types import ModuleType
+from typing import Any
+
+WRAPPED_MARK = "__policybert_wrapped__"
+
+
+@dataclass(frozen=True)
+class _Bm25Index:
+    """One vector store's BM25 retriever and the docstore snapshot it was built from.
+
+    Frozen and swapped whole, so a concurrent search sees either the old pair or the new one,
+    never a new snapshot with an old retriever.
+    """
+
+    snapshot: list[tuple[str, Any]]
+    retriever: Any
+    tokens: dict[str, tuple[str, list[str]]]
+    """docstore id -> (text, jieba tokens), reused by the next rebuild for unchanged chunks."""
+
+
+_indexes: weakref.WeakKeyDictionary[Any, _Bm25Index] = weakref.WeakKeyDictionary()
+_indexes_lock = threading.Lock()
+
+
+def cached_bm25(vectorstore: Any) -> Any:
+    """The BM25 retriever over ``vectorstore``'s docstore, as Chatchat builds it, rebuilt only on change.
+
+    Documents enter BM25 in docstore order, as in Chatchat, so scores and tie order are the same.
+    Callers must not change the returned retriever (``k`` included): copy it, as
+    :func:`patch_ensemble` does.
+    """
+    snapshot = list(vectorstore.docstore._dict.items())
+    with _indexes_lock:
+        current = _indexes.get(vectorstore)
+    if current is not None and current.snapshot == snapshot:
+        return current.retriever
+    import jieba
+    from langchain_community.retrievers import BM25Retriever
+    from langchain_core.documents import Document
+    from rank_bm25 import BM25Okapi
+
+    known = current.tokens if current is not None else {}
+    tokens = {}
+    for doc_id, doc in snapshot:
+        kept = known.get(doc_id)
+        tokens[doc_id] = kept if kept is not None and kept[0] == doc.page_content else (
+            doc.page_content, jieba.lcut_for_search(doc.page_content))
+    # What BM25Retriever.from_documents does, from the kept tokens instead of tokenising again.
+    retriever = BM25Retriever(
+        vectorizer=BM25Okapi([tokens[doc_id][1] for doc_id, _ in snapshot]),
+        docs=[Document(page_content=doc.page_content, metadata=doc.metadata) for _, doc in snapshot],
+        preprocess_func=jieba.lcut_for_search,
+    )
+    with _indexes_lock:
+        _indexes[vectorstore] = _Bm25Index(snapshot, retriever, tokens)
+    return retriever
+
+
+def patch_ensemble(module: ModuleType) -> None:
+    """Replace ``module.EnsembleRetrieverService.from_vectorstore`` (module: Chatchat's ``retrievers.ensemble``).
+
+    The original stays reachable as ``from_vectorstore.__wrapped__`` (Chatchat's exact behaviour,
+    used by the tests and ``bench/search_latency.py`` as the reference).
+    """
+    service = module.EnsembleRetrieverService
+    original = service.from_vectorstore
+    if getattr(original, WRAPPED_MARK, False):
+        return
+    from langchain.retrievers import EnsembleRetriever
+
+    @functools.wraps(original)
+    def from_vectorstore(vectorstore: Any, top_k: int, score_threshold: int | float) -> Any:
+        faiss_retriever = vectorstore.as_retriever(
+            search_type="similarity_score_threshold",
+            search_kwargs={"score_threshold": score_threshold, "k": top_k},
+        )
+        bm25_retriever = cached_bm25(vectorstore).copy(update={"k": top_k})
+        ensemble = EnsembleRetriever(retrievers=[bm25_retriever, faiss_retriever], weights=[0.5, 0.5])
+        return service(retriever=ensemble, top_k=top_k)
+
+    setattr(from_vectorstore, WRAPPED_MARK, True)
+    service.from_vectorstore = staticmethod(from_vectorstore)

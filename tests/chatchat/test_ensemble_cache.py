@@ -1,0 +1,112 @@
+"""The FAISS ensemble keeps its BM25 index between questions (issue #14), with Chatchat's results.
+
+Reference: Chatchat's own ``EnsembleRetrieverService.from_vectorstore`` (the patched function's
+``__wrapped__``), run in the same process on the same vector store, question by question.
+Freshness: documents added, replaced and deleted through Chatchat's HTTP API, searched at a
+SCORE_THRESHOLD no FAISS hit can pass, so every hit comes from BM25 and a stale index shows.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import uuid
+
+import requests
+from chatchat_deploy import BIN, EMBED_MODEL, KB_NAME, Deployment
+
+from chatchat_policybert.data import QUESTIONS
+
+BM25_ONLY_THRESHOLD = 1.5
+"""Needs cosine >= 1.35 (``cli.threshold_cosine``): FAISS returns nothing, the ensemble is BM25's ranking."""
+
+COMPARE_SCRIPT = f"""
+import json, sys
+from chatchat.server.file_rag.retrievers.ensemble import EnsembleRetrieverService
+from chatchat.server.knowledge_base.kb_service.base import KBServiceFactory
+from chatchat.settings import Settings
+from chatchat_policybert.ensemble_cache import cached_bm25
+
+questions = json.load(sys.stdin)
+patched = EnsembleRetrieverService.from_vectorstore
+stock = patched.__wrapped__
+thresholds = sorted({{Settings.kb_settings.SCORE_THRESHOLD, 2.0}})
+
+def ranked(search, vs, question, top_k, threshold):
+    docs = search(vs, top_k=top_k, score_threshold=threshold).get_relevant_documents(question)
+    return [[d.page_content, d.metadata] for d in docs]
+
+with KBServiceFactory.get_service_by_name("{KB_NAME}").load_vector_store().acquire() as vs:
+    pairs = [[ranked(search, vs, q, 5, t) for search in (stock, patched)] for t in thresholds for q in questions]
+    result = {{
+        "pairs": pairs,
+        "patched": patched is not stock,
+        "bm25_kept": cached_bm25(vs) is cached_bm25(vs),
+        "chunks": len(vs.docstore._dict),
+        "top10": [len(ranked(search, vs, questions[0], 10, 2.0)) for search in (stock, patched)],
+    }}
+print(json.dumps(result, ensure_ascii=False, default=str))
+"""
+
+
+def shipped_questions() -> list[str]:
+    lines = QUESTIONS.read_text(encoding="utf-8").splitlines()
+    return [json.loads(line)["question"] for line in lines if line.strip()]
+
+
+def test_cached_ensemble_ranks_as_chatchat_and_passes_top_k(deployment: Deployment):
+    questions = shipped_questions()
+    result = subprocess.run([str(BIN / "python"), "-c", COMPARE_SCRIPT], env=deployment.env, input=json.dumps(questions),
+                            capture_output=True, text=True, timeout=600)
+    assert result.returncode == 0, result.stderr[-3000:]
+    found = json.loads(result.stdout.strip().splitlines()[-1])
+    assert found["patched"] and found["bm25_kept"]
+    assert len(found["pairs"]) >= len(questions)
+    for stock, cached in found["pairs"]:
+        assert len(stock) == 5
+        assert cached == stock
+    assert found["chunks"] >= 10
+    # Chatchat cuts to its default 5 whatever top_k (#5101); the patched service passes top_k through.
+    assert found["top10"] == [5, 10]
+
+
+def search(api: str, kb: str, query: str) -> list[str]:
+    response = requests.post(f"{api}/knowledge_base/search_docs", timeout=120, json={
+        "query": query, "knowledge_base_name": kb, "top_k": 3, "score_threshold": BM25_ONLY_THRESHOLD})
+    response.raise_for_status()
+    return [hit["page_content"] for hit in response.json()]
+
+
+def upload(api: str, kb: str, name: str, text: str) -> None:
+    response = requests.post(f"{api}/knowledge_base/upload_docs", timeout=300,
+                             files=[("files", (name, text.encode("utf-8"), "text/markdown"))],
+                             data={"knowledge_base_name": kb, "override": "true"})
+    response.raise_for_status()
+    assert response.json()["code"] == 200, response.text
+
+
+def test_api_changes_reach_the_next_question(server, policies):
+    deployment, _ = server
+    api, kb = deployment.api, f"bm25_fresh_{uuid.uuid4().hex[:8]}"
+    first, second = "鲲鹏湾深海牧场专项补贴", "雪松岭冰川观测站人才公寓"
+    response = requests.post(f"{api}/knowledge_base/create_knowledge_base", timeout=60, json={
+        "knowledge_base_name": kb, "vector_store_type": "faiss", "embed_model": EMBED_MODEL})
+    assert response.json()["code"] == 200, response.text
+    try:
+        for n, policy in enumerate(policies):
+            upload(api, kb, f"policy{n}.md", policy.markdown())
+        assert not any(first in hit for hit in search(api, kb, first))  # builds the index for this KB
+
+        upload(api, kb, "new.md", f"# 新政策\n\n{first}的申报条件和标准。\n")
+        assert any(first in hit for hit in search(api, kb, first))
+
+        upload(api, kb, "new.md", f"# 新政策\n\n{second}的申报条件和标准。\n")  # override: an update
+        assert any(second in hit for hit in search(api, kb, second))
+        assert not any(first in hit for hit in search(api, kb, first))
+
+        response = requests.post(f"{api}/knowledge_base/delete_docs", timeout=120, json={
+            "knowledge_base_name": kb, "file_names": ["new.md"], "delete_content": True})
+        assert response.json()["code"] == 200, response.text
+        assert not any(second in hit for hit in search(api, kb, second))
+    finally:
+        requests.post(f"{api}/knowledge_base/delete_knowledge_base", timeout=60, json=kb)
