@@ -1,0 +1,113 @@
+"""Issue #12 §4, the gate: ``eval --baseline DIR [--require-better]`` against a real Chatchat root.
+
+The root is built once per module without an index (dense retrieval embeds the chunks itself),
+so this module costs about one ``chatchat init`` plus a few tiny-model embeddings.
+"""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+from chatchat_policybert.errors import run_cli
+from chatchat_policybert.evaluation.dataset import load_corpus
+from chatchat_policybert.evaluation.evaluate import EXIT_WORSE, main
+from chatchat_policybert.evaluation.knowledge_base import prepare_root
+from chatchat_policybert.evaluation.metrics import paired_bootstrap_interval
+from chatchat_policybert.testing import build_tiny_bert, build_tiny_policybert
+
+from .test_eval_data import write_csv, write_jsonl
+
+N_DOCUMENTS = 6
+MAX_CHARS = 600
+
+
+def test_paired_bootstrap_interval():
+    assert paired_bootstrap_interval([0.5, 1.0, 0.0], [0.5, 1.0, 0.0]) == (0.0, 0.0)
+    assert paired_bootstrap_interval([0.7, 0.3, 0.9], [0.5, 0.1, 0.7]) == pytest.approx((0.2, 0.2))
+    rng = np.random.default_rng(1)
+    baseline = rng.uniform(size=200)
+    better = baseline + rng.normal(0.05, 0.05, size=200)
+    low, high = paired_bootstrap_interval(better, baseline)
+    assert 0 < low < 0.05 < high < 0.1, "the interval holds the true mean shift, paired variation only"
+    assert paired_bootstrap_interval(better, baseline) == (low, high), "fixed seed: the same decision every run"
+    assert paired_bootstrap_interval(better, baseline, seed=2) != (low, high)
+    with pytest.raises(ValueError, match="same, non-zero number"):
+        paired_bootstrap_interval([1.0], [1.0, 0.0])
+
+
+@pytest.fixture(scope="module")
+def setup(tmp_path_factory, policy_documents, reference_lexicon):
+    """(root, corpus CSV, questions JSONL, PolicyBERT dir, BERT dir): two random models that rank differently."""
+    tmp = tmp_path_factory.mktemp("gate")
+    rows = [(d["title"], d["contentText"][:MAX_CHARS]) for d in policy_documents[:N_DOCUMENTS]]
+    corpus_csv = write_csv(tmp / "policies.csv", rows)
+    corpus = load_corpus(corpus_csv)
+    docs = [d for d in corpus.documents if d.group in set(corpus.kb_files.values())]
+    questions = write_jsonl(tmp / "q.jsonl", [
+        {"id": f"q{i}", "question": doc.text[100:130], "doc_title": doc.title, "evidence": doc.text[100:160]}
+        for i, doc in enumerate(docs)
+    ])  # fmt: skip
+    texts = [text for _, text in rows] + ["为这个句子生成表示以用于检索相关文章："]
+    candidate = build_tiny_policybert(tmp / "candidate", texts, reference_lexicon, perturb=True)
+    baseline = build_tiny_bert(tmp / "baseline", texts, seed=5, perturb=True)
+    root = tmp / "root"
+    prepare_root(root, corpus, None, build_index=False)
+    return root, corpus_csv, questions, candidate, baseline
+
+
+def gate(setup, tmp_path, candidate, baseline, *extra: str) -> tuple[int, dict]:
+    root, corpus_csv, questions, _, _ = setup
+    out = tmp_path / f"{candidate.name}-vs-{baseline.name}.json"
+    rc = run_cli(main, ["--corpus", str(corpus_csv), "--questions", str(questions), "--chatchat-root", str(root),
+                        "--retrievers", "dense", "--model", str(candidate), "--baseline", str(baseline),
+                        "--out", str(out), *extra])  # fmt: skip
+    return rc, json.loads(out.read_text(encoding="utf-8"))["gate"]
+
+
+def test_gate_prints_both_rows_and_paired_deltas(setup, tmp_path, capsys):
+    _, _, _, candidate, baseline = setup
+    rc, report = gate(setup, tmp_path, candidate, baseline)
+    assert rc == 0, "without --require-better the comparison only reports"
+    table = capsys.readouterr().out
+    assert report["candidate"] == "dense:candidate" and report["baseline"] == "dense:baseline:baseline"
+    assert "| metric | dense:candidate | dense:baseline:baseline | delta |" in table
+    metrics = [d["metric"] for d in report["deltas"]]
+    assert {"R@1", "R@10", "MRR@10", "nDCG@10", "hit@1"} <= set(metrics)
+    for delta in report["deltas"]:
+        assert delta["delta"] == pytest.approx(delta["candidate"] - delta["baseline"])
+        assert delta["low"] <= delta["delta"] <= delta["high"]
+        assert f"| {delta['metric']} | {delta['candidate']:.3f} | {delta['baseline']:.3f} |" in table
+
+
+def test_require_better_fails_exactly_the_worse_model(setup, tmp_path, capsys):
+    _, _, _, one, other = setup
+    rc_one, report = gate(setup, tmp_path, one, other, "--require-better")
+    rc_other, _ = gate(setup, tmp_path, other, one, "--require-better")
+    mrr = next(d for d in report["deltas"] if d["metric"] == "MRR@10")
+    assert mrr["delta"] != 0, "the two random models must rank differently for this test to mean anything"
+    assert sorted([rc_one, rc_other]) == [0, EXIT_WORSE]
+    assert (rc_one == EXIT_WORSE) == (mrr["delta"] < 0)
+    reasons = [line for line in capsys.readouterr().err.splitlines() if line.startswith("gate: ")]
+    assert len(reasons) == 1 and reasons[0].startswith("gate: candidate MRR@10 ") and "below the baseline's" in reasons[0]
+
+
+def test_a_model_against_itself_passes_with_zero_deltas(setup, tmp_path):
+    _, _, _, candidate, _ = setup
+    rc, report = gate(setup, tmp_path, candidate, candidate, "--require-better")
+    assert rc == 0 and report["failure"] is None
+    assert all(d["delta"] == 0 and d["low"] == d["high"] == 0 for d in report["deltas"])
+
+
+@pytest.mark.parametrize("args, expected", [
+    (["--require-better"], "--require-better needs --baseline"),
+    (["--baseline", "{model}"], "--baseline compares dense retrieval"),
+    (["--baseline", "{model}", "--model", "{model}", "--retrievers", "bm25"], "--baseline compares dense retrieval"),
+])  # fmt: skip
+def test_gate_flag_errors_are_one_line(setup, capsys, args, expected):
+    _, _, _, candidate, _ = setup
+    rc = run_cli(main, [a.format(model=candidate) for a in args])
+    err = capsys.readouterr().err
+    assert rc == 2 and err.count("\n") == 1 and expected in err, err
