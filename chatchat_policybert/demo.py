@@ -50,7 +50,8 @@ def obtain_model(out_dir: Path, lexicon: Path, documents: Sequence[PolicyDocumen
     """A PolicyBERT directory: merged from bge when the hub answers, else built locally.
 
     The merge runs as the command a user would type (``python -m training.merge_bge``), with the
-    identity start, so the model's vectors are bge's until it is trained.
+    identity start (``--init bge``: fusion scales 0), so the model's vectors are bge's, exactly,
+    until it is trained.
     """
     if (out_dir / "config.json").is_file():
         print(f"[model] reusing {out_dir}")
@@ -59,7 +60,7 @@ def obtain_model(out_dir: Path, lexicon: Path, documents: Sequence[PolicyDocumen
     if problem is None:
         print(f"[model] merging PolicyBERT from {BGE} (downloads about 400 MB)", flush=True)
         merge = subprocess.run([sys.executable, "-m", "training.merge_bge", "--bge", BGE, "--zen", "none",
-                                "--lexicon", str(lexicon), "--fusion", "attn", "--out", str(out_dir)])
+                                "--lexicon", str(lexicon), "--fusion", "attn", "--init", "bge", "--out", str(out_dir)])
         if merge.returncode == 0:
             return out_dir
         problem = "the merge failed (see above)"
