@@ -216,3 +216,35 @@ def test_help():
     result = run_cli("--help")
     assert result.returncode == 0
     assert all(flag in result.stdout for flag in ("--finetuned", "--zen", "--init", "--dev-questions"))
+
+
+def test_alpha_sweep_keeps_the_best_on_dev_questions(tmp_path, bge_dir, lexicon_file, policy_documents, capsys):
+    """Several alphas: each merge is scored by the evaluation's dense MRR@10 and the best one is written."""
+    import csv
+
+    finetuned = finetuned_stand_in(tmp_path, bge_dir, lexicon_file)
+    docs = policy_documents[:4]
+    corpus = tmp_path / "dev.csv"
+    with corpus.open("w", encoding="utf-8", newline="") as handle:
+        writer = csv.writer(handle)
+        writer.writerow(["title", "pubtime", "channel", "describes", "contentText"])
+        writer.writerows([d["title"], "2024-01-01", "dev", "", d["contentText"][:500]] for d in docs)
+    questions = tmp_path / "dev.jsonl"
+    questions.write_text("".join(json.dumps({"id": f"q{i}", "question": d["contentText"][50:80], "doc_title": d["title"],
+                                             "evidence": d["contentText"][50:110]}, ensure_ascii=False) + "\n"
+                                 for i, d in enumerate(docs)), encoding="utf-8")  # fmt: skip
+    alphas = ["0", "0.5", "1"]
+    out = tmp_path / "best"
+    assert merge_main(["--finetuned", str(finetuned), "--bge", str(bge_dir), "--alpha", *alphas,
+                       "--dev-questions", str(questions), "--dev-corpus", str(corpus), "--out", str(out)]) == 0
+    report = json.loads((out / "merge_report.json").read_text(encoding="utf-8"))
+    scores = report["alpha_sweep"]["MRR@10"]
+    assert list(scores) == alphas and all(0.0 <= s <= 1.0 for s in scores.values())
+    assert len(set(scores.values())) > 1, "the candidates must rank differently for the choice to mean anything"
+    best = max(alphas, key=lambda a: scores[a])  # first on ties, as merge_bge
+    assert report["alpha"] == float(best)
+    assert f"keeping alpha {best}" in capsys.readouterr().out
+    single = tmp_path / "single"
+    assert merge_main(["--finetuned", str(finetuned), "--bge", str(bge_dir), "--alpha", best, "--out", str(single)]) == 0
+    written, expected = load_file(out / "model.safetensors"), load_file(single / "model.safetensors")
+    assert written.keys() == expected.keys() and all(torch.equal(written[k], expected[k]) for k in written)
