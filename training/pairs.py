@@ -115,8 +115,6 @@ class Pair:
     positive: str
     chunk: int
     """Index of the chunk the positive comes from."""
-    document_level: bool = False
-    """The query asks about its document as a whole (a title, a section heading), not one passage."""
 
 
 def parse_window(spec: str) -> tuple[int, int]:
@@ -210,7 +208,7 @@ def heading_pairs(chunks: list[Chunk], indices: list[int]) -> list[Pair]:
                 continue
             rest = _text_under(chunks[i].text, line)
         used.add((heading, chunks[i].group))
-        pairs.append(Pair("heading", heading, rest, i, document_level=True))
+        pairs.append(Pair("heading", heading, rest, i))
     return pairs
 
 
@@ -323,17 +321,16 @@ def shared_runs(chunks: list[Chunk], run: int = SHARED_RUN) -> list[set[int]]:
 def conflicts(pair: Pair, candidate: int, chunks: list[Chunk], related: list[set[int]]) -> bool:
     """Whether ``candidate`` could answer ``pair``'s query, so that it must not be a negative.
 
-    It could when it is the positive's chunk or a neighbour of it (Chatchat's neighbouring chunks
-    overlap by up to OVERLAP_SIZE characters), comes from a document with identical text (another
-    file of the group) or, for a title or heading, from the same document; when it shares
-    :data:`SHARED_RUN` characters with the positive's chunk (contains it, overlaps it, or quotes
-    it); or when it contains the query itself (the cloze sentence).
+    It could when it comes from the positive's document group: the positive's own chunk, its
+    neighbours (Chatchat's neighbouring chunks overlap by up to OVERLAP_SIZE characters), any file
+    with identical text, and the rest of the document too — a title or heading asks about all of
+    it, a question like 这项政策何时施行 is answered anywhere in it, and a far chunk of a
+    document is, as text, also a chunk of its identical copies. Elsewhere it could when it shares
+    :data:`SHARED_RUN` characters in a row with the positive's chunk (contains it, overlaps it,
+    quotes it) or contains the query itself (the cloze sentence).
     """
-    own, other = chunks[pair.chunk], chunks[candidate]
-    if other.group == own.group:
-        if other.source != own.source or pair.document_level or abs(candidate - pair.chunk) <= 1:
-            return True
-    return candidate in related[pair.chunk] or pair.query in other.text
+    other = chunks[candidate]
+    return other.group == chunks[pair.chunk].group or candidate in related[pair.chunk] or pair.query in other.text
 
 
 class Miner:
@@ -351,8 +348,9 @@ class Miner:
         first, last = self.window
         rankings = [retriever.search(pair.query)[0][first - 1 : last] for retriever in self.retrievers]
         interleaved = (i for ranks in zip_longest(*rankings) for i in ranks if i is not None)
-        window = [i for i in unique_in_order(interleaved)
-                  if i in allowed and not conflicts(pair, i, self.chunks, self.related)]
+        # Distinct texts: identical chunks (a title line, a copy's chunk) would be one negative twice.
+        window = unique_in_order(self.chunks[i].text for i in unique_in_order(interleaved)
+                                 if i in allowed and not conflicts(pair, i, self.chunks, self.related))
         chosen = self.rng.sample(window, min(self.count, len(window)))
         self.drawn["ranked"] += len(chosen)
         if len(chosen) < self.count:  # as hn_mine: fill up at random, here only with allowed chunks
@@ -360,10 +358,12 @@ class Miner:
             for i in self.rng.sample(pool, len(pool)):
                 if len(chosen) == self.count:
                     break
-                if i not in picked and not conflicts(pair, i, self.chunks, self.related):
-                    chosen.append(i)
+                text = self.chunks[i].text
+                if text not in picked and not conflicts(pair, i, self.chunks, self.related):
+                    chosen.append(text)
+                    picked.add(text)
                     self.drawn["random"] += 1
-        return unique_in_order(self.chunks[i].text for i in chosen)
+        return chosen
 
 
 def dev_groups(chunks: list[Chunk], ratio: float, seed: int) -> set[str]:

@@ -10,16 +10,21 @@ import json
 import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from collections.abc import Callable
 from typing import Any
 
 REPLY = "根据检索到的政策文件，答案如下。"
 
 
 class OllamaStandIn:
-    """Start with `start()`; `url` is the `/v1` base; `requests` holds the chat bodies received."""
+    """Start with `start()`; `url` is the `/v1` base; `requests` holds the chat bodies received.
 
-    def __init__(self, model: str = "qwen2.5:7b") -> None:
+    ``reply`` (optional) writes the answer to a chat body, e.g. questions about the prompt's text.
+    """
+
+    def __init__(self, model: str = "qwen2.5:7b", reply: Callable[[dict[str, Any]], str] | None = None) -> None:
         self.model = model
+        self.reply = reply or (lambda body: REPLY)
         self.requests: list[dict[str, Any]] = []
         self._server = ThreadingHTTPServer(("127.0.0.1", 0), self._handler())
         self._thread = threading.Thread(target=self._server.serve_forever, daemon=True)
@@ -70,7 +75,7 @@ class OllamaStandIn:
                     self._json(200, {
                         "id": "chatcmpl-standin", "object": "chat.completion", "created": int(time.time()),
                         "model": standin.model,
-                        "choices": [{"index": 0, "message": {"role": "assistant", "content": REPLY},
+                        "choices": [{"index": 0, "message": {"role": "assistant", "content": standin.reply(body)},
                                      "finish_reason": "stop"}],
                         "usage": {"prompt_tokens": 1, "completion_tokens": 1, "total_tokens": 2},
                     })

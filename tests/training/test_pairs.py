@@ -1,0 +1,341 @@
+"""`python -m training.pairs`: pseudo-queries, the no-false-negative rule, the dev split, the LLM cache.
+
+Most tests run :func:`training.pairs.build_pairs` on chunks cut from real policy text here (fast);
+one module fixture goes through real Chatchat (`chatchat init`, setup, Chatchat's splitter) as
+`--corpus` and `--chatchat-root` do. The LLM is the loopback stand-in of ``tests/chatchat``.
+"""
+
+from __future__ import annotations
+
+import json
+import socket
+import sys
+from pathlib import Path
+
+import pytest
+
+from chatchat_policybert.errors import InputError, run_cli
+from chatchat_policybert.evaluation.dataset import load_corpus, text_group
+from chatchat_policybert.evaluation.knowledge_base import Chunk, load_chunks
+from chatchat_policybert.evaluation.retrievers import Bm25
+from training.pairs import (
+    SHARED_RUN,
+    LlmQuestions,
+    Miner,
+    Pair,
+    PairsConfig,
+    build_pairs,
+    conflicts,
+    heading_pairs,
+    inverse_cloze,
+    main,
+    parse_questions,
+    shared_runs,
+)
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "chatchat"))  # the stand-in lives with the Chatchat tests
+from ollama_standin import OllamaStandIn  # noqa: E402
+
+DOC_CHARS = 1200
+CHUNK, OVERLAP = 200, 40
+NEGATIVES = 4
+QUOTE = slice(420, 450)
+"""Characters of document 0 that document 3 quotes (inside document 0's third content chunk)."""
+
+
+def split(source: str, title: str, text: str) -> list[Chunk]:
+    """A title chunk, then windows overlapping by OVERLAP characters, as Chatchat's splitter leaves a policy."""
+    group = text_group(text)
+    pieces = [f"# {title}\n2024-01-01 · 测试"]
+    pieces += [text[start : start + CHUNK] for start in range(0, len(text) - OVERLAP, CHUNK - OVERLAP)]
+    return [Chunk(source, piece, group) for piece in pieces]
+
+
+@pytest.fixture(scope="module")
+def chunks(policy_documents) -> list[Chunk]:
+    """Five policies, an identical copy of the first under another name, and a fourth that quotes the first."""
+    texts = [" ".join(d["contentText"].split())[:DOC_CHARS] for d in policy_documents[:5]]
+    texts[3] = texts[3][:600] + texts[0][QUOTE] + texts[3][600:]
+    titles = [" ".join(d["title"].split()) for d in policy_documents[:5]]
+    out = []
+    for n, (title, text) in enumerate(zip(titles, texts)):
+        out += split(f"doc{n}.md", title, text)
+        if n == 0:
+            out += split("doc0_copy.md", title, text)
+    return out
+
+
+def config(out: Path, **overrides) -> PairsConfig:
+    return PairsConfig(out=out, negatives=NEGATIVES, dev_ratio=0.2, **overrides)
+
+
+def read_lines(path: Path) -> list[dict]:
+    return [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines()]
+
+
+def squash(text: str) -> str:
+    return "".join(text.split())
+
+
+def shares_run(a: str, b: str) -> bool:
+    return any(a[i : i + SHARED_RUN] in b for i in range(len(a) - SHARED_RUN + 1))
+
+
+def check_no_false_negatives(out: Path, chunks: list[Chunk]) -> list[dict]:
+    """The rule, checked from the written text alone, without training.pairs' bookkeeping."""
+    groups_of_text: dict[str, set[str]] = {}
+    for chunk in chunks:
+        groups_of_text.setdefault(chunk.text, set()).add(chunk.group)
+    lines = {split: read_lines(out / f"{split}.jsonl") for split in ("train", "dev")}
+    dev_groups: set[str] = set()
+    for split, rows in lines.items():
+        for row in rows:
+            assert set(row) == {"query", "pos", "neg"}  # FlagEmbedding's line, nothing more
+            (positive,) = row["pos"]
+            # The positive's document: its chunk, without the query (the cloze sentence), holds it.
+            origin = {c.group for c in chunks if squash(positive) in squash(c.text.replace(row["query"], "", 1))}
+            assert origin, row["query"]
+            if split == "dev":
+                dev_groups |= origin
+            assert len(row["neg"]) == len(set(row["neg"])) == NEGATIVES
+            for negative in row["neg"]:
+                assert negative != positive and row["query"] not in negative
+                assert not shares_run(positive, negative), (row["query"], negative[:40])
+                assert not groups_of_text[negative] & origin, (row["query"], negative[:40])
+    for row in lines["train"]:  # whole documents held out: no dev text in train.jsonl
+        for text in [*row["neg"]]:
+            assert not groups_of_text[text] & dev_groups
+        assert not any(squash(row["pos"][0]) in squash(c.text.replace(row["query"], "", 1))
+                       for c in chunks if c.group in dev_groups)
+    return lines["train"] + lines["dev"]
+
+
+# ----------------------------------------------------------------------------- the rule, directly
+
+
+def test_conflicts_cover_document_copies_quotes_and_the_query(chunks):
+    related = shared_runs(chunks)
+    doc0 = [i for i, c in enumerate(chunks) if c.source == "doc0.md"]
+    copy = [i for i, c in enumerate(chunks) if c.source == "doc0_copy.md"]
+    quoting = next(i for i, c in enumerate(chunks) if chunks[doc0[3]].text[QUOTE.start - 320 :][:30] in c.text
+                   and c.source == "doc3.md")
+    pos = doc0[3]  # content chunk 2: characters 320..520, holds the quoted run
+    sentence = chunks[doc0[5]].text[5:17]
+    pair = Pair("ict", sentence, "上下文", pos)
+    holder = next(i for i, c in enumerate(chunks) if c.source == "doc4.md" and i not in related[pos])
+    unrelated = next(i for i, c in enumerate(chunks) if c.source == "doc2.md" and sentence not in c.text)
+    chunks_with_query = [*chunks[:holder], Chunk("doc4.md", chunks[holder].text + sentence, chunks[holder].group),
+                         *chunks[holder + 1 :]]
+
+    assert all(conflicts(pair, i, chunks, related) for i in doc0)  # itself, neighbours, the rest of its document
+    assert all(conflicts(pair, i, chunks, related) for i in copy)  # the identical-text copy
+    assert conflicts(pair, quoting, chunks, related)  # quotes 30 characters of the positive's chunk
+    assert conflicts(pair, holder, chunks_with_query, related)  # contains the query itself
+    assert not conflicts(pair, holder, chunks, related)
+    assert not conflicts(pair, unrelated, chunks, related)
+
+
+def test_shared_runs_are_symmetric_and_find_neighbours(chunks):
+    related = shared_runs(chunks)
+    for i, others in enumerate(related):
+        assert i not in others
+        assert all(i in related[j] for j in others)
+    assert 2 in related[1] and 1 in related[2]  # neighbours overlap by OVERLAP > SHARED_RUN characters
+
+
+# ----------------------------------------------------------------------------- pseudo-queries
+
+
+def test_inverse_cloze_removes_the_sentence_from_its_chunk(chunks):
+    import random
+
+    pairs = inverse_cloze(chunks, list(range(len(chunks))), 2, random.Random(0))
+    assert len(pairs) > len(chunks)  # two per chunk with enough text
+    for pair in pairs:
+        chunk = chunks[pair.chunk].text
+        assert pair.query in chunk and pair.query not in pair.positive
+        assert pair.query[-1] in "。！？；!?;" or chunk.find(pair.query) + len(pair.query) == len(chunk)
+        assert squash(pair.positive) == squash(chunk.replace(pair.query, "", 1))
+
+
+def test_title_alone_in_its_chunk_pairs_with_the_next_chunk(chunks):
+    pairs = heading_pairs(chunks, list(range(len(chunks))))
+    titles = {c.text.split("\n")[0][2:] for c in chunks if c.text.startswith("# ")}
+    assert {p.query for p in pairs} == titles  # one per document, the copy's title not twice
+    for pair in pairs:
+        title_chunk = pair.chunk - 1
+        assert chunks[title_chunk].text.startswith(f"# {pair.query}") and pair.positive == chunks[pair.chunk].text
+
+
+def test_heading_in_several_documents_names_none(chunks):
+    shared = [Chunk(c.source, f"第一章 总则\n{c.text}", c.group) if c.text.startswith("# ") is False and i % 7 == 1 else c
+              for i, c in enumerate(chunks)]
+    queries = {p.query for p in heading_pairs(shared, list(range(len(shared))))}
+    assert "总则" not in queries
+    unique = [Chunk(c.source, f"第二章 数据出境安全管理\n{c.text}", c.group) if i == 3 else c for i, c in enumerate(chunks)]
+    (section,) = [p for p in heading_pairs(unique, list(range(len(unique)))) if p.query == "数据出境安全管理"]
+    assert section.positive == chunks[3].text.strip()
+
+
+def test_parse_questions_strips_marks_and_drops_short_lines():
+    reply = "1. 数据出境需要申报评估吗？\n2、个人信息泄露了怎么办？\n- 好的\n（3）公共数据如何开放？\n1. 数据出境需要申报评估吗？"
+    assert parse_questions(reply, 5) == ["数据出境需要申报评估吗？", "个人信息泄露了怎么办？", "公共数据如何开放？"]
+    assert parse_questions(reply, 2) == ["数据出境需要申报评估吗？", "个人信息泄露了怎么办？"]
+
+
+# ----------------------------------------------------------------------------- mining
+
+
+def test_pairs_have_no_false_negatives_and_dev_is_held_out_by_document(tmp_path, chunks):
+    summary = build_pairs(config(tmp_path), chunks)
+    rows = check_no_false_negatives(tmp_path, chunks)
+    assert summary["pairs"]["dev"] and summary["pairs"]["train"]
+    assert sum(sum(c.values()) for c in summary["pairs"].values()) == len(rows)
+    assert summary["pairs"]["train"]["heading"] + summary["pairs"]["dev"].get("heading", 0) == 5
+    assert summary["negatives_per_pair"] == {"mean": NEGATIVES, "min": NEGATIVES, "max": NEGATIVES}
+    assert summary["dev_documents"] == 1 and summary["documents"] == 5
+    assert len({row["query"] for row in rows}) == len(rows)
+    # Repeatable: the same seed writes the same files.
+    build_pairs(config(tmp_path / "again"), chunks)
+    for name in ("train.jsonl", "dev.jsonl"):
+        assert (tmp_path / name).read_bytes() == (tmp_path / "again" / name).read_bytes()
+
+
+def test_negatives_come_from_the_rank_window_then_at_random(chunks):
+    related = shared_runs(chunks)
+    pool = list(range(len(chunks)))
+    pair = Pair("ict", chunks[12].text[:30], chunks[12].text[30:], 12)
+    bm25 = Bm25(chunks, len(chunks))
+    ranking = bm25.search(pair.query)[0]
+    allowed = [i for i in ranking[2:30] if not conflicts(pair, i, chunks, related)]
+    assert len({chunks[i].text for i in allowed}) >= NEGATIVES
+
+    windowed = Miner(chunks, [bm25], (3, 30), NEGATIVES, seed=1)
+    assert set(windowed.negatives(pair, pool)) <= {chunks[i].text for i in allowed}
+    assert windowed.drawn == {"ranked": NEGATIVES}
+
+    narrow = Miner(chunks, [bm25], (3, 3), NEGATIVES, seed=1)
+    negatives = narrow.negatives(pair, pool)
+    assert len(negatives) == NEGATIVES and narrow.drawn["ranked"] <= 1
+    assert narrow.drawn["random"] == NEGATIVES - narrow.drawn["ranked"]
+    assert not any(conflicts(pair, next(i for i, c in enumerate(chunks) if c.text == text), chunks, related)
+                   for text in negatives)
+
+
+def test_dense_model_mines_too(tmp_path, chunks, tiny_model_dir):
+    summary = build_pairs(config(tmp_path, model=tiny_model_dir("gate")), chunks)
+    assert summary["miners"] == ["bm25", "dense:model"]
+    check_no_false_negatives(tmp_path, chunks)
+
+
+# ----------------------------------------------------------------------------- LLM questions
+
+
+def questions_about(body: dict) -> str:
+    """The stand-in's answer: two numbered questions naming the chunk's hash and first characters."""
+    chunk = body["messages"][0]["content"].rsplit("\n\n", 1)[1]
+    tag, words = text_group(chunk)[:6], " ".join(chunk.split())
+    return f"1. {tag}号文件里{words[:12]}是什么意思？\n2. {tag}号文件{words[12:24]}应该怎么办理？"
+
+
+def test_llm_questions_are_cached_and_resume_after_an_interruption(tmp_path, chunks):
+    answered: list[int] = []
+
+    def dies_after_three(body: dict) -> str:
+        if len(answered) == 3:
+            raise ConnectionAbortedError("the stand-in stops answering")  # the connection drops, as a crash would
+        answered.append(1)
+        return questions_about(body)
+
+    distinct = len({c.text for c in chunks if c.source != "doc0_copy.md"})
+    flaky = OllamaStandIn(reply=dies_after_three).start()
+    try:
+        with pytest.raises(InputError, match="not answering"):
+            build_pairs(config(tmp_path, llm=flaky.url), chunks)
+    finally:
+        flaky.stop()
+    cache = tmp_path / "llm_cache.jsonl"
+    assert len(cache.read_text(encoding="utf-8").splitlines()) == 3
+    with cache.open("a", encoding="utf-8") as handle:
+        handle.write('{"key": "cut short by a kill')  # a write interrupted mid-line
+
+    standin = OllamaStandIn(reply=questions_about).start()
+    try:
+        summary = build_pairs(config(tmp_path, llm=standin.url), chunks)
+    finally:
+        standin.stop()
+    assert len(standin.requests) == distinct - 3  # only what the cache lacked
+    assert {r["model"] for r in standin.requests} == {"qwen2.5:7b"} and not any(r["stream"] for r in standin.requests)
+    llm_pairs = summary["pairs"]["train"]["llm"] + summary["pairs"]["dev"]["llm"]
+    assert llm_pairs == 2 * distinct  # the copy's chunks are not asked about again
+    check_no_false_negatives(tmp_path, chunks)
+
+    # All answers cached: a third run needs no endpoint at all.
+    (tmp_path / "again").mkdir()
+    (tmp_path / "again" / "llm_cache.jsonl").write_bytes(cache.read_bytes())
+    offline = build_pairs(config(tmp_path / "again", llm="http://127.0.0.1:9/v1"), chunks)
+    assert offline["pairs"] == summary["pairs"]
+
+
+def test_llm_endpoint_down_is_a_clear_error(tmp_path, chunks):
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    with pytest.raises(InputError, match=rf"--llm http://127.0.0.1:{port}/v1: the chat endpoint is not answering"):
+        build_pairs(config(tmp_path, llm=f"http://127.0.0.1:{port}/v1"), chunks)
+    assert not (tmp_path / "train.jsonl").exists()
+
+
+def test_llm_questions_key_on_model_and_text(tmp_path):
+    a = LlmQuestions("http://x/v1", "qwen2.5:7b", 2, 1.0, tmp_path / "c.jsonl")
+    b = LlmQuestions("http://x/v1", "qwen2.5:14b", 2, 1.0, tmp_path / "c.jsonl")
+    assert a.key("文本") != b.key("文本") and a.key("文本") != a.key("文本2") and a.key("文本") == a.key("文本")
+
+
+# ----------------------------------------------------------------------------- the command
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--window", "50-3"], "--window '50-3': expected FIRST-LAST"),
+    (["--kinds", "ict,quiz"], "--kinds 'ict,quiz': unknown quiz"),
+    (["--kinds", "llm"], "--kinds llm needs --llm"),
+    (["--kb", "X"], "--kb only applies with --chatchat-root"),
+    (["--negatives", "0"], "--negatives 0: expected a positive number"),
+    (["--dev-ratio", "1.5"], "--dev-ratio 1.5: expected a share in [0, 1)"),
+    (["--model", "no/such/model"], "--model no/such/model: not a model directory"),
+    (["--corpus", "no/such.csv"], "no/such.csv: not a .csv file or a folder"),
+    (["--chatchat-root", "no/such/root"], "no kb_settings.yaml"),
+])
+def test_bad_input_is_one_error_line(tmp_path, capsys, argv, message):
+    assert run_cli(main, ["--out", str(tmp_path / "out"), *argv]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: ") and message in err and len(err.strip().splitlines()) == 1
+    assert not (tmp_path / "out" / "train.jsonl").exists()
+
+
+@pytest.fixture(scope="module")
+def chatchat_run(tmp_path_factory, small_csv):
+    """`--corpus` on the small policy CSV through real Chatchat, keeping the root (`--work-dir`)."""
+    tmp = tmp_path_factory.mktemp("pairs_chatchat")
+    root, out = tmp / "root", tmp / "out"
+    assert main(["--corpus", str(small_csv), "--out", str(out), "--work-dir", str(root), "--negatives", "3"]) is None
+    return root, out
+
+
+def test_corpus_pairs_are_built_on_chatchats_chunks(chatchat_run, small_csv):
+    root, out = chatchat_run
+    chunks = load_chunks(root, "WeiMingPolicies", load_corpus(small_csv))  # what `chatchat kb -r` indexes
+    texts = {c.text for c in chunks}
+    summary = json.loads((out / "pairs.json").read_text(encoding="utf-8"))
+    assert summary["chunks"] == len(chunks) and summary["documents"] == 5
+    rows = read_lines(out / "train.jsonl") + read_lines(out / "dev.jsonl")
+    assert len(rows) == sum(sum(kinds.values()) for kinds in summary["pairs"].values())
+    assert all(set(row["neg"]) <= texts for row in rows)
+    assert (out / "LICENSE-policy-data.txt").is_file()
+
+
+def test_chatchat_root_gives_the_same_pairs(chatchat_run, tmp_path):
+    root, out = chatchat_run
+    assert main(["--chatchat-root", str(root), "--out", str(tmp_path), "--negatives", "3"]) is None
+    queries = lambda folder: sorted(r["query"] for name in ("train", "dev") for r in read_lines(folder / f"{name}.jsonl"))  # noqa: E731
+    assert queries(tmp_path) == queries(out)
