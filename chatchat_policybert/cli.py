@@ -329,11 +329,13 @@ def run_doctor(args: argparse.Namespace) -> int:
 
 
 def run_serve(args: argparse.Namespace) -> int:
+    """Serve the configured model as an OpenAI-compatible /v1/embeddings (see docs/deployment.md)."""
     import uvicorn
 
     from .chatchat_hook import load_embeddings
-    from .server import ServerLimits, create_app
+    from .server import API_KEY_ENV, ServerLimits, create_app, is_loopback, thread_local_counter
     from .settings import LocalEmbeddingsConfig
+    from .tokenization import PolicyBertTokenizer
 
     if args.model_path is not None:
         config = LocalEmbeddingsConfig(model_path=str(args.model_path.resolve()), device=args.device or "cpu")
@@ -342,17 +344,36 @@ def run_serve(args: argparse.Namespace) -> int:
         local = find_local_model(load_yaml(args.root / "model_settings.yaml"), args.model_name)
         config, platform = local.config, local.platform_name
         name = args.model_name or local.embed_models[0]
-    embeddings = load_embeddings(config, args.root, platform)
+    try:
+        embeddings = load_embeddings(config, args.root, platform)
+    except RuntimeError as exc:  # load_embeddings wraps the loader's one-line ModelDirError
+        if isinstance(exc.__cause__, InputError):
+            raise InputError(str(exc.__cause__)) from None
+        raise
+    tokenizer = getattr(embeddings, "tokenizer", None)
+    if not isinstance(tokenizer, PolicyBertTokenizer):
+        raise InputError(f"serve needs PolicyBertEmbeddings (its tokenizer counts tokens); {platform} configures "
+                         f"{type(embeddings).__name__}")
+    api_key = args.api_key or os.environ.get(API_KEY_ENV) or None
+    if api_key is None and not is_loopback(args.host):
+        print(f"WARNING: serving on {args.host}, reachable from other machines, WITHOUT an API key: anyone who can "
+              f"reach this port can use the model; set {API_KEY_ENV} (or --api-key) or bind 127.0.0.1",
+              file=sys.stderr, flush=True)
     dimension = len(embeddings.embed_documents(["维度"])[0])
     limits = ServerLimits(
         max_body_bytes=int(args.max_body_mb * 1024 * 1024),
         max_inputs=args.max_inputs,
+        max_input_tokens=args.max_input_tokens,
+        max_request_tokens=args.max_request_tokens,
         max_batch=args.max_batch,
+        batch_tokens=args.batch_tokens,
         max_wait_s=args.max_wait_ms / 1000.0,
+        read_timeout_s=args.read_timeout,
     )
-    app = create_app(embeddings.embed_documents, name, dimension, limits)
-    print(f"serving '{name}' (dimension {dimension}) at http://{args.host}:{args.port}/v1/embeddings", flush=True)
-    uvicorn.run(app, host=args.host, port=args.port, log_level="warning")
+    app = create_app(embeddings.embed_documents, thread_local_counter(tokenizer), name, dimension, limits, api_key)
+    print(f"serving '{name}' (dimension {dimension}) at http://{args.host}:{args.port}/v1/embeddings"
+          f"{' (API key required)' if api_key else ''}", flush=True)
+    uvicorn.run(app, host=args.host, port=args.port, log_level="warning", timeout_keep_alive=5)
     return 0
 
 
@@ -406,6 +427,13 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--max-wait-ms", type=float, default=5.0, help="how long a request waits for others to batch with")
     serve.add_argument("--max-inputs", type=int, default=2048, help="inputs per request before 413")
     serve.add_argument("--max-body-mb", type=float, default=8.0, help="request body size before 413")
+    serve.add_argument("--max-input-tokens", type=int, default=8192, help="tokens per input before 413")
+    serve.add_argument("--max-request-tokens", type=int, default=300_000, help="tokens per request before 413")
+    serve.add_argument("--batch-tokens", type=int, default=4096,
+                       help="tokens per model call; requests take turns in slices of this size")
+    serve.add_argument("--read-timeout", type=float, default=10.0, help="seconds a client may take to send its body (408)")
+    serve.add_argument("--api-key", help="require 'Authorization: Bearer KEY' (default: $POLICYBERT_API_KEY, "
+                                         "which keeps the key out of the process list)")
     serve.set_defaults(func=run_serve)
 
     # Parsed by the evaluation's own parser: `chatchat-policybert eval --help` shows its flags.

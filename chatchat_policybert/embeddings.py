@@ -17,6 +17,7 @@ from langchain_core.embeddings import Embeddings
 
 from .dtypes import DTYPE_NAMES
 from .loading import load_policybert
+from .tokenization import check_texts
 
 logger = logging.getLogger(__name__)
 
@@ -113,9 +114,7 @@ class PolicyBertEmbeddings(Embeddings):
         self._lock = threading.Lock()
 
     def _embed(self, texts: list[str]) -> np.ndarray:
-        for i, text in enumerate(texts):
-            if not isinstance(text, str):
-                raise ValueError(f"text {i} is {type(text).__name__}, expected str")
+        check_texts(texts)
         with self._lock:
             encodings = self.tokenizer.encode(texts, max_length=self.max_length) if texts else []
             cut = [i for i, encoding in enumerate(encodings) if encoding.overflowing]

@@ -2,8 +2,16 @@
 
 Chatchat's `LocalAIEmbeddings` (used for `platform_type: custom openai`) sends one text per
 request from a thread pool, so the server gathers concurrent requests into one model batch
-(`MicroBatcher`) instead of running the model once per text. The OpenAI client asks for
+(`FairBatcher`) instead of running the model once per text. The OpenAI client asks for
 `encoding_format: base64` by default, so both encodings are served.
+
+The server is meant for loopback; everything a careless or hostile client can send is bounded
+before it reaches the model: the body size is enforced while reading (chunked bodies too) and
+within `read_timeout_s`; bodies must be `application/json` (a web page cannot make a browser send
+that cross-origin without a preflight); the work of a request is capped in tokens, not bytes; a
+big request is cut into slices of one forward pass, taken in turn with everyone else's, so a
+small request waits about one forward pass behind it; an optional API key is compared in
+constant time. Every answer, errors included, is JSON.
 
 Note: the endpoint cannot tell queries from documents, so it embeds every input as given (no
 query instruction); the import hook, which calls `embed_query`, does add it.
@@ -13,19 +21,33 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import copy
+import hmac
+import ipaddress
 import json
+import logging
+import threading
 import time
+from collections import deque
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import asynccontextmanager
-from dataclasses import dataclass
-from typing import Any, AsyncIterator, Callable, Literal
+from dataclasses import dataclass, field
+from typing import AsyncIterator, Callable, Literal
 
 import numpy as np
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ConfigDict, StrictStr, ValidationError
+from starlette.exceptions import HTTPException
+
+from .errors import InputError
+from .tokenization import PolicyBertTokenizer, check_texts
+
+logger = logging.getLogger(__name__)
 
 EmbedFn = Callable[[list[str]], list[list[float]]]
+CountFn = Callable[[list[str]], list[int]]
+API_KEY_ENV = "POLICYBERT_API_KEY"
 
 
 class EmbeddingRequest(BaseModel):
@@ -41,12 +63,36 @@ class EmbeddingRequest(BaseModel):
 
 @dataclass(frozen=True)
 class ServerLimits:
-    """Bounds that keep one client from exhausting the server."""
+    """Bounds that keep one client from exhausting the server or stalling the others.
+
+    ``max_input_tokens`` and ``max_request_tokens`` follow OpenAI's own limits (8,192 tokens per
+    input, 300,000 per request); ``batch_tokens`` is the work of one model call, the unit in
+    which requests take turns (the default of ``PolicyBertEmbeddings.batch_tokens``).
+    """
 
     max_body_bytes: int = 8 * 1024 * 1024
     max_inputs: int = 2048
+    max_input_tokens: int = 8192
+    max_request_tokens: int = 300_000
     max_batch: int = 32
+    batch_tokens: int = 4096
     max_wait_s: float = 0.005
+    read_timeout_s: float = 10.0
+
+    def __post_init__(self) -> None:
+        for name, value in vars(self).items():
+            if not value > 0 and not (name == "max_wait_s" and value == 0):
+                raise InputError(f"server limit {name} must be > 0, got {value!r}")
+
+
+def is_loopback(host: str) -> bool:
+    """Whether binding ``host`` keeps the server on this machine (``localhost``, 127.0.0.0/8, ::1)."""
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:  # a host name: it may resolve to any interface
+        return False
 
 
 class RequestError(Exception):
@@ -58,20 +104,68 @@ class RequestError(Exception):
         self.message = message
 
 
-class MicroBatcher:
-    """Runs concurrent requests' texts through the model together.
+def thread_local_counter(tokenizer: PolicyBertTokenizer) -> CountFn:
+    """:meth:`PolicyBertTokenizer.count_tokens` on a private copy of the tokenizer per thread.
 
-    Requests queue up; one worker takes the first, waits at most `max_wait_s` for more until
-    `max_batch` texts are gathered, and embeds them in one call on a single model thread. If
-    that merged call fails, each request is retried alone so one bad input fails only its own
-    request.
+    Counting runs in the event loop's thread pool, beside the model thread: a Rust tokenizer
+    shared between threads fails with "Already borrowed" when one call changes its truncation
+    while another encodes, and one copy would queue every small request behind a large one.
+    """
+    local = threading.local()
+
+    def count(texts: list[str]) -> list[int]:
+        if not hasattr(local, "tokenizer"):
+            local.tokenizer = PolicyBertTokenizer(copy.deepcopy(tokenizer.tokenizer))
+        return local.tokenizer.count_tokens(texts)
+
+    return count
+
+
+def token_slices(costs: list[int], max_texts: int, max_tokens: int) -> list[tuple[int, int]]:
+    """Consecutive ``[start, end)`` ranges of at most ``max_texts`` texts and ``max_tokens`` tokens.
+
+    A single text over ``max_tokens`` is a slice of its own (its work is bounded by the
+    per-input cap instead).
+    """
+    slices, start, tokens = [], 0, 0
+    for i, cost in enumerate(costs):
+        if i > start and (i - start >= max_texts or tokens + cost > max_tokens):
+            slices.append((start, i))
+            start, tokens = i, 0
+        tokens += cost
+    slices.append((start, len(costs)))
+    return slices
+
+
+@dataclass(eq=False)
+class _Job:
+    """One request's texts, the slices still to embed, and the vectors so far."""
+
+    texts: list[str]
+    slices: deque[tuple[int, int, int]]  # (start, end, tokens)
+    future: asyncio.Future
+    vectors: list[np.ndarray] = field(default_factory=list)  # one per slice done, in order
+
+
+class FairBatcher:
+    """Runs concurrent requests' texts through the model together, taking turns by slice.
+
+    Each request is cut into slices of at most ``max_batch`` texts and ``batch_tokens`` tokens.
+    One model call takes the first slice of each waiting request in turn while the call stays
+    within those bounds (the first always fits); requests just served go to the back. So a
+    small request that arrives while a large one streams is in the very next call: it waits one
+    model call, not the whole large request. When the model was idle, the first call waits
+    ``max_wait_s`` for concurrent requests to join it. If a merged call fails, each request's
+    part is retried alone, so one bad input fails only its own request.
     """
 
-    def __init__(self, embed: EmbedFn, max_batch: int, max_wait_s: float) -> None:
+    def __init__(self, embed: EmbedFn, max_batch: int, batch_tokens: int, max_wait_s: float) -> None:
         self._embed = embed
         self._max_batch = max_batch
+        self._batch_tokens = batch_tokens
         self._max_wait_s = max_wait_s
-        self._queue: asyncio.Queue[tuple[list[str], asyncio.Future]] = asyncio.Queue()
+        self._jobs: list[_Job] = []
+        self._wake = asyncio.Event()
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="policybert-embed")
         self._worker: asyncio.Task | None = None
 
@@ -83,57 +177,73 @@ class MicroBatcher:
             self._worker.cancel()
         self._executor.shutdown(wait=False, cancel_futures=True)
 
-    async def embed(self, texts: list[str]) -> np.ndarray:
+    async def embed(self, texts: list[str], costs: list[int]) -> np.ndarray:
+        """The vectors of ``texts`` (``costs``: their token counts), once all its slices have run."""
         future: asyncio.Future = asyncio.get_running_loop().create_future()
-        await self._queue.put((texts, future))
+        slices = deque(
+            (start, end, sum(costs[start:end])) for start, end in token_slices(costs, self._max_batch, self._batch_tokens)
+        )
+        self._jobs.append(_Job(texts, slices, future))
+        self._wake.set()
         return await future
+
+    def _next_call(self) -> list[_Job]:
+        """The jobs whose first slice goes into the next model call, in turn order."""
+        call, texts, tokens = [], 0, 0
+        for job in self._jobs:
+            start, end, cost = job.slices[0]
+            if call and (texts + end - start > self._max_batch or tokens + cost > self._batch_tokens):
+                continue
+            call.append(job)
+            texts, tokens = texts + end - start, tokens + cost
+        return call
 
     async def _run(self) -> None:
         loop = asyncio.get_running_loop()
         while True:
-            pending = [await self._queue.get()]
-            count = len(pending[0][0])
-            deadline = loop.time() + self._max_wait_s
-            while count < self._max_batch:
-                timeout = deadline - loop.time()
-                if timeout <= 0:
-                    break
-                try:
-                    item = await asyncio.wait_for(self._queue.get(), timeout)
-                except asyncio.TimeoutError:
-                    break
-                pending.append(item)
-                count += len(item[0])
-            await self._serve(loop, pending)
+            if not self._jobs:
+                self._wake.clear()
+                await self._wake.wait()
+                await asyncio.sleep(self._max_wait_s)  # let concurrent requests join the first call
+            self._jobs = [job for job in self._jobs if not job.future.done()]  # clients gone
+            if self._jobs:
+                await self._serve(loop, self._next_call())
 
-    async def _serve(self, loop: asyncio.AbstractEventLoop, pending: list) -> None:
-        texts = [text for request_texts, _ in pending for text in request_texts]
+    async def _serve(self, loop: asyncio.AbstractEventLoop, call: list[_Job]) -> None:
+        texts = [text for job in call for text in job.texts[job.slices[0][0] : job.slices[0][1]]]
         try:
             vectors = await loop.run_in_executor(self._executor, self._embed_array, texts)
         except Exception as exc:
-            if len(pending) == 1:
-                _settle(pending[0][1], exception=exc)
-            else:  # find out whose input failed: each request alone
-                for request_texts, future in pending:
-                    await self._serve(loop, [(request_texts, future)])
+            if len(call) == 1:
+                self._finish(call[0], exception=exc)
+            else:  # find out whose input failed: each request's slice alone
+                for job in call:
+                    await self._serve(loop, [job])
             return
-        start = 0
-        for request_texts, future in pending:
-            _settle(future, result=vectors[start : start + len(request_texts)])
-            start += len(request_texts)
+        offset = 0
+        for job in call:
+            start, end, _ = job.slices.popleft()
+            job.vectors.append(vectors[offset : offset + end - start])
+            offset += end - start
+            self._jobs.remove(job)
+            if job.slices:
+                self._jobs.append(job)  # to the back: everyone else goes first next time
+            else:
+                self._finish(job)
+
+    def _finish(self, job: _Job, exception: BaseException | None = None) -> None:
+        """Resolve a request's future unless its client already went away."""
+        if job in self._jobs:
+            self._jobs.remove(job)
+        if job.future.done():
+            return
+        if exception is not None:
+            job.future.set_exception(exception)
+        else:
+            job.future.set_result(np.concatenate(job.vectors))
 
     def _embed_array(self, texts: list[str]) -> np.ndarray:
         return np.asarray(self._embed(texts), dtype=np.float32)
-
-
-def _settle(future: asyncio.Future, result: Any = None, exception: BaseException | None = None) -> None:
-    """Resolve a request's future unless its client already went away."""
-    if future.done():
-        return
-    if exception is not None:
-        future.set_exception(exception)
-    else:
-        future.set_result(result)
 
 
 def encode(vector: np.ndarray, encoding_format: str) -> list[float] | str:
@@ -143,13 +253,44 @@ def encode(vector: np.ndarray, encoding_format: str) -> list[float] | str:
     return vector.tolist()
 
 
-async def _parse(request: Request, limits: ServerLimits) -> EmbeddingRequest:
+def authorize(request: Request, api_key: str | None) -> None:
+    """``Authorization: Bearer <api_key>``, compared in constant time (no timing oracle on the key)."""
+    if api_key is None:
+        return
+    scheme, _, given = request.headers.get("authorization", "").partition(" ")
+    if scheme.lower() != "bearer" or not hmac.compare_digest(given.strip().encode(), api_key.encode()):
+        raise RequestError(401, "missing or wrong API key: send 'Authorization: Bearer <key>'")
+
+
+async def read_body(request: Request, limits: ServerLimits) -> bytes:
+    """The body, refused (413) as soon as it passes ``max_body_bytes`` — declared or not (chunked).
+
+    Reading stops there, so an endless chunked body costs at most the limit in memory; a body
+    that does not arrive within ``read_timeout_s`` (a slow or stalled client) is a 408.
+    """
+    media_type = request.headers.get("content-type", "").partition(";")[0].strip().lower()
+    if media_type != "application/json":
+        raise RequestError(415, f"Content-Type {media_type or '(none)'!r} unsupported: send application/json")
     declared = request.headers.get("content-length")
     if declared is not None and declared.isdigit() and int(declared) > limits.max_body_bytes:
         raise RequestError(413, f"request body of {declared} bytes exceeds the limit of {limits.max_body_bytes}")
-    body = await request.body()
-    if len(body) > limits.max_body_bytes:
-        raise RequestError(413, f"request body of {len(body)} bytes exceeds the limit of {limits.max_body_bytes}")
+    body = bytearray()
+
+    async def receive() -> None:
+        async for chunk in request.stream():
+            body.extend(chunk)
+            if len(body) > limits.max_body_bytes:
+                raise RequestError(413, f"request body exceeds the limit of {limits.max_body_bytes} bytes")
+
+    try:
+        await asyncio.wait_for(receive(), limits.read_timeout_s)
+    except asyncio.TimeoutError:
+        raise RequestError(408, f"request body not received within {limits.read_timeout_s:g} s") from None
+    return bytes(body)
+
+
+def parse(body: bytes, limits: ServerLimits) -> tuple[EmbeddingRequest, list[str]]:
+    """The validated request and its texts; every way a body can be wrong is a RequestError."""
     try:
         payload = json.loads(body)
     except (json.JSONDecodeError, UnicodeDecodeError) as exc:
@@ -159,18 +300,53 @@ async def _parse(request: Request, limits: ServerLimits) -> EmbeddingRequest:
     except ValidationError as exc:
         problems = "; ".join(f"{'.'.join(str(p) for p in e['loc']) or 'body'}: {e['msg']}" for e in exc.errors())
         raise RequestError(422, f"invalid embeddings request: {problems}") from None
-    count = 1 if isinstance(parsed.input, str) else len(parsed.input)
-    if count == 0:
+    texts = [parsed.input] if isinstance(parsed.input, str) else list(parsed.input)
+    if not texts:
         raise RequestError(422, "invalid embeddings request: input: must not be an empty list")
-    if count > limits.max_inputs:
-        raise RequestError(413, f"{count} inputs exceed the limit of {limits.max_inputs} per request")
-    return parsed
+    if len(texts) > limits.max_inputs:
+        raise RequestError(413, f"{len(texts)} inputs exceed the limit of {limits.max_inputs} per request")
+    try:
+        check_texts(texts, "input")
+    except ValueError as exc:
+        raise RequestError(422, f"invalid embeddings request: {exc}") from None
+    return parsed, texts
 
 
-def create_app(embed: EmbedFn, model_name: str, dimension: int, limits: ServerLimits | None = None) -> FastAPI:
-    """The FastAPI app serving `embed` (e.g. `PolicyBertEmbeddings.embed_documents`) as `model_name`."""
+def check_work(costs: list[int], limits: ServerLimits) -> None:
+    """Refuse (413) a request whose token counts exceed the per-input or per-request cap."""
+    longest = max(range(len(costs)), key=costs.__getitem__)
+    if costs[longest] > limits.max_input_tokens:
+        raise RequestError(
+            413, f"input[{longest}] has {costs[longest]} tokens, over the limit of {limits.max_input_tokens} per input"
+        )
+    if sum(costs) > limits.max_request_tokens:
+        raise RequestError(
+            413, f"request has {sum(costs)} tokens, over the limit of {limits.max_request_tokens} per request"
+        )
+
+
+def error_response(status: int, message: str) -> JSONResponse:
+    """OpenAI's error shape, for every error this server answers."""
+    kind = "authentication_error" if status == 401 else "invalid_request_error" if status < 500 else "server_error"
+    headers = {"WWW-Authenticate": "Bearer"} if status == 401 else None
+    return JSONResponse({"error": {"message": message, "type": kind}}, status, headers=headers)
+
+
+def create_app(
+    embed: EmbedFn,
+    count_tokens: CountFn,
+    model_name: str,
+    dimension: int,
+    limits: ServerLimits | None = None,
+    api_key: str | None = None,
+) -> FastAPI:
+    """The app serving ``embed`` (e.g. ``PolicyBertEmbeddings.embed_documents``) as ``model_name``.
+
+    ``count_tokens`` gives each text's token count (:func:`thread_local_counter`), for the caps,
+    the turn-taking and ``usage``; ``api_key`` (if set) is required on every ``/v1`` route.
+    """
     limits = limits or ServerLimits()
-    batcher = MicroBatcher(embed, limits.max_batch, limits.max_wait_s)
+    batcher = FairBatcher(embed, limits.max_batch, limits.batch_tokens, limits.max_wait_s)
 
     @asynccontextmanager
     async def lifespan(_app: FastAPI) -> AsyncIterator[None]:
@@ -180,30 +356,47 @@ def create_app(embed: EmbedFn, model_name: str, dimension: int, limits: ServerLi
 
     app = FastAPI(title="chatchat-policybert embeddings", lifespan=lifespan)
 
+    @app.exception_handler(HTTPException)
+    async def http_error(_request: Request, exc: HTTPException) -> JSONResponse:
+        return error_response(exc.status_code, str(exc.detail))
+
+    @app.exception_handler(Exception)
+    async def server_error(_request: Request, exc: Exception) -> JSONResponse:
+        logger.exception("embeddings server: unexpected error")
+        return error_response(500, f"internal error: {type(exc).__name__}")
+
     @app.get("/health")
     async def health() -> dict:
         return {"status": "ok", "model": model_name, "dimension": dimension}
 
     @app.get("/v1/models")
-    async def models() -> dict:
-        return {"object": "list", "data": [{"id": model_name, "object": "model", "created": 0, "owned_by": "policybert"}]}
+    async def models(request: Request) -> JSONResponse:
+        try:
+            authorize(request, api_key)
+        except RequestError as exc:
+            return error_response(exc.status, exc.message)
+        return JSONResponse(
+            {"object": "list", "data": [{"id": model_name, "object": "model", "created": 0, "owned_by": "policybert"}]}
+        )
 
     @app.post("/v1/embeddings")
     async def embeddings(request: Request) -> JSONResponse:
         try:
-            parsed = await _parse(request, limits)
+            authorize(request, api_key)
+            parsed, texts = parse(await read_body(request, limits), limits)
             if parsed.model != model_name:
                 raise RequestError(404, f"model '{parsed.model}' is not served here (this server serves '{model_name}')")
             if parsed.dimensions is not None and parsed.dimensions != dimension:
                 raise RequestError(400, f"dimensions={parsed.dimensions} unsupported: '{model_name}' has {dimension}")
-            texts = [parsed.input] if isinstance(parsed.input, str) else list(parsed.input)
+            costs = await asyncio.get_running_loop().run_in_executor(None, count_tokens, texts)
+            check_work(costs, limits)
             try:
-                vectors = await batcher.embed(texts)
+                vectors = await batcher.embed(texts, costs)
             except ValueError as exc:
                 raise RequestError(400, f"cannot embed input: {exc}") from None
         except RequestError as exc:
-            return JSONResponse({"error": {"message": exc.message, "type": "invalid_request_error"}}, exc.status)
-        tokens = sum(len(t) for t in texts)
+            return error_response(exc.status, exc.message)
+        tokens = sum(costs)
         return JSONResponse(
             {
                 "object": "list",

@@ -42,6 +42,23 @@ def build_char_tokenizer(texts: Iterable[str], min_count: int = 1, model_max_len
     return BertTokenizerFast(vocab={token: i for i, token in enumerate(vocab)}, model_max_length=model_max_length)
 
 
+def check_texts(texts: list, name: str = "text") -> None:
+    """Refuse (ValueError naming ``name i``) an item that is no str or holds a lone surrogate.
+
+    A lone surrogate (``"a\\ud800b"``, which JSON can carry) is no Unicode character: the Rust
+    tokenizer would fail on it with a TypeError that names no item, so it is refused up front.
+    """
+    for i, text in enumerate(texts):
+        if not isinstance(text, str):
+            raise ValueError(f"{name} {i} is {type(text).__name__}, expected str")
+        try:
+            text.encode("utf-8")
+        except UnicodeEncodeError as err:
+            raise ValueError(
+                f"{name} {i} has a lone surrogate {text[err.start]!r} at character {err.start} (not valid Unicode text)"
+            ) from None
+
+
 class PolicyBertTokenizer:
     """Character tokenizer + lexicon matcher. Without a lexicon it returns plain BERT inputs."""
 
@@ -83,6 +100,11 @@ class PolicyBertTokenizer:
             max_words_span=config.get("max_words_span", 128),
         )
 
+    def count_tokens(self, texts: list[str]) -> list[int]:
+        """Tokens of each whole text, [CLS] and [SEP] included and nothing truncated: the work a text asks for."""
+        encoded = self.tokenizer(texts, truncation=False, verbose=False, return_attention_mask=False)
+        return [len(ids) for ids in encoded["input_ids"]]
+
     def save_pretrained(self, path: str | os.PathLike) -> None:
         path = Path(path)
         self.tokenizer.save_pretrained(path)
@@ -95,15 +117,20 @@ class PolicyBertTokenizer:
         offsets = np.array(encoding.offsets, dtype=np.int64).reshape(-1, 2)
         spans = []
         for segment, text in enumerate(texts):
-            found = self.lexicon.find(text)
             tokens = np.flatnonzero((sequence_ids == segment) & (offsets[:, 1] > offsets[:, 0]))
-            if not len(found) or not len(tokens):
+            if not len(tokens):
                 continue
-            # Character offset -> token index where a token starts / one past where a token ends.
-            first_of = np.full(len(text) + 1, -1)
-            last_of = np.full(len(text) + 1, -1)
-            first_of[offsets[tokens[::-1], 0]] = tokens[::-1]
-            last_of[offsets[tokens, 1]] = tokens + 1
+            # Only the characters this encoding covers: a word must start and end on its tokens, and
+            # a long text's windows each search their own part, so matching stays linear in its length.
+            low, high = int(offsets[tokens, 0].min()), int(offsets[tokens, 1].max())
+            found = self.lexicon.find(text[low:high])
+            if not len(found):
+                continue
+            # Character offset (from ``low``) -> token index where a token starts / one past where one ends.
+            first_of = np.full(high - low + 1, -1)
+            last_of = np.full(high - low + 1, -1)
+            first_of[offsets[tokens[::-1], 0] - low] = tokens[::-1]
+            last_of[offsets[tokens, 1] - low] = tokens + 1
             first, last = first_of[found[:, 1]], last_of[found[:, 2]]
             aligned = (first >= 0) & (last >= 0)
             spans.append(np.stack([found[aligned, 0], first[aligned], last[aligned]], axis=1))

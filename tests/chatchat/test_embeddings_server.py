@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import base64
+import socket
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -16,7 +17,7 @@ from chatchat_deploy import free_port
 from fastapi.testclient import TestClient
 
 from chatchat_policybert.embeddings import PolicyBertEmbeddings
-from chatchat_policybert.server import ServerLimits, create_app
+from chatchat_policybert.server import ServerLimits, create_app, thread_local_counter
 
 MODEL = "policybert"
 
@@ -33,12 +34,15 @@ def texts(policies) -> list[str]:
 
 @pytest.fixture(scope="module")
 def limits() -> ServerLimits:
-    return ServerLimits(max_body_bytes=64 * 1024, max_inputs=64, max_batch=16, max_wait_s=0.005)
+    return ServerLimits(
+        max_body_bytes=64 * 1024, max_inputs=64, max_batch=16, max_wait_s=0.005, max_input_tokens=1024,
+        max_request_tokens=8192, batch_tokens=1024, read_timeout_s=3.0,
+    )
 
 
 @pytest.fixture(scope="module")
 def client(embeddings, limits):
-    app = create_app(embeddings.embed_documents, MODEL, embeddings.dimension, limits)
+    app = create_app(embeddings.embed_documents, thread_local_counter(embeddings.tokenizer), MODEL, embeddings.dimension, limits)
     with TestClient(app) as test_client:
         yield test_client
 
@@ -58,7 +62,7 @@ def live_url(embeddings, limits, model_calls):
         model_calls.append(len(texts))
         return embeddings.embed_documents(texts)
 
-    app = create_app(embed, MODEL, embeddings.dimension, limits)
+    app = create_app(embed, thread_local_counter(embeddings.tokenizer), MODEL, embeddings.dimension, limits)
     server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
     thread = threading.Thread(target=server.run, daemon=True)
     thread.start()
@@ -141,3 +145,129 @@ def test_chatchat_localai_embeddings_against_the_server(live_url, embeddings, te
     client = LocalAIEmbeddings(model=MODEL, openai_api_base=live_url, openai_api_key="EMPTY")
     got = np.asarray(client.embed_documents(texts), dtype=np.float32)
     np.testing.assert_allclose(got, np.asarray(embeddings.embed_documents(texts), dtype=np.float32), atol=1e-5)
+
+
+# --- issue #15: what a hostile or careless client must not be able to do ----------------------
+
+
+def raw_request(url: str, head: bytes, body_parts: list[bytes], timeout: float = 8.0) -> str:
+    """Send a hand-made HTTP request (headers, then ``body_parts``, never finished) and return the status line.
+
+    The body is left incomplete on purpose: a server that answers must have decided before reading it all.
+    """
+    host, port = url.removeprefix("http://").split("/")[0].split(":")
+    with socket.create_connection((host, int(port)), timeout=timeout) as sock:
+        sock.sendall(head)
+        try:
+            for part in body_parts:
+                sock.sendall(part)
+        except OSError:  # the server closed the connection after answering: that is the point
+            pass
+        try:
+            return sock.recv(65536).split(b"\r\n", 1)[0].decode("latin-1")
+        except TimeoutError:
+            return "no answer"
+
+
+def test_chunked_body_over_the_limit_is_refused_while_reading(live_url, limits):
+    """Item 1: a chunked body with no Content-Length is counted as it arrives, not buffered first."""
+    chunk = b"x" * 16384
+    parts = [b"%x\r\n%s\r\n" % (len(chunk), chunk)] * (2 * limits.max_body_bytes // len(chunk))
+    head = (b"POST /v1/embeddings HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+            b"Transfer-Encoding: chunked\r\n\r\n")
+    status = raw_request(live_url, head, parts, timeout=limits.read_timeout_s - 1)
+    assert " 413 " in status, status
+    assert requests.get(live_url.removesuffix("/v1") + "/health", timeout=5).ok
+
+
+def test_stalled_body_times_out(live_url, limits):
+    """Item 7: a client that declares a body and never sends it holds the request at most read_timeout_s."""
+    head = (b"POST /v1/embeddings HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+            b"Content-Length: 100\r\n\r\n")
+    start = time.monotonic()
+    status = raw_request(live_url, head, [b'{"model": '], timeout=limits.read_timeout_s + 5)
+    assert " 408 " in status, status
+    assert time.monotonic() - start < limits.read_timeout_s + 5
+
+
+@pytest.mark.parametrize("content_type", ["text/plain", "application/x-www-form-urlencoded", None])
+def test_only_json_bodies_are_accepted(client, content_type):
+    """Item 7: a web page can make a browser POST text/plain cross-origin without a preflight."""
+    headers = {} if content_type is None else {"Content-Type": content_type}
+    response = client.post("/v1/embeddings", content=b'{"model": "policybert", "input": "x"}', headers=headers)
+    assert response.status_code == 415 and "application/json" in response.json()["error"]["message"]
+    ok = client.post("/v1/embeddings", content=b'{"model": "policybert", "input": "x"}',
+                     headers={"Content-Type": "application/json; charset=utf-8"})
+    assert ok.status_code == 200
+
+
+def test_api_key(embeddings):
+    """Item 7: with a key, every /v1 route needs ``Authorization: Bearer <key>``; /health stays open."""
+    app = create_app(embeddings.embed_documents, thread_local_counter(embeddings.tokenizer), MODEL,
+                     embeddings.dimension, api_key="s3cret-key")
+    body = {"model": MODEL, "input": "数据"}
+    with TestClient(app) as keyed:
+        for headers in ({}, {"Authorization": "Bearer wrong"}, {"Authorization": "s3cret-key"},
+                        {"Authorization": "Basic s3cret-key"}):
+            refused = keyed.post("/v1/embeddings", json=body, headers=headers)
+            assert refused.status_code == 401 and "API key" in refused.json()["error"]["message"]
+            assert keyed.get("/v1/models", headers=headers).status_code == 401
+        good = {"Authorization": "Bearer s3cret-key"}
+        assert keyed.post("/v1/embeddings", json=body, headers=good).status_code == 200
+        assert keyed.get("/v1/models", headers=good).json()["data"][0]["id"] == MODEL
+        assert keyed.get("/health").status_code == 200
+
+
+def test_lone_surrogate_is_a_4xx_naming_the_item(client, embeddings):
+    """Item 5: JSON can carry "\\ud800"; it is no text, and the error says which input holds it."""
+    response = client.post("/v1/embeddings", content=b'{"model": "policybert", "input": ["ok", "a\\ud800b"]}',
+                           headers={"Content-Type": "application/json"})
+    assert response.status_code == 422
+    assert "input 1" in response.json()["error"]["message"] and "surrogate" in response.json()["error"]["message"]
+    with pytest.raises(ValueError, match="text 1 has a lone surrogate"):
+        embeddings.embed_documents(["ok", "a\ud800b"])
+
+
+def test_usage_counts_tokens_not_characters(client, embeddings):
+    """Extra: ``usage.prompt_tokens`` is what the tokenizer makes of the inputs ([CLS]/[SEP] included)."""
+    texts = ["数据安全", "数 据 安 全 政 策"]
+    usage = client.post("/v1/embeddings", json={"model": MODEL, "input": texts}).json()["usage"]
+    expected = sum(len(embeddings.tokenizer.tokenizer(t)["input_ids"]) for t in texts)
+    assert usage["prompt_tokens"] == expected != sum(map(len, texts))
+
+
+def test_token_caps_give_413(client, limits):
+    """Item 2: the work one request may ask for is capped in tokens, per input and per request."""
+    long_input = client.post("/v1/embeddings", json={"model": MODEL, "input": ["数据", "政" * limits.max_input_tokens]})
+    assert long_input.status_code == 413
+    assert "input[1]" in long_input.json()["error"]["message"] and str(limits.max_input_tokens) in long_input.text
+    many = ["政" * (limits.max_input_tokens - 10)] * (limits.max_request_tokens // limits.max_input_tokens + 1)
+    too_much = client.post("/v1/embeddings", json={"model": MODEL, "input": many})
+    assert too_much.status_code == 413 and str(limits.max_request_tokens) in too_much.json()["error"]["message"]
+
+
+def test_small_request_waits_one_model_call_behind_a_large_one(embeddings, limits, texts):
+    """Item 2: a request arriving while a large one runs is in the very next model call."""
+    calls: list[list[str]] = []
+    first_call_running, small_queued = threading.Event(), threading.Event()
+
+    def embed(batch: list[str]) -> list[list[float]]:
+        calls.append(batch)
+        if len(calls) == 1:
+            first_call_running.set()
+            assert small_queued.wait(10)
+        return embeddings.embed_documents(batch)
+
+    app = create_app(embed, thread_local_counter(embeddings.tokenizer), MODEL, embeddings.dimension, limits)
+    large = [t * 8 for t in texts][: limits.max_inputs]  # about 480 tokens each: many slices
+    with TestClient(app) as test_client, ThreadPoolExecutor(2) as pool:
+        big = pool.submit(test_client.post, "/v1/embeddings", json={"model": MODEL, "input": large})
+        assert first_call_running.wait(30)
+        small = pool.submit(test_client.post, "/v1/embeddings", json={"model": MODEL, "input": "小请求"})
+        time.sleep(0.5)  # the small request is parsed and queued while the first call is still blocked
+        small_queued.set()
+        assert small.result(30).status_code == 200 and big.result(60).status_code == 200
+    assert len(calls) > 3, "the large request should have been cut into slices"
+    assert "小请求" in calls[1]
+    got = np.asarray([d["embedding"] for d in big.result().json()["data"]], dtype=np.float32)
+    np.testing.assert_allclose(got, np.asarray(embeddings.embed_documents(large), dtype=np.float32), atol=1e-5)
