@@ -10,24 +10,32 @@ The import hook wraps `chatchat.server.knowledge_base.migrate.folder2db` (before
 1. the embed model is loaded and tried on a text first; if that fails nothing is touched;
 2. each knowledge base is rebuilt into a staging vector store (`<name>.rebuilding`) that
    Chatchat's own code fills, while the saved index stays where it was;
-3. only a staging index with vectors replaces the old one (two renames); on any failure the
-   staging folder is removed, the knowledge base's file rows are put back, and the error is
-   logged and re-raised for Chatchat to report.
+3. only a staging index holding every chunk Chatchat offered it replaces the old one, in one
+   atomic step (:func:`swap_index`); an empty index is a valid result when the content yields no
+   chunks (so deleted documents do not stay searchable). On any failure the staging folder is
+   removed, the knowledge base's file rows are put back, and the error is logged and re-raised.
 
-A killed rebuild leaves the old index in place and a stale staging folder, removed by the next
-rebuild; the file rows Chatchat already deleted stay deleted until a rebuild succeeds (search
-reads the index, not those rows).
+Knowledge-base names are checked first, in every mode: a name that is not one safe path
+component (``../x``) would make Chatchat and the staging code write and delete outside the
+knowledge-base root. A killed rebuild leaves the old index in place and a stale staging folder,
+removed by the next rebuild; the file rows Chatchat already deleted stay deleted until a rebuild
+succeeds (search reads the index, not those rows).
 """
 
 from __future__ import annotations
 
+import ctypes
+import errno
 import functools
 import inspect
+import os
 import shutil
 from contextlib import contextmanager
 from pathlib import Path
 from types import ModuleType
 from typing import Any, Iterator
+
+from .errors import InputError
 
 STAGING_SUFFIX = ".rebuilding"
 RETIRED_SUFFIX = ".replaced"
@@ -45,6 +53,8 @@ def patch_migrate(migrate: ModuleType) -> None:
         bound = signature.bind(*args, **kwargs)
         bound.apply_defaults()
         params = dict(bound.arguments)
+        for kb_name in params["kb_names"] or []:
+            check_kb_name(kb_name)
         if params["mode"] != "recreate_vs" or params["vs_type"] not in ("faiss", "pg"):
             return original(*args, **kwargs)
         return _rebuild_all(migrate, original, params)
@@ -72,6 +82,25 @@ def _rebuild_all(migrate: ModuleType, original: Any, params: dict) -> None:
             _rebuild_one(original, params, kb_name, logger)
 
 
+def check_kb_name(kb_name: str) -> None:
+    """Refuse a knowledge-base name that is not one safe path component, before anything touches the disk.
+
+    Chatchat joins the name to its knowledge-base root unchecked (``-n ../x`` writes beside the
+    root), and the staging and swap paths here are built from it too.
+    """
+    if (
+        not isinstance(kb_name, str)
+        or kb_name in ("", ".", "..")
+        or any(c in kb_name for c in "/\\\0")
+        or kb_name != kb_name.strip()
+        or Path(kb_name).name != kb_name
+    ):
+        raise InputError(
+            f"knowledge base name {kb_name!r} is not a single folder name (no '/', '\\', '..', "
+            f"surrounding spaces or NUL); nothing was touched"
+        )
+
+
 def _chatchat_logger():
     from chatchat.utils import build_logger
 
@@ -95,14 +124,17 @@ def _rebuild_one(original: Any, params: dict, kb_name: str, logger: Any) -> None
     vector_name = params["embed_model"].replace(":", "_")
     final = Path(get_vs_path(kb_name, vector_name))
     staging = final.with_name(final.name + STAGING_SUFFIX)
+    recover_swap(final)
     shutil.rmtree(staging, ignore_errors=True)  # left by a killed rebuild
     rows = _snapshot_rows(kb_name)
     try:
-        with _staged_vector_name(kb_name, staging.name):
+        with _staged_vector_name(kb_name, staging.name) as chunks:
             original(**{**params, "kb_names": [kb_name]})
+        if not (staging / "index.faiss").is_file():
+            raise RuntimeError(f"Chatchat saved no index for '{kb_name}'")
         vectors = _index_size(staging)
-        if vectors == 0 and _has_documents(kb_name):
-            raise RuntimeError(f"the rebuilt index of '{kb_name}' has no vectors")
+        if vectors < chunks[0]:
+            raise RuntimeError(f"the rebuilt index of '{kb_name}' has {vectors} vectors for {chunks[0]} chunks")
     except BaseException as exc:
         shutil.rmtree(staging, ignore_errors=True)
         _restore_rows(kb_name, rows)
@@ -110,36 +142,93 @@ def _rebuild_one(original: Any, params: dict, kb_name: str, logger: Any) -> None
         raise
     finally:
         kb_faiss_pool.pop((kb_name, staging.name))
-    _swap(staging, final)
+    swap_index(staging, final)
     logger.info(f"kb -r of '{kb_name}': {vectors} vectors saved to {final}")
 
 
 @contextmanager
-def _staged_vector_name(kb_name: str, staging_name: str) -> Iterator[None]:
-    """Make Chatchat's FAISS service for `kb_name` read and write the staging vector store."""
+def _staged_vector_name(kb_name: str, staging_name: str) -> Iterator[list[int]]:
+    """Make Chatchat's FAISS service for `kb_name` read and write the staging vector store.
+
+    Yields a one-item list counting the chunks Chatchat hands to ``add_doc`` for `kb_name`: an
+    index with fewer vectors lost some (Chatchat logs an embedding failure and goes on), while
+    zero chunks and zero vectors is a knowledge base whose content yields nothing.
+    """
     from chatchat.server.knowledge_base.kb_service.faiss_kb_service import FaissKBService
 
-    original_init = FaissKBService.do_init
+    original_init, original_add = FaissKBService.do_init, FaissKBService.add_doc
+    chunks = [0]
 
     def do_init(self) -> None:
         if self.kb_name == kb_name and not self.vector_name:
             self.vector_name = staging_name
         original_init(self)
 
-    FaissKBService.do_init = do_init
+    def add_doc(self, kb_file: Any, docs: list = [], **kwargs: Any) -> Any:  # noqa: B006 - Chatchat's signature
+        if self.kb_name == kb_name:
+            chunks[0] += len(docs or kb_file.splited_docs or [])
+        return original_add(self, kb_file, docs, **kwargs)
+
+    FaissKBService.do_init, FaissKBService.add_doc = do_init, add_doc
     try:
-        yield
+        yield chunks
     finally:
-        FaissKBService.do_init = original_init
+        FaissKBService.do_init, FaissKBService.add_doc = original_init, original_add
 
 
-def _swap(staging: Path, final: Path) -> None:
-    retired = final.with_name(final.name + RETIRED_SUFFIX)
-    shutil.rmtree(retired, ignore_errors=True)
-    if final.exists():
+def _exchange(a: Path, b: Path) -> bool:
+    """Swap two directories in one atomic step (Linux ``renameat2(RENAME_EXCHANGE)``).
+
+    Returns False where the C library or the file system cannot (then :func:`swap_index` falls
+    back to two renames that :func:`recover_swap` can undo).
+    """
+    renameat2 = getattr(ctypes.CDLL(None, use_errno=True), "renameat2", None)
+    if renameat2 is None:
+        return False
+    at_fdcwd, rename_exchange = -100, 2
+    renameat2.argtypes = [ctypes.c_int, ctypes.c_char_p, ctypes.c_int, ctypes.c_char_p, ctypes.c_uint]
+    if renameat2(at_fdcwd, os.fsencode(a), at_fdcwd, os.fsencode(b), rename_exchange) == 0:
+        return True
+    err = ctypes.get_errno()
+    if err in (errno.EINVAL, errno.ENOSYS, errno.EOPNOTSUPP):
+        return False
+    raise OSError(err, os.strerror(err), str(a))
+
+
+def swap_index(staging: Path, final: Path) -> None:
+    """Put the staging vector store in place of ``final`` so that a kill at any moment leaves an index.
+
+    The exchange is one atomic step: before it ``final`` is the old index, after it the new one
+    (and the old one, now at ``staging``, is removed). Without it, ``final`` is moved aside to
+    ``.replaced`` first; a kill between the two renames is undone by :func:`recover_swap`.
+    """
+    recover_swap(final)
+    if not final.exists():
+        staging.rename(final)
+    elif _exchange(staging, final):
+        shutil.rmtree(staging)
+    else:
+        retired = final.with_name(final.name + RETIRED_SUFFIX)
         final.rename(retired)
-    staging.rename(final)
-    shutil.rmtree(retired, ignore_errors=True)
+        staging.rename(final)
+        shutil.rmtree(retired)
+
+
+def recover_swap(final: Path) -> None:
+    """Undo a swap killed between its two renames: put ``.replaced`` back unless ``final`` holds an index.
+
+    ``final`` without ``index.faiss``, or with an empty one, is what Chatchat creates when it finds
+    no index; the old index is the better state to return to. With an index, the swap had
+    finished and ``.replaced`` is only left over.
+    """
+    retired = final.with_name(final.name + RETIRED_SUFFIX)
+    if not retired.is_dir():
+        return
+    if (final / "index.faiss").is_file() and _index_size(final) > 0:
+        shutil.rmtree(retired)
+        return
+    shutil.rmtree(final, ignore_errors=True)
+    retired.rename(final)
 
 
 def _index_size(vs_path: Path) -> int:
