@@ -44,12 +44,11 @@ from collections import Counter
 from collections.abc import Iterator
 from itertools import zip_longest
 from contextlib import contextmanager
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
 from tqdm import tqdm
-from transformers import HfArgumentParser
 
 from chatchat_policybert.chatchat_root import default_kb
 from chatchat_policybert.data import CORPUS_CSV
@@ -60,6 +59,7 @@ from chatchat_policybert.evaluation.metrics import rank_by_score, unique_in_orde
 from chatchat_policybert.evaluation.retrievers import Bm25, Dense, Retriever
 from chatchat_policybert.files import atomic_path
 from training._common import copy_license
+from training.loop import config_dict, parse_config
 
 DEFAULT_LLM_URL = "http://127.0.0.1:11434/v1"
 KINDS = ("ict", "heading", "llm")
@@ -83,7 +83,7 @@ LIST_MARK = re.compile(r"^\s*(?:[-*•·]|\d+\s*[.、)）:：]|[（(]\d+[)）]|�
 
 @dataclass
 class PairsConfig:
-    """Settings of ``python -m training.pairs``; one flag per field."""
+    """Settings of ``python -m training.pairs``: one flag per field (``training.loop.parse_config``)."""
 
     out: Path = field(metadata={"help": "folder for train.jsonl, dev.jsonl, llm_cache.jsonl, pairs.json"})
     corpus: Path | None = field(default=None, metadata={
@@ -495,19 +495,18 @@ def build_pairs(cfg: PairsConfig, chunks: list[Chunk]) -> dict:
                                "max": max(counts, default=0)},
         "negatives_drawn": {"from the rank window": miner.drawn["ranked"], "at random (window short)": miner.drawn["random"]},
         "miners": [r.name for r in retrievers],
-        "seconds": round(time.perf_counter() - started, 1),
+        "seconds_pairs": round(time.perf_counter() - started, 1),
     }
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = HfArgumentParser(PairsConfig, prog="python -m training.pairs", description=__doc__.split("\n\n")[0])
-    (cfg,) = parser.parse_args_into_dataclasses(argv)
+    cfg = parse_config(PairsConfig, argv, "python -m training.pairs", __doc__.split("\n\n")[0])
     check_config(cfg)  # before the minutes of building a Chatchat root
     started = time.perf_counter()
     with chunk_source(cfg) as (chunks, source):
         summary = build_pairs(cfg, chunks)
-    summary = {"command_line": sys.argv if argv is None else argv, "config": {k: str(v) if isinstance(v, Path) else v
-               for k, v in asdict(cfg).items()}, **summary, "seconds_total": round(time.perf_counter() - started, 1)}
+    summary = {"command_line": sys.argv if argv is None else argv, "config": config_dict(cfg), **summary,
+               "seconds_total": round(time.perf_counter() - started, 1)}
     with atomic_path(cfg.out / "pairs.json") as tmp:
         tmp.write_text(json.dumps(summary, ensure_ascii=False, indent=1) + "\n", encoding="utf-8")
     copy_license(source, cfg.out)
