@@ -8,8 +8,10 @@ bge-base-zh-v1.5's shape and PolicyBERTs of that shape with 6 word layers and ea
 word stream fed from the real lexicon on chunks of the real policy corpus. Every contender runs
 in its own process (so peak RSS is its own) and the processes take turns, repetition by
 repetition, so a slow phase of the machine hits all of them alike; the median is reported.
-Ratios are against sentence-transformers on the plain model in the fast dtype (fp32 where bf16 is emulated), measured in the same run, as
-is the bf16 matmul peak the GFLOP/s are compared with.
+Ratios are against sentence-transformers on the plain model in the fast dtype (fp32 where bf16
+is emulated), measured in the same run, as is the bf16 matmul peak the GFLOP/s are compared
+with; ``×st dtype`` is the ratio to sentence-transformers in the row's own dtype. ``cos full``
+is the min cosine to the same model's whole fp32 forward pass (no [CLS]-only last layer).
 """
 
 from __future__ import annotations
@@ -65,13 +67,15 @@ def build_models(root: Path, texts: list[str], names: tuple[str, ...] = ("plain"
     return dirs
 
 
-def encoder_flops(config, tokens: np.ndarray, words: np.ndarray, groups: np.ndarray) -> float:
+def encoder_flops(config, tokens: np.ndarray, words: np.ndarray, groups: np.ndarray, cls_only: bool = False) -> float:
     """Multiply-adds x 2 of the encoder for sequences of ``tokens`` characters, ``words`` words and
     ``groups`` distinct coverage rows of ``M``.
 
     Counts the work the model does: the fusions' word-side projections run on the words, then
     ``M`` maps them onto characters (``2 * L * k_w * h`` per mapped tensor); attn's keys and
     values are mapped onto the coverage groups only, and its characters attend to those.
+    ``cls_only``: the last character layer computes [CLS] alone (``ClsOnlyLayer``, what
+    PolicyBertEmbeddings runs): keys and values over all L characters, the rest over one row.
     """
     h, i = config.hidden_size, config.intermediate_size
     L, W, G = tokens.astype(np.float64), words.astype(np.float64), groups.astype(np.float64)
@@ -80,6 +84,8 @@ def encoder_flops(config, tokens: np.ndarray, words: np.ndarray, groups: np.ndar
         return n * float(np.sum(8 * lengths * h * h + 4 * lengths * h * i + 4 * lengths**2 * h))
 
     flops = layers(config.num_hidden_layers, L)
+    if cls_only:
+        flops += float(np.sum(4 * L * h * h + 4 * L * h)) + layers(1, np.ones_like(L)) - layers(1, L)
     if getattr(config, "word_vocab_size", 0):
         k = config.num_word_layers
         flops += layers(k, W)
@@ -92,6 +98,21 @@ def encoder_flops(config, tokens: np.ndarray, words: np.ndarray, groups: np.ndar
         if config.late_fusion == "add":
             flops += float(np.sum(2 * L * W * h))
     return flops
+
+
+def full_forward_vectors(path: Path, texts: list[str], batch_size: int, device: str) -> np.ndarray:
+    """Unit [CLS] vectors of ``texts`` from the model's whole forward pass in fp32, in order, ``batch_size`` at a time.
+
+    Every layer runs over every position (no ``ClsOnlyLayer``): the vectors that the
+    embeddings' shortcuts must reproduce, compared in the ``min cos full`` column.
+    """
+    from chatchat_policybert.embeddings import cls_vectors
+    from chatchat_policybert.loading import load_policybert
+
+    model, tokenizer = load_policybert(path, device=device)
+    with torch.inference_mode():
+        return np.concatenate([cls_vectors(model, tokenizer(texts[i : i + batch_size]).to(device)).cpu().numpy()
+                               for i in range(0, len(texts), batch_size)])
 
 
 def worker(conn, kind: str, model_dir: str, dtype: str, device: str, batch_size: int, batch_tokens: int, threads: int) -> None:
@@ -150,6 +171,8 @@ def main() -> None:
     parser.add_argument("--fast-dtype", default=None, help="dtype of the 'fast' rows of both libraries, e.g. float16 on a GPU "
                         "(default: auto, bfloat16 only where the hardware has it); the reference is sentence-transformers in it")
     parser.add_argument("--force-bf16", action="store_true", help="run sentence-transformers-bf16 even where bf16 is emulated")
+    parser.add_argument("--models", default="plain,none,gate,attn", help="PolicyBertEmbeddings contenders, comma-separated "
+                        "(plain, none, gate, attn); sentence-transformers always runs on plain")
     parser.add_argument("--json", type=Path, help="also write the results here")
     args = parser.parse_args()
 
@@ -157,7 +180,7 @@ def main() -> None:
     from transformers import AutoConfig
 
     from chatchat_policybert.embeddings import auto_dtype
-    from chatchat_policybert.modeling import coverage_groups, merge_repeated_words  # also registers the config class
+    from chatchat_policybert.modeling import FUSION_TYPES, coverage_groups, merge_repeated_words  # also registers the config class
     from chatchat_policybert.tokenization import PolicyBertTokenizer
 
     if args.device.startswith("cuda") and not torch.cuda.is_available():
@@ -175,11 +198,14 @@ def main() -> None:
     print(f"matmul peak: fp32 {peak['float32']:.1f} GFLOP/s, bf16 {peak['bfloat16']:.1f} GFLOP/s; "
           f"fast dtype: {fast}; reference: {reference_name}")
     with tempfile.TemporaryDirectory() as scratch:
-        dirs = build_models(Path(scratch), [t for chunks in chunk_sets.values() for t in chunks])
+        models = tuple(args.models.split(","))
+        if not set(models) <= {"plain", *FUSION_TYPES}:
+            parser.error(f"--models {args.models}: expected names among plain, {', '.join(FUSION_TYPES)}")
+        dirs = build_models(Path(scratch), [t for chunks in chunk_sets.values() for t in chunks], ("plain", *models))
         contenders = {"st-float32 (plain)": ("st", "plain", "float32")}
         if with_half:
             contenders[reference_name] = ("st", "plain", fast)
-        for model in ("plain", "none", "gate", "attn"):
+        for model in models:
             for dtype in dict.fromkeys(["float32", fast]):
                 contenders[f"ours-{dtype} ({model})"] = ("ours", model, dtype)
         ctx = mp.get_context("spawn")
@@ -204,7 +230,7 @@ def main() -> None:
                     stats[name].append(seconds)
                     vectors[name] = vecs
             reference = statistics.median(stats[reference_name])
-            flops, tokens = {}, {}
+            flops, tokens, full = {}, {}, {}
             for model, path in dirs.items():
                 batch = PolicyBertTokenizer.from_pretrained(path)(chunks)
                 tokens[model] = batch["attention_mask"].sum(1).numpy()
@@ -213,26 +239,31 @@ def main() -> None:
                     ids, _, merged = merge_repeated_words(batch["word_ids"], batch["word_attention_mask"].bool(), batch["word_matching_matrix"])
                     words = (ids != 0).sum(1).numpy()
                     groups = torch.isfinite(coverage_groups(merged).log_counts).flatten(1).sum(1).numpy()
-                flops[model] = encoder_flops(AutoConfig.from_pretrained(path), tokens[model], words, groups)
+                flops[model] = {cls_only: encoder_flops(AutoConfig.from_pretrained(path), tokens[model], words, groups, cls_only)
+                                for cls_only in (False, True)}
+                full[model] = full_forward_vectors(path, chunks, args.batch_size, args.device)
             for name, (kind, model, dtype) in contenders.items():
                 seconds = statistics.median(stats[name])
-                gflops = flops[model] / seconds / 1e9
+                gflops = flops[model][kind == "ours"] / seconds / 1e9
                 fp32_twin = name.replace("bfloat16", "float32").replace("float16", "float32")
                 cosine = float(np.min(np.sum(vectors[name] * vectors[fp32_twin], axis=1)))
+                cosine_full = float(np.min(np.sum(vectors[name] * full[model], axis=1)))
+                st_twin = statistics.median(stats.get(f"st-{dtype} (plain)", [float("nan")]))
                 results.append(
                     dict(chars=n, contender=name, chunks_per_s=len(chunks) / seconds, tokens_per_s=float(tokens[model].sum()) / seconds,
                          gflops=gflops, frac_bf16_peak=gflops / peak["bfloat16"], frac_fp32_peak=gflops / peak["float32"],
-                         peak_rss_gib=rss[name], vs_reference=reference / seconds, min_cos_vs_fp32=cosine)
+                         peak_rss_gib=rss[name], vs_reference=reference / seconds, vs_st_same_dtype=st_twin / seconds, min_cos_vs_fp32=cosine,
+                         min_cos_vs_full_fp32=cosine_full)
                 )
         for parent, proc in procs.values():
             parent.send(None)
             proc.join()
 
-    header = f"{'chars':>5} {'contender':<24} {'chunks/s':>9} {'tokens/s':>9} {'GFLOP/s':>8} {'%bf16pk':>8} {'%fp32pk':>8} {'RSS GiB':>8} {'×ref':>9} {'min cos':>8}"
+    header = f"{'chars':>5} {'contender':<24} {'chunks/s':>9} {'tokens/s':>9} {'GFLOP/s':>8} {'%bf16pk':>8} {'%fp32pk':>8} {'RSS GiB':>8} {'×ref':>9} {'×st dtype':>9} {'min cos':>8} {'cos full':>8}"
     print(header)
     for r in results:
         print(f"{r['chars']:>5} {r['contender']:<24} {r['chunks_per_s']:>9.2f} {r['tokens_per_s']:>9.0f} {r['gflops']:>8.1f} "
-              f"{100 * r['frac_bf16_peak']:>7.0f}% {100 * r['frac_fp32_peak']:>7.0f}% {r['peak_rss_gib']:>8.2f} {r['vs_reference']:>9.2f} {r['min_cos_vs_fp32']:>8.5f}")
+              f"{100 * r['frac_bf16_peak']:>7.0f}% {100 * r['frac_fp32_peak']:>7.0f}% {r['peak_rss_gib']:>8.2f} {r['vs_reference']:>9.2f} {r['vs_st_same_dtype']:>9.2f} {r['min_cos_vs_fp32']:>8.5f} {r['min_cos_vs_full_fp32']:>8.5f}")
     if args.json:
         args.json.write_text(json.dumps({"matmul_peak_gflops": peak, "fast_dtype": fast, "reference": reference_name, "results": results}, indent=1), encoding="utf-8")
 

@@ -17,6 +17,7 @@ from langchain_core.embeddings import Embeddings
 
 from .dtypes import DTYPE_NAMES
 from .loading import load_policybert
+from .modeling import ClsOnlyLayer
 from .tokenization import check_texts
 
 logger = logging.getLogger(__name__)
@@ -102,6 +103,8 @@ class PolicyBertEmbeddings(Embeddings):
         if batch_tokens < 1:
             raise ValueError(f"batch_tokens must be >= 1, got {batch_tokens}")
         self.model, self.tokenizer = load_policybert(model_name_or_path, device=device)
+        # Only the last layer's [CLS] state is read: that layer computes that row alone.
+        self.model.encoder.layer[-1] = ClsOnlyLayer(self.model.encoder.layer[-1])
         self.device = torch.device(device)
         self.dtype = dtype
         self.batch_size = batch_size
