@@ -61,34 +61,30 @@ INITS = {
 }
 
 
-def _help(text: str) -> dict[str, str]:
-    return {"help": text}
-
-
 @dataclass
 class MergeConfig:
     """The flags of ``python -m training.merge_bge`` (one per field, via :func:`training.loop.parse_config`)."""
 
-    out: Path = field(metadata=_help("output model directory (replaced atomically)"))
-    bge: str = field(default="BAAI/bge-base-zh-v1.5", metadata=_help("hub id or local directory of bge-base-zh-v1.5"))
-    zen: str = field(default="none", metadata=_help("ZEN_pretrain_base directory (with ngram.txt), or 'none'"))
-    lexicon: Path | None = field(default=None, metadata=_help("word,count lexicon file (build mode)"))
-    fusion: Literal[FUSION_TYPES] = field(default="attn", metadata=_help("fusion of word into character states"))
-    num_word_layers: int = field(default=6, metadata=_help("word-stream layers (ZEN: 6)"))
-    max_words: int = field(default=40, metadata=_help("k_w, matched words kept per 128 characters"))
+    out: Path = field(metadata={"help": "output model directory (replaced atomically)"})
+    bge: str = field(default="BAAI/bge-base-zh-v1.5", metadata={"help": "hub id or local directory of bge-base-zh-v1.5"})
+    zen: str = field(default="none", metadata={"help": "ZEN_pretrain_base directory (with ngram.txt), or 'none'"})
+    lexicon: Path | None = field(default=None, metadata={"help": "word,count lexicon file (build mode)"})
+    fusion: Literal[FUSION_TYPES] = field(default="attn", metadata={"help": "fusion of word into character states"})
+    num_word_layers: int = field(default=6, metadata={"help": "word-stream layers (ZEN: 6)"})
+    max_words: int = field(default=40, metadata={"help": "k_w, matched words kept per 128 characters"})
     init: Literal[tuple(INITS)] = field(
-        default="bge", metadata=_help("bge: fusion scales 0, the model starts as exactly bge; thesis: scales 1, "
-                                      "gate bias 5 (the thesis's start, to reproduce its tables)"))  # fmt: skip
-    seed: int = field(default=0, metadata=_help("seed of the fresh fusion parameters"))
-    finetuned: Path | None = field(default=None, metadata=_help("merge-back mode: a fine-tuned PolicyBERT directory"))
+        default="bge", metadata={"help": "bge: fusion scales 0, the model starts as exactly bge; thesis: scales 1, "
+                                          "gate bias 5 (the thesis's start, to reproduce its tables)"})  # fmt: skip
+    seed: int = field(default=0, metadata={"help": "seed of the fresh fusion parameters"})
+    finetuned: Path | None = field(default=None, metadata={"help": "merge-back mode: a fine-tuned PolicyBERT directory"})
     alpha: list[float] = field(
         default_factory=lambda: [1.0],
-        metadata=_help("merge-back weight(s) of the fine-tuned character encoder; several need --dev-questions "
-                       "and the best by dev MRR@10 is kept"))  # fmt: skip
+        metadata={"help": "merge-back weight(s) of the fine-tuned character encoder; several need --dev-questions "
+                          "and the best by dev MRR@10 is kept"})  # fmt: skip
     dev_questions: Path | None = field(
-        default=None, metadata=_help("JSONL questions that pick the best --alpha (as for chatchat-policybert eval)"))
+        default=None, metadata={"help": "JSONL questions that pick the best --alpha (as for chatchat-policybert eval)"})
     dev_corpus: Path | None = field(
-        default=None, metadata=_help("corpus of --dev-questions (default: the shipped policy corpus)"))
+        default=None, metadata={"help": "corpus of --dev-questions (default: the shipped policy corpus)"})
 
     def __post_init__(self) -> None:
         """Refuses flag combinations no merge can use, naming the flag, before any model is read."""
