@@ -14,7 +14,7 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from chatchat_policybert.embeddings import PolicyBertEmbeddings
+from chatchat_policybert.embeddings import PolicyBertEmbeddings, cls_vectors
 from chatchat_policybert.loading import load_policybert
 from chatchat_policybert.modeling import FUSION_TYPES, PolicyBertModel
 from chatchat_policybert.testing import build_tiny_bert, build_tiny_policybert
@@ -112,6 +112,24 @@ def test_scales_round_trip_and_old_directories_load_as_the_thesis(tmp_path, text
     model, _ = load_policybert(path)
     assert torch.equal(model.fusion_scales.detach(), torch.ones(2))
     assert max_difference(PolicyBertEmbeddings(path).embed_documents(texts), thesis_vectors) <= IDENTITY_TOL
+
+
+@pytest.mark.parametrize("fusion", FUSION_TYPES)
+def test_serving_shortcuts_obey_the_scales(tmp_path, texts, reference_lexicon, fusion):
+    """At s off 0 and 1, the embeddings' shortcuts (merged words, coverage groups, [CLS]-only last
+    layer) give the vectors of the plain forward pass over every word occurrence."""
+    path = build_tiny_policybert(tmp_path / "pb", texts, reference_lexicon, fusion=fusion, perturb=True,
+                                 hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)
+    weights = path / "model.safetensors"
+    state = load_file(weights)
+    state["fusion_scales"] = torch.tensor([0.3, -0.7])
+    save_file(state, weights, metadata={"format": "pt"})
+    served = PolicyBertEmbeddings(path).embed_documents(texts)
+    model, tokenizer = load_policybert(path)
+    model.train()  # every occurrence of a word runs (no merging); dropout is 0, so the values are eval's
+    with torch.no_grad():
+        full = cls_vectors(model, tokenizer(texts))
+    assert max_difference(served, full.tolist()) <= IDENTITY_TOL
 
 
 def test_fusion_scale_init_is_a_config_value(texts, reference_lexicon, tmp_path):
