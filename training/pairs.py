@@ -71,8 +71,9 @@ MIN_CONTEXT = 50
 MIN_HEADING = 4
 PROMPT_VERSION = 1
 PROMPT = (
-    "下面是一段政策文件的内容。请以普通市民或政府工作人员的口吻，提出{n}个能够用这段内容回答的问题。"
-    "问题要具体、自然，像真实用户会在政务问答系统里输入的那样；每行一个问题，不要编号，不要回答。\n\n{chunk}"
+    "下面是一段政策文件的内容。请以普通市民或政府工作人员的口吻，"
+    "提出{n}个能够用这段内容回答的问题。问题要具体、自然，像真实用户会在政务问答系统里输入的那样；"
+    "每行一个问题，不要编号，不要回答。\n\n{chunk}"
 )
 
 SENTENCE_END = re.compile(r"(?<=[。！？；!?;])|\n")
@@ -87,9 +88,12 @@ class PairsConfig:
 
     out: Path = field(metadata={"help": "folder for train.jsonl, dev.jsonl, llm_cache.jsonl, pairs.json"})
     corpus: Path | None = field(default=None, metadata={
-        "help": "policy CSV (title, contentText) or folder of .md/.txt files; the shipped policy corpus when neither this nor --chatchat-root is given"})
-    chatchat_root: Path | None = field(default=None, metadata={"help": "read the chunks of this Chatchat root's KB instead"})
-    kb: str | None = field(default=None, metadata={"help": "knowledge base in --chatchat-root; None: its DEFAULT_KNOWLEDGE_BASE"})
+        "help": "policy CSV (title, contentText) or folder of .md/.txt files; "
+                "None (and no --chatchat-root): the shipped policy corpus"})
+    chatchat_root: Path | None = field(default=None, metadata={
+        "help": "read the chunks of this Chatchat root's KB instead"})
+    kb: str | None = field(default=None, metadata={
+        "help": "knowledge base in --chatchat-root; None: its DEFAULT_KNOWLEDGE_BASE"})
     work_dir: Path | None = field(default=None, metadata={
         "help": "with --corpus: build the Chatchat root that splits it here and keep it; None: a temporary folder"})
     kinds: str = field(default="ict,heading", metadata={"help": f"comma list of {', '.join(KINDS)}; --llm adds llm"})
@@ -111,7 +115,10 @@ class PairsConfig:
 
 @dataclass(frozen=True)
 class Pair:
+    """One query and its positive passage, before negatives are mined."""
+
     kind: str
+    """ict, heading or llm (counted per kind in pairs.json)."""
     query: str
     positive: str
     chunk: int
@@ -138,7 +145,8 @@ def check_config(cfg: PairsConfig) -> tuple[list[str], tuple[int, int]]:
     kinds = [k.strip() for k in cfg.kinds.split(",") if k.strip()]
     unknown = sorted(set(kinds) - set(KINDS))
     if unknown or not kinds:
-        raise InputError(f"--kinds {cfg.kinds!r}: unknown {', '.join(unknown) or '(none given)'}; choose from {', '.join(KINDS)}")
+        raise InputError(f"--kinds {cfg.kinds!r}: unknown {', '.join(unknown) or '(none given)'}; "
+                         f"choose from {', '.join(KINDS)}")
     if cfg.llm and "llm" not in kinds:
         kinds.append("llm")
     if "llm" in kinds and not cfg.llm:
@@ -171,7 +179,8 @@ def inverse_cloze(chunks: list[Chunk], indices: list[int], per_chunk: int, rng: 
                     and stripped not in context and not _heading(stripped)):
                 spans.append((stripped, context))
             start = match.end()
-        pairs += [Pair("ict", sentence, context, i) for sentence, context in rng.sample(spans, min(per_chunk, len(spans)))]
+        chosen = rng.sample(spans, min(per_chunk, len(spans)))
+        pairs += [Pair("ict", sentence, context, i) for sentence, context in chosen]
     return pairs
 
 
@@ -493,7 +502,8 @@ def build_pairs(cfg: PairsConfig, chunks: list[Chunk]) -> dict:
         "pairs": {split: dict(sorted(c.items())) for split, c in kinds_by_split.items()},
         "negatives_per_pair": {"mean": round(sum(counts) / max(len(counts), 1), 2), "min": min(counts, default=0),
                                "max": max(counts, default=0)},
-        "negatives_drawn": {"from the rank window": miner.drawn["ranked"], "at random (window short)": miner.drawn["random"]},
+        "negatives_drawn": {"from the rank window": miner.drawn["ranked"],
+                            "at random (window short)": miner.drawn["random"]},
         "miners": [r.name for r in retrievers],
         "seconds_pairs": round(time.perf_counter() - started, 1),
     }
