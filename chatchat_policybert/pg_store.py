@@ -115,8 +115,6 @@ def collection_size(uri: str, kb_name: str) -> int | None:
 def _count(connection: Any, name: str) -> int | None:
     import sqlalchemy
 
-    if connection.execute(sqlalchemy.text("SELECT to_regclass(:t)"), {"t": COLLECTIONS}).scalar() is None:
-        return None
     collection_id = _collection_id(connection, name)
     if collection_id is None:
         return None
@@ -125,8 +123,11 @@ def _count(connection: Any, name: str) -> int | None:
 
 
 def _collection_id(connection: Any, name: str) -> Any:
+    """The uuid of collection ``name``; None if it does not exist (nor langchain's tables, before the first kb -r)."""
     import sqlalchemy
 
+    if connection.execute(sqlalchemy.text("SELECT to_regclass(:t)"), {"t": COLLECTIONS}).scalar() is None:
+        return None
     return connection.execute(sqlalchemy.text(f"SELECT uuid FROM {COLLECTIONS} WHERE name = :name"),
                               {"name": name}).scalar()
 

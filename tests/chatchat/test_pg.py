@@ -1,0 +1,200 @@
+"""Chatchat's `pg` store on a real PostgreSQL + pgvector server (issue #16).
+
+A copy of the session's deployment is switched to pg with `chatchat-policybert setup --vs pg`
+(its FAISS index removed, so nothing can be served from it) and rebuilt with `chatchat kb -r`.
+The server is a throw-away cluster of Debian's binaries (:mod:`chatchat_policybert.pg_cluster`).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from collections import Counter
+from pathlib import Path
+from typing import Iterator
+
+import numpy as np
+import pytest
+import sqlalchemy
+import yaml
+from chatchat_deploy import BIN, KB_NAME, Deployment, run
+from ollama_standin import REPLY, OllamaStandIn
+from test_kb_rebuild import load_index
+from test_kb_rebuild_failures import EMBEDDINGS_MODULE, Root
+
+from chatchat_policybert.chatchat_root import ChatchatWorker, cosine_cut, score_threshold_for
+from chatchat_policybert.embeddings import PolicyBertEmbeddings
+from chatchat_policybert.errors import InputError
+from chatchat_policybert.pg_cluster import PgCluster
+from chatchat_policybert.pg_store import COLLECTIONS, EMBEDDINGS, collection_size
+
+pytestmark = pytest.mark.pg
+TOP_K = 5
+
+
+@pytest.fixture(scope="module")
+def cluster() -> Iterator[PgCluster]:
+    try:
+        server = PgCluster.start()
+    except InputError as exc:
+        if os.environ.get("CI"):  # .ci/run installs them: in CI a missing server is a failure, not a skip
+            pytest.fail(str(exc))
+        pytest.skip(f"no PostgreSQL + pgvector here ({exc})")
+    yield server
+    server.stop()
+
+
+@pytest.fixture(scope="module")
+def pg_root(tmp_path_factory, deployment: Deployment, cluster: PgCluster, standin: OllamaStandIn) -> Root:
+    """A copy of the deployment on the pg store, rebuilt by `chatchat kb -r`; its FAISS index is gone."""
+    tmp = tmp_path_factory.mktemp("pg")
+    path = tmp / "root"
+    shutil.copytree(deployment.root, path, symlinks=True, ignore=shutil.ignore_patterns("logs", "start.log"))
+    shutil.rmtree(path / "data" / "knowledge_base" / KB_NAME / "vector_store")
+    (tmp / "modules").mkdir()
+    (tmp / "modules" / "test_embeddings_classes.py").write_text(EMBEDDINGS_MODULE, encoding="utf-8")
+    root = Root(path, {**deployment.env, "CHATCHAT_ROOT": str(path), "PYTHONPATH": str(tmp / "modules")})
+    setup = run([str(BIN / "chatchat-policybert"), "setup", "--root", str(path), "--model", str(deployment.model_dir),
+                 "--ollama-url", standin.url, "--vs", "pg", "--pg-uri", cluster.uri, "--no-check"], root.env)
+    assert setup.returncode == 0, setup.stdout + setup.stderr
+    assert "dense-only" in setup.stdout
+    log = rebuild(root)
+    assert collection_size(cluster.uri, KB_NAME), log[-5000:]  # kb -r exits 0 even when it stored nothing
+    return root
+
+
+def rebuild(root: Root) -> str:
+    result = run([str(BIN / "chatchat"), "kb", "-r", "-n", KB_NAME], root.env)
+    assert result.returncode == 0  # Chatchat's exit status says nothing; the database does
+    return result.stdout + result.stderr
+
+
+def collection(uri: str, name: str = KB_NAME) -> list[tuple[str, str, str]]:
+    """(id, text, vector as text) of every row of a collection, sorted: a fingerprint."""
+    engine = sqlalchemy.create_engine(uri)
+    try:
+        with engine.connect() as connection:
+            rows = connection.execute(sqlalchemy.text(
+                f"SELECT e.custom_id, e.document, e.embedding::text FROM {EMBEDDINGS} e "
+                f"JOIN {COLLECTIONS} c ON e.collection_id = c.uuid WHERE c.name = :name"), {"name": name}).fetchall()
+            return sorted(tuple(row) for row in rows)
+    finally:
+        engine.dispose()
+
+
+def collection_names(uri: str) -> list[str]:
+    engine = sqlalchemy.create_engine(uri)
+    try:
+        with engine.connect() as connection:
+            return sorted(connection.execute(sqlalchemy.text(f"SELECT name FROM {COLLECTIONS}")).scalars())
+    finally:
+        engine.dispose()
+
+
+def test_setup_writes_the_pg_store_and_its_threshold(pg_root: Root, cluster: PgCluster):
+    kb = yaml.safe_load((pg_root.path / "kb_settings.yaml").read_text(encoding="utf-8"))
+    assert kb["DEFAULT_VS_TYPE"] == "pg" and kb["kbs_config"]["pg"]["connection_uri"] == cluster.uri
+    assert "milvus" in kb["kbs_config"], "the other stores' settings are kept"
+    assert 0.5 <= cosine_cut(kb["SCORE_THRESHOLD"], "pg") < 0.5001
+
+
+def test_kb_rebuild_stores_policybert_vectors_of_chatchat_chunks(pg_root: Root, cluster: PgCluster,
+                                                                 deployment: Deployment):
+    rows = collection(cluster.uri)
+    texts = [text for _, text, _ in rows]
+    _, faiss_texts = load_index(deployment)
+    assert Counter(texts) == Counter(faiss_texts)  # the same Chatchat chunks as the FAISS build
+    vectors = np.asarray([json.loads(vector) for _, _, vector in rows], dtype=np.float32)
+    expected = np.asarray(PolicyBertEmbeddings(str(deployment.model_dir)).embed_documents(texts), dtype=np.float32)
+    assert vectors.shape == expected.shape and np.abs(vectors - expected).max() <= 1e-5
+    assert collection_names(cluster.uri) == [KB_NAME]
+
+
+def test_search_docs_keeps_the_top_k_above_the_pg_cosine_cut(pg_root: Root, cluster: PgCluster,
+                                                             deployment: Deployment, standin: OllamaStandIn):
+    rows = collection(cluster.uri)
+    texts = [text for _, text, _ in rows]
+    vectors = np.asarray([json.loads(vector) for _, _, vector in rows])
+    model = PolicyBertEmbeddings(str(deployment.model_dir))
+    queries = ["数据要素市场化配置改革", "公共数据授权运营", "数字经济发展规划"]
+    with ChatchatWorker(pg_root.path, "search", "--kb", KB_NAME, "--top-k", str(TOP_K),
+                        log_path=pg_root.path / "search.log") as worker:
+        for query in queries:
+            cosines = vectors @ np.asarray(model.embed_query(query))
+            ranked = np.sort(cosines)[::-1]
+            # A cut between the k-th and (k+1)-th best chunk (k < TOP_K, widest gap): exactly k must pass.
+            k = 1 + int(np.argmax(ranked[:TOP_K - 1] - ranked[1:TOP_K]))
+            cut = float(ranked[k - 1] + ranked[k]) / 2
+            answer = worker.ask({"query": query, "threshold": score_threshold_for(cut, "pg")})
+            hit_cosines = np.sort([cosines[texts.index(text)] for _, text in answer["hits"]])[::-1]
+            np.testing.assert_allclose(hit_cosines, ranked[:k], atol=1e-5)  # dense only, at the pg cut
+        rag = worker.ask({"query": queries[0], "threshold": None, "llm": standin.model})
+    assert rag["hits"] and rag["answer"] == REPLY
+
+
+def test_doctor_reports_server_extension_cut_and_collection(pg_root: Root):
+    result = run([str(BIN / "chatchat-policybert"), "doctor", "--root", str(pg_root.path), "--no-load"], pg_root.env)
+    assert result.returncode == 0, result.stdout
+    for expected in ("OK    PostgreSQL 15", "OK    pgvector 0.8.0 is created in the database",
+                     "keeps pg hits with cosine >= 0.50", "dense-only",
+                     f"OK    knowledge base '{KB_NAME}' has {len(pg_root.db_rows()[1])} vectors in pg"):
+        assert expected in result.stdout, result.stdout
+
+
+def test_doctor_names_an_unreachable_server(pg_root: Root, tmp_path: Path):
+    root = tmp_path / "root"
+    root.mkdir()
+    shutil.copy(pg_root.path / "model_settings.yaml", root)
+    kb = yaml.safe_load((pg_root.path / "kb_settings.yaml").read_text(encoding="utf-8"))
+    kb["kbs_config"]["pg"]["connection_uri"] = "postgresql+psycopg2://postgres:secret@127.0.0.1:1/policybert"
+    (root / "kb_settings.yaml").write_text(yaml.safe_dump(kb, allow_unicode=True), encoding="utf-8")
+    result = run([str(BIN / "chatchat-policybert"), "doctor", "--root", str(root), "--no-load"], pg_root.env)
+    errors = [line for line in result.stdout.splitlines() if line.startswith("ERROR")]
+    assert result.returncode == 1
+    assert len(errors) == 1, result.stdout  # one line, password hidden; the other checks still run
+    assert "PostgreSQL at postgresql+psycopg2://postgres:***@127.0.0.1:1/policybert does not answer" in errors[0]
+
+
+@pytest.mark.parametrize(("args", "fragment"), [
+    (["--vs", "pg"], "--vs pg needs --pg-uri"),
+    (["--vs", "pg", "--pg-uri", "mysql://u@h/db"], "expected a PostgreSQL URI"),
+    (["--vs", "pg", "--pg-uri", "not a uri"], "is not a database URI"),
+    (["--pg-uri", "postgresql://u@h/db"], "--pg-uri is only used with --vs pg"),
+])
+def test_setup_rejects_bad_store_arguments(tmp_path: Path, args: list[str], fragment: str):
+    for name in ("model_settings.yaml", "kb_settings.yaml"):
+        (tmp_path / name).write_text("{}\n", encoding="utf-8")
+    result = run([str(BIN / "chatchat-policybert"), "setup", "--root", str(tmp_path), *args], dict(os.environ))
+    assert result.returncode == 2 and fragment in result.stderr
+    assert result.stderr.startswith("error: ") and result.stderr.count("\n") == 1, "one line, no traceback"
+    assert (tmp_path / "kb_settings.yaml").read_text(encoding="utf-8") == "{}\n", "nothing written"
+
+
+@pytest.mark.parametrize(("change", "logged"), [
+    ({"model_path": "gone"}, "not started, every existing index is unchanged"),
+    ({"class": "test_embeddings_classes:FailingEmbeddings"}, "MemoryError: simulated out of memory"),
+])
+def test_failed_rebuild_leaves_the_collection_searchable_and_unchanged(pg_root: Root, cluster: PgCluster,
+                                                                       change: dict, logged: str):
+    before, rows = collection(cluster.uri), pg_root.db_rows()
+    settings = (pg_root.path / "model_settings.yaml").read_text(encoding="utf-8")
+    pg_root.set_embeddings(**change)
+    try:
+        log = rebuild(pg_root)
+    finally:
+        (pg_root.path / "model_settings.yaml").write_text(settings, encoding="utf-8")
+    assert logged in log
+    assert collection(cluster.uri) == before and pg_root.db_rows() == rows
+    assert collection_names(cluster.uri) == [KB_NAME], "no staging collection left behind"
+    with ChatchatWorker(pg_root.path, "search", "--kb", KB_NAME, log_path=pg_root.path / "search.log") as worker:
+        assert worker.ask({"query": "数据要素", "threshold": -10.0})["hits"]
+
+
+def test_second_rebuild_replaces_the_collection(pg_root: Root, cluster: PgCluster):
+    before = collection(cluster.uri)
+    rebuild(pg_root)
+    after = collection(cluster.uri)
+    assert [row[1:] for row in sorted(after, key=lambda r: r[1:])] == [row[1:] for row in sorted(before, key=lambda r: r[1:])]
+    assert not {row[0] for row in before} & {row[0] for row in after}, "new rows, old ones gone"
+    assert collection_names(cluster.uri) == [KB_NAME] and collection_size(cluster.uri, KB_NAME) == len(before)
