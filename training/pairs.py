@@ -151,6 +151,10 @@ def check_config(cfg: PairsConfig) -> tuple[list[str], tuple[int, int]]:
         kinds.append("llm")
     if "llm" in kinds and not cfg.llm:
         raise InputError("--kinds llm needs --llm [URL]")
+    if cfg.llm and not re.match(r"https?://[^/\s]+", cfg.llm):
+        raise InputError(f"--llm {cfg.llm}: expected an http(s) URL such as {DEFAULT_LLM_URL}")
+    if cfg.llm_timeout <= 0:
+        raise InputError(f"--llm-timeout {cfg.llm_timeout}: expected a positive number of seconds")
     return kinds, parse_window(cfg.window)
 
 
@@ -274,8 +278,8 @@ class LlmQuestions:
                 reply = json.loads(response.read())["choices"][0]["message"]["content"]
         except urllib.error.HTTPError as exc:
             detail = exc.read().decode("utf-8", "replace")[:300]
-            raise InputError(f"--llm {self.url}: HTTP {exc.code} for model {self.model!r}: {detail} "
-                             f"(is the model pulled? `ollama pull {self.model}`)") from None
+            raise InputError(f"--llm {self.url}: HTTP {exc.code} for model {self.model!r}: {detail} (the URL should "
+                             f"end in /v1, and the model be pulled: `ollama pull {self.model}`)") from None
         except (urllib.error.URLError, TimeoutError, ConnectionError) as exc:
             reason = getattr(exc, "reason", exc)
             raise InputError(f"--llm {self.url}: the chat endpoint is not answering ({reason}); start it "

@@ -302,6 +302,15 @@ def test_llm_endpoint_down_is_a_clear_error(tmp_path, chunks):
     assert not (tmp_path / "train.jsonl").exists()
 
 
+def test_llm_wrong_path_names_the_http_status(tmp_path, chunks):
+    standin = OllamaStandIn().start()
+    try:
+        with pytest.raises(InputError, match=r"/api: HTTP 404 for model 'qwen2.5:7b'.*end in /v1"):
+            build_pairs(config(tmp_path, llm=standin.url.replace("/v1", "/api")), chunks)
+    finally:
+        standin.stop()
+
+
 def test_llm_questions_key_on_model_and_text(tmp_path):
     a = LlmQuestions("http://x/v1", "qwen2.5:7b", 2, 1.0, tmp_path / "c.jsonl")
     b = LlmQuestions("http://x/v1", "qwen2.5:14b", 2, 1.0, tmp_path / "c.jsonl")
@@ -315,6 +324,7 @@ def test_llm_questions_key_on_model_and_text(tmp_path):
     (["--window", "50-3"], "--window '50-3': expected FIRST-LAST"),
     (["--kinds", "ict,quiz"], "--kinds 'ict,quiz': unknown quiz"),
     (["--kinds", "llm"], "--kinds llm needs --llm"),
+    (["--llm", "127.0.0.1:11434"], "--llm 127.0.0.1:11434: expected an http(s) URL"),
     (["--kb", "X"], "--kb only applies with --chatchat-root"),
     (["--negatives", "0"], "--negatives 0: expected a positive number"),
     (["--dev-ratio", "1.5"], "--dev-ratio 1.5: expected a share in [0, 1)"),
