@@ -113,7 +113,9 @@ def main(argv: list[str] | None = None) -> None:
         FinetuneConfig, argv, "python -m training.finetune", __doc__.split("\n\n")[0], extra=(FinetuneInputs,)
     )
     splits = {name: read_pairs(inputs.data / f"{name}.tsv") for name in SPLITS}
-    # The classifier (and a pooler a merged dir may lack) are what this stage creates.
+    # The classifier (and a pooler a merged dir may lack) are what this stage creates: seeded, it starts
+    # from the same draw in every run and every process, so a resumed or multi-process run matches.
+    torch.manual_seed(cfg.seed)
     model, tokenizer = load_model_dir(
         inputs.model, PolicyBertForSequenceClassification, allow_missing=("classifier.", "pooler."), num_labels=2
     )

@@ -294,7 +294,7 @@ def train(model: nn.Module, task: Task, cfg: TrainConfig) -> tuple[list[dict], b
         if not getattr(model, "supports_gradient_checkpointing", False):
             raise InputError(f"--gradient-checkpointing: {type(model).__name__} does not support it")
         # Non-reentrant checkpointing is the kind DistributedDataParallel supports.
-        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        model.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
     model.to(device).train()
     optimizer, scheduler = make_optimizer(model, cfg.lr, cfg.weight_decay, total_steps, cfg.warmup_proportion)
     scaler = torch.amp.GradScaler(device.type, enabled=precision == "fp16")
@@ -380,6 +380,7 @@ def train(model: nn.Module, task: Task, cfg: TrainConfig) -> tuple[list[dict], b
         else:
             save_checkpoint()
         write_json({"config": config_dict(cfg), "train_examples": len(task), "processes": world}, cfg.out / RUN)
+    del ddp  # its gradient reducer holds the process group: freed while every process is still here
     if started_group:
         dist.barrier()  # no process leaves (and tears down the group) before the main one has written
         dist.destroy_process_group()

@@ -259,7 +259,9 @@ def main(argv: list[str] | None = None) -> None:
         PretrainConfig, argv, "python -m training.pretrain", __doc__.split("\n\n")[0], extra=(PretrainInputs,), presets=PRESETS
     )
     docs = read_corpus(inputs.corpus)
-    # The MLM/NSP heads (and a pooler a merged dir may lack) are what this stage creates.
+    # The MLM/NSP heads (and a pooler a merged dir may lack) are what this stage creates: seeded, they start
+    # from the same draw in every run and every process, so a resumed or multi-process run matches.
+    torch.manual_seed(cfg.seed)
     model, tokenizer = load_model_dir(inputs.model, PolicyBertForPreTraining, allow_missing=("cls.", "pooler."))
     _, finished = pretrain(model, tokenizer, docs, cfg)
     if finished and is_main_process():
