@@ -29,7 +29,7 @@ import tempfile
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Iterator
+from typing import Iterator, Sequence
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from embed import REPO, build_models, machine_line  # noqa: E402 - bench/ is not a package
@@ -38,11 +38,12 @@ sys.path.insert(0, str(REPO))
 from chatchat_policybert import cli  # noqa: E402
 from chatchat_policybert.corpus import PolicyDocument, export_policies, read_policies  # noqa: E402
 from chatchat_policybert.chatchat_root import (  # noqa: E402
-    chatchat_command, chatchat_env, content_dir, index_size, kb_root, vector_store_dir,
+    chatchat_command, chatchat_env, content_dir, kb_root, pg_uri, stored_vectors, vs_type,
 )
 from chatchat_policybert.data import CORPUS_CSV, LEXICON  # noqa: E402
-from chatchat_policybert.demo import EMBED_MODEL, KB_NAME, run_step  # noqa: E402
+from chatchat_policybert.demo import KB_NAME, run_step  # noqa: E402
 from chatchat_policybert.modeling import FUSION_TYPES  # noqa: E402
+from chatchat_policybert.pg_store import drop_collection  # noqa: E402
 
 TIME_TARGET = 1.2
 RSS_TARGET_GIB = 2.0
@@ -71,11 +72,14 @@ def build_model_dirs(root: Path, size: str, fusion: str, texts: list[str]) -> di
             "policybert": build_tiny_policybert(root / fusion, texts, lexicon, fusion=fusion)}
 
 
-def prepare_root(root: Path, model: Path, documents: list[PolicyDocument]) -> None:
-    """A Chatchat root whose embed model is ``model`` and whose WeiMingPolicies folder holds the corpus."""
+def prepare_root(root: Path, model: Path, documents: list[PolicyDocument], setup_args: Sequence[str] = ()) -> None:
+    """A Chatchat root whose embed model is ``model`` and whose WeiMingPolicies folder holds the corpus.
+
+    ``setup_args``: more `chatchat-policybert setup` flags, e.g. ``--vs pg --pg-uri URI``.
+    """
     root.mkdir(parents=True, exist_ok=True)
     run_step("init", ["init"], root)
-    if cli.main(["setup", "--root", str(root), "--model", str(model), "--no-check"]):
+    if cli.main(["setup", "--root", str(root), "--model", str(model), "--no-check", *setup_args]):
         raise SystemExit(f"[setup] failed for {root}")
     export_policies(documents, content_dir(root, KB_NAME))
 
@@ -91,9 +95,11 @@ def timed_rebuild(root: Path) -> Rebuild:
     (RUSAGE_BOTH, `cmaxrss`), so wait4 on the `chatchat` pid gives the worker's peak RSS: the
     embedding process's, which is at least the parent's since it is forked from it.
     """
-    # The safe `kb -r` keeps the previous index when a rebuild fails: remove it (untimed), so a
-    # failed repetition shows as an empty index instead of the last one's vectors.
+    # The safe `kb -r` keeps the previous index (or pg collection) when a rebuild fails: remove it
+    # (untimed), so a failed repetition shows as an empty index instead of the last one's vectors.
     shutil.rmtree(kb_root(root) / KB_NAME / "vector_store", ignore_errors=True)
+    if vs_type(root) == "pg":
+        drop_collection(pg_uri(root), KB_NAME)
     env = chatchat_env(root)
     log = root / LOG_NAME
     with log.open("w", encoding="utf-8") as out:  # a file, not a pipe: nobody reads while wait4 blocks
@@ -102,7 +108,7 @@ def timed_rebuild(root: Path) -> Rebuild:
         _, status, usage = os.wait4(process.pid, 0)
         seconds = time.perf_counter() - start
     process.returncode = os.waitstatus_to_exitcode(status)  # reaped by wait4: keep Popen consistent
-    chunks = index_size(vector_store_dir(root, KB_NAME, EMBED_MODEL))
+    chunks = stored_vectors(root, KB_NAME)
     if process.returncode != 0 or chunks == 0:  # kb -r exits 0 even when embedding failed
         tail = log.read_text(encoding="utf-8", errors="replace")[-4000:]
         raise SystemExit(f"[kb] rebuild in {root} failed (exit {process.returncode}, {chunks} vectors):\n{tail}")

@@ -110,6 +110,18 @@ def index_size(vector_store: Path) -> int:
     return faiss.read_index(str(index)).ntotal if index.is_file() else 0
 
 
+def stored_vectors(root: Path, kb: str) -> int:
+    """Vectors `kb -r` stored for a knowledge base in the root's DEFAULT_VS_TYPE (FAISS: every embed model's index).
+
+    `kb -r` exits 0 even when embedding failed, so this, not its exit status, says whether it worked.
+    """
+    if vs_type(root) == "pg":
+        from .pg_store import collection_size
+
+        return collection_size(pg_uri(root), kb) or 0
+    return sum(index_size(index.parent) for index in faiss_indexes(root, kb))
+
+
 def chatchat_env(root: Path) -> dict[str, str]:
     """Environment of every Chatchat process: the root, Chatchat's bundled NLTK data (offline), no proxies for loopback."""
     import chatchat  # the package only: each child reads the settings of its own root

@@ -132,6 +132,16 @@ def _collection_id(connection: Any, name: str) -> Any:
                               {"name": name}).scalar()
 
 
+def drop_collection(uri: str, name: str) -> None:
+    """Delete collection ``name`` and its vectors, if it exists (benchmarks start each rebuild from nothing)."""
+    engine = _engine(uri)
+    try:
+        with engine.begin() as connection:
+            _drop_collection(connection, name)
+    finally:
+        engine.dispose()
+
+
 def _drop_collection(connection: Any, name: str) -> None:
     """Delete a collection and its embeddings (explicitly: langchain's foreign key may not cascade)."""
     import sqlalchemy

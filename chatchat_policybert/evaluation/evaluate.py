@@ -33,7 +33,7 @@ from pathlib import Path
 
 from tqdm import tqdm
 
-from chatchat_policybert.chatchat_root import default_kb, faiss_indexes
+from chatchat_policybert.chatchat_root import default_kb, stored_vectors
 from chatchat_policybert.data import CORPUS_CSV, QUESTIONS
 from chatchat_policybert.errors import InputError, run_cli
 from chatchat_policybert.evaluation.dataset import Corpus, Query, load_beir, load_corpus, load_questions
@@ -286,8 +286,8 @@ def _run(args: argparse.Namespace, root: Path, corpus: Corpus, queries: list[Que
 
     if args.chatchat_root is not None:
         kb = args.kb or default_kb(root)
-        if "chatchat" in kinds and not faiss_indexes(root, kb):
-            raise InputError(f"{root}: knowledge base {kb} has no FAISS index; run `chatchat kb -r -n {kb}`")
+        if "chatchat" in kinds and not stored_vectors(root, kb):
+            raise InputError(f"{root}: knowledge base {kb} has no vectors; run `chatchat kb -r -n {kb}`")
     else:
         kb = prepare_root(root, corpus, models[0][1] if models else None, build_index="chatchat" in kinds)
     chunks = load_chunks(root, kb, corpus)
