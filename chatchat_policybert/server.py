@@ -295,6 +295,8 @@ def parse(body: bytes, limits: ServerLimits) -> tuple[EmbeddingRequest, list[str
         payload = json.loads(body)
     except (json.JSONDecodeError, UnicodeDecodeError) as exc:
         raise RequestError(400, f"request body is not valid JSON: {exc}") from None
+    except RecursionError:
+        raise RequestError(400, "request body is not valid JSON: nested too deeply") from None
     try:
         parsed = EmbeddingRequest.model_validate(payload)
     except ValidationError as exc:

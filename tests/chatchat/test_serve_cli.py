@@ -1,0 +1,60 @@
+"""`chatchat-policybert serve` as an operator runs it: bad model directories are one line, exposure is loud."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import time
+from pathlib import Path
+
+import requests
+from chatchat_deploy import BIN, free_port, stop_group
+
+SERVE = [str(BIN / "chatchat-policybert"), "serve"]
+
+
+def test_truncated_weights_are_one_line_not_a_traceback(tiny_model, tmp_path):
+    """Item 3: the loader's ModelDirError reaches the operator as `error: …`, exit 2."""
+    model = Path(shutil.copytree(tiny_model, tmp_path / "model"))
+    weights = model / "model.safetensors"
+    weights.write_bytes(weights.read_bytes()[: weights.stat().st_size // 2])
+    result = subprocess.run([*SERVE, "--model-path", str(model), "--root", str(tmp_path)],
+                            capture_output=True, text=True, timeout=120)
+    assert result.returncode == 2, result.stderr[-2000:]
+    assert "Traceback" not in result.stderr  # (the environment may print a library warning before the error)
+    errors = [line for line in result.stderr.splitlines() if line.startswith("error: ")]
+    assert len(errors) == 1 and "model.safetensors: truncated" in errors[0], result.stderr[-2000:]
+
+
+def serve_until_up(args: list[str], env: dict[str, str] | None = None) -> tuple[subprocess.Popen, int]:
+    port = free_port()
+    process = subprocess.Popen([*SERVE, *args, "--port", str(port)], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                               text=True, start_new_session=True, env=env)
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:
+        assert process.poll() is None, process.communicate()[1][-2000:]
+        try:
+            if requests.get(f"http://127.0.0.1:{port}/health", timeout=2).ok:
+                return process, port
+        except requests.RequestException:
+            time.sleep(0.3)
+    raise AssertionError("serve did not come up")
+
+
+def test_non_loopback_without_key_warns_and_key_from_environment_is_enforced(tiny_model, tmp_path):
+    """Item 7: binding every interface without a key is loud; POLICYBERT_API_KEY turns the key on."""
+    process, _ = serve_until_up(["--model-path", str(tiny_model), "--root", str(tmp_path), "--host", "0.0.0.0"])
+    stop_group(process, grace=5)
+    warning = process.communicate()[1]
+    assert "WARNING" in warning and "WITHOUT an API key" in warning and "POLICYBERT_API_KEY" in warning
+    env = {**os.environ, "POLICYBERT_API_KEY": "k-123"}
+    keyed, port = serve_until_up(["--model-path", str(tiny_model), "--root", str(tmp_path)], env)
+    try:
+        body = {"model": "policybert", "input": "数据"}
+        url = f"http://127.0.0.1:{port}/v1/embeddings"
+        assert requests.post(url, json=body, timeout=30).status_code == 401
+        assert requests.post(url, json=body, headers={"Authorization": "Bearer k-123"}, timeout=30).status_code == 200
+    finally:
+        stop_group(keyed, grace=5)
+    assert "WARNING" not in keyed.communicate()[1]
