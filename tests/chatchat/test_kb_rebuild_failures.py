@@ -131,3 +131,34 @@ def test_killed_rebuild_keeps_index(root: Root):
         stop_group(process, grace=5)
     assert root.fingerprint() == before
     root.assert_index_loadable(vectors)
+
+
+# --- issue #15 ------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("content", ["empty folder", "files without text"])
+def test_kb_whose_content_yields_no_chunks_rebuilds_to_an_empty_index(root: Root, content: str):
+    """Item 10: with its documents deleted, `kb -r` must drop their vectors, not refuse and keep them searchable."""
+    assert len(root.db_rows()[1]) > 0
+    content_dir = root.vector_store.parent / "content"
+    shutil.rmtree(content_dir)
+    content_dir.mkdir()
+    if content == "files without text":
+        (content_dir / "blank.txt").write_text("\n\n", encoding="utf-8")
+    log = rebuild(root)
+    assert "failed" not in log and "has 0 vectors" not in log, log[-3000:]
+    root.assert_index_loadable(0)
+    assert sorted(p.name for p in root.vector_store.iterdir()) == ["policybert"]
+
+
+def test_kb_name_with_path_characters_touches_nothing(root: Root):
+    """Item 11: `-n ../escape` would make Chatchat write beside the KB root and the swap rename/remove there."""
+    before = root.fingerprint()
+    outside = sorted(p.relative_to(root.path) for p in (root.path / "data").rglob("*") if KB_NAME not in p.parts)
+    result = run([str(BIN / "chatchat"), "kb", "-r", "-n", "../escape"], root.env)
+    log = result.stdout + result.stderr
+    assert "is not a single folder name" in log, log[-3000:]
+    after = sorted(p.relative_to(root.path) for p in (root.path / "data").rglob("*") if KB_NAME not in p.parts)
+    assert [p for p in after if "escape" in str(p)] == [] and not (root.path / "data" / "escape").exists()
+    assert len(after) <= len(outside) + 2, set(after) - set(outside)  # Chatchat's own log/db files only
+    assert root.fingerprint() == before
