@@ -2,9 +2,10 @@
 
 Each pair is encoded as ``[CLS] A [SEP] B [SEP]`` with segment ids, attention mask and the matched
 lexicon words (in text order, as at inference), and classified from the pooled output. Defaults are
-the thesis's: max length 128, batch 32, eval batch 8, lr 5e-5, 3 epochs, warm-up 0.9. Dev accuracy after
-every epoch goes to ``metrics.json``, dev and test accuracy at the end to ``results.json``; the model goes to ``OUT/final`` for
-``python -m training.merge_bge --finetuned OUT/final``.
+the thesis's: max length 128, batch 32, eval batch 8, lr 5e-5, 3 epochs, warm-up 0.9. Dev accuracy
+after every epoch goes to ``metrics.json``, dev and test accuracy at the end to ``results.json``;
+the model goes to ``OUT/final`` for ``python -m training.merge_bge --finetuned OUT/final``.
+Runs on :mod:`training.loop`, alone or under ``torchrun``.
 
     python -m training.finetune --model runs/pretrain/final --data runs/policysm/policysm1 --out runs/finetune
 """

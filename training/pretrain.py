@@ -9,6 +9,8 @@ with the second sentence replaced by one from another document. Held-out documen
 trained on, give MLM loss / accuracy / perplexity and NSP accuracy after every epoch
 (``metrics.json``). Every ``--checkpoint-every`` optimiser steps the full training state is saved;
 ``--resume`` continues from it to exactly the state an uninterrupted run would have reached.
+Runs on :mod:`training.loop`, alone or under ``torchrun``; ``--preset policysm2`` is the thesis's
+PolicySM-2 pre-training (5 epochs).
 
     python -m training.pretrain --model runs/merged --corpus runs/corpus/corpus.jsonl --out runs/pretrain
 """
@@ -62,6 +64,12 @@ class PretrainConfig(TrainConfig):
     eval_fraction: float = field(default=0.05, metadata={"help": "share of sentences held out (whole documents)"})
     shuffle_words: bool = field(default=True, metadata={"help": "shuffle the word stream (--no-shuffle-words: text order)"})
     data_seed: int = field(default=42, metadata={"help": "held-out documents, NSP pairs and held-out masks"})
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        for name in ("mlm_probability", "eval_fraction"):
+            if not 0.0 < getattr(self, name) < 1.0:
+                raise InputError(f"--{name.replace('_', '-')} {getattr(self, name)}: expected a share between 0 and 1")
 
 
 def split_documents(docs: list[Document], eval_fraction: float, seed: int) -> tuple[list[Document], list[Document]]:
