@@ -444,12 +444,8 @@ def chunk_source(cfg: PairsConfig) -> Iterator[tuple[list[Chunk], Path]]:
         raise InputError("--kb only applies with --chatchat-root")
     source = cfg.corpus or CORPUS_CSV
     corpus = load_corpus(source)
-    if cfg.work_dir is not None:
-        root = cfg.work_dir.resolve()
-        yield load_chunks(root, prepare_root(root, corpus, None, build_index=False), corpus), source
-        return
     with tempfile.TemporaryDirectory(prefix="policybert-pairs-") as tmp:
-        root = Path(tmp) / "root"
+        root = (cfg.work_dir or Path(tmp) / "root").resolve()
         yield load_chunks(root, prepare_root(root, corpus, None, build_index=False), corpus), source
 
 
