@@ -239,7 +239,7 @@ def main() -> None:
                     ids, _, merged = merge_repeated_words(batch["word_ids"], batch["word_attention_mask"].bool(), batch["word_matching_matrix"])
                     words = (ids != 0).sum(1).numpy()
                     groups = torch.isfinite(coverage_groups(merged).log_counts).flatten(1).sum(1).numpy()
-                flops[model] = {cls_only: encoder_flops(AutoConfig.from_pretrained(path), tokens[model], words, groups, cls_only)
+                flops[model] = {cls_only: encoder_flops(AutoConfig.from_pretrained(path, trust_remote_code=False), tokens[model], words, groups, cls_only)
                                 for cls_only in (False, True)}
                 full[model] = full_forward_vectors(path, chunks, args.batch_size, args.device)
             for name, (kind, model, dtype) in contenders.items():

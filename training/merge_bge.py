@@ -194,7 +194,7 @@ def build_from_bge(args: MergeConfig) -> tuple[PolicyBertModel, PolicyBertTokeni
     if missing_char:
         raise InputError(f"--bge {bge_dir}: checkpoint lacks {len(missing_char)} encoder tensors, e.g. {missing_char[0]}")
 
-    tokenizer = AutoTokenizer.from_pretrained(bge_dir)
+    tokenizer = AutoTokenizer.from_pretrained(bge_dir, trust_remote_code=False)  # never run a directory's code
     char_embeddings = target["embeddings.word_embeddings.weight"]
     word_rows = target["word_embeddings.word_embeddings.weight"]
     zen_rows: dict[str, int] = {}
