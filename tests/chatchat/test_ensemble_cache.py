@@ -12,10 +12,14 @@ import json
 import subprocess
 import uuid
 
+import numpy as np
 import requests
 from chatchat_deploy import BIN, EMBED_MODEL, KB_NAME, Deployment
+from rank_bm25 import BM25Okapi
 
-from chatchat_policybert.data import QUESTIONS
+from chatchat_policybert.corpus import read_policies
+from chatchat_policybert.data import CORPUS_CSV, QUESTIONS
+from chatchat_policybert.ensemble_cache import PostingsBM25Okapi
 
 BM25_ONLY_THRESHOLD = 1.5
 """Needs cosine >= 1.35 (``cli.threshold_cosine``): FAISS returns nothing, the ensemble is BM25's ranking."""
@@ -52,6 +56,21 @@ print(json.dumps(result, ensure_ascii=False, default=str))
 def shipped_questions() -> list[str]:
     lines = QUESTIONS.read_text(encoding="utf-8").splitlines()
     return [json.loads(line)["question"] for line in lines if line.strip()]
+
+
+def test_postings_bm25_scores_bit_identical_to_rank_bm25():
+    import jieba
+
+    texts = [d.content[i:i + 250] for d in read_policies(CORPUS_CSV)[:60] for i in range(0, len(d.content), 250)]
+    texts += texts[:20]  # duplicate chunks: tied scores, where only the same array gives the same order
+    corpus = [jieba.lcut_for_search(t) for t in texts]
+    reference, postings = BM25Okapi(corpus), PostingsBM25Okapi(corpus)
+    queries = [jieba.lcut_for_search(q) for q in shipped_questions()] + [["不在语料里的词", "数据", "数据"]]
+    for query in queries:
+        expected = reference.get_scores(query)
+        assert expected.max() > 0
+        assert np.array_equal(postings.get_scores(query), expected)
+        assert postings.get_top_n(query, texts, n=10) == reference.get_top_n(query, texts, n=10)
 
 
 def test_cached_ensemble_ranks_as_chatchat_and_passes_top_k(deployment: Deployment):

@@ -1,0 +1,189 @@
+"""Per-question retrieval latency of Chatchat's `search_docs` (FAISS ensemble): Chatchat's own vs the plugin's kept BM25.
+
+    python bench/search_latency.py                                  # whole corpus x1, x10, x50 (2k, 21k, 105k chunks)
+    python bench/search_latency.py --keep /tmp/search_bench         # build the root there and keep it (reused next time)
+    python bench/search_latency.py --root ROOT --scales 1 --stock-queries 3
+
+Without ``--root`` a Chatchat root is built as `chatchat-policybert eval` builds one: a tiny random
+PolicyBERT (embedding a question costs next to nothing, so the times are Chatchat's retrieval),
+the whole shipped corpus in WeiMingPolicies, `chatchat kb -r`. Larger knowledge bases are
+synthetic: scale s copies every chunk of the built KB s times (vectors and docstore entries, fresh
+ids) into a KB of its own, registered in Chatchat's database. Each KB is searched with the shipped
+questions by the evaluation's Chatchat worker (``ChatchatSearch``: the API's ``search_docs`` in
+one process, timed in the child around the call, top_k 5 at the root's SCORE_THRESHOLD), with
+CHATCHAT_POLICYBERT_BM25_CACHE=0 (Chatchat 0.3.1.3's code: BM25 rebuilt per question; only up to
+``--stock-max-scale``, it costs seconds to minutes a question) and with the plugin's cache. Each
+worker's first question loads the vector store, jieba and the model, and for the cache builds the
+index: it is reported apart (the cache's build does the tokenising Chatchat's own path repeats
+on every question), p50/p95 are over the questions after it. Both workers' hits are compared
+question by question. Workers run torch with ``--torch-threads`` (default 1): on a busy machine
+multi-threaded torch makes even the tiny model's query embedding slow and noisy, in both paths.
+Target (reported, not asserted): cached p50 <= 100 ms at scale 1.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import os
+import pickle
+import statistics
+import sys
+import uuid
+from pathlib import Path
+from typing import Iterator
+
+import numpy as np
+from tqdm import tqdm
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from embed import REPO, machine_line  # noqa: E402 - bench/ is not a package
+from kb_rebuild import scratch_dir  # noqa: E402
+
+sys.path.insert(0, str(REPO))
+from chatchat_policybert.chatchat_hook import BM25_CACHE_ENV  # noqa: E402
+from chatchat_policybert.chatchat_root import default_kb, faiss_indexes, kb_root, run_chatchat  # noqa: E402
+from chatchat_policybert.data import CORPUS_CSV, LEXICON, QUESTIONS  # noqa: E402
+from chatchat_policybert.evaluation.dataset import load_corpus, load_questions  # noqa: E402
+from chatchat_policybert.evaluation.knowledge_base import Chunk, load_chunks, prepare_root  # noqa: E402
+from chatchat_policybert.evaluation.retrievers import ChatchatSearch  # noqa: E402
+
+TARGET_MS = 100.0
+REGISTER_SCRIPT = """
+import sys
+from chatchat.server.db.repository.knowledge_base_repository import add_kb_to_db, load_kb_from_db
+_, vs_type, embed_model = load_kb_from_db(sys.argv[1])
+add_kb_to_db(kb_name=sys.argv[2], kb_info="synthetic copies of " + sys.argv[1], vs_type=vs_type, embed_model=embed_model)
+"""
+
+
+def build_root(work: Path) -> Path:
+    """A root with the whole corpus in its default KB, indexed by a tiny random PolicyBERT; reused when already built."""
+    from chatchat_policybert.lexicon import Lexicon
+    from chatchat_policybert.testing import build_tiny_policybert
+
+    root = work / "root"
+    if (root / "kb_settings.yaml").is_file() and faiss_indexes(root, default_kb(root)):
+        return root
+    corpus = load_corpus(CORPUS_CSV)
+    model = build_tiny_policybert(work / "model", [d.text for d in corpus.documents], Lexicon.load(LEXICON))
+    print(f"building {root} (chatchat init, setup, kb -r over the whole corpus) ...", flush=True)
+    prepare_root(root, corpus, model, build_index=True)
+    return root
+
+
+def scaled_kb(root: Path, kb: str, scale: int) -> str:
+    """``kb`` itself at scale 1, else a KB holding ``scale`` copies of its chunks (built once, then reused)."""
+    if scale == 1:
+        return kb
+    import faiss
+    from langchain_community.docstore.in_memory import InMemoryDocstore
+    from langchain_core.documents import Document
+
+    name = f"{kb}_x{scale}"
+    base = faiss_indexes(root, kb)[0]
+    target = kb_root(root) / name / "vector_store" / base.parent.name
+    if not (target / "index.faiss").is_file():
+        index = faiss.read_index(str(base))
+        with (base.parent / "index.pkl").open("rb") as handle:
+            docstore, index_to_id = pickle.load(handle)  # Chatchat's own file, written by `kb -r`
+        docs = [docstore.search(index_to_id[i]) for i in range(index.ntotal)]
+        copy = faiss.IndexFlatL2(index.d)
+        copy.add(np.tile(index.reconstruct_n(0, index.ntotal), (scale, 1)))
+        ids = [uuid.uuid4().hex for _ in range(copy.ntotal)]
+        entries = {i: Document(page_content=d.page_content, metadata=dict(d.metadata)) for i, d in zip(ids, docs * scale)}
+        target.mkdir(parents=True, exist_ok=True)
+        (kb_root(root) / name / "content").mkdir(exist_ok=True)
+        faiss.write_index(copy, str(target / "index.faiss"))
+        with (target / "index.pkl").open("wb") as handle:
+            pickle.dump((InMemoryDocstore(entries), dict(enumerate(ids))), handle)
+    run_chatchat([sys.executable, "-c", REGISTER_SCRIPT, kb, name], root, f"registering {name}")
+    return name
+
+
+@contextlib.contextmanager
+def bm25_cache(enabled: bool) -> Iterator[None]:
+    """Workers started inside inherit this process's environment (``chatchat_env``)."""
+    before = os.environ.get(BM25_CACHE_ENV)
+    os.environ[BM25_CACHE_ENV] = "1" if enabled else "0"
+    try:
+        yield
+    finally:
+        if before is None:
+            del os.environ[BM25_CACHE_ENV]
+        else:
+            os.environ[BM25_CACHE_ENV] = before
+
+
+def search_all(root: Path, kb: str, chunks: list[Chunk], questions: list[str], cached: bool) -> list[tuple[list[int], float]]:
+    """(hits, seconds) per question from one Chatchat worker; the first is the warm-up."""
+    label = "cached" if cached else "chatchat"
+    with bm25_cache(cached), ChatchatSearch(root, kb, chunks, 5, root / "logs" / f"search_latency_{kb}_{label}.log") as worker:
+        return [worker.search(q, None) for q in tqdm(questions, desc=f"{kb} {label}", unit="question")]
+
+
+def load_line() -> str:
+    return "load average {:.1f} {:.1f} {:.1f}".format(*os.getloadavg())
+
+
+def percentile_ms(seconds: list[float], q: float) -> float:
+    return float(np.percentile(np.asarray(seconds) * 1000.0, q))
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--root", type=Path, help="a built Chatchat root to search (default: build one)")
+    parser.add_argument("--kb", help="knowledge base of --root (default: its DEFAULT_KNOWLEDGE_BASE)")
+    parser.add_argument("--keep", type=Path, help="build the root here and keep it (default: a temporary directory)")
+    parser.add_argument("--scales", type=int, nargs="+", default=[1, 10, 50], help="copies of the KB's chunks per run")
+    parser.add_argument("--questions", type=int, default=0, help="shipped questions for the cached path (0: all)")
+    parser.add_argument("--stock-questions", type=int, default=5,
+                        help="of those, how many Chatchat's own path answers after its warm-up question")
+    parser.add_argument("--stock-max-scale", type=int, default=1,
+                        help="run Chatchat's own path only up to this scale (seconds to minutes a question)")
+    parser.add_argument("--torch-threads", type=int, default=1, help="OMP_NUM_THREADS of the Chatchat workers")
+    args = parser.parse_args()
+    if min(args.scales) < 1 or args.stock_questions < 1 or args.torch_threads < 1:
+        parser.error("--scales, --stock-questions and --torch-threads must be >= 1")
+    os.environ["OMP_NUM_THREADS"] = str(args.torch_threads)
+    start_load = load_line()
+
+    with scratch_dir(args.keep) as work:
+        root = args.root.resolve() if args.root else build_root(work)
+        kb = args.kb or default_kb(root)
+        corpus = load_corpus(CORPUS_CSV)
+        questions = [q.text for q in load_questions(QUESTIONS, corpus)]
+        questions = questions[: args.questions] if args.questions else questions
+        chunks = load_chunks(root, kb, corpus)
+        rows = []
+        for scale in args.scales:
+            name = scaled_kb(root, kb, scale)
+            cached = search_all(root, name, chunks, questions, cached=True)
+            steady_s = [s for _, s in cached[1:]]
+            row = [f"{len(chunks) * scale:,}", f"{cached[0][1]:.1f}", len(steady_s),
+                   f"{percentile_ms(steady_s, 50):.1f}", f"{percentile_ms(steady_s, 95):.1f}"]
+            if scale <= args.stock_max_scale:
+                stock = search_all(root, name, chunks, questions[: args.stock_questions + 1], cached=False)
+                stock_s = [s for _, s in stock[1:]]
+                same = sum(s[0] == c[0] for s, c in zip(stock, cached))
+                row += [len(stock_s), f"{percentile_ms(stock_s, 50):,.0f}", f"{percentile_ms(stock_s, 95):,.0f}",
+                        f"{statistics.median(stock_s) / statistics.median(steady_s):,.0f}x", f"{same}/{len(stock)}"]
+            else:
+                row += ["not run"] + ["—"] * 4
+            rows.append(row)
+            if scale == 1:
+                target = f"cached p50 <= {TARGET_MS:g} ms at scale 1: {'met' if float(row[3]) <= TARGET_MS else 'missed'}"
+
+    print(f"\n{machine_line('cpu', args.torch_threads)}; {start_load} at the start, {load_line()} at the end")
+    print(f"command: python bench/search_latency.py {' '.join(sys.argv[1:])}\n")
+    print("| chunks | cached: 1st question s | cached n | cached p50 ms | cached p95 ms "
+          "| Chatchat n | Chatchat p50 ms | Chatchat p95 ms | p50 speed-up | same hits |")
+    print("|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+    for row in rows:
+        print("| " + " | ".join(map(str, row)) + " |")
+    if 1 in args.scales:
+        print(f"\n{target}")
+
+
+if __name__ == "__main__":
+    main()
