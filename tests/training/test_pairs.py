@@ -123,9 +123,9 @@ def test_conflicts_cover_document_copies_quotes_and_the_query(chunks):
     related = shared_runs(chunks)
     doc0 = [i for i, c in enumerate(chunks) if c.source == "doc0.md"]
     copy = [i for i, c in enumerate(chunks) if c.source == "doc0_copy.md"]
-    quoting = next(i for i, c in enumerate(chunks) if chunks[doc0[3]].text[QUOTE.start - 320 :][:30] in c.text
-                   and c.source == "doc3.md")
-    pos = doc0[3]  # content chunk 2: characters 320..520, holds the quoted run
+    pos = doc0[3]  # content chunk 2: characters 320..520 of document 0, holds the quoted run
+    quote = chunks[pos].text[QUOTE.start - 320 : QUOTE.stop - 320]
+    quoting = next(i for i, c in enumerate(chunks) if c.source == "doc3.md" and quote in c.text)
     sentence = chunks[doc0[5]].text[5:17]
     pair = Pair("ict", sentence, "上下文", pos)
     holder = next(i for i, c in enumerate(chunks) if c.source == "doc4.md" and i not in related[pos])
@@ -135,7 +135,7 @@ def test_conflicts_cover_document_copies_quotes_and_the_query(chunks):
 
     assert all(conflicts(pair, i, chunks, related) for i in doc0)  # itself, neighbours, the rest of its document
     assert all(conflicts(pair, i, chunks, related) for i in copy)  # the identical-text copy
-    assert conflicts(pair, quoting, chunks, related)  # quotes 30 characters of the positive's chunk
+    assert quoting in related[pos] and conflicts(pair, quoting, chunks, related)  # quotes 30 of its characters
     assert conflicts(pair, holder, chunks_with_query, related)  # contains the query itself
     assert not conflicts(pair, holder, chunks, related)
     assert not conflicts(pair, unrelated, chunks, related)
