@@ -121,11 +121,14 @@ C = TypeVar("C", bound=TrainConfig)
 
 
 @overload
-def parse_config(config_class: type[C], argv: Sequence[str] | None, prog: str, description: str) -> C: ...
+def parse_config(
+    config_class: type[C], argv: Sequence[str] | None, prog: str, description: str, extra: tuple[()] = (),
+    presets: Mapping[str, Mapping[str, Any]] | None = None,
+) -> C: ...  # fmt: skip
 @overload
 def parse_config(
     config_class: type[C], argv: Sequence[str] | None, prog: str, description: str, extra: tuple[type, ...],
-    presets: Mapping[str, Mapping[str, Any]] = ...,
+    presets: Mapping[str, Mapping[str, Any]] | None = None,
 ) -> tuple[Any, ...]: ...  # fmt: skip
 def parse_config(
     config_class: type[C],
