@@ -206,12 +206,12 @@ def swap_index(staging: Path, final: Path) -> None:
     if not final.exists():
         staging.rename(final)
     elif _exchange(staging, final):
-        shutil.rmtree(staging)
+        shutil.rmtree(staging, ignore_errors=True)  # the old index; a leftover is removed by the next kb -r
     else:
         retired = final.with_name(final.name + RETIRED_SUFFIX)
         final.rename(retired)
         staging.rename(final)
-        shutil.rmtree(retired)
+        shutil.rmtree(retired, ignore_errors=True)
 
 
 def recover_swap(final: Path) -> None:
