@@ -334,6 +334,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.baseline is not None:
         if not models or "dense" not in kinds:
             raise InputError("--baseline compares dense retrieval: give --model (the candidate) and keep dense in --retrievers")
+        if not args.baseline.is_dir():
+            raise InputError(f"--baseline {args.baseline}: not a model directory")
         models.append(parse_model(f"baseline:{args.baseline.name}={args.baseline}"))
     if args.kb and args.chatchat_root is None:
         raise InputError("--kb only applies with --chatchat-root")

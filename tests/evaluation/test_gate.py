@@ -105,9 +105,10 @@ def test_a_model_against_itself_passes_with_zero_deltas(setup, tmp_path):
     (["--require-better"], "--require-better needs --baseline"),
     (["--baseline", "{model}"], "--baseline compares dense retrieval"),
     (["--baseline", "{model}", "--model", "{model}", "--retrievers", "bm25"], "--baseline compares dense retrieval"),
+    (["--baseline", "{model}/missing", "--model", "{model}"], "--baseline {model}/missing: not a model directory"),
 ])  # fmt: skip
 def test_gate_flag_errors_are_one_line(setup, capsys, args, expected):
     _, _, _, candidate, _ = setup
     rc = run_cli(main, [a.format(model=candidate) for a in args])
     err = capsys.readouterr().err
-    assert rc == 2 and err.count("\n") == 1 and expected in err, err
+    assert rc == 2 and err.count("\n") == 1 and expected.format(model=candidate) in err, err
