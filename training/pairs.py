@@ -47,7 +47,6 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import numpy as np
 from tqdm import tqdm
 
 from chatchat_policybert.chatchat_root import default_kb
@@ -55,7 +54,7 @@ from chatchat_policybert.data import CORPUS_CSV
 from chatchat_policybert.errors import InputError, run_cli
 from chatchat_policybert.evaluation.dataset import load_corpus
 from chatchat_policybert.evaluation.knowledge_base import Chunk, load_chunks, prepare_root
-from chatchat_policybert.evaluation.metrics import rank_by_score, unique_in_order
+from chatchat_policybert.evaluation.metrics import unique_in_order
 from chatchat_policybert.evaluation.retrievers import Bm25, Dense, Retriever
 from chatchat_policybert.files import atomic_path
 from training._common import copy_license
@@ -347,45 +346,6 @@ def conflicts(pair: Pair, candidate: int, chunks: list[Chunk], related: list[set
     return other.group == chunks[pair.chunk].group or candidate in related[pair.chunk] or pair.query in other.text
 
 
-class PostingsBm25(Bm25):
-    """The evaluation's BM25 (Chatchat's: rank_bm25 Okapi over jieba tokens), scored from posting lists.
-
-    rank_bm25 looks every query term up in every chunk's term counts, in Python: on the shipped
-    corpus a few queries a second, and mining asks one query per pair. Here each term's weights are
-    computed once, with rank_bm25's own expression, and a query adds up the lists of its terms in
-    the same order — the same floating-point scores, tested bit for bit.
-    """
-
-    def __init__(self, chunks: list[Chunk], depth: int, name: str = "bm25"):
-        super().__init__(chunks, depth, name)
-        okapi = self._retriever.vectorizer
-        doc_len = np.array(okapi.doc_len)
-        terms: dict[str, tuple[list[int], list[int]]] = {}
-        for doc, counts in enumerate(okapi.doc_freqs):
-            for term, count in counts.items():
-                ids, freqs = terms.setdefault(term, ([], []))
-                ids.append(doc)
-                freqs.append(count)
-        self._size = len(doc_len)
-        self._postings: dict[str, tuple[np.ndarray, np.ndarray]] = {}
-        for term, (ids, freqs) in terms.items():
-            index, q_freq = np.array(ids), np.array(freqs, dtype=np.float64)
-            norm = q_freq + okapi.k1 * (1 - okapi.b + okapi.b * doc_len[index] / okapi.avgdl)
-            self._postings[term] = (index, (okapi.idf.get(term) or 0) * (q_freq * (okapi.k1 + 1) / norm))
-
-    def scores(self, query: str) -> np.ndarray:
-        scores = np.zeros(self._size)
-        for term in self._retriever.preprocess_func(query):
-            if term in self._postings:
-                index, weights = self._postings[term]
-                scores[index] += weights
-        return scores
-
-    def search(self, query: str) -> tuple[list[int], float]:
-        start = time.perf_counter()
-        return rank_by_score(self.scores(query), self.depth), time.perf_counter() - start
-
-
 class Miner:
     """Draws each pair's negatives from the rank window of every retriever, then at random if short."""
 
@@ -476,7 +436,7 @@ def build_pairs(cfg: PairsConfig, chunks: list[Chunk]) -> dict:
 
     dev = dev_groups(chunks, cfg.dev_ratio, cfg.seed)
     pools = {"train": [i for i, c in enumerate(chunks) if c.group not in dev], "dev": list(range(len(chunks)))}
-    retrievers: list[Retriever] = [PostingsBm25(chunks, window[1])]
+    retrievers: list[Retriever] = [Bm25(chunks, window[1])]
     if cfg.model is not None:
         from chatchat_policybert.embeddings import PolicyBertEmbeddings
 

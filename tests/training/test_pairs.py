@@ -12,7 +12,6 @@ import socket
 import sys
 from pathlib import Path
 
-import numpy as np
 import pytest
 
 from chatchat_policybert.errors import InputError, run_cli
@@ -25,7 +24,6 @@ from training.pairs import (
     Miner,
     Pair,
     PairsConfig,
-    PostingsBm25,
     build_pairs,
     conflicts,
     heading_pairs,
@@ -206,15 +204,6 @@ def test_pairs_have_no_false_negatives_and_dev_is_held_out_by_document(tmp_path,
     build_pairs(config(tmp_path / "again"), chunks)
     for name in ("train.jsonl", "dev.jsonl"):
         assert (tmp_path / name).read_bytes() == (tmp_path / "again" / name).read_bytes()
-
-
-def test_postings_bm25_scores_are_rank_bm25s_bit_for_bit(chunks):
-    bm25 = PostingsBm25(chunks, depth=len(chunks))
-    queries = [c.text[7:40] for c in chunks] + ["数据出境安全评估怎么申报？", "没有出现过的词汇ｘｙｚ", ""]
-    for query in queries:
-        expected = bm25._retriever.vectorizer.get_scores(bm25._retriever.preprocess_func(query))
-        assert np.array_equal(bm25.scores(query), expected), query
-        assert bm25.search(query)[0] == Bm25.search(bm25, query)[0]
 
 
 def test_negatives_come_from_the_rank_window_then_at_random(chunks):
