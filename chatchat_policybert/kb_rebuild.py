@@ -5,7 +5,8 @@ its file rows, then embedding everything again; if embedding fails half-way (mod
 gone, out of memory, process killed) the old index is lost and `kb -r` still exits 0.
 
 The import hook wraps `chatchat.server.knowledge_base.migrate.folder2db` (before
-`init_database` binds the name) so that, for FAISS and `recreate_vs`:
+`init_database` binds the name) so that, for FAISS and `recreate_vs` (pg: the same steps with a
+staging collection, see :mod:`chatchat_policybert.pg_store`):
 
 1. the embed model is loaded and tried on a text first; if that fails nothing is touched;
 2. each knowledge base is rebuilt into a staging vector store (`<name>.rebuilding`) that
