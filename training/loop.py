@@ -117,7 +117,7 @@ class _Parser(HfArgumentParser):
         raise InputError(f"{self.prog}: {message}")
 
 
-C = TypeVar("C", bound=TrainConfig)
+C = TypeVar("C")  # any dataclass: merge_bge and pairs have configs that are not TrainConfigs
 
 
 @overload
@@ -152,7 +152,9 @@ def parse_config(
         chosen = parser.parse_known_args(argv)[0].preset
         if chosen:
             parser.set_defaults(**presets[chosen])
-    parsed = parser.parse_args_into_dataclasses(args=argv, look_for_args_file=False)
+    *parsed, unknown = parser.parse_args_into_dataclasses(args=argv, look_for_args_file=False, return_remaining_strings=True)
+    if unknown:
+        parser.error(f"unrecognized arguments: {' '.join(unknown)} (see --help)")
     dataclass_objects = [obj for obj in parsed if dataclasses.is_dataclass(obj)]
     return dataclass_objects[0] if not extra else tuple(dataclass_objects)
 

@@ -49,6 +49,7 @@ def test_policysm2_preset_sets_five_epochs_and_flags_still_win():
         (["--warmup-proportion", "1.5"], "--warmup-proportion 1.5: expected a value from 0 to 1"),
         (["--precision", "fp8"], "argument --precision: invalid choice: 'fp8'"),
         (["--eval-fraction", "1"], "--eval-fraction 1.0: expected a share between 0 and 1"),
+        (["--bogus", "1"], "unrecognized arguments: --bogus 1 (see --help)"),
     ],
 )
 def test_bad_flags_are_one_line_input_errors(flags, message):
