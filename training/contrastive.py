@@ -1,0 +1,286 @@
+"""Stage 6: contrastive training of the embedding model (InfoNCE, bge's fine-tuning recipe).
+
+Each training example is a query with one positive passage and ``--train-group-size - 1`` hard
+negatives drawn from its FlagEmbedding-format line (``{"query": str, "pos": [str], "neg": [str]}``,
+as ``training.pairs`` writes them, or your own). Every query is scored against every passage of
+the micro-batch — its positive, its own hard negatives and all other queries' passages (in-batch
+negatives) — and, across processes, against every other process's passages too (FlagEmbedding's
+``negatives_cross_device``); the loss is the cross-entropy of the positive at temperature
+``--temperature`` (0.02, bge's). Queries carry bge's retrieval instruction, documents do not, and
+vectors are the L2-normalised [CLS] states computed by :func:`chatchat_policybert.embeddings.cls_vectors`
+on the tokenizer's own batches: the model is trained on exactly the vectors it will serve.
+
+The character encoder, the word stream, the fusions and the fusion scales ``s`` all train;
+``--freeze-chars`` trains only the word side (word embeddings and encoder, fusions, ``s``).
+After every epoch the dev file (held-out documents) is ranked: MRR@10 and Recall@1/5/10 of the
+query's positives among all dev passages, and the dev loss, go to ``OUT/metrics.json``. The model
+goes to ``OUT/final``, a directory that ``PolicyBertEmbeddings`` and ``chatchat-policybert setup
+--model`` load.
+
+    python -m training.contrastive --model runs/pretrain/final --train runs/pairs/train.jsonl \\
+        --dev runs/pairs/dev.jsonl --out runs/contrastive
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import random
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+from torch import nn
+from tqdm import tqdm
+
+from chatchat_policybert.embeddings import DEFAULT_QUERY_INSTRUCTION, cls_vectors, token_limit
+from chatchat_policybert.errors import InputError, run_cli
+from chatchat_policybert.evaluation.metrics import mrr_at_k, rank_by_score, recall_at_k
+from chatchat_policybert.loading import load_model_dir, save_model_dir
+from chatchat_policybert.tokenization import PolicyBertTokenizer
+from training.loop import TrainConfig, is_main_process, parse_config, train
+
+RECALL_KS = (1, 5, 10)
+MRR_K = 10
+
+
+@dataclass
+class ContrastiveConfig(TrainConfig):
+    """bge's fine-tuning defaults (lr 1e-5, warm-up 0.1, temperature 0.02, 1 positive + 7 hard negatives per query).
+
+    ``batch_size`` counts queries per optimiser step; each brings ``train_group_size`` passages.
+    A query's negatives are the passages of its micro-batch on every process:
+    ``batch_size / grad_accum × train_group_size`` in all, less its positive.
+    """
+
+    lr: float = field(default=1e-5, metadata={"help": "peak learning rate"})
+    warmup_proportion: float = field(default=0.1, metadata={"help": "share of the steps the learning rate warms up over"})
+    epochs: int = field(default=1, metadata={"help": "passes over the training queries"})
+    max_length: int = field(default=512, metadata={"help": "tokens per query or passage (capped by the model's positions)"})
+    temperature: float = field(default=0.02, metadata={"help": "InfoNCE temperature (bge: 0.02)"})
+    train_group_size: int = field(
+        default=8, metadata={"help": "passages per query: 1 positive + N-1 hard negatives (1: in-batch negatives only)"}
+    )
+    freeze_chars: bool = field(
+        default=False, metadata={"help": "train only the word side (word embeddings/encoder, fusions, s)"}
+    )
+    query_instruction: str = field(
+        default=DEFAULT_QUERY_INSTRUCTION, metadata={"help": "prefix of every query, as at serving (bge's)"}
+    )
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        for name in ("temperature", "train_group_size"):
+            if getattr(self, name) <= 0:
+                raise InputError(f"--{name.replace('_', '-')} {getattr(self, name)}: expected a number above 0")
+
+
+@dataclass
+class ContrastiveInputs:
+    """The stage's inputs, kept out of the settings a resumed run compares."""
+
+    model: Path = field(metadata={"help": "model directory to start from (PolicyBERT, or plain BERT/bge)"})
+    train: Path = field(metadata={"help": "training pairs, FlagEmbedding jsonl (training.pairs' train.jsonl)"})
+    dev: Path = field(metadata={"help": "held-out pairs for MRR/Recall after every epoch (training.pairs' dev.jsonl)"})
+
+
+@dataclass(frozen=True)
+class Example:
+    """One FlagEmbedding-format line: a query, its positive passages and its hard negatives."""
+
+    query: str
+    pos: tuple[str, ...]
+    neg: tuple[str, ...]
+
+
+def read_examples(path: Path, negatives_needed: int) -> list[Example]:
+    """Reads a FlagEmbedding-format jsonl file; a line that does not fit is an ``InputError`` naming it.
+
+    ``negatives_needed`` (``train_group_size - 1``) > 0 requires at least one negative per line:
+    fewer than needed are drawn with repetition, as FlagEmbedding does, but none cannot be.
+    """
+    path = Path(path)
+    if not path.is_file():
+        raise InputError(f"{path}: pairs file not found (write one with `python -m training.pairs`)")
+    examples = []
+    with path.open(encoding="utf-8") as f:
+        for lineno, line in enumerate(f, 1):
+            if not line.strip():
+                continue
+            try:
+                obj = json.loads(line)
+                query, pos, neg = obj["query"], obj["pos"], obj.get("neg", [])
+                if not isinstance(query, str) or not query or not isinstance(pos, list) or not isinstance(neg, list):
+                    raise TypeError
+                if not pos or not all(isinstance(t, str) and t for t in pos + neg):
+                    raise ValueError
+            except (json.JSONDecodeError, KeyError, TypeError, ValueError, AttributeError) as exc:
+                raise InputError(
+                    f"{path}:{lineno}: not a pairs line ({exc.__class__.__name__}); expected "
+                    '{"query": "…", "pos": ["…", …], "neg": ["…", …]} with non-empty strings and at least one pos'
+                ) from None
+            if negatives_needed and not neg:
+                raise InputError(
+                    f"{path}:{lineno}: no negatives, but --train-group-size asks for {negatives_needed} per query; "
+                    "add negatives or pass --train-group-size 1 (in-batch negatives only)"
+                )
+            examples.append(Example(query, tuple(pos), tuple(neg)))
+    if not examples:
+        raise InputError(f"{path}: no pairs in the file")
+    return examples
+
+
+def gather_passages(passages: torch.Tensor) -> tuple[torch.Tensor, int]:
+    """Every process's passage vectors (gradients flow back to each process's own) and where this one's start.
+
+    ``torch.distributed.nn.functional.all_gather`` sums the gradients of all processes' losses
+    into each process's passages, so the averaged gradient is that of the global loss. Processes
+    may hold different counts (a short last batch): each pads to the largest, and the padding is cut.
+    """
+    if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() == 1:
+        return passages, 0
+    count = torch.tensor([len(passages)], device=passages.device)
+    counts = [torch.zeros_like(count) for _ in range(dist.get_world_size())]
+    dist.all_gather(counts, count)
+    sizes = [int(c) for c in counts]
+    padded = F.pad(passages, (0, 0, 0, max(sizes) - len(passages)))
+    parts = torch.distributed.nn.functional.all_gather(padded)
+    gathered = torch.cat([part[:size] for part, size in zip(parts, sizes)])
+    return gathered, sum(sizes[: dist.get_rank()])
+
+
+def info_nce(queries: torch.Tensor, passages: torch.Tensor, group_size: int, temperature: float) -> torch.Tensor:
+    """Mean InfoNCE of unit ``queries`` (n) over unit ``passages`` (n × group_size, query i's positive at i × group_size).
+
+    Each query is scored against all passages of all processes (:func:`gather_passages`).
+    """
+    candidates, offset = gather_passages(passages)
+    scores = queries @ candidates.T / temperature
+    targets = offset + torch.arange(len(queries), device=queries.device) * group_size
+    return F.cross_entropy(scores, targets)
+
+
+def freeze_character_encoder(model: nn.Module) -> None:
+    """Stops gradients to the character embeddings and layers; the word side, fusions and ``s`` still train."""
+    if not getattr(model.config, "word_vocab_size", 0):
+        raise InputError("--freeze-chars needs a PolicyBERT model with a word stream; this model has none")
+    for parameter in [*model.embeddings.parameters(), *model.encoder.parameters()]:
+        parameter.requires_grad_(False)
+
+
+class ContrastiveTask:
+    """The :class:`training.loop.Task` of this stage: batches of (query, passages) groups and InfoNCE."""
+
+    def __init__(
+        self, tokenizer: PolicyBertTokenizer, train: list[Example], dev: list[Example], cfg: ContrastiveConfig, max_length: int
+    ):
+        self.tokenizer = tokenizer
+        self.train = train
+        self.dev = dev
+        self.cfg = cfg
+        self.max_length = max_length
+
+    def __len__(self) -> int:
+        return len(self.train)
+
+    def group(self, example: Example, rng: random.Random) -> list[str]:
+        """One positive and ``train_group_size - 1`` negatives, drawn as FlagEmbedding draws them."""
+        wanted = self.cfg.train_group_size - 1
+        negatives = list(example.neg)
+        if wanted and len(negatives) < wanted:
+            negatives = negatives * math.ceil(wanted / len(negatives))
+        return [rng.choice(example.pos), *rng.sample(negatives, wanted)]
+
+    def tokenize(self, texts: list[str]) -> dict[str, torch.Tensor]:
+        """The serving tokenisation (:meth:`PolicyBertTokenizer.__call__`: encode, then collate with the k_w cut)."""
+        return dict(self.tokenizer(texts, max_length=self.max_length))
+
+    def batch(self, indices: list[int], key: str) -> dict[str, torch.Tensor]:
+        """Queries (with the instruction) then their groups, in one padded batch; draws seeded by ``key``."""
+        rng = random.Random(f"{self.cfg.seed}-{key}")
+        examples = [self.train[i] for i in indices]
+        passages = [text for example in examples for text in self.group(example, rng)]
+        batch = self.tokenize([self.cfg.query_instruction + e.query for e in examples] + passages)
+        batch["num_queries"] = torch.tensor(len(examples))
+        return batch
+
+    def loss(self, model: nn.Module, batch: dict[str, torch.Tensor]) -> torch.Tensor:
+        """InfoNCE over one forward pass of queries and passages together (one forward per step suits DDP)."""
+        inputs = dict(batch)
+        num_queries = int(inputs.pop("num_queries"))
+        vectors = cls_vectors(model, inputs)
+        return info_nce(vectors[:num_queries], vectors[num_queries:], self.cfg.train_group_size, self.cfg.temperature)
+
+    def embed(self, model: nn.Module, texts: list[str]) -> torch.Tensor:
+        """Unit vectors of ``texts`` in batches of ``eval_batch_size`` (longest first, as serving sorts)."""
+        device = next(model.parameters()).device
+        order = sorted(range(len(texts)), key=lambda i: -len(texts[i]))
+        vectors = torch.empty(len(texts), model.config.hidden_size)
+        for start in tqdm(range(0, len(order), self.cfg.eval_batch_size), desc="dev", unit="batch", leave=False):
+            index = order[start : start + self.cfg.eval_batch_size]
+            batch = self.tokenize([texts[i] for i in index])
+            vectors[index] = cls_vectors(model, {k: v.to(device) for k, v in batch.items()}).cpu()
+        return vectors
+
+    def evaluate(self, model: nn.Module) -> dict:
+        """Ranks all dev passages (every pos and neg of the dev file) for each dev query.
+
+        ``dev_loss`` is ``-log`` of the softmax mass (at the training temperature) on the query's
+        positives among all dev passages, a loss that falls as ranking improves.
+        """
+        pool = list(dict.fromkeys(text for e in self.dev for text in (*e.pos, *e.neg)))
+        position = {text: i for i, text in enumerate(pool)}
+        queries = self.embed(model, [self.cfg.query_instruction + e.query for e in self.dev])
+        scores = (queries @ self.embed(model, pool).T).numpy()
+        mrr, recall, losses = [], {k: [] for k in RECALL_KS}, []
+        for example, row in zip(self.dev, scores):
+            ranked = rank_by_score(row, depth=max(MRR_K, *RECALL_KS))
+            relevant = {position[text] for text in example.pos}
+            mrr.append(mrr_at_k(ranked, relevant, MRR_K))
+            for k in RECALL_KS:
+                recall[k].append(recall_at_k(ranked, relevant, k))
+            logits = torch.from_numpy(row).double() / self.cfg.temperature
+            losses.append(float(logits.logsumexp(0) - logits[sorted(relevant)].logsumexp(0)))
+        return {
+            "dev_loss": round(float(np.mean(losses)), 4),
+            f"mrr@{MRR_K}": round(float(np.mean(mrr)), 4),
+            **{f"recall@{k}": round(float(np.mean(recall[k])), 4) for k in RECALL_KS},
+            "dev_queries": len(self.dev),
+            "dev_passages": len(pool),
+        }
+
+
+def contrastive(model: nn.Module, tokenizer: PolicyBertTokenizer, inputs: ContrastiveInputs, cfg: ContrastiveConfig) -> tuple[list[dict], bool]:
+    """Trains ``model`` in place on ``inputs``' pairs; returns the per-epoch metrics and whether all steps ran."""
+    train_examples = read_examples(inputs.train, cfg.train_group_size - 1)
+    dev_examples = read_examples(inputs.dev, 0)
+    if cfg.freeze_chars:
+        freeze_character_encoder(model)
+    task = ContrastiveTask(tokenizer, train_examples, dev_examples, cfg, token_limit(model, cfg.max_length))
+    if is_main_process():
+        print(
+            f"contrastive: {len(train_examples)} training queries, {len(dev_examples)} dev queries; "
+            f"{cfg.train_group_size} passages per query, temperature {cfg.temperature}"
+            + (", character encoder frozen" if cfg.freeze_chars else "")
+        )
+    return train(model, task, cfg)
+
+
+def main(argv: list[str] | None = None) -> None:
+    cfg, inputs = parse_config(
+        ContrastiveConfig, argv, "python -m training.contrastive", __doc__.split("\n\n")[0], extra=(ContrastiveInputs,)
+    )
+    # A merged or pre-trained directory may lack the pooler; [CLS] pooling never uses it.
+    model, tokenizer = load_model_dir(inputs.model, allow_missing=("pooler.",))
+    _, finished = contrastive(model, tokenizer, inputs, cfg)
+    if finished and is_main_process():
+        save_model_dir(model, tokenizer, cfg.out / "final")
+        print(f"model → {cfg.out / 'final'}")
+
+
+if __name__ == "__main__":
+    sys.exit(run_cli(main))
