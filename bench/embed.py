@@ -1,7 +1,7 @@
 """Embedding speed: sentence-transformers vs PolicyBertEmbeddings, bge-base-sized models, one run.
 
     python bench/embed.py                       # 128 chunks of 64/250/750 characters, 3 repetitions
-    python bench/embed.py --chars 250 --chunks 32 --reps 2 --json bench/embed.json
+    python bench/embed.py --chars 250 --chunks 32 --reps 2 --json bench/results/embed.json
 
 Models are built here with random weights (speed does not depend on the values): a plain BERT of
 bge-base-zh-v1.5's shape and PolicyBERTs of that shape with 6 word layers and each fusion, the
