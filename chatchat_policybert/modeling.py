@@ -18,7 +18,8 @@ and ``C + s_i M W`` for the late additions. ``s = 1`` is the formulas above; ``s
 the ``BertModel`` the characters come from, so a model merged from bge can start as bge and
 training decides how much of the word stream to let in. At inference two exact shortcuts cut the work: each
 distinct word runs once (:func:`merge_repeated_words`) and attn attends to the distinct coverage
-rows of ``M`` (:meth:`PolicyBertFusion.key_groups`).
+rows of ``M`` (:meth:`PolicyBertFusion.key_groups`). An embedding model's last layer can
+compute its [CLS] row alone (:class:`ClsOnlyLayer`, used by ``PolicyBertEmbeddings``).
 """
 
 from __future__ import annotations
@@ -316,6 +317,8 @@ class ClsOnlyLayer(nn.Module):
         self.layer = layer
 
     def forward(self, hidden: torch.Tensor, attention_mask: torch.Tensor | None = None, *args, **kwargs) -> torch.Tensor:
+        """(batch, L, hidden) -> (batch, 1, hidden); ``args``/``kwargs`` take the decoder and cache
+        arguments ``BertEncoder`` passes, which an encoder-only model leaves empty."""
         attention = self.layer.attention.self
         cls = hidden[:, :1]
         heads = (hidden.shape[0], -1, attention.num_attention_heads, attention.attention_head_size)
