@@ -10,15 +10,17 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import subprocess
 from collections import Counter
 from pathlib import Path
 from typing import Iterator
 
 import numpy as np
 import pytest
+import requests
 import sqlalchemy
 import yaml
-from chatchat_deploy import BIN, KB_NAME, Deployment, run
+from chatchat_deploy import BIN, KB_NAME, Deployment, free_port, run, stop_group, wait_until
 from ollama_standin import REPLY, OllamaStandIn
 from test_kb_rebuild import load_index
 from test_kb_rebuild_failures import EMBEDDINGS_MODULE, Root
@@ -198,3 +200,43 @@ def test_second_rebuild_replaces_the_collection(pg_root: Root, cluster: PgCluste
     assert [row[1:] for row in sorted(after, key=lambda r: r[1:])] == [row[1:] for row in sorted(before, key=lambda r: r[1:])]
     assert not {row[0] for row in before} & {row[0] for row in after}, "new rows, old ones gone"
     assert collection_names(cluster.uri) == [KB_NAME] and collection_size(cluster.uri, KB_NAME) == len(before)
+
+
+@pytest.fixture(scope="module")
+def pg_api(pg_root: Root) -> Iterator[str]:
+    """`chatchat start --api` on the pg root (the backend of the WebUI's RAG对话 page), on its own port."""
+    port = free_port()
+    basic_path = pg_root.path / "basic_settings.yaml"
+    basic = yaml.safe_load(basic_path.read_text(encoding="utf-8"))
+    basic["API_SERVER"] = {"host": "127.0.0.1", "port": port, "public_host": "127.0.0.1", "public_port": port}
+    basic_path.write_text(yaml.safe_dump(basic, allow_unicode=True), encoding="utf-8")
+    url = f"http://127.0.0.1:{port}"
+    log_path = pg_root.path / "start_api.log"
+    with log_path.open("w", encoding="utf-8") as log:
+        process = subprocess.Popen([str(BIN / "chatchat"), "start", "--api"], env=pg_root.env, stdout=log,
+                                   stderr=subprocess.STDOUT, start_new_session=True)
+        try:
+            wait_until(lambda: requests.get(f"{url}/knowledge_base/list_knowledge_bases", timeout=2).ok,
+                       process, log_path, "API server")
+            yield url
+        finally:
+            stop_group(process)
+
+
+def test_rag_chat_api_answers_from_the_pg_collection(pg_api: str, cluster: PgCluster, standin: OllamaStandIn):
+    """What the WebUI's RAG对话 page posts: /chat/kb_chat retrieves from pg and the LLM answers over it."""
+    stored = {text.strip() for _, text, _ in collection(cluster.uri)}
+    # Threshold 0 keeps cosine >= 0 on pg (the page's slider allows 0..2; above 1 nothing passes on pg).
+    question = next(iter(sorted(stored)))[:40]
+    response = requests.post(f"{pg_api}/chat/kb_chat", timeout=300, stream=True, json={
+        "query": question, "mode": "local_kb", "kb_name": KB_NAME, "top_k": TOP_K, "score_threshold": 0.0,
+        "history": [], "stream": True, "model": standin.model, "temperature": 0.1, "prompt_name": "default"})
+    assert response.ok, response.text[:2000]
+    # Server-sent events as the page reads them: the sources first, then the answer's tokens.
+    events = [json.loads(line[len("data:"):]) for line in response.iter_lines(decode_unicode=True)
+              if line.startswith("data:")]
+    docs = [doc for event in events for doc in event.get("docs", [])]
+    answer = "".join(event["choices"][0]["delta"]["content"] or "" for event in events)
+    assert answer == REPLY
+    passages = [doc.split("\n\n", 1)[1].strip() for doc in docs]
+    assert passages and all(passage in stored for passage in passages), docs[:2]
