@@ -39,7 +39,7 @@ def validate_uri(uri: str) -> str:
 
     try:
         url = make_url(uri)
-    except ArgumentError:
+    except (ArgumentError, ValueError):  # ValueError: e.g. a port that is not a number
         raise InputError(f"--pg-uri {uri!r} is not a database URI; expected "
                          "postgresql+psycopg2://USER:PASSWORD@HOST:PORT/DATABASE") from None
     if url.get_backend_name() != "postgresql" or not url.database:
