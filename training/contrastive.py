@@ -254,10 +254,11 @@ class ContrastiveTask:
         }
 
 
-def contrastive(model: nn.Module, tokenizer: PolicyBertTokenizer, inputs: ContrastiveInputs, cfg: ContrastiveConfig) -> tuple[list[dict], bool]:
-    """Trains ``model`` in place on ``inputs``' pairs; returns the per-epoch metrics and whether all steps ran."""
-    train_examples = read_examples(inputs.train, cfg.train_group_size - 1)
-    dev_examples = read_examples(inputs.dev, 0)
+def contrastive(
+    model: nn.Module, tokenizer: PolicyBertTokenizer, train_examples: list[Example], dev_examples: list[Example],
+    cfg: ContrastiveConfig,
+) -> tuple[list[dict], bool]:
+    """Trains ``model`` in place on the pairs; returns the per-epoch metrics and whether all steps ran."""
     if cfg.freeze_chars:
         freeze_character_encoder(model)
     task = ContrastiveTask(tokenizer, train_examples, dev_examples, cfg, token_limit(model, cfg.max_length))
@@ -274,9 +275,12 @@ def main(argv: list[str] | None = None) -> None:
     cfg, inputs = parse_config(
         ContrastiveConfig, argv, "python -m training.contrastive", __doc__.split("\n\n")[0], extra=(ContrastiveInputs,)
     )
+    # The pairs are read first: a bad line is reported before minutes go into loading a model.
+    train_examples = read_examples(inputs.train, cfg.train_group_size - 1)
+    dev_examples = read_examples(inputs.dev, 0)
     # A merged or pre-trained directory may lack the pooler; [CLS] pooling never uses it.
     model, tokenizer = load_model_dir(inputs.model, allow_missing=("pooler.",))
-    _, finished = contrastive(model, tokenizer, inputs, cfg)
+    _, finished = contrastive(model, tokenizer, train_examples, dev_examples, cfg)
     if finished and is_main_process():
         save_model_dir(model, tokenizer, cfg.out / "final")
         print(f"model → {cfg.out / 'final'}")
