@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import shutil
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -43,25 +44,35 @@ def write_corpus(docs: list[Document], path: Path) -> None:
             f.write("\n")
 
 
+def jsonl_lines(path: Path, missing: str) -> Iterator[tuple[int, str]]:
+    """``(line number, line)`` of every non-blank line of a JSON-lines file; a missing file is an ``InputError``.
+
+    ``missing`` finishes that error's message (how to make the file). Each reader parses the
+    lines itself, so that its error names the format it expected.
+    """
+    path = Path(path)
+    if not path.is_file():
+        raise InputError(f"{path}: {missing}")
+    with path.open(encoding="utf-8") as f:
+        for lineno, line in enumerate(f, 1):
+            if line.strip():
+                yield lineno, line
+
+
 def read_corpus(path: Path) -> list[Document]:
     """Reads ``corpus.jsonl`` written by ``training.corpus``; a corrupt or empty file is a ``InputError``."""
     path = Path(path)
-    if not path.is_file():
-        raise InputError(f"{path}: corpus file not found (run `python -m training.corpus` first)")
     docs = []
-    with path.open(encoding="utf-8") as f:
-        for lineno, line in enumerate(f, 1):
-            if not line.strip():
-                continue
-            try:
-                obj = json.loads(line)
-                doc = Document(str(obj["doc_id"]), str(obj.get("title", "")), [str(s) for s in obj["sentences"]])
-            except (json.JSONDecodeError, KeyError, TypeError) as exc:
-                raise InputError(
-                    f"{path}:{lineno}: not a corpus line ({exc.__class__.__name__}); "
-                    'expected {"doc_id", "title", "sentences"} as written by training.corpus'
-                ) from None
-            docs.append(doc)
+    for lineno, line in jsonl_lines(path, "corpus file not found (run `python -m training.corpus` first)"):
+        try:
+            obj = json.loads(line)
+            doc = Document(str(obj["doc_id"]), str(obj.get("title", "")), [str(s) for s in obj["sentences"]])
+        except (json.JSONDecodeError, KeyError, TypeError) as exc:
+            raise InputError(
+                f"{path}:{lineno}: not a corpus line ({exc.__class__.__name__}); "
+                'expected {"doc_id", "title", "sentences"} as written by training.corpus'
+            ) from None
+        docs.append(doc)
     if not any(doc.sentences for doc in docs):
         raise InputError(f"{path}: the corpus has no sentences")
     return docs

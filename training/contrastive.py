@@ -42,6 +42,7 @@ from chatchat_policybert.errors import InputError, run_cli
 from chatchat_policybert.evaluation.metrics import mrr_at_k, rank_by_score, recall_at_k
 from chatchat_policybert.loading import load_model_dir, save_model_dir
 from chatchat_policybert.tokenization import PolicyBertTokenizer
+from training._common import jsonl_lines
 from training.loop import TrainConfig, is_main_process, parse_config, train
 
 RECALL_KS = (1, 5, 10)
@@ -104,31 +105,26 @@ def read_examples(path: Path, negatives_needed: int) -> list[Example]:
     fewer than needed are drawn with repetition, as FlagEmbedding does, but none cannot be.
     """
     path = Path(path)
-    if not path.is_file():
-        raise InputError(f"{path}: pairs file not found (write one with `python -m training.pairs`)")
     examples = []
-    with path.open(encoding="utf-8") as f:
-        for lineno, line in enumerate(f, 1):
-            if not line.strip():
-                continue
-            try:
-                obj = json.loads(line)
-                query, pos, neg = obj["query"], obj["pos"], obj.get("neg", [])
-                if not isinstance(query, str) or not query or not isinstance(pos, list) or not isinstance(neg, list):
-                    raise TypeError
-                if not pos or not all(isinstance(t, str) and t for t in pos + neg):
-                    raise ValueError
-            except (json.JSONDecodeError, KeyError, TypeError, ValueError, AttributeError) as exc:
-                raise InputError(
-                    f"{path}:{lineno}: not a pairs line ({exc.__class__.__name__}); expected "
-                    '{"query": "…", "pos": ["…", …], "neg": ["…", …]} with non-empty strings and at least one pos'
-                ) from None
-            if negatives_needed and not neg:
-                raise InputError(
-                    f"{path}:{lineno}: no negatives, but --train-group-size asks for {negatives_needed} per query; "
-                    "add negatives or pass --train-group-size 1 (in-batch negatives only)"
-                )
-            examples.append(Example(query, tuple(pos), tuple(neg)))
+    for lineno, line in jsonl_lines(path, "pairs file not found (write one with `python -m training.pairs`)"):
+        try:
+            obj = json.loads(line)
+            query, pos, neg = obj["query"], obj["pos"], obj.get("neg", [])
+            if not isinstance(query, str) or not query or not isinstance(pos, list) or not isinstance(neg, list):
+                raise TypeError
+            if not pos or not all(isinstance(t, str) and t for t in pos + neg):
+                raise ValueError
+        except (json.JSONDecodeError, KeyError, TypeError, ValueError, AttributeError) as exc:
+            raise InputError(
+                f"{path}:{lineno}: not a pairs line ({exc.__class__.__name__}); expected "
+                '{"query": "…", "pos": ["…", …], "neg": ["…", …]} with non-empty strings and at least one pos'
+            ) from None
+        if negatives_needed and not neg:
+            raise InputError(
+                f"{path}:{lineno}: no negatives, but --train-group-size asks for {negatives_needed} per query; "
+                "add negatives or pass --train-group-size 1 (in-batch negatives only)"
+            )
+        examples.append(Example(query, tuple(pos), tuple(neg)))
     if not examples:
         raise InputError(f"{path}: no pairs in the file")
     return examples
