@@ -309,17 +309,19 @@ class ClsOnlyLayer(nn.Module):
     feed-forward run over one row instead of L: for 250-character chunks at bge-base size that
     skips ~84 % of the layer's work, with the same [CLS] state up to float rounding. The output
     has sequence length 1. Inference only: the wrapped layer's weights are used as they are,
-    without dropout.
+    without dropout. It holds the layer's own submodules under their own names, so its
+    ``state_dict`` keys are the ``BertLayer``'s and a model saved from ``PolicyBertEmbeddings``
+    reloads as the full model.
     """
 
     def __init__(self, layer: BertLayer):
         super().__init__()
-        self.layer = layer
+        self.attention, self.intermediate, self.output = layer.attention, layer.intermediate, layer.output
 
     def forward(self, hidden: torch.Tensor, attention_mask: torch.Tensor | None = None, *args, **kwargs) -> torch.Tensor:
         """(batch, L, hidden) -> (batch, 1, hidden); ``args``/``kwargs`` take the decoder and cache
         arguments ``BertEncoder`` passes, which an encoder-only model leaves empty."""
-        attention = self.layer.attention.self
+        attention = self.attention.self
         cls = hidden[:, :1]
         heads = (hidden.shape[0], -1, attention.num_attention_heads, attention.attention_head_size)
         query = attention.query(cls).view(heads).transpose(1, 2)
@@ -329,8 +331,8 @@ class ClsOnlyLayer(nn.Module):
             attention_mask = attention_mask[..., :1, :]
         interface = ALL_ATTENTION_FUNCTIONS.get_interface(attention.config._attn_implementation, eager_attention_forward)
         context, _ = interface(attention, query, key, value, attention_mask, dropout=0.0, scaling=attention.scaling)
-        attended = self.layer.attention.output(context.reshape(hidden.shape[0], 1, -1), cls)
-        return self.layer.feed_forward_chunk(attended)
+        attended = self.attention.output(context.reshape(hidden.shape[0], 1, -1), cls)
+        return self.output(self.intermediate(attended), attended)
 
 
 class PolicyBertPreTrainedModel(PreTrainedModel):
