@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -54,6 +55,17 @@ class Deployment:
     @property
     def content_dir(self) -> Path:
         return self.root / "data" / "knowledge_base" / KB_NAME / "content"
+
+    def copy_root(self, dest: Path) -> Path:
+        """A copy of the root whose settings' absolute paths (KB folder, info.db) point at the copy.
+
+        Without the rewrite a `kb -r` in the copy writes the original's database and folders,
+        and every later test on the shared deployment sees the copy's changes.
+        """
+        shutil.copytree(self.root, dest, symlinks=True, ignore=shutil.ignore_patterns("logs", "start.log"))
+        for settings in dest.glob("*.yaml"):
+            settings.write_text(settings.read_text(encoding="utf-8").replace(str(self.root), str(dest)), encoding="utf-8")
+        return dest
 
 
 def wait_until(check, process: subprocess.Popen, log_path: Path, what: str, timeout: float = 180) -> None:

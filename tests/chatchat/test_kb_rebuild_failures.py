@@ -77,10 +77,7 @@ class Root:
 @pytest.fixture
 def root(tmp_path: Path, deployment: Deployment) -> Root:
     """A copy of the deployment's root; absolute paths in its settings point at the copy."""
-    copy = tmp_path / "root"
-    shutil.copytree(deployment.root, copy, symlinks=True, ignore=shutil.ignore_patterns("logs", "start.log"))
-    for settings in copy.glob("*.yaml"):
-        settings.write_text(settings.read_text(encoding="utf-8").replace(str(deployment.root), str(copy)), encoding="utf-8")
+    copy = deployment.copy_root(tmp_path / "root")
     module_dir = tmp_path / "modules"
     module_dir.mkdir()
     (module_dir / "test_embeddings_classes.py").write_text(EMBEDDINGS_MODULE, encoding="utf-8")

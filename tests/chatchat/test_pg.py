@@ -51,8 +51,7 @@ def cluster() -> Iterator[PgCluster]:
 def pg_root(tmp_path_factory, deployment: Deployment, cluster: PgCluster, standin: OllamaStandIn) -> Root:
     """A copy of the deployment on the pg store, rebuilt by `chatchat kb -r`; its FAISS index is gone."""
     tmp = tmp_path_factory.mktemp("pg")
-    path = tmp / "root"
-    shutil.copytree(deployment.root, path, symlinks=True, ignore=shutil.ignore_patterns("logs", "start.log"))
+    path = deployment.copy_root(tmp / "root")
     shutil.rmtree(path / "data" / "knowledge_base" / KB_NAME / "vector_store")
     (tmp / "modules").mkdir()
     (tmp / "modules" / "test_embeddings_classes.py").write_text(EMBEDDINGS_MODULE, encoding="utf-8")
@@ -63,6 +62,7 @@ def pg_root(tmp_path_factory, deployment: Deployment, cluster: PgCluster, standi
     assert "dense-only" in setup.stdout
     log = rebuild(root)
     assert collection_size(cluster.uri, KB_NAME), log[-5000:]  # kb -r exits 0 even when it stored nothing
+    assert deployment.vector_store.is_dir(), "the pg copy's kb -r reached the shared FAISS deployment"
     return root
 
 
