@@ -46,6 +46,7 @@ from chatchat_policybert.chatchat_root import default_kb, faiss_indexes, kb_root
 from chatchat_policybert.data import CORPUS_CSV, LEXICON, QUESTIONS  # noqa: E402
 from chatchat_policybert.evaluation.dataset import load_corpus, load_questions  # noqa: E402
 from chatchat_policybert.evaluation.knowledge_base import Chunk, load_chunks, prepare_root  # noqa: E402
+from chatchat_policybert.evaluation.metrics import percentile  # noqa: E402
 from chatchat_policybert.evaluation.retrievers import ChatchatSearch  # noqa: E402
 
 TARGET_MS = 100.0
@@ -127,7 +128,7 @@ def load_line() -> str:
 
 
 def percentile_ms(seconds: list[float], q: float) -> float:
-    return float(np.percentile(np.asarray(seconds) * 1000.0, q))
+    return 1000.0 * percentile(seconds, q)
 
 
 def main() -> None:

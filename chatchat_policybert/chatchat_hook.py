@@ -56,7 +56,7 @@ _logged_errors: set[str] = set()
 
 def install() -> None:
     """Arrange for `get_Embeddings` to be wrapped; never raises (it runs from a .pth file)."""
-    if _switched_off(DISABLE_ENV):
+    if switched_off(DISABLE_ENV):
         return
     try:
         for name, patch in _patchers().items():
@@ -68,7 +68,8 @@ def install() -> None:
         print(f"chatchat-policybert: import hook not installed: {exc!r}", file=sys.stderr)
 
 
-def _switched_off(env: str) -> bool:
+def switched_off(env: str) -> bool:
+    """Whether the environment variable ``env`` says off (0/false/no/off); unset means on."""
     return os.environ.get(env, "1").strip().lower() in {"0", "false", "no", "off"}
 
 
@@ -79,7 +80,7 @@ def _patch_migrate(module: ModuleType) -> None:
 
 
 def _patch_ensemble(module: ModuleType) -> None:
-    if _switched_off(BM25_CACHE_ENV):
+    if switched_off(BM25_CACHE_ENV):
         return
     from chatchat_policybert.ensemble_cache import patch_ensemble
 

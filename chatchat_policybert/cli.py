@@ -184,7 +184,9 @@ class Finding:
 
 def hook_installed() -> Path | None:
     """The start-up `.pth` of this interpreter's environment, if present and not disabled."""
-    if os.environ.get("CHATCHAT_POLICYBERT_HOOK", "1").strip().lower() in {"0", "false", "no", "off"}:
+    from .chatchat_hook import DISABLE_ENV, switched_off
+
+    if switched_off(DISABLE_ENV):
         return None
     for directory in [*site.getsitepackages(), site.getusersitepackages()]:
         candidate = Path(directory) / PTH_NAME

@@ -36,6 +36,7 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any, Iterator
 
+from .chatchat_root import index_size
 from .errors import InputError
 
 STAGING_SUFFIX = ".rebuilding"
@@ -133,7 +134,7 @@ def _rebuild_one(original: Any, params: dict, kb_name: str, logger: Any) -> None
             original(**{**params, "kb_names": [kb_name]})
         if not (staging / "index.faiss").is_file():
             raise RuntimeError(f"Chatchat saved no index for '{kb_name}'")
-        vectors = _index_size(staging)
+        vectors = index_size(staging)
         if vectors < chunks[0]:
             raise RuntimeError(f"the rebuilt index of '{kb_name}' has {vectors} vectors for {chunks[0]} chunks")
     except BaseException as exc:
@@ -225,18 +226,11 @@ def recover_swap(final: Path) -> None:
     retired = final.with_name(final.name + RETIRED_SUFFIX)
     if not retired.is_dir():
         return
-    if (final / "index.faiss").is_file() and _index_size(final) > 0:
+    if index_size(final) > 0:
         shutil.rmtree(retired)
         return
     shutil.rmtree(final, ignore_errors=True)
     retired.rename(final)
-
-
-def _index_size(vs_path: Path) -> int:
-    import faiss
-
-    index = vs_path / "index.faiss"
-    return faiss.read_index(str(index)).ntotal if index.is_file() else 0
 
 
 def _has_documents(kb_name: str) -> bool:

@@ -53,7 +53,6 @@ def encode(tokenizer: PolicyBertTokenizer, examples: list[SentencePair], max_len
     return batch
 
 
-@torch.no_grad()
 def accuracy(
     model: PolicyBertForSequenceClassification, tokenizer: PolicyBertTokenizer, examples: list[SentencePair], cfg: FinetuneConfig
 ) -> float:

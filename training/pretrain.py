@@ -191,7 +191,6 @@ def make_batch(
     return batch
 
 
-@torch.no_grad()
 def evaluate(
     model: PolicyBertForPreTraining, tokenizer: PolicyBertTokenizer, examples: list[SentencePair], cfg: PretrainConfig
 ) -> dict[str, float]:
