@@ -362,6 +362,10 @@ def create_app(
     async def http_error(_request: Request, exc: HTTPException) -> JSONResponse:
         return error_response(exc.status_code, str(exc.detail))
 
+    @app.exception_handler(RequestError)
+    async def request_error(_request: Request, exc: RequestError) -> JSONResponse:
+        return error_response(exc.status, exc.message)
+
     @app.exception_handler(Exception)
     async def server_error(_request: Request, exc: Exception) -> JSONResponse:
         logger.exception("embeddings server: unexpected error")
@@ -373,31 +377,25 @@ def create_app(
 
     @app.get("/v1/models")
     async def models(request: Request) -> JSONResponse:
-        try:
-            authorize(request, api_key)
-        except RequestError as exc:
-            return error_response(exc.status, exc.message)
+        authorize(request, api_key)
         return JSONResponse(
             {"object": "list", "data": [{"id": model_name, "object": "model", "created": 0, "owned_by": "policybert"}]}
         )
 
     @app.post("/v1/embeddings")
     async def embeddings(request: Request) -> JSONResponse:
+        authorize(request, api_key)
+        parsed, texts = parse(await read_body(request, limits), limits)
+        if parsed.model != model_name:
+            raise RequestError(404, f"model '{parsed.model}' is not served here (this server serves '{model_name}')")
+        if parsed.dimensions is not None and parsed.dimensions != dimension:
+            raise RequestError(400, f"dimensions={parsed.dimensions} unsupported: '{model_name}' has {dimension}")
+        costs = await asyncio.get_running_loop().run_in_executor(None, count_tokens, texts)
+        check_work(costs, limits)
         try:
-            authorize(request, api_key)
-            parsed, texts = parse(await read_body(request, limits), limits)
-            if parsed.model != model_name:
-                raise RequestError(404, f"model '{parsed.model}' is not served here (this server serves '{model_name}')")
-            if parsed.dimensions is not None and parsed.dimensions != dimension:
-                raise RequestError(400, f"dimensions={parsed.dimensions} unsupported: '{model_name}' has {dimension}")
-            costs = await asyncio.get_running_loop().run_in_executor(None, count_tokens, texts)
-            check_work(costs, limits)
-            try:
-                vectors = await batcher.embed(texts, costs)
-            except ValueError as exc:
-                raise RequestError(400, f"cannot embed input: {exc}") from None
-        except RequestError as exc:
-            return error_response(exc.status, exc.message)
+            vectors = await batcher.embed(texts, costs)
+        except ValueError as exc:
+            raise RequestError(400, f"cannot embed input: {exc}") from None
         tokens = sum(costs)
         return JSONResponse(
             {
