@@ -75,7 +75,8 @@ def encoder_flops(config, tokens: np.ndarray, words: np.ndarray, groups: np.ndar
     ``M`` maps them onto characters (``2 * L * k_w * h`` per mapped tensor); attn's keys and
     values are mapped onto the coverage groups only, and its characters attend to those.
     ``cls_only``: the last character layer computes [CLS] alone (``ClsOnlyLayer``, what
-    PolicyBertEmbeddings runs): keys and values over all L characters, the rest over one row.
+    PolicyBertEmbeddings runs): each head's query folded into the key and value weights scores
+    and mixes the L raw states (``2 * heads * L * h`` each), the rest runs over one row.
     """
     h, i = config.hidden_size, config.intermediate_size
     L, W, G = tokens.astype(np.float64), words.astype(np.float64), groups.astype(np.float64)
@@ -85,7 +86,7 @@ def encoder_flops(config, tokens: np.ndarray, words: np.ndarray, groups: np.ndar
 
     flops = layers(config.num_hidden_layers, L)
     if cls_only:
-        flops += float(np.sum(4 * L * h * h + 4 * L * h)) + layers(1, np.ones_like(L)) - layers(1, L)
+        flops += float(np.sum(4 * config.num_attention_heads * L * h - 4 * h)) + layers(1, np.ones_like(L)) - layers(1, L)
     if getattr(config, "word_vocab_size", 0):
         k = config.num_word_layers
         flops += layers(k, W)

@@ -228,18 +228,19 @@ class PolicyBertFusion(nn.Module):
         (:func:`merge_repeated_words`) covers a character with several occurrences. ``scale`` 0
         returns ``chars`` unchanged, bit for bit (the change is finite, and ``C + 0 * x == C``).
         """
-        return chars + scale * self.change(chars, words, matching, keys)
-
-    def change(
-        self, chars: torch.Tensor, words: torch.Tensor, matching: torch.Tensor, keys: CoverageGroups | None
-    ) -> torch.Tensor:
-        """``Fuse(C, M W) - C``, the fusion's change to the character states before the scale."""
-        if self.fusion_type == "none":
-            return torch.bmm(matching, words)
+        if self.fusion_type == "attn":
+            # One pass, torch.lerp(C, Fuse, w) = C + w (Fuse - C), instead of four over
+            # (batch, chars, hidden). w is 0 for a sentence without any match: it keeps its
+            # character states untouched (no LayerNorm shift) and embeds as plain BERT.
+            weight = scale * keys.has_words[:, None, None].to(chars.dtype)
+            return torch.lerp(chars, self.attend(chars, words, keys).to(chars.dtype), weight)
+        change = torch.bmm(matching, words)
         if self.fusion_type == "gate":
-            return self.gate_values(chars, words, matching) * torch.bmm(matching, words)
-        # attn: a sentence without any match keeps its character states untouched (no LayerNorm
-        # shift), so a text without lexicon words embeds as plain BERT.
+            change = self.gate_values(chars, words, matching) * change
+        return chars + scale * change
+
+    def attend(self, chars: torch.Tensor, words: torch.Tensor, keys: CoverageGroups) -> torch.Tensor:
+        """``LayerNorm(C + Dropout(MultiHead(C, M W, M W)))``: the attn fusion's ``Fuse``, keys on the coverage groups."""
         attention = self.attention.self
         heads = (-1, attention.num_attention_heads, attention.attention_head_size)
         query = attention.query(chars).view(*chars.shape[:-1], *heads[1:]).transpose(1, 2)
@@ -252,8 +253,7 @@ class PolicyBertFusion(nn.Module):
             attention, query, key, value, keys.log_counts.to(query.dtype),
             dropout=attention.dropout.p if self.training else 0.0, scaling=attention.scaling,
         )
-        fused = self.attention.output(context.reshape(*chars.shape[:-1], -1).contiguous(), chars)
-        return torch.where(keys.has_words[:, None, None], fused - chars, 0.0)
+        return self.attention.output(context.reshape(*chars.shape[:-1], -1).contiguous(), chars)
 
     def gate_values(self, chars: torch.Tensor, words: torch.Tensor, matching: torch.Tensor) -> torch.Tensor:
         """``sigmoid(Linear([C; M W]))`` per character and dimension (the gate fusion's g)."""
@@ -304,14 +304,19 @@ class ClsOnlyLayer(nn.Module):
     """Runs a ``BertLayer`` for position 0 ([CLS]) alone: an embedding model's last layer.
 
     An embedding reads nothing of the last layer but its [CLS] state, and in a Transformer layer
-    the other positions reach that state only through the keys and values. So keys and values
-    still run over every position, while the query, attention, output projection and
-    feed-forward run over one row instead of L: for 250-character chunks at bge-base size that
-    skips ~84 % of the layer's work, with the same [CLS] state up to float rounding. The output
-    has sequence length 1. Inference only: the wrapped layer's weights are used as they are,
-    without dropout. It holds the layer's own submodules under their own names, so its
-    ``state_dict`` keys are the ``BertLayer``'s and a model saved from ``PolicyBertEmbeddings``
-    reloads as the full model.
+    the other positions reach that state only through the keys and values. With one query per
+    head even those need not be computed: ``q . (x W_k + b_k) = x . (W_k q) + q . b_k``, where
+    ``q . b_k`` is the same for every position and cancels in the softmax, and because the
+    attention weights ``p`` sum to 1, ``sum_j p_j (x_j W_v + b_v) = (sum_j p_j x_j) W_v + b_v``.
+    So each head folds its query into the key weights, scores the raw states, mixes the raw
+    states and projects the one mixture: about ``2 * heads * L * hidden`` multiply-adds where
+    the key and value projections take ``2 * L * hidden**2`` (1.6 % of it at bge-base size),
+    and the query, output projection and feed-forward run over one row instead of L. For
+    250-character chunks at bge-base size the layer costs ~1 % of a full one, with the same
+    [CLS] state up to float rounding. The output has sequence length 1. Inference only: no
+    dropout. It holds the layer's own submodules under their own names, so its ``state_dict``
+    keys are the ``BertLayer``'s and a model saved from ``PolicyBertEmbeddings`` reloads as the
+    full model.
     """
 
     def __init__(self, layer: BertLayer):
@@ -319,19 +324,26 @@ class ClsOnlyLayer(nn.Module):
         self.attention, self.intermediate, self.output = layer.attention, layer.intermediate, layer.output
 
     def forward(self, hidden: torch.Tensor, attention_mask: torch.Tensor | None = None, *args, **kwargs) -> torch.Tensor:
-        """(batch, L, hidden) -> (batch, 1, hidden); ``args``/``kwargs`` take the decoder and cache
-        arguments ``BertEncoder`` passes, which an encoder-only model leaves empty."""
+        """(batch, L, hidden) -> (batch, 1, hidden); ``attention_mask`` as ``BertLayer`` gets it
+        (None, or boolean / additive of shape (batch, 1, queries or 1, L)); ``args``/``kwargs``
+        take the decoder and cache arguments ``BertEncoder`` passes, which an encoder-only model
+        leaves empty."""
         attention = self.attention.self
+        batch, heads, size = hidden.shape[0], attention.num_attention_heads, attention.attention_head_size
         cls = hidden[:, :1]
-        heads = (hidden.shape[0], -1, attention.num_attention_heads, attention.attention_head_size)
-        query = attention.query(cls).view(heads).transpose(1, 2)
-        key = attention.key(hidden).view(heads).transpose(1, 2)
-        value = attention.value(hidden).view(heads).transpose(1, 2)
-        if attention_mask is not None:  # (batch, 1, queries or 1, keys): the [CLS] query's row
-            attention_mask = attention_mask[..., :1, :]
-        interface = ALL_ATTENTION_FUNCTIONS.get_interface(attention.config._attn_implementation, eager_attention_forward)
-        context, _ = interface(attention, query, key, value, attention_mask, dropout=0.0, scaling=attention.scaling)
-        attended = self.attention.output(context.reshape(hidden.shape[0], 1, -1), cls)
+        query = attention.query(cls).view(batch, heads, size)
+        folded = torch.einsum("bhd,hdk->bhk", query, attention.key.weight.view(heads, size, -1))
+        scores = torch.bmm(folded, hidden.transpose(1, 2)) * attention.scaling  # (batch, heads, L)
+        if attention_mask is not None:  # the [CLS] query's row, the same for every head
+            mask = attention_mask[:, 0, :1, :]
+            if mask.dtype == torch.bool:
+                scores = scores.masked_fill(~mask, torch.finfo(scores.dtype).min)
+            else:
+                scores = scores + mask.to(scores.dtype)
+        mixed = torch.bmm(torch.softmax(scores, dim=-1, dtype=torch.float32).to(hidden.dtype), hidden)
+        context = torch.einsum("bhk,hdk->bhd", mixed, attention.value.weight.view(heads, size, -1))
+        context = context.reshape(batch, 1, heads * size) + attention.value.bias
+        attended = self.attention.output(context, cls)
         return self.output(self.intermediate(attended), attended)
 
 
@@ -423,11 +435,34 @@ class PolicyBertModel(PolicyBertPreTrainedModel):
             counts = counts.masked_fill(~(counts > 0).any(dim=-1, keepdim=True), 1.0)
             word_mask = counts.log()[:, None, None, :]
 
+        else:
+            words = word_mask = matching = keys = None
+        hidden, all_hidden = self.encode(hidden, char_mask, words, word_mask, matching, keys, output_hidden_states, **kwargs)
+        pooled = self.pooler(hidden) if self.pooler is not None else None
+        return BaseModelOutputWithPooling(last_hidden_state=hidden, pooler_output=pooled, hidden_states=all_hidden)
+
+    def encode(
+        self,
+        hidden: torch.Tensor,
+        char_mask: torch.Tensor | None,
+        words: torch.Tensor | None,
+        word_mask: torch.Tensor | None,
+        matching: torch.Tensor | None,
+        keys: CoverageGroups | None,
+        output_hidden_states: bool = False,
+        **kwargs,
+    ) -> tuple[torch.Tensor, tuple[torch.Tensor, ...] | None]:
+        """The layers: character layer ``i``, word layer ``i`` and fusion ``i``, from embedded inputs.
+
+        Split from :meth:`forward` so that it holds only fixed-shape tensor work: the
+        data-dependent steps (merging repeated words, the coverage groups) run before it, and
+        ``PolicyBertEmbeddings(compile=True)`` compiles this method alone. ``words=None``: plain BERT.
+        """
         all_hidden = (hidden,) if output_hidden_states else None
         words_on_chars = None
         for i, layer in enumerate(self.encoder.layer):
             hidden = layer(hidden, char_mask, **kwargs)
-            if use_words:
+            if words is not None:
                 if i < self.config.num_word_layers:
                     words = self.word_encoder[i](words, word_mask, **kwargs)
                     # [:, :rows]: a last layer that computes [CLS] alone (ClsOnlyLayer) returns one row.
@@ -438,9 +473,7 @@ class PolicyBertModel(PolicyBertPreTrainedModel):
                     hidden = hidden + self.fusion_scales[i] * words_on_chars[:, : hidden.shape[1]]
             if output_hidden_states:
                 all_hidden = all_hidden + (hidden,)
-
-        pooled = self.pooler(hidden) if self.pooler is not None else None
-        return BaseModelOutputWithPooling(last_hidden_state=hidden, pooler_output=pooled, hidden_states=all_hidden)
+        return hidden, all_hidden
 
 
 @dataclass
