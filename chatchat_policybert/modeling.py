@@ -435,34 +435,11 @@ class PolicyBertModel(PolicyBertPreTrainedModel):
             counts = counts.masked_fill(~(counts > 0).any(dim=-1, keepdim=True), 1.0)
             word_mask = counts.log()[:, None, None, :]
 
-        else:
-            words = word_mask = matching = keys = None
-        hidden, all_hidden = self.encode(hidden, char_mask, words, word_mask, matching, keys, output_hidden_states, **kwargs)
-        pooled = self.pooler(hidden) if self.pooler is not None else None
-        return BaseModelOutputWithPooling(last_hidden_state=hidden, pooler_output=pooled, hidden_states=all_hidden)
-
-    def encode(
-        self,
-        hidden: torch.Tensor,
-        char_mask: torch.Tensor | None,
-        words: torch.Tensor | None,
-        word_mask: torch.Tensor | None,
-        matching: torch.Tensor | None,
-        keys: CoverageGroups | None,
-        output_hidden_states: bool = False,
-        **kwargs,
-    ) -> tuple[torch.Tensor, tuple[torch.Tensor, ...] | None]:
-        """The layers: character layer ``i``, word layer ``i`` and fusion ``i``, from embedded inputs.
-
-        Split from :meth:`forward` so that it holds only fixed-shape tensor work: the
-        data-dependent steps (merging repeated words, the coverage groups) run before it, and
-        ``PolicyBertEmbeddings(compile=True)`` compiles this method alone. ``words=None``: plain BERT.
-        """
         all_hidden = (hidden,) if output_hidden_states else None
         words_on_chars = None
         for i, layer in enumerate(self.encoder.layer):
             hidden = layer(hidden, char_mask, **kwargs)
-            if words is not None:
+            if use_words:
                 if i < self.config.num_word_layers:
                     words = self.word_encoder[i](words, word_mask, **kwargs)
                     # [:, :rows]: a last layer that computes [CLS] alone (ClsOnlyLayer) returns one row.
@@ -473,7 +450,9 @@ class PolicyBertModel(PolicyBertPreTrainedModel):
                     hidden = hidden + self.fusion_scales[i] * words_on_chars[:, : hidden.shape[1]]
             if output_hidden_states:
                 all_hidden = all_hidden + (hidden,)
-        return hidden, all_hidden
+
+        pooled = self.pooler(hidden) if self.pooler is not None else None
+        return BaseModelOutputWithPooling(last_hidden_state=hidden, pooler_output=pooled, hidden_states=all_hidden)
 
 
 @dataclass
