@@ -43,7 +43,7 @@ from chatchat_policybert.evaluation.metrics import mrr_at_k, rank_by_score, reca
 from chatchat_policybert.loading import load_model_dir, save_model_dir
 from chatchat_policybert.tokenization import PolicyBertTokenizer
 from training._common import jsonl_lines
-from training.loop import TrainConfig, is_main_process, parse_config, train
+from training.loop import TrainConfig, is_main_process, parse_config, require_positive, train
 
 RECALL_KS = (1, 5, 10)
 MRR_K = 10
@@ -75,9 +75,7 @@ class ContrastiveConfig(TrainConfig):
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        for name in ("temperature", "train_group_size"):
-            if getattr(self, name) <= 0:
-                raise InputError(f"--{name.replace('_', '-')} {getattr(self, name)}: expected a number above 0")
+        require_positive(self, ("temperature", "train_group_size"))
 
 
 @dataclass

@@ -26,7 +26,7 @@ import json
 import math
 import os
 import random
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Literal, Protocol, TypeVar, overload
@@ -79,17 +79,9 @@ class TrainConfig:
     def __post_init__(self) -> None:
         """Refuses settings no run can use, naming the flag, before any model is loaded."""
         self.out = Path(self.out)
-        positive = {
-            "lr": self.lr, "batch_size": self.batch_size, "grad_accum": self.grad_accum, "epochs": self.epochs,
-            "eval_batch_size": self.eval_batch_size, "max_length": self.max_length, "checkpoint_every": self.checkpoint_every,
-            "max_steps": self.max_steps, "stop_after": self.stop_after,
-        }  # fmt: skip
-        for name, value in positive.items():
-            if value is not None and value <= 0:
-                raise InputError(f"--{name.replace('_', '-')} {value}: expected a number above 0")
-        for name in ("warmup_proportion", "weight_decay"):
-            if not 0.0 <= getattr(self, name) <= 1.0:
-                raise InputError(f"--{name.replace('_', '-')} {getattr(self, name)}: expected a value from 0 to 1")
+        require_positive(self, ("lr", "batch_size", "grad_accum", "epochs", "eval_batch_size", "max_length",
+                                "checkpoint_every", "max_steps", "stop_after"))  # fmt: skip
+        require_share(self, ("warmup_proportion", "weight_decay"))
         if self.precision not in Precision.__args__:
             raise InputError(f"--precision {self.precision!r}: expected one of {', '.join(Precision.__args__)}")
 
@@ -157,6 +149,42 @@ def parse_config(
         parser.error(f"unrecognized arguments: {' '.join(unknown)} (see --help)")
     dataclass_objects = [obj for obj in parsed if dataclasses.is_dataclass(obj)]
     return dataclass_objects[0] if not extra else tuple(dataclass_objects)
+
+
+def flag(name: str) -> str:
+    """The command-line spelling of a config field, as :func:`parse_config` makes it: ``--batch-size`` for ``batch_size``."""
+    return f"--{name.replace('_', '-')}"
+
+
+def _given(config: object, name: str) -> list[float]:
+    """The field's values to check: none when the flag was left unset (None), each one of a flag that takes several."""
+    value = getattr(config, name)
+    return [] if value is None else list(value) if isinstance(value, list) else [value]
+
+
+def require_positive(config: object, names: Iterable[str]) -> None:
+    """Refuses a field at or below 0 (or NaN) as ``--flag-name VALUE: expected a number above 0``.
+
+    For the ``__post_init__`` of a config that :func:`parse_config` fills, so that a value no run
+    can use is one error line naming the flag, before any model or data is read.
+    """
+    for name in names:
+        for value in _given(config, name):
+            if not value > 0:
+                raise InputError(f"{flag(name)} {value}: expected a number above 0")
+
+
+def require_share(config: object, names: Iterable[str], *, open_low: bool = False, open_high: bool = False) -> None:
+    """Refuses a field outside [0, 1] as ``--flag-name VALUE: expected a value in [0, 1]``.
+
+    ``open_low``/``open_high`` leave out 0/1 where the stage cannot use them (the message's
+    brackets say which); like :func:`require_positive`, for a config's ``__post_init__``.
+    """
+    for name in names:
+        for value in _given(config, name):
+            if not ((0.0 < value if open_low else 0.0 <= value) and (value < 1.0 if open_high else value <= 1.0)):
+                interval = f"{'(' if open_low else '['}0, 1{')' if open_high else ']'}"
+                raise InputError(f"{flag(name)} {value}: expected a value in {interval}")
 
 
 def config_dict(cfg: TrainConfig) -> dict[str, Any]:

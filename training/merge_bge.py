@@ -47,7 +47,7 @@ from chatchat_policybert.lexicon import Lexicon, LexiconError, normalize_word
 from chatchat_policybert.loading import ModelDirError, load_model_dir, read_config, resolve_model_dir, save_model_dir
 from chatchat_policybert.modeling import FUSION_TYPES, PolicyBertConfig, PolicyBertModel
 from chatchat_policybert.tokenization import PolicyBertTokenizer
-from training.loop import parse_config
+from training.loop import parse_config, require_share
 
 CHAR_PREFIXES = ("embeddings.", "encoder.layer.", "pooler.")
 NGRAM_FILE = "ngram.txt"
@@ -91,9 +91,7 @@ class MergeConfig:
         self.out = Path(self.out)
         if self.finetuned is None and self.lexicon is None:
             raise InputError("--lexicon is required unless --finetuned is given")
-        bad = [a for a in self.alpha if not 0.0 <= a <= 1.0]
-        if bad:
-            raise InputError(f"--alpha {bad[0]}: expected a value from 0 to 1")
+        require_share(self, ("alpha",))
         if len(self.alpha) > 1 and (self.finetuned is None or self.dev_questions is None):
             raise InputError("several --alpha values need --finetuned and --dev-questions to choose between them")
         if self.dev_corpus is not None and self.dev_questions is None:
@@ -289,10 +287,20 @@ def merge_finetuned(args: MergeConfig) -> tuple[PolicyBertModel, PolicyBertToken
     except ModelDirError as err:
         raise InputError(f"--finetuned: {err}") from None
     bge_dir, _, bge_state = load_bge(args.bge)
-    if len(args.alpha) == 1:
-        model, report = merge_back(finetuned, bge_dir, bge_state, args.alpha[0])
-        report["finetuned"] = str(args.finetuned)
-        return model, tokenizer, report
+    alpha, sweep = (args.alpha[0], None) if len(args.alpha) == 1 else sweep_alpha(args, finetuned, tokenizer, bge_dir, bge_state)
+    model, report = merge_back(finetuned, bge_dir, bge_state, alpha)
+    report["finetuned"] = str(args.finetuned)
+    if sweep is not None:
+        report["alpha_sweep"] = sweep
+    return model, tokenizer, report
+
+
+def sweep_alpha(
+    args: MergeConfig, finetuned: PolicyBertModel, tokenizer: PolicyBertTokenizer, bge_dir: Path, bge_state: dict[str, torch.Tensor]
+) -> tuple[float, dict]:
+    """The alpha of the best merge by dense MRR@10 on ``--dev-questions`` (the first listed wins a tie), and the
+    scores of all for ``merge_report.json``. Each candidate is saved to a temporary directory because the
+    evaluation's ``dense_results`` scores model directories, as a deployment loads them."""
     from chatchat_policybert.data import CORPUS_CSV
     from chatchat_policybert.evaluation.dataset import load_corpus, load_questions
     from chatchat_policybert.evaluation.evaluate import MRR_K, dense_results
@@ -306,16 +314,13 @@ def merge_finetuned(args: MergeConfig) -> tuple[PolicyBertModel, PolicyBertToken
         ]
         results = dense_results(candidates, corpus, questions)
     scores = [result.metrics[f"MRR@{MRR_K}"] for result in results]
-    best = max(range(len(scores)), key=lambda i: scores[i])  # the first listed alpha wins a tie
+    best = max(range(len(scores)), key=lambda i: scores[i])
     print(f"dev MRR@{MRR_K} by alpha: " + ", ".join(f"{a:g}: {m:.4f}" for a, m in zip(args.alpha, scores))
           + f"; keeping alpha {args.alpha[best]:g}")
-    model, report = merge_back(finetuned, bge_dir, bge_state, args.alpha[best])
-    report["finetuned"] = str(args.finetuned)
-    report["alpha_sweep"] = {
+    return args.alpha[best], {
         "dev_questions": str(args.dev_questions), "dev_corpus": str(args.dev_corpus or CORPUS_CSV),
         f"MRR@{MRR_K}": {f"{alpha:g}": score for alpha, score in zip(args.alpha, scores)},
     }  # fmt: skip
-    return model, tokenizer, report
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -32,7 +32,7 @@ from chatchat_policybert.loading import load_model_dir, save_model_dir
 from chatchat_policybert.modeling import PolicyBertForPreTraining
 from chatchat_policybert.tokenization import PolicyBertTokenizer
 from training._common import Document, SentencePair, read_corpus
-from training.loop import TrainConfig, is_main_process, parse_config, train
+from training.loop import TrainConfig, is_main_process, parse_config, require_share, train
 
 IS_NEXT, IS_RANDOM = 0, 1  # BERT's (and PolicyBertForPreTraining's) next_sentence_label convention
 WordSpan = tuple[int, int, int]  # (word id, first token, one past the last token), as PolicyBertTokenizer returns them
@@ -67,9 +67,7 @@ class PretrainConfig(TrainConfig):
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        for name in ("mlm_probability", "eval_fraction"):
-            if not 0.0 < getattr(self, name) < 1.0:
-                raise InputError(f"--{name.replace('_', '-')} {getattr(self, name)}: expected a share between 0 and 1")
+        require_share(self, ("mlm_probability", "eval_fraction"), open_low=True, open_high=True)
 
 
 def split_documents(docs: list[Document], eval_fraction: float, seed: int) -> tuple[list[Document], list[Document]]:

@@ -157,7 +157,7 @@ def run_cli(*args: str) -> subprocess.CompletedProcess:
         ("too_many_word_layers", "num_word_layers must be in 1..num_hidden_layers (2), got 6"),
         ("policybert_as_bge", "expected a plain 'bert' checkpoint"),
         ("bge_as_finetuned", "needs a 'policybert' directory"),
-        ("alpha_out_of_range", "--alpha 1.5: expected a value from 0 to 1"),
+        ("alpha_out_of_range", "--alpha 1.5: expected a value in [0, 1]"),
         ("sweep_without_dev_questions", "several --alpha values need --finetuned and --dev-questions"),
         ("unknown_init", "--init"),
     ],

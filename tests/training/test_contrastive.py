@@ -174,6 +174,7 @@ def test_output_loads_for_serving_and_resume_is_exact(tiny_model_dir, pairs, tmp
         ("not json", [], r"bad\.jsonl:2: not a pairs line \(JSONDecodeError\)"),
         ('{"query": "a", "pos": ["b"]}', [], r"bad\.jsonl:2: no negatives.*--train-group-size 1"),
         ('{"query": "a", "pos": ["b"], "neg": ["c"]}', ["--temperature", "0"], r"--temperature 0\.0: expected a number above 0"),
+        ('{"query": "a", "pos": ["b"], "neg": ["c"]}', ["--train-group-size", "0"], r"--train-group-size 0: expected a number above 0"),
     ],
 )
 def test_bad_input_is_one_line_error(tiny_model_dir, pairs, tmp_path, capsys, line, flags, message):
