@@ -41,8 +41,8 @@ import time
 import urllib.error
 import urllib.request
 from collections import Counter
-from collections.abc import Iterator
-from itertools import zip_longest
+from collections.abc import Iterator, Sequence
+from itertools import islice, zip_longest
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -68,6 +68,9 @@ MIN_SENTENCE, MAX_SENTENCE = 10, 150
 MIN_CONTEXT = 50
 """Characters a positive needs besides its query, so that the pair says more than the query does."""
 MIN_HEADING = 4
+FILL_DRAWS = 32
+"""Random chunks drawn per missing negative before the fill-up gives up: a pool nearly all
+conflicts (see :func:`conflicts`) ends a pair short instead of being searched to its end."""
 PROMPT_VERSION = 1
 PROMPT = (
     "下面是一段政策文件的内容。请以普通市民或政府工作人员的口吻，"
@@ -346,6 +349,32 @@ def conflicts(pair: Pair, candidate: int, chunks: list[Chunk], related: list[set
     return other.group == chunks[pair.chunk].group or candidate in related[pair.chunk] or pair.query in other.text
 
 
+class Pool:
+    """The chunks one split draws negatives from, prepared once for all of the split's pairs.
+
+    Rebuilding the membership set (and shuffling all of the pool) per pair made mining quadratic
+    in the corpus; with the set built here and random chunks drawn one at a time
+    (:func:`random_order`), a pair costs O(negatives + window), not O(pool).
+    """
+
+    def __init__(self, indices: Sequence[int]):
+        self.indices = indices
+        self.members = frozenset(indices)
+
+
+def random_order(n: int, rng: random.Random) -> Iterator[int]:
+    """0 … n-1 in random order, one at a time: a lazy Fisher–Yates shuffle, O(1) per number drawn.
+
+    Only the swapped positions are kept, so drawing k numbers costs O(k) however large ``n`` is,
+    and no number comes twice (the draws end after ``n``).
+    """
+    swapped: dict[int, int] = {}
+    for k in range(n):
+        j = rng.randrange(k, n)
+        yield swapped.get(j, j)
+        swapped[j] = swapped.pop(k, k)
+
+
 class Miner:
     """Draws each pair's negatives from the rank window of every retriever, then at random if short."""
 
@@ -355,28 +384,34 @@ class Miner:
         self.rng = random.Random(seed)
         self.drawn: Counter[str] = Counter()
 
-    def negatives(self, pair: Pair, pool: list[int]) -> list[str]:
-        """``count`` negatives for ``pair`` out of the chunks ``pool`` (the pair's split), as texts."""
-        allowed = set(pool)
+    def negatives(self, pair: Pair, pool: Pool) -> list[str]:
+        """``count`` negatives for ``pair`` out of ``pool`` (the pair's split), as texts; fewer only when
+        the window and :data:`FILL_DRAWS` random draws per missing negative find no more."""
         first, last = self.window
         rankings = [retriever.search(pair.query)[0][first - 1 : last] for retriever in self.retrievers]
         interleaved = (i for ranks in zip_longest(*rankings) for i in ranks if i is not None)
         # Distinct texts: identical chunks (a title line, a copy's chunk) would be one negative twice.
         window = unique_in_order(self.chunks[i].text for i in unique_in_order(interleaved)
-                                 if i in allowed and not conflicts(pair, i, self.chunks, self.related))
+                                 if i in pool.members and not conflicts(pair, i, self.chunks, self.related))
         chosen = self.rng.sample(window, min(self.count, len(window)))
         self.drawn["ranked"] += len(chosen)
-        if len(chosen) < self.count:  # as hn_mine: fill up at random, here only with allowed chunks
-            picked = set(chosen)
-            for i in self.rng.sample(pool, len(pool)):
-                if len(chosen) == self.count:
-                    break
-                text = self.chunks[i].text
-                if text not in picked and not conflicts(pair, i, self.chunks, self.related):
-                    chosen.append(text)
-                    picked.add(text)
-                    self.drawn["random"] += 1
+        if len(chosen) < self.count:  # as hn_mine: fill up at random, here only with the pool's chunks
+            chosen += self._random_fill(pair, pool, set(chosen), self.count - len(chosen))
         return chosen
+
+    def _random_fill(self, pair: Pair, pool: Pool, taken: set[str], missing: int) -> list[str]:
+        """Up to ``missing`` texts of random pool chunks, none conflicting with ``pair`` or in ``taken``."""
+        found: list[str] = []
+        for position in islice(random_order(len(pool.indices), self.rng), FILL_DRAWS * missing):
+            i = pool.indices[position]
+            text = self.chunks[i].text
+            if text not in taken and not conflicts(pair, i, self.chunks, self.related):
+                found.append(text)
+                taken.add(text)
+                if len(found) == missing:
+                    break
+        self.drawn["random"] += len(found)
+        return found
 
 
 def dev_groups(chunks: list[Chunk], ratio: float, seed: int) -> set[str]:
@@ -435,7 +470,7 @@ def build_pairs(cfg: PairsConfig, chunks: list[Chunk]) -> dict:
     pairs = list(unique.values())
 
     dev = dev_groups(chunks, cfg.dev_ratio, cfg.seed)
-    pools = {"train": [i for i, c in enumerate(chunks) if c.group not in dev], "dev": list(range(len(chunks)))}
+    pools = {"train": Pool([i for i, c in enumerate(chunks) if c.group not in dev]), "dev": Pool(range(len(chunks)))}
     retrievers: list[Retriever] = [Bm25(chunks, window[1])]
     if cfg.model is not None:
         from chatchat_policybert.embeddings import PolicyBertEmbeddings

@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import socket
 import sys
+from collections.abc import Sequence
 from pathlib import Path
 
 import pytest
@@ -19,17 +20,20 @@ from chatchat_policybert.evaluation.dataset import load_corpus, text_group
 from chatchat_policybert.evaluation.knowledge_base import Chunk, load_chunks
 from chatchat_policybert.evaluation.retrievers import Bm25
 from training.pairs import (
+    FILL_DRAWS,
     SHARED_RUN,
     LlmQuestions,
     Miner,
     Pair,
     PairsConfig,
+    Pool,
     build_pairs,
     conflicts,
     heading_pairs,
     inverse_cloze,
     main,
     parse_questions,
+    random_order,
     shared_runs,
 )
 
@@ -208,7 +212,7 @@ def test_pairs_have_no_false_negatives_and_dev_is_held_out_by_document(tmp_path,
 
 def test_negatives_come_from_the_rank_window_then_at_random(chunks):
     related = shared_runs(chunks)
-    pool = list(range(len(chunks)))
+    pool = Pool(range(len(chunks)))
     pair = Pair("ict", chunks[12].text[:30], chunks[12].text[30:], 12)
     bm25 = Bm25(chunks, len(chunks))
     ranking = bm25.search(pair.query)[0]
@@ -225,6 +229,80 @@ def test_negatives_come_from_the_rank_window_then_at_random(chunks):
     assert narrow.drawn["random"] == NEGATIVES - narrow.drawn["ranked"]
     assert not any(conflicts(pair, next(i for i, c in enumerate(chunks) if c.text == text), chunks, related)
                    for text in negatives)
+
+
+FILLERS = 10_000
+
+
+class CountingIndices(Sequence[int]):
+    """A pool's chunk indices that count every read: how much of the pool mining a pair touches."""
+
+    def __init__(self, indices: Sequence[int]):
+        self._indices = list(indices)
+        self.reads = 0
+
+    def __len__(self) -> int:
+        return len(self._indices)
+
+    def __getitem__(self, position: int) -> int:  # Sequence's __iter__ reads through here too
+        self.reads += 1
+        return self._indices[position]
+
+
+@pytest.fixture(scope="module")
+def large_kb(chunks) -> tuple[list[Chunk], Bm25]:
+    """The test chunks, FILLERS annexes of document 0 (its group: conflicts for its pairs) and FILLERS
+    short notices, each its own document; a BM25 over all of them."""
+    group = chunks[0].group
+    large = [*chunks, *(Chunk(f"doc0_annex{k}.md", f"附件{k}", group) for k in range(FILLERS)),
+             *(Chunk(f"notice{k}.md", f"第{k}号公告", f"notice{k}") for k in range(FILLERS))]
+    return large, Bm25(large, 3)
+
+
+def test_random_order_draws_each_position_once_and_lazily():
+    import random
+
+    assert sorted(random_order(50, random.Random(3))) == list(range(50))
+    draws = random_order(10**12, random.Random(3))  # a pool no list, and no shuffle of one, could hold
+    first = [next(draws) for _ in range(5)]
+    assert len(set(first)) == 5 and all(0 <= n < 10**12 for n in first)
+    assert list(random_order(50, random.Random(3))) == list(random_order(50, random.Random(3)))
+
+
+def test_filling_up_reads_o_count_chunks_of_a_large_pool(large_kb):
+    large, bm25 = large_kb
+    indices = CountingIndices(range(len(large)))
+    pool = Pool(indices)  # the split's set is built once, before any pair
+    indices.reads = 0
+    pair = Pair("ict", large[30].text[:30], large[30].text[30:], 30)  # document 2: annexes and notices are allowed
+    miner = Miner(large, [bm25], (3, 3), NEGATIVES, seed=1)
+    negatives = miner.negatives(pair, pool)
+    assert len(negatives) == len(set(negatives)) == NEGATIVES and miner.drawn["random"] >= NEGATIVES - 1
+    # One read per random draw; nearly every chunk of the pool is allowed, so about one draw per
+    # missing negative, where a shuffle of the pool would read all 2 * FILLERS of them.
+    assert miner.drawn["random"] <= indices.reads <= 2 * miner.drawn["random"]
+
+
+def test_filling_up_ends_short_when_the_pool_has_too_few_allowed_chunks(large_kb, chunks):
+    large, bm25 = large_kb
+    related = shared_runs(large)
+    doc0 = [i for i, c in enumerate(large) if c.group == chunks[0].group]  # its files and all FILLERS annexes
+    pair = Pair("ict", large[3].text[:30], large[3].text[30:], 3)
+    allowed = [i for i, c in enumerate(chunks) if c.source == "doc2.md" and not conflicts(pair, i, large, related)][:2]
+    assert len(allowed) == 2
+
+    # Two allowed chunks among document 0's: both are found, and the pair ends with two negatives.
+    small = Miner(large, [bm25], (3, 3), NEGATIVES, seed=1)
+    assert sorted(small.negatives(pair, Pool([*doc0[:18], *allowed]))) == sorted(large[i].text for i in allowed)
+    assert small.drawn["ranked"] + small.drawn["random"] == 2
+
+    # None allowed in a large pool: the draws stop after FILL_DRAWS per missing negative.
+    indices = CountingIndices(doc0)
+    pool = Pool(indices)
+    indices.reads = 0
+    none = Miner(large, [bm25], (3, 3), NEGATIVES, seed=1)
+    assert none.negatives(pair, pool) == [] and none.drawn["random"] == 0
+    assert indices.reads == FILL_DRAWS * NEGATIVES < len(doc0)
 
 
 def test_dense_model_mines_too(tmp_path, chunks, tiny_model_dir):
