@@ -36,6 +36,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
 from tqdm import tqdm
+from transformers import PreTrainedModel
 
 from chatchat_policybert.embeddings import DEFAULT_QUERY_INSTRUCTION, cls_vectors, token_limit
 from chatchat_policybert.errors import InputError, run_cli
@@ -265,6 +266,14 @@ def contrastive(
     return train(model, task, cfg)
 
 
+def load_start_model(model_dir: Path) -> tuple[PreTrainedModel, PolicyBertTokenizer]:
+    """The model this stage trains, from its ``--model``; ``training.export`` rebuilds a checkpoint into the same model.
+
+    A merged or pre-trained directory may lack the pooler; [CLS] pooling never uses it.
+    """
+    return load_model_dir(model_dir, allow_missing=("pooler.",))
+
+
 def main(argv: list[str] | None = None) -> None:
     cfg, inputs = parse_config(
         ContrastiveConfig, argv, "python -m training.contrastive", __doc__.split("\n\n")[0], extra=(ContrastiveInputs,)
@@ -272,8 +281,7 @@ def main(argv: list[str] | None = None) -> None:
     # The pairs are read first: a bad line is reported before minutes go into loading a model.
     train_examples = read_examples(inputs.train, cfg.train_group_size - 1)
     dev_examples = read_examples(inputs.dev, 0)
-    # A merged or pre-trained directory may lack the pooler; [CLS] pooling never uses it.
-    model, tokenizer = load_model_dir(inputs.model, allow_missing=("pooler.",))
+    model, tokenizer = load_start_model(inputs.model)
     _, finished = contrastive(model, tokenizer, train_examples, dev_examples, cfg)
     if finished and is_main_process():
         save_model_dir(model, tokenizer, cfg.out / "final")

@@ -108,6 +108,13 @@ def finetune(
     return results
 
 
+def load_start_model(model_dir: Path) -> tuple[PolicyBertForSequenceClassification, PolicyBertTokenizer]:
+    """The model this stage trains, from its ``--model``; ``training.export`` rebuilds a checkpoint into the same model."""
+    return load_model_dir(
+        model_dir, PolicyBertForSequenceClassification, allow_missing=("classifier.", "pooler."), num_labels=2
+    )
+
+
 def main(argv: list[str] | None = None) -> None:
     cfg, inputs = parse_config(
         FinetuneConfig, argv, "python -m training.finetune", __doc__.split("\n\n")[0], extra=(FinetuneInputs,)
@@ -116,9 +123,7 @@ def main(argv: list[str] | None = None) -> None:
     # The classifier (and a pooler a merged dir may lack) are what this stage creates: seeded, it starts
     # from the same draw in every run and every process, so a resumed or multi-process run matches.
     torch.manual_seed(cfg.seed)
-    model, tokenizer = load_model_dir(
-        inputs.model, PolicyBertForSequenceClassification, allow_missing=("classifier.", "pooler."), num_labels=2
-    )
+    model, tokenizer = load_start_model(inputs.model)
     results = finetune(model, tokenizer, splits, cfg)
     if results is not None:
         save_model_dir(model, tokenizer, cfg.out / "final")

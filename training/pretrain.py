@@ -259,6 +259,11 @@ def pretrain(
     return train(model, task, cfg)
 
 
+def load_start_model(model_dir: Path) -> tuple[PolicyBertForPreTraining, PolicyBertTokenizer]:
+    """The model this stage trains, from its ``--model``; ``training.export`` rebuilds a checkpoint into the same model."""
+    return load_model_dir(model_dir, PolicyBertForPreTraining, allow_missing=("cls.", "pooler."))
+
+
 def main(argv: list[str] | None = None) -> None:
     cfg, inputs = parse_config(
         PretrainConfig, argv, "python -m training.pretrain", __doc__.split("\n\n")[0], extra=(PretrainInputs,), presets=PRESETS
@@ -267,7 +272,7 @@ def main(argv: list[str] | None = None) -> None:
     # The MLM/NSP heads (and a pooler a merged dir may lack) are what this stage creates: seeded, they start
     # from the same draw in every run and every process, so a resumed or multi-process run matches.
     torch.manual_seed(cfg.seed)
-    model, tokenizer = load_model_dir(inputs.model, PolicyBertForPreTraining, allow_missing=("cls.", "pooler."))
+    model, tokenizer = load_start_model(inputs.model)
     _, finished = pretrain(model, tokenizer, docs, cfg)
     if finished and is_main_process():
         save_model_dir(model, tokenizer, cfg.out / "final")

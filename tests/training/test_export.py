@@ -1,0 +1,173 @@
+"""``training.export``: a stopped run's checkpoint becomes the model directory its ``final/`` would have been.
+
+Each stage really runs (tiny models, CPU, 3 steps stopped after 2) through its command line; the
+export is loaded the way serving and the next stage load it and compared with the checkpoint's
+weights, and a finished run's last checkpoint must export to exactly its ``final/``.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+from collections.abc import Callable
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from chatchat_policybert.embeddings import PolicyBertEmbeddings
+from chatchat_policybert.errors import run_cli
+from chatchat_policybert.loading import load_policybert
+from training import contrastive, finetune, pretrain
+from training.export import main
+
+STEPS = ["--max-steps", "3", "--batch-size", "4", "--max-length", "32", "--lr", "1e-3", "--device", "cpu"]
+TEXTS = ["国务院关于数据要素的意见", "住房公积金"]
+
+
+@pytest.fixture(scope="module")
+def pairs(policy_documents, tmp_path_factory) -> dict[str, Path]:
+    """FlagEmbedding lines from real text: a slice of a 60-character chunk is the query, two other chunks the negatives."""
+    out = tmp_path_factory.mktemp("export-pairs")
+    lines: dict[str, list[str]] = {"train": [], "dev": []}
+    for doc in policy_documents:
+        text = "".join(doc["contentText"].split())
+        chunks = [text[i : i + 60] for i in range(0, 360, 60)]
+        for j, chunk in enumerate(chunks):
+            line = {"query": chunk[10:30], "pos": [chunk], "neg": [chunks[j - 1], chunks[j - 2]]}
+            lines["dev" if j == 0 else "train"].append(json.dumps(line, ensure_ascii=False))
+    for name, rows in lines.items():
+        (out / f"{name}.jsonl").write_text("\n".join(rows) + "\n", encoding="utf-8")
+    return {name: out / f"{name}.jsonl" for name in lines}
+
+
+@pytest.fixture(scope="module")
+def stage_argv(tiny_model_dir, corpus_dir, policysm_dir, pairs) -> dict[str, tuple[Callable[[list[str]], None], list[str]]]:
+    """Each stage's ``main`` and its inputs (``--model`` first), without ``--out``."""
+    start = str(tiny_model_dir("attn", perturb=True))
+    return {
+        "pretrain": (pretrain.main, ["--model", start, "--corpus", str(corpus_dir / "corpus.jsonl")]),
+        "finetune": (finetune.main, ["--model", start, "--data", str(policysm_dir / "policysm1"), "--eval-batch-size", "64"]),
+        "contrastive": (
+            contrastive.main,
+            ["--model", start, "--train", str(pairs["train"]), "--dev", str(pairs["dev"]), "--train-group-size", "2"],
+        ),
+    }
+
+
+@pytest.fixture(scope="module")
+def stopped(stage_argv, tmp_path_factory) -> dict[str, Path]:
+    """Each stage's run folder after ``--stop-after 2`` of 3 steps: a checkpoint and run.json, no final/."""
+    runs = {}
+    for stage, (stage_main, argv) in stage_argv.items():
+        runs[stage] = tmp_path_factory.mktemp(f"stopped-{stage}")
+        stage_main([*argv, "--out", str(runs[stage]), *STEPS, "--stop-after", "2"])
+        assert not (runs[stage] / "final").exists()
+    return runs
+
+
+def export(run: Path, model: Path | str, out: Path) -> int:
+    return run_cli(main, ["--run", str(run), "--model", str(model), "--out", str(out)])
+
+
+@pytest.mark.parametrize("stage", ["pretrain", "finetune", "contrastive"])
+def test_a_stopped_run_exports_its_checkpoint(stage, stopped, tiny_model_dir, tmp_path, capsys):
+    start = tiny_model_dir("attn", perturb=True)
+    assert export(stopped[stage], start, tmp_path / "model") == 0
+    assert f"{stage} run {stopped[stage]} at step 2" in capsys.readouterr().out
+    weights = torch.load(stopped[stage] / "checkpoint.pt", weights_only=True)["model"]
+
+    # The stage's own model (heads included, as in final/) holds exactly the checkpoint's weights ...
+    loader = {"pretrain": pretrain, "finetune": finetune, "contrastive": contrastive}[stage].load_start_model
+    exported = loader(tmp_path / "model")[0].state_dict()
+    assert exported.keys() == weights.keys() and all(torch.equal(exported[k], weights[k]) for k in weights)
+    # ... trained ones, not the start model's ...
+    before = load_policybert(start)[0].state_dict()
+    prefix = "" if stage == "contrastive" else "bert."
+    assert not all(torch.equal(before[k], weights[prefix + k]) for k in before)
+    # ... and serving loads its encoder.
+    encoder = load_policybert(tmp_path / "model")[0].state_dict()
+    assert all(torch.equal(encoder[k], weights[prefix + k]) for k in encoder)
+    vectors = np.array(PolicyBertEmbeddings(tmp_path / "model").embed_documents(TEXTS))
+    assert vectors.shape == (2, 32) and np.allclose(np.linalg.norm(vectors, axis=1), 1.0)
+
+
+def test_a_finished_runs_last_checkpoint_exports_its_final(stopped, stage_argv, tiny_model_dir, tmp_path):
+    run = shutil.copytree(stopped["contrastive"], tmp_path / "run")
+    stage_main, argv = stage_argv["contrastive"]
+    stage_main([*argv, "--out", str(run), *STEPS, "--resume"])
+    out = tmp_path / "model"
+    out.mkdir()  # an empty folder is a new path
+    assert export(run, tiny_model_dir("attn", perturb=True), out) == 0
+    assert export(run, tiny_model_dir("attn", perturb=True), out) == 0  # a model directory there is replaced
+    a, b = load_file(run / "final" / "model.safetensors"), load_file(out / "model.safetensors")
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+    final, exported = PolicyBertEmbeddings(run / "final"), PolicyBertEmbeddings(out)
+    assert np.array_equal(final.embed_documents(TEXTS), exported.embed_documents(TEXTS))
+    assert np.array_equal(final.embed_query(TEXTS[0]), exported.embed_query(TEXTS[0]))
+
+
+def record(run: Path, change: dict) -> None:
+    """Rewrites the run folder's run.json with ``change`` merged into its settings."""
+    path = run / "run.json"
+    saved = json.loads(path.read_text(encoding="utf-8"))
+    path.write_text(json.dumps({**saved, "config": {**saved["config"], **change}}), encoding="utf-8")
+
+
+def truncate(run: Path, runs: dict[str, Path]) -> None:
+    checkpoint = run / "checkpoint.pt"
+    checkpoint.write_bytes(checkpoint.read_bytes()[:1000])
+
+
+@pytest.mark.parametrize(
+    "damage, model, message",
+    [
+        (lambda run, runs: (run / "checkpoint.pt").unlink(), "attn", r"checkpoint\.pt: no checkpoint \(a run writes one"),
+        (truncate, "attn", r"checkpoint\.pt: not a readable checkpoint"),
+        (lambda run, runs: shutil.copyfile(runs["pretrain"] / "run.json", run / "run.json"), "attn",
+         r"checkpoint\.pt: a contrastive checkpoint, but .*run\.json records a pretrain run"),
+        (lambda run, runs: record(run, {"lr": 0.002}), "attn",
+         r"checkpoint\.pt: written with other settings than .*run\.json records \(lr 0\.002 -> 0\.001\)"),
+        (lambda run, runs: record(run, {"bogus": 1}), "attn",
+         r"run\.json: its settings are those of none of the stages; expected a run of training\.pretrain, training\.finetune"),
+        (lambda run, runs: record(run, {"stop_after": None, "device": "cuda", "out": "elsewhere"}), "gate",
+         r"its weights do not fit --model .* \(\d+ tensors missing, extra or of another shape, e\.g\. fusions\.0\."),
+        (lambda run, runs: None, "plain",
+         r"its weights do not fit --model .*expected the directory the contrastive run started from"),
+    ],
+    ids=["no-checkpoint", "truncated", "other-stage", "other-settings", "unknown-settings", "other-model", "plain-bert"],
+)
+def test_refusals_are_one_line_and_write_nothing(damage, model, message, stopped, tiny_model_dir, tmp_path, capsys):
+    """In "other-model", run.json differs only in settings a resumed session may change (not compared): --model is refused."""
+    run = shutil.copytree(stopped["contrastive"], tmp_path / "run")
+    damage(run, stopped)
+    start = tiny_model_dir(None) if model == "plain" else tiny_model_dir(model, perturb=model == "attn")
+    capsys.readouterr()  # building a tiny model dir reports on stderr
+    assert export(run, start, tmp_path / "model") == 2
+    err = capsys.readouterr().err
+    assert "Traceback" not in err and err.count("error: ") == 1 and err.strip().splitlines()[-1].startswith("error: ")
+    assert re.search(message, err), err
+    assert not (tmp_path / "model").exists()
+
+
+def test_out_that_is_not_a_model_directory_is_refused(stopped, tiny_model_dir, tmp_path, capsys):
+    """``save_model_dir`` replaces what is there: the run folder as --out would lose its checkpoint."""
+    run = stopped["pretrain"]
+    before = (run / "checkpoint.pt").read_bytes()
+    assert export(run, tiny_model_dir("attn", perturb=True), run) == 2
+    assert f"--out {run}: a non-empty folder that is not a model directory" in capsys.readouterr().err
+    assert (run / "checkpoint.pt").read_bytes() == before
+    (tmp_path / "file").write_text("x", encoding="utf-8")
+    assert export(run, tiny_model_dir("attn", perturb=True), tmp_path / "file") == 2
+    assert "is a file; expected a new path or a model directory to replace" in capsys.readouterr().err
+
+
+def test_flags(capsys):
+    assert run_cli(main, ["--run", "r", "--out", "o"]) == 2
+    assert "the following arguments are required: --model" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as exit_info:
+        main(["--help"])
+    assert exit_info.value.code == 0 and "usage: python -m training.export" in capsys.readouterr().out
