@@ -1,5 +1,5 @@
-"""Everything that knows a Chatchat 0.3.1.3 root: its folders, its index files, and how to run
-Chatchat inside it.
+"""Everything that knows a Chatchat 0.3.1.3 root: its folders, its settings, its index files, and
+how to run Chatchat inside it.
 
 Chatchat reads ``CHATCHAT_ROOT`` and its settings once, at import time, and PolicyBERT reaches it
 through the import hook every interpreter start runs; so Chatchat work for a given root runs in a
@@ -14,12 +14,12 @@ import math
 import os
 import subprocess
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import yaml
-
 from .errors import InputError
+from .settings import SettingsError, load_yaml
 
 LOG_TAIL = 3000
 WORKER_MARK = "@@chatchat@@ "
@@ -27,10 +27,9 @@ WORKER_MARK = "@@chatchat@@ "
 
 
 def _settings(root: Path, name: str) -> dict[str, Any]:
+    """A settings file of the root, parsed; no file: empty (Chatchat's defaults apply)."""
     path = Path(root) / name
-    if not path.is_file():
-        return {}
-    return yaml.safe_load(path.read_text(encoding="utf-8")) or {}
+    return load_yaml(path) if path.is_file() else {}
 
 
 def kb_root(root: Path) -> Path:
@@ -39,22 +38,60 @@ def kb_root(root: Path) -> Path:
     return Path(configured) if configured else Path(root) / "data" / "knowledge_base"
 
 
+@dataclass(frozen=True)
+class KbSettings:
+    """What PolicyBERT reads of a root's kb_settings.yaml; a key the file leaves out has Chatchat 0.3.1.3's default."""
+
+    default_kb: str = "samples"
+    """DEFAULT_KNOWLEDGE_BASE (WeiMingPolicies after `chatchat-policybert setup`)."""
+    vs_type: str = "faiss"
+    """DEFAULT_VS_TYPE: the store `chatchat kb -r` fills and `search_docs` reads."""
+    pg_uri: str | None = None
+    """``kbs_config.pg.connection_uri`` (a SQLAlchemy URI)."""
+    score_threshold: float = 2.0
+    """SCORE_THRESHOLD (see :func:`cosine_cut`)."""
+    chunk_size: int = 750
+    """CHUNK_SIZE, in characters."""
+
+
+def kb_settings(root: Path) -> KbSettings:
+    """The root's kb_settings.yaml, read once; no file: Chatchat's defaults; a value of the wrong type: a :class:`SettingsError`."""
+    path = Path(root) / "kb_settings.yaml"
+    data = _settings(root, path.name)
+    kbs_config = data.get("kbs_config") or {}
+    defaults = KbSettings()
+
+    def number(key: str, kind: type, default: float) -> Any:
+        value = data.get(key, default)
+        try:
+            return kind(value)
+        except (TypeError, ValueError):
+            raise SettingsError(f"{path}: {key} {value!r} is not a number") from None
+
+    return KbSettings(
+        default_kb=str(data.get("DEFAULT_KNOWLEDGE_BASE", defaults.default_kb)),
+        vs_type=str(data.get("DEFAULT_VS_TYPE", defaults.vs_type)),
+        pg_uri=(kbs_config.get("pg") or {}).get("connection_uri"),
+        score_threshold=number("SCORE_THRESHOLD", float, defaults.score_threshold),
+        chunk_size=number("CHUNK_SIZE", int, defaults.chunk_size),
+    )
+
+
 def default_kb(root: Path) -> str:
-    """The root's DEFAULT_KNOWLEDGE_BASE (WeiMingPolicies after `chatchat-policybert setup`)."""
+    """The root's DEFAULT_KNOWLEDGE_BASE; a root without kb_settings.yaml is an :class:`InputError`."""
     if not (Path(root) / "kb_settings.yaml").is_file():
         raise InputError(f"{root}: no kb_settings.yaml (not a Chatchat root; run `chatchat init`)")
-    return _settings(root, "kb_settings.yaml")["DEFAULT_KNOWLEDGE_BASE"]
+    return kb_settings(root).default_kb
 
 
 def vs_type(root: Path) -> str:
     """The root's DEFAULT_VS_TYPE: the store `chatchat kb -r` fills and `search_docs` reads."""
-    return str(_settings(root, "kb_settings.yaml").get("DEFAULT_VS_TYPE", "faiss"))
+    return kb_settings(root).vs_type
 
 
 def pg_uri(root: Path) -> str | None:
     """The root's ``kbs_config.pg.connection_uri`` (a SQLAlchemy URI), None if it sets none."""
-    kbs_config = _settings(root, "kb_settings.yaml").get("kbs_config") or {}
-    return (kbs_config.get("pg") or {}).get("connection_uri")
+    return kb_settings(root).pg_uri
 
 
 # Chatchat 0.3.1.3 scores a hit 1 - distance/√2 for both stores (langchain's euclidean relevance)

@@ -25,15 +25,18 @@ from typing import Any, Sequence
 from .chatchat_root import (
     TARGET_COSINE,
     VS_TYPES,
+    KbSettings,
+    content_dir,
     cosine_cut,
+    index_size,
     kb_root,
-    pg_uri,
+    kb_settings,
     score_threshold_for,
     vector_store_dir,
-    vs_type,
 )
 from .dtypes import DTYPE_CHOICES
 from .errors import InputError, run_cli
+from .kb_rebuild import RETIRED_SUFFIX, interrupted_swaps, swap_finished
 from .settings import PLATFORM_KEY, SettingsError, find_local_model, load_yaml
 
 SETTINGS_FILES = ("model_settings.yaml", "kb_settings.yaml")
@@ -134,8 +137,7 @@ def run_setup(args: argparse.Namespace) -> int:
             yaml.dump(current, handle)
         print(f"OK    merged {source / name} into {path}")
     _link_nltk_data(root)
-    kb_settings = load_yaml(root / "kb_settings.yaml")
-    kb_dir = kb_root(root) / kb_settings["DEFAULT_KNOWLEDGE_BASE"] / "content"
+    kb_dir = content_dir(root, kb_settings(root).default_kb)
     kb_dir.mkdir(parents=True, exist_ok=True)
     print(f"OK    knowledge base folder {kb_dir} (put documents here, then `chatchat kb -r -n {kb_dir.parent.name}`)")
     if args.no_check:
@@ -213,7 +215,7 @@ def diagnose(root: Path, load_model: bool) -> list[Finding]:
         findings.append(Finding(level, message))
     try:
         model_settings = load_yaml(root / "model_settings.yaml")
-        kb_settings = load_yaml(root / "kb_settings.yaml") if (root / "kb_settings.yaml").is_file() else {}
+        settings = kb_settings(root)
     except SettingsError as exc:
         add("ERROR", f"{exc} (run `chatchat init` and `chatchat-policybert setup`)")
         return findings
@@ -246,7 +248,7 @@ def diagnose(root: Path, load_model: bool) -> list[Finding]:
     else:
         add("OK", f"import hook installed: {pth}")
 
-    chunk = kb_settings.get("CHUNK_SIZE", 750)
+    chunk = settings.chunk_size
     if local is not None:
         add("OK", f"embed model '{local.embed_models[0]}' served in-process by platform '{local.platform_name}'")
         if chunk + 2 > local.config.max_length:
@@ -254,11 +256,11 @@ def diagnose(root: Path, load_model: bool) -> list[Finding]:
         if load_model:
             findings.extend(_check_model(local, root))
 
-    store = vs_type(root)
+    store = settings.vs_type
     if store not in VS_TYPES:
         add("WARN", f"DEFAULT_VS_TYPE '{store}': only {', '.join(VS_TYPES)} are checked here and rebuilt safely")
         return findings
-    threshold = float(kb_settings.get("SCORE_THRESHOLD", 2.0))
+    threshold = settings.score_threshold
     cosine = threshold_cosine(threshold, store)
     label = "FAISS" if store == "faiss" else store
     advice = f"{score_threshold_for(TARGET_COSINE, store):.4f} keeps cosine >= {TARGET_COSINE:.2f}"
@@ -271,15 +273,22 @@ def diagnose(root: Path, load_model: bool) -> list[Finding]:
     else:
         add("OK", f"SCORE_THRESHOLD {threshold} keeps {label} hits with cosine >= {cosine:.2f}")
 
-    if store == "pg":
-        from .pg_store import check_server
+    findings.extend(_check_interrupted_swaps(root))
+    if store == "faiss":
+        findings.extend(_check_kb(root, settings, str(model_settings.get("DEFAULT_EMBEDDING_MODEL", "")), None))
+        return findings
+    from .pg_store import check_configured, check_server, connected
 
-        add("OK", f"vector store pg: {DENSE_ONLY_NOTE}")
-        server = [Finding(level, message) for level, message in check_server(pg_uri(root))]
+    add("OK", f"vector store pg: {DENSE_ONLY_NOTE}")
+    unusable = check_configured(settings.pg_uri)
+    if unusable:
+        findings.extend(Finding(level, message) for level, message in unusable)
+        return findings
+    with connected(settings.pg_uri) as engine:  # one engine for every pg check
+        server = [Finding(level, message) for level, message in check_server(engine)]
         findings.extend(server)
-        if any(f.level == "ERROR" for f in server):
-            return findings
-    findings.extend(_check_kb(root, kb_settings, model_settings, store))
+        if not any(f.level == "ERROR" for f in server):
+            findings.extend(_check_kb(root, settings, "", engine))
     return findings
 
 
@@ -297,23 +306,41 @@ def _check_model(local: Any, root: Path) -> list[Finding]:
     return [Finding(level, f"model {path} loads: dimension {len(vector)}, query vector norm {norm:.4f}")]
 
 
-def _check_kb(root: Path, kb_settings: dict, model_settings: dict, store: str) -> list[Finding]:
-    name = kb_settings.get("DEFAULT_KNOWLEDGE_BASE", "samples")
+def _check_kb(root: Path, settings: KbSettings, embed_model: str, engine: Any | None) -> list[Finding]:
+    """The default knowledge base's folder and vectors: in FAISS (``engine`` None) or in pg through ``engine``."""
+    name = settings.default_kb
     kb_dir = kb_root(root) / name
     if not kb_dir.is_dir():
         return [Finding("ERROR", f"DEFAULT_KNOWLEDGE_BASE '{name}' has no folder {kb_dir}: the WebUI page crashes")]
-    if store == "pg":
-        from .pg_store import collection_size
+    if engine is not None:
+        from .pg_store import vectors_in
 
-        vectors = collection_size(pg_uri(root), name)
+        vectors = vectors_in(engine, name)
         if not vectors:
             return [Finding("WARN", f"knowledge base '{name}' has no vectors in pg: run `chatchat kb -r -n {name}`")]
         return [Finding("OK", f"knowledge base '{name}' has {vectors} vectors in pg")]
-    embed_model = str(model_settings.get("DEFAULT_EMBEDDING_MODEL", ""))
     index = vector_store_dir(root, name, embed_model) / "index.faiss"
     if not index.is_file():
         return [Finding("WARN", f"knowledge base '{name}' has no FAISS index {index}: run `chatchat kb -r -n {name}`")]
     return [Finding("OK", f"knowledge base '{name}' has a FAISS index for '{embed_model}'")]
+
+
+def _check_interrupted_swaps(root: Path) -> list[Finding]:
+    """A ``.replaced`` folder of any knowledge base: a FAISS `kb -r` killed during its swap (see :func:`recover_swap`)."""
+    findings = []
+    for final in interrupted_swaps(root):
+        retired = final.with_name(final.name + RETIRED_SUFFIX)
+        kb = final.parent.parent.name
+        if swap_finished(final):
+            findings.append(Finding("WARN", f"{retired} is left over by a `kb -r` killed after its swap ({final} is "
+                                    f"the new index, {index_size(final)} vectors): remove it, or let the next "
+                                    f"`chatchat kb -r -n {kb}` do so"))
+        else:
+            findings.append(Finding("ERROR", f"the index of '{kb}' is at {retired}, not served ({final} has no "
+                                    f"vectors): a `kb -r` was killed during its swap; `chatchat kb -r -n {kb}` "
+                                    f"puts it back first, or with Chatchat stopped: rm -rf '{final}' && "
+                                    f"mv '{retired}' '{final}'"))
+    return findings
 
 
 def report(findings: Sequence[Finding]) -> int:

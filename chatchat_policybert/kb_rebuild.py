@@ -31,13 +31,14 @@ import functools
 import inspect
 import os
 import shutil
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager
 from pathlib import Path
 from types import ModuleType
-from typing import Any, Iterator
+from typing import Any, Iterator, Protocol
 
-from .chatchat_root import index_size
+from .chatchat_root import index_size, kb_root
 from .errors import InputError
+from .pg_store import PgStaging
 
 STAGING_SUFFIX = ".rebuilding"
 RETIRED_SUFFIX = ".replaced"
@@ -76,12 +77,11 @@ def _rebuild_all(migrate: ModuleType, original: Any, params: dict) -> None:
                      f"embed model '{embed_model}' does not work: {exc}")
         raise
     for kb_name in kb_names:
-        if params["vs_type"] == "pg":  # the same guarantee with a staging collection: pg_store
-            from .pg_store import rebuild_one
-
-            rebuild_one(original, params, kb_name, logger)
+        if params["vs_type"] == "pg":
+            staging: Staging = PgStaging(kb_name, kb_name + STAGING_SUFFIX)
         else:
-            _rebuild_one(original, params, kb_name, logger)
+            staging = FaissStaging(kb_name, embed_model)
+        rebuild_kb(original, params, kb_name, staging, logger)
 
 
 def check_kb_name(kb_name: str) -> None:
@@ -119,63 +119,125 @@ def _preflight(embed_model: str) -> None:
     embeddings.embed_documents(["知识库重建前的模型检查"])
 
 
-def _rebuild_one(original: Any, params: dict, kb_name: str, logger: Any) -> None:
-    from chatchat.server.knowledge_base.kb_cache.faiss_cache import kb_faiss_pool
-    from chatchat.server.knowledge_base.utils import get_vs_path
+class Staging(Protocol):
+    """The store's half of a rebuild: where Chatchat writes instead of the live store, and the swap."""
 
-    vector_name = params["embed_model"].replace(":", "_")
-    final = Path(get_vs_path(kb_name, vector_name))
-    staging = final.with_name(final.name + STAGING_SUFFIX)
-    recover_swap(final)
-    shutil.rmtree(staging, ignore_errors=True)  # left by a killed rebuild
+    service: type
+    """Chatchat's knowledge-base service class of the store (its ``add_doc`` is counted)."""
+    where: str
+    """The live store, for the log: ``index <folder>`` or ``pg collection '<name>'``."""
+
+    def clear(self) -> None:
+        """Remove what a killed rebuild left, before anything else happens."""
+
+    def redirect(self) -> AbstractContextManager[None]:
+        """While open, Chatchat's service for the knowledge base fills the staging store."""
+
+    def vectors(self) -> int:
+        """Vectors in the filled staging store."""
+
+    def swap(self) -> None:
+        """Put the staging store in place of the live one, in one step a kill cannot split."""
+
+    def discard(self) -> None:
+        """Remove the staging store after a failure, leaving the live one as it was."""
+
+
+def rebuild_kb(original: Any, params: dict, kb_name: str, staging: Staging, logger: Any) -> None:
+    """Rebuild ``kb_name`` with Chatchat's own ``folder2db`` (reading, splitting, embedding, its log) into
+    ``staging``, and swap it in only if it holds a vector for every chunk Chatchat offered it.
+
+    On any failure the staging store is discarded, the knowledge base's file rows are put back,
+    and the error is logged and re-raised: the live store is what it was.
+    """
+    staging.clear()
     rows = _snapshot_rows(kb_name)
     try:
-        with _staged_vector_name(kb_name, staging.name) as chunks:
+        with staging.redirect(), _counted_chunks(staging.service, kb_name) as chunks:
             original(**{**params, "kb_names": [kb_name]})
-        if not (staging / "index.faiss").is_file():
-            raise RuntimeError(f"Chatchat saved no index for '{kb_name}'")
-        vectors = index_size(staging)
+        vectors = staging.vectors()
         if vectors < chunks[0]:
-            raise RuntimeError(f"the rebuilt index of '{kb_name}' has {vectors} vectors for {chunks[0]} chunks")
+            raise RuntimeError(f"the rebuilt store of '{kb_name}' has {vectors} vectors for {chunks[0]} chunks")
+        staging.swap()
     except BaseException as exc:
-        shutil.rmtree(staging, ignore_errors=True)
+        staging.discard()
         _restore_rows(kb_name, rows)
-        logger.error(f"kb -r of '{kb_name}' failed, its previous index {final} is unchanged: {type(exc).__name__}: {exc}")
+        logger.error(f"kb -r of '{kb_name}' failed, its previous {staging.where} is unchanged: "
+                     f"{type(exc).__name__}: {exc}")
         raise
-    finally:
-        kb_faiss_pool.pop((kb_name, staging.name))
-    swap_index(staging, final)
-    logger.info(f"kb -r of '{kb_name}': {vectors} vectors saved to {final}")
+    logger.info(f"kb -r of '{kb_name}': {vectors} vectors saved to {staging.where}")
 
 
 @contextmanager
-def _staged_vector_name(kb_name: str, staging_name: str) -> Iterator[list[int]]:
-    """Make Chatchat's FAISS service for `kb_name` read and write the staging vector store.
+def _counted_chunks(service: type, kb_name: str) -> Iterator[list[int]]:
+    """Count the chunks Chatchat hands to ``service.add_doc`` for `kb_name`, in a one-item list.
 
-    Yields a one-item list counting the chunks Chatchat hands to ``add_doc`` for `kb_name`: an
-    index with fewer vectors lost some (Chatchat logs an embedding failure and goes on), while
+    A store with fewer vectors lost some (Chatchat logs an embedding failure and goes on), while
     zero chunks and zero vectors is a knowledge base whose content yields nothing.
     """
-    from chatchat.server.knowledge_base.kb_service.faiss_kb_service import FaissKBService
-
-    original_init, original_add = FaissKBService.do_init, FaissKBService.add_doc
+    original_add = service.add_doc
     chunks = [0]
-
-    def do_init(self) -> None:
-        if self.kb_name == kb_name and not self.vector_name:
-            self.vector_name = staging_name
-        original_init(self)
 
     def add_doc(self, kb_file: Any, docs: list = [], **kwargs: Any) -> Any:  # noqa: B006 - Chatchat's signature
         if self.kb_name == kb_name:
             chunks[0] += len(docs or kb_file.splited_docs or [])
         return original_add(self, kb_file, docs, **kwargs)
 
-    FaissKBService.do_init, FaissKBService.add_doc = do_init, add_doc
+    service.add_doc = add_doc
     try:
         yield chunks
     finally:
-        FaissKBService.do_init, FaissKBService.add_doc = original_init, original_add
+        service.add_doc = original_add
+
+
+class FaissStaging:
+    """The FAISS half of a rebuild: Chatchat fills the folder ``<index>.rebuilding``; :func:`swap_index` swaps it in."""
+
+    def __init__(self, kb_name: str, embed_model: str) -> None:
+        from chatchat.server.knowledge_base.kb_service.faiss_kb_service import FaissKBService
+        from chatchat.server.knowledge_base.utils import get_vs_path
+
+        self.kb_name = kb_name
+        self.service = FaissKBService
+        self.final = Path(get_vs_path(kb_name, embed_model.replace(":", "_")))
+        self.staging = self.final.with_name(self.final.name + STAGING_SUFFIX)
+        self.where = f"index {self.final}"
+
+    def clear(self) -> None:
+        recover_swap(self.final)
+        shutil.rmtree(self.staging, ignore_errors=True)
+
+    @contextmanager
+    def redirect(self) -> Iterator[None]:
+        """Make Chatchat's FAISS service for the knowledge base read and write the staging folder."""
+        from chatchat.server.knowledge_base.kb_cache.faiss_cache import kb_faiss_pool
+
+        service, kb_name, staging_name = self.service, self.kb_name, self.staging.name
+        original_init = service.do_init
+
+        def do_init(self) -> None:
+            if self.kb_name == kb_name and not self.vector_name:
+                self.vector_name = staging_name
+            original_init(self)
+
+        service.do_init = do_init
+        try:
+            yield
+        finally:
+            service.do_init = original_init
+            kb_faiss_pool.pop((kb_name, staging_name))
+
+    def vectors(self) -> int:
+        if not (self.staging / "index.faiss").is_file():
+            raise RuntimeError(f"Chatchat saved no index for '{self.kb_name}'")
+        return index_size(self.staging)
+
+    def swap(self) -> None:
+        swap_index(self.staging, self.final)
+
+    def discard(self) -> None:
+        shutil.rmtree(self.staging, ignore_errors=True)
+        recover_swap(self.final)  # a two-rename swap that failed between its renames: the old index back
 
 
 def _exchange(a: Path, b: Path) -> bool:
@@ -226,17 +288,22 @@ def recover_swap(final: Path) -> None:
     retired = final.with_name(final.name + RETIRED_SUFFIX)
     if not retired.is_dir():
         return
-    if index_size(final) > 0:
+    if swap_finished(final):
         shutil.rmtree(retired)
         return
     shutil.rmtree(final, ignore_errors=True)
     retired.rename(final)
 
 
-def _has_documents(kb_name: str) -> bool:
-    from chatchat.server.knowledge_base.utils import list_files_from_folder
+def swap_finished(final: Path) -> bool:
+    """Whether a swap into ``final`` that left a ``.replaced`` beside it had finished (``final`` holds vectors)."""
+    return index_size(final) > 0
 
-    return bool(list_files_from_folder(kb_name))
+
+def interrupted_swaps(root: Path) -> list[Path]:
+    """The index folders of a Chatchat root with a ``.replaced`` beside them, left by a killed swap (for `doctor`)."""
+    retired = kb_root(root).glob(f"*/vector_store/*{RETIRED_SUFFIX}")
+    return sorted(path.with_name(path.name[: -len(RETIRED_SUFFIX)]) for path in retired if path.is_dir())
 
 
 def _models() -> tuple:

@@ -7,11 +7,12 @@ in ``langchain_pg_embedding``. Its `kb -r` empties the collection first (``do_cl
 embeds and inserts file by file, committing each: a failure part-way leaves a half-filled (or
 empty) collection and `kb -r` still exits 0.
 
-:func:`rebuild_one` (called by :mod:`chatchat_policybert.kb_rebuild` for ``vs_type == "pg"``)
-lets Chatchat's own code fill a staging collection ``<name>.rebuilding`` while the live one keeps
-answering, then, in one transaction, deletes the live collection and renames the staging one: a
-search sees the old collection or the new one, never a mix. On failure the staging collection is
-dropped and the file rows put back, exactly as for FAISS.
+:class:`PgStaging` is the pg half of :mod:`chatchat_policybert.kb_rebuild`'s `kb -r` (which
+imports this module, never the reverse): Chatchat's own code fills a staging collection
+``<name>.rebuilding`` while the live one keeps answering, then, in one transaction, the live
+collection is deleted and the staging one renamed: a search sees the old collection or the new
+one, never a mix. The shared steps (the check that every chunk became a vector, dropping the
+staging collection and putting the file rows back on failure) are those of FAISS.
 
 Imports of SQLAlchemy, psycopg2 and Chatchat stay inside functions: the import hook and the CLI
 import this module in processes that may not use the `pg` store at all.
@@ -48,30 +49,34 @@ def validate_uri(uri: str) -> str:
     return uri
 
 
-def _engine(uri: str) -> Any:
+@contextmanager
+def connected(uri: str) -> Iterator[Any]:
+    """A SQLAlchemy engine for ``uri`` (connect timeout :data:`CONNECT_TIMEOUT_S`), disposed on leaving."""
     import sqlalchemy
 
-    return sqlalchemy.create_engine(uri, connect_args={"connect_timeout": CONNECT_TIMEOUT_S})
+    engine = sqlalchemy.create_engine(uri, connect_args={"connect_timeout": CONNECT_TIMEOUT_S})
+    try:
+        yield engine
+    finally:
+        engine.dispose()
 
 
-def _safe(uri: str) -> str:
-    """The URI with its password hidden, for messages."""
-    from sqlalchemy.engine import make_url
-
-    return make_url(uri).render_as_string(hide_password=True)
-
-
-def check_server(uri: str | None) -> list[tuple[str, str]]:
-    """``(level, message)`` lines: drivers importable, server reachable, pgvector extension present."""
+def check_configured(uri: str | None) -> list[tuple[str, str]]:
+    """``(level, message)`` errors that keep the root from reaching pg at all (no URI, drivers missing); [] if none."""
     if not uri:
         return [("ERROR", "DEFAULT_VS_TYPE is pg but kbs_config.pg.connection_uri is not set: "
                  "`chatchat-policybert setup --vs pg --pg-uri URI`")]
     missing = [name for name in DRIVERS if not _importable(name)]
     if missing:
         return [("ERROR", f"pg store drivers missing ({', '.join(missing)}): `{EXTRA_HINT}`")]
+    return []
+
+
+def check_server(engine: Any) -> list[tuple[str, str]]:
+    """``(level, message)`` lines: server reachable, pgvector extension present (after :func:`check_configured`)."""
     import sqlalchemy
 
-    engine = _engine(uri)
+    where = engine.url.render_as_string(hide_password=True)
     try:
         with engine.connect() as connection:
             version = connection.execute(sqlalchemy.text("SHOW server_version")).scalar()
@@ -81,10 +86,8 @@ def check_server(uri: str | None) -> list[tuple[str, str]]:
                 "SELECT default_version FROM pg_available_extensions WHERE name = 'vector'")).scalar()
     except Exception as exc:  # any failure to connect means "not usable now"; say which
         reason = str(getattr(exc, "orig", exc)).strip().splitlines()[0]
-        return [("ERROR", f"PostgreSQL at {_safe(uri)} does not answer: {reason}")]
-    finally:
-        engine.dispose()
-    findings = [("OK", f"PostgreSQL {version} answers at {_safe(uri)}")]
+        return [("ERROR", f"PostgreSQL at {where} does not answer: {reason}")]
+    findings = [("OK", f"PostgreSQL {version} answers at {where}")]
     if installed:
         findings.append(("OK", f"pgvector {installed} is created in the database"))
     elif available:
@@ -104,12 +107,14 @@ def _importable(module: str) -> bool:
 
 def collection_size(uri: str, kb_name: str) -> int | None:
     """Vectors in the collection of ``kb_name``; None if the collection (or langchain's tables) does not exist."""
-    engine = _engine(uri)
-    try:
-        with engine.connect() as connection:
-            return _count(connection, kb_name)
-    finally:
-        engine.dispose()
+    with connected(uri) as engine:
+        return vectors_in(engine, kb_name)
+
+
+def vectors_in(engine: Any, kb_name: str) -> int | None:
+    """:func:`collection_size` on an engine the caller holds (doctor: one engine for all its pg checks)."""
+    with engine.connect() as connection:
+        return _count(connection, kb_name)
 
 
 def _count(connection: Any, name: str) -> int | None:
@@ -134,12 +139,8 @@ def _collection_id(connection: Any, name: str) -> Any:
 
 def drop_collection(uri: str, name: str) -> None:
     """Delete collection ``name`` and its vectors, if it exists (benchmarks start each rebuild from nothing)."""
-    engine = _engine(uri)
-    try:
-        with engine.begin() as connection:
-            _drop_collection(connection, name)
-    finally:
-        engine.dispose()
+    with connected(uri) as engine, engine.begin() as connection:
+        _drop_collection(connection, name)
 
 
 def _drop_collection(connection: Any, name: str) -> None:
@@ -155,63 +156,65 @@ def _drop_collection(connection: Any, name: str) -> None:
 # ----------------------------------------------------------------------------- kb -r
 
 
-def rebuild_one(original: Any, params: dict, kb_name: str, logger: Any) -> None:
-    """Rebuild ``kb_name`` into a staging collection, then swap it in; on failure nothing changes."""
-    import sqlalchemy
-    from chatchat.server.knowledge_base.kb_service.pg_kb_service import PGKBService
+class PgStaging:
+    """The pg half of a `kb -r` (:func:`chatchat_policybert.kb_rebuild.rebuild_kb` runs the shared steps).
 
-    from .kb_rebuild import STAGING_SUFFIX, _has_documents, _restore_rows, _snapshot_rows
-
-    engine = PGKBService.engine
-    staging = kb_name + STAGING_SUFFIX
-    with engine.begin() as connection:
-        _drop_collection(connection, staging)  # left by a killed rebuild
-    rows = _snapshot_rows(kb_name)
-    try:
-        with _staged_collection(kb_name, staging):
-            original(**{**params, "kb_names": [kb_name]})
-        with engine.connect() as connection:
-            vectors = _count(connection, staging) or 0
-        if vectors == 0 and _has_documents(kb_name):
-            raise RuntimeError(f"the rebuilt collection of '{kb_name}' has no vectors")
-        with engine.begin() as connection:  # one transaction: searches see the old or the new collection
-            _drop_collection(connection, kb_name)
-            connection.execute(sqlalchemy.text(f"UPDATE {COLLECTIONS} SET name = :name WHERE name = :staging"),
-                               {"name": kb_name, "staging": staging})
-    except BaseException as exc:
-        with engine.begin() as connection:
-            _drop_collection(connection, staging)
-        _restore_rows(kb_name, rows)
-        logger.error(f"kb -r of '{kb_name}' failed, its previous pg collection is unchanged: {type(exc).__name__}: {exc}")
-        raise
-    logger.info(f"kb -r of '{kb_name}': {vectors} vectors saved to pg collection '{kb_name}'")
-
-
-@contextmanager
-def _staged_collection(kb_name: str, staging: str) -> Iterator[None]:
-    """Make Chatchat's pg service for ``kb_name`` fill the ``staging`` collection and leave the live one alone.
-
-    ``_load_pg_vector`` binds the langchain store to the staging collection. ``do_delete_doc``
-    (which `add_doc` calls before adding a file) deletes by the knowledge base's name, i.e. from
-    the live collection: during the rebuild it has nothing to do, since ``clear_vs`` has just
-    emptied the staging collection.
+    Chatchat fills the collection ``staging`` (named by the caller) while the live one keeps
+    answering; the swap deletes the live collection and renames the staging one in one
+    transaction, so a search sees the old collection or the new one, never a mix.
     """
-    from chatchat.server.knowledge_base.kb_service.pg_kb_service import PGKBService
 
-    original_load, original_delete = PGKBService._load_pg_vector, PGKBService.do_delete_doc
+    def __init__(self, kb_name: str, staging: str) -> None:
+        from chatchat.server.knowledge_base.kb_service.pg_kb_service import PGKBService
 
-    def load_pg_vector(self) -> None:
-        original_load(self)
-        if self.kb_name == kb_name:
-            self.pg_vector.collection_name = staging
-            self.pg_vector.create_collection()
+        self.kb_name, self.staging = kb_name, staging
+        self.service = PGKBService
+        self.where = f"pg collection '{kb_name}'"
 
-    def do_delete_doc(self, kb_file: Any, **kwargs: Any) -> None:
-        if self.kb_name != kb_name:
-            original_delete(self, kb_file, **kwargs)
+    def clear(self) -> None:
+        """Drop the staging collection: one a killed rebuild left, or (as ``discard``) that of a failed one."""
+        with self.service.engine.begin() as connection:
+            _drop_collection(connection, self.staging)
 
-    PGKBService._load_pg_vector, PGKBService.do_delete_doc = load_pg_vector, do_delete_doc
-    try:
-        yield
-    finally:
-        PGKBService._load_pg_vector, PGKBService.do_delete_doc = original_load, original_delete
+    discard = clear
+
+    @contextmanager
+    def redirect(self) -> Iterator[None]:
+        """Make Chatchat's pg service for the knowledge base fill the staging collection and leave the live one alone.
+
+        ``_load_pg_vector`` binds the langchain store to the staging collection. ``do_delete_doc``
+        (which `add_doc` calls before adding a file) deletes by the knowledge base's name, i.e. from
+        the live collection: during the rebuild it has nothing to do, since ``clear_vs`` has just
+        emptied the staging collection.
+        """
+        service, kb_name, staging = self.service, self.kb_name, self.staging
+        original_load, original_delete = service._load_pg_vector, service.do_delete_doc
+
+        def load_pg_vector(self) -> None:
+            original_load(self)
+            if self.kb_name == kb_name:
+                self.pg_vector.collection_name = staging
+                self.pg_vector.create_collection()
+
+        def do_delete_doc(self, kb_file: Any, **kwargs: Any) -> None:
+            if self.kb_name != kb_name:
+                original_delete(self, kb_file, **kwargs)
+
+        service._load_pg_vector, service.do_delete_doc = load_pg_vector, do_delete_doc
+        try:
+            yield
+        finally:
+            service._load_pg_vector, service.do_delete_doc = original_load, original_delete
+
+    def vectors(self) -> int:
+        """Vectors in the filled staging collection."""
+        return vectors_in(self.service.engine, self.staging) or 0
+
+    def swap(self) -> None:
+        """Replace the live collection by the staging one in one transaction."""
+        import sqlalchemy
+
+        with self.service.engine.begin() as connection:
+            _drop_collection(connection, self.kb_name)
+            connection.execute(sqlalchemy.text(f"UPDATE {COLLECTIONS} SET name = :name WHERE name = :staging"),
+                               {"name": self.kb_name, "staging": self.staging})

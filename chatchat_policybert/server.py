@@ -121,19 +121,20 @@ def thread_local_counter(tokenizer: PolicyBertTokenizer) -> CountFn:
     return count
 
 
-def token_slices(costs: list[int], max_texts: int, max_tokens: int) -> list[tuple[int, int]]:
-    """Consecutive ``[start, end)`` ranges of at most ``max_texts`` texts and ``max_tokens`` tokens.
+def token_slices(costs: list[int], max_texts: int, max_tokens: int) -> list[tuple[int, int, int]]:
+    """Consecutive ``(start, end, tokens)`` slices of at most ``max_texts`` texts and ``max_tokens`` tokens.
 
-    A single text over ``max_tokens`` is a slice of its own (its work is bounded by the
-    per-input cap instead).
+    ``tokens`` is the slice's sum of ``costs``, counted here once for the batcher's turn-taking. A
+    single text over ``max_tokens`` is a slice of its own (its work is bounded by the per-input
+    cap instead).
     """
     slices, start, tokens = [], 0, 0
     for i, cost in enumerate(costs):
         if i > start and (i - start >= max_texts or tokens + cost > max_tokens):
-            slices.append((start, i))
+            slices.append((start, i, tokens))
             start, tokens = i, 0
         tokens += cost
-    slices.append((start, len(costs)))
+    slices.append((start, len(costs), tokens))
     return slices
 
 
@@ -180,10 +181,7 @@ class FairBatcher:
     async def embed(self, texts: list[str], costs: list[int]) -> np.ndarray:
         """The vectors of ``texts`` (``costs``: their token counts), once all its slices have run."""
         future: asyncio.Future = asyncio.get_running_loop().create_future()
-        slices = deque(
-            (start, end, sum(costs[start:end])) for start, end in token_slices(costs, self._max_batch, self._batch_tokens)
-        )
-        self._jobs.append(_Job(texts, slices, future))
+        self._jobs.append(_Job(texts, deque(token_slices(costs, self._max_batch, self._batch_tokens)), future))
         self._wake.set()
         return await future
 
@@ -314,17 +312,15 @@ def parse(body: bytes, limits: ServerLimits) -> tuple[EmbeddingRequest, list[str
     return parsed, texts
 
 
-def check_work(costs: list[int], limits: ServerLimits) -> None:
-    """Refuse (413) a request whose token counts exceed the per-input or per-request cap."""
+def check_work(costs: list[int], total: int, limits: ServerLimits) -> None:
+    """Refuse (413) a request whose token counts (``total``: their sum) exceed the per-input or per-request cap."""
     longest = max(range(len(costs)), key=costs.__getitem__)
     if costs[longest] > limits.max_input_tokens:
         raise RequestError(
             413, f"input[{longest}] has {costs[longest]} tokens, over the limit of {limits.max_input_tokens} per input"
         )
-    if sum(costs) > limits.max_request_tokens:
-        raise RequestError(
-            413, f"request has {sum(costs)} tokens, over the limit of {limits.max_request_tokens} per request"
-        )
+    if total > limits.max_request_tokens:
+        raise RequestError(413, f"request has {total} tokens, over the limit of {limits.max_request_tokens} per request")
 
 
 def error_response(status: int, message: str) -> JSONResponse:
@@ -391,12 +387,12 @@ def create_app(
         if parsed.dimensions is not None and parsed.dimensions != dimension:
             raise RequestError(400, f"dimensions={parsed.dimensions} unsupported: '{model_name}' has {dimension}")
         costs = await asyncio.get_running_loop().run_in_executor(None, count_tokens, texts)
-        check_work(costs, limits)
+        tokens = sum(costs)  # once: the cap here, `usage` below
+        check_work(costs, tokens, limits)
         try:
             vectors = await batcher.embed(texts, costs)
         except ValueError as exc:
             raise RequestError(400, f"cannot embed input: {exc}") from None
-        tokens = sum(costs)
         return JSONResponse(
             {
                 "object": "list",

@@ -10,8 +10,10 @@ from pathlib import Path
 import pytest
 import yaml
 from chatchat_deploy import BIN, Deployment, run
+from test_kb_swap import files, write_index
 
 from chatchat_policybert.cli import threshold_cosine
+from chatchat_policybert.kb_rebuild import RETIRED_SUFFIX, recover_swap
 from chatchat_policybert.settings import SettingsError, find_local_model, parse_config
 
 INIT_LIKE_MODEL_SETTINGS = """\
@@ -111,6 +113,39 @@ def test_doctor_names_each_problem(tmp_path: Path, deployment: Deployment):
     assert any("missing-model" in e and "is not a directory" in e for e in errors)
     assert any("SCORE_THRESHOLD 2.0 needs cosine >= 1.71" in e for e in errors)
     assert any("DEFAULT_KNOWLEDGE_BASE 'WeiMingPolicies' has no folder" in e for e in errors)
+
+
+def test_doctor_reports_a_killed_swap_and_what_to_do(tmp_path: Path):
+    """The two states a FAISS swap killed between its renames can leave, each with the step that mends it."""
+    root = make_root(tmp_path)
+    final = root / "data" / "knowledge_base" / "samples" / "vector_store" / "bge-m3"
+    retired = final.with_name(final.name + RETIRED_SUFFIX)
+    old = write_index(retired, 3)
+    write_index(final, 0)  # what Chatchat creates when it finds no index
+
+    lines = cli("doctor", "--root", str(root), "--no-load").stdout.splitlines()
+    assert [line for line in lines if RETIRED_SUFFIX in line] == [
+        f"ERROR the index of 'samples' is at {retired}, not served ({final} has no vectors): a `kb -r` was killed "
+        f"during its swap; `chatchat kb -r -n samples` puts it back first, or with Chatchat stopped: "
+        f"rm -rf '{final}' && mv '{retired}' '{final}'"]
+    recover_swap(final)  # what that kb -r does first
+    assert files(final) == old
+    assert not [line for line in cli("doctor", "--root", str(root), "--no-load").stdout.splitlines()
+                if RETIRED_SUFFIX in line]
+
+    write_index(retired, 5)  # killed after the second rename: the new index is in place
+    lines = cli("doctor", "--root", str(root), "--no-load").stdout.splitlines()
+    assert [line for line in lines if RETIRED_SUFFIX in line] == [
+        f"WARN  {retired} is left over by a `kb -r` killed after its swap ({final} is the new index, 3 vectors): "
+        f"remove it, or let the next `chatchat kb -r -n samples` do so"]
+
+
+def test_doctor_names_a_setting_that_is_not_a_number(tmp_path: Path):
+    root = make_root(tmp_path)
+    (root / "kb_settings.yaml").write_text("DEFAULT_KNOWLEDGE_BASE: samples\nSCORE_THRESHOLD: high\n", encoding="utf-8")
+    result = cli("doctor", "--root", str(root), "--no-load")
+    assert result.returncode == 1 and not result.stderr, result.stderr
+    assert f"ERROR {root / 'kb_settings.yaml'}: SCORE_THRESHOLD 'high' is not a number" in result.stdout
 
 
 @pytest.mark.parametrize(
