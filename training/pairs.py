@@ -58,7 +58,7 @@ from chatchat_policybert.evaluation.metrics import unique_in_order
 from chatchat_policybert.evaluation.retrievers import Bm25, Dense, Retriever
 from chatchat_policybert.files import atomic_path
 from training._common import copy_license
-from training.loop import config_dict, parse_config
+from training.loop import config_dict, parse_config, require_positive, require_share
 
 DEFAULT_LLM_URL = "http://127.0.0.1:11434/v1"
 KINDS = ("ict", "heading", "llm")
@@ -137,11 +137,8 @@ def parse_window(spec: str) -> tuple[int, int]:
 
 def check_config(cfg: PairsConfig) -> tuple[list[str], tuple[int, int]]:
     """The pair kinds and the rank window; every bad setting is an :class:`InputError` before any work starts."""
-    for name in ("ict_per_chunk", "llm_questions", "negatives", "batch_size"):
-        if getattr(cfg, name) < 1:
-            raise InputError(f"--{name.replace('_', '-')} {getattr(cfg, name)}: expected a positive number")
-    if not 0 <= cfg.dev_ratio < 1:
-        raise InputError(f"--dev-ratio {cfg.dev_ratio}: expected a share in [0, 1)")
+    require_positive(cfg, ("ict_per_chunk", "llm_questions", "negatives", "batch_size", "llm_timeout"))
+    require_share(cfg, ("dev_ratio",), open_high=True)
     if cfg.model is not None and not cfg.model.is_dir():
         raise InputError(f"--model {cfg.model}: not a model directory")
     kinds = [k.strip() for k in cfg.kinds.split(",") if k.strip()]
@@ -155,8 +152,6 @@ def check_config(cfg: PairsConfig) -> tuple[list[str], tuple[int, int]]:
         raise InputError("--kinds llm needs --llm [URL]")
     if cfg.llm and not re.match(r"https?://[^/\s]+", cfg.llm):
         raise InputError(f"--llm {cfg.llm}: expected an http(s) URL such as {DEFAULT_LLM_URL}")
-    if cfg.llm_timeout <= 0:
-        raise InputError(f"--llm-timeout {cfg.llm_timeout}: expected a positive number of seconds")
     return kinds, parse_window(cfg.window)
 
 
