@@ -7,8 +7,14 @@ Stages, each ``python -m training.<stage> --help``:
 3. ``policysm`` — PolicySM-1/-2 sentence-pair TSVs from comma sub-clauses.
 4. ``pretrain`` — MLM (whole-word masking over lexicon words) + NSP pre-training, resumable.
 5. ``finetune`` — NSP sentence-pair classification on a PolicySM TSV folder.
-6. ``merge_bge`` — export / merge with the original bge weights.
+6. ``merge_bge`` — build PolicyBERT from bge (``--init bge`` starts as exactly bge), or merge a
+   fine-tuned one back with an ``--alpha`` chosen on dev questions.
+7. ``pairs``    — retrieval training pairs (inverse cloze, headings, optional LLM questions) with
+   hard negatives that never come from the positive's document, FlagEmbedding's line format.
+8. ``contrastive`` — InfoNCE retrieval training on those pairs, on the vectors the runtime serves.
 
-``ablate`` runs a small from-scratch replication of the fusion comparison on CPU.
+``export`` turns a stopped run's ``checkpoint.pt`` into a model directory; ``loop`` is the one
+training loop the stages share. ``ablate`` runs a small from-scratch replication of the fusion
+comparison on CPU.
 The runtime package ``chatchat_policybert`` never imports this package.
 """
