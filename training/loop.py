@@ -59,6 +59,10 @@ class TrainConfig:
     out: Path = field(metadata=_help("folder for checkpoint.pt, metrics.json and final/"))
     resume: bool = field(default=False, metadata=_help("continue from OUT/checkpoint.pt"))
     lr: float = field(default=5e-5, metadata=_help("peak learning rate"))
+    fusion_scale_lr: float | None = field(
+        default=None, metadata=_help("peak learning rate of the fusion scales s (default: --lr); a model built with "
+                                     "merge_bge --init bge starts at s = 0, and AdamW moves s about one lr per step")
+    )
     batch_size: int = field(
         default=32, metadata=_help("GLOBAL examples per optimiser step = per-process micro-batch × processes × grad-accum")
     )
@@ -79,8 +83,8 @@ class TrainConfig:
     def __post_init__(self) -> None:
         """Refuses settings no run can use, naming the flag, before any model is loaded."""
         self.out = Path(self.out)
-        require_positive(self, ("lr", "batch_size", "grad_accum", "epochs", "eval_batch_size", "max_length",
-                                "checkpoint_every", "max_steps", "stop_after"))  # fmt: skip
+        require_positive(self, ("lr", "fusion_scale_lr", "batch_size", "grad_accum", "epochs", "eval_batch_size",
+                                "max_length", "checkpoint_every", "max_steps", "stop_after"))  # fmt: skip
         require_share(self, ("warmup_proportion", "weight_decay"))
         if self.precision not in Precision.__args__:
             raise InputError(f"--precision {self.precision!r}: expected one of {', '.join(Precision.__args__)}")
@@ -247,16 +251,31 @@ def evaluating(model: nn.Module, precision: str) -> Iterator[None]:
 
 
 def make_optimizer(
-    model: nn.Module, lr: float, weight_decay: float, total_steps: int, warmup_proportion: float
+    model: nn.Module, lr: float, weight_decay: float, total_steps: int, warmup_proportion: float,
+    fusion_scale_lr: float | None = None,
 ) -> tuple[torch.optim.Optimizer, torch.optim.lr_scheduler.LambdaLR]:
-    """AdamW without decay on biases and LayerNorm (as BERT), and a linear warm-up then linear decay to 0."""
-    decay, no_decay = [], []
+    """AdamW without decay on biases and LayerNorm (as BERT), and a linear warm-up then linear decay to 0.
+
+    ``fusion_scale_lr`` gives the fusion scales ``s`` a group of their own: with ``--init bge`` they
+    start at 0, where they alone get a gradient, and Adam moves a parameter by about its learning
+    rate per step, so at bge's 1e-5 the word stream would stay all but shut for a whole run. The
+    schedule scales every group alike.
+    """
+    decay, no_decay, scales = [], [], []
     for name, param in model.named_parameters():
-        if param.requires_grad:
+        if not param.requires_grad:
+            continue
+        if fusion_scale_lr is not None and name.rsplit(".", 1)[-1] == "fusion_scales":
+            scales.append(param)
+        else:
             (no_decay if param.ndim < 2 or "LayerNorm" in name else decay).append(param)
-    optimizer = torch.optim.AdamW(
-        [{"params": decay, "weight_decay": weight_decay}, {"params": no_decay, "weight_decay": 0.0}], lr=lr
-    )
+    if fusion_scale_lr is not None and not scales:
+        raise InputError(f"--fusion-scale-lr {fusion_scale_lr}: {type(model).__name__} has no fusion scales to train "
+                         "(a plain BERT or a model without a word stream)")
+    groups = [{"params": decay, "weight_decay": weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
+    if scales:
+        groups.append({"params": scales, "weight_decay": 0.0, "lr": fusion_scale_lr})
+    optimizer = torch.optim.AdamW(groups, lr=lr)
     scheduler = get_linear_schedule_with_warmup(optimizer, round(warmup_proportion * total_steps), total_steps)
     return optimizer, scheduler
 
@@ -329,7 +348,9 @@ def train(model: nn.Module, task: Task, cfg: TrainConfig) -> tuple[list[dict], b
         # Non-reentrant checkpointing is the kind DistributedDataParallel supports.
         model.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
     model.to(device).train()
-    optimizer, scheduler = make_optimizer(model, cfg.lr, cfg.weight_decay, total_steps, cfg.warmup_proportion)
+    optimizer, scheduler = make_optimizer(
+        model, cfg.lr, cfg.weight_decay, total_steps, cfg.warmup_proportion, cfg.fusion_scale_lr
+    )
     scaler = torch.amp.GradScaler(device.type, enabled=precision == "fp16")
     state: dict[str, Any] = {"step": 0, "loss_sum": 0.0, "history": []}  # loss_sum: this epoch's steps so far
     if cfg.resume:

@@ -151,6 +151,28 @@ def test_freeze_chars_trains_only_the_word_side(tiny_model_dir, pairs, tmp_path)
         assert any(k.startswith(part) for k in changed), part
 
 
+def test_fusion_scale_lr_moves_s_at_its_own_rate(tiny_model_dir, pairs, tmp_path):
+    """One AdamW step moves each parameter by about its group's learning rate (the first step is
+    lr * g / (|g| + eps)): s by --fusion-scale-lr, everything else by at most --lr."""
+    start = tiny_model_dir("attn", perturb=True)
+    flags = ["--max-steps", "1", "--lr", "1e-5", "--warmup-proportion", "0", "--batch-size", "4", "--weight-decay", "0"]
+    plain = run(start, pairs, tmp_path / "plain", *flags)
+    fast = run(start, pairs, tmp_path / "fast", *flags, "--fusion-scale-lr", "1e-2")
+    before = load_file(start / "model.safetensors")
+    for out, scale_lr in ((plain, 1e-5), (fast, 1e-2)):
+        after = load_file(out / "final" / "model.safetensors")
+        moved = {k: float((after[k] - before[k]).abs().max()) for k in before}
+        assert moved["fusion_scales"] == pytest.approx(scale_lr, rel=1e-2), out
+        assert max(m for k, m in moved.items() if k != "fusion_scales") <= 1.01e-5, out
+
+
+def test_fusion_scale_lr_needs_a_word_stream(tiny_model_dir, pairs, tmp_path, capsys):
+    argv = ["--model", str(tiny_model_dir(None)), "--train", str(pairs["train"]), "--dev", str(pairs["dev"]), "--out", str(tmp_path / "run"),
+            "--device", "cpu", "--max-steps", "1", "--fusion-scale-lr", "1e-2"]
+    assert run_cli(main, argv) == 2
+    assert "--fusion-scale-lr 0.01: BertModel has no fusion scales" in capsys.readouterr().err
+
+
 def test_output_loads_for_serving_and_resume_is_exact(tiny_model_dir, pairs, tmp_path):
     start = tiny_model_dir("none", perturb=True)
     flags = ["--max-steps", "4", "--lr", "1e-3", "--batch-size", "4", "--checkpoint-every", "2"]
