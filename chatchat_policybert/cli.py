@@ -362,7 +362,8 @@ def run_serve(args: argparse.Namespace) -> int:
     import uvicorn
 
     from .chatchat_hook import load_embeddings
-    from .server import API_KEY_ENV, ServerLimits, create_app, is_loopback, thread_local_counter
+    from .server import (API_KEY_ENV, ServerLimits, create_app, header_timeout_protocol, is_loopback,
+                         thread_local_counter)
     from .settings import LocalEmbeddingsConfig
     from .tokenization import PolicyBertTokenizer
 
@@ -402,7 +403,8 @@ def run_serve(args: argparse.Namespace) -> int:
     app = create_app(embeddings.embed_documents, thread_local_counter(tokenizer), name, dimension, limits, api_key)
     print(f"serving '{name}' (dimension {dimension}) at http://{args.host}:{args.port}/v1/embeddings"
           f"{' (API key required)' if api_key else ''}", flush=True)
-    uvicorn.run(app, host=args.host, port=args.port, log_level="warning", timeout_keep_alive=5)
+    uvicorn.run(app, host=args.host, port=args.port, log_level="warning", timeout_keep_alive=5,
+                http=header_timeout_protocol(limits))
     return 0
 
 
@@ -460,7 +462,8 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--max-request-tokens", type=int, default=300_000, help="tokens per request before 413")
     serve.add_argument("--batch-tokens", type=int, default=4096,
                        help="tokens per model call; requests take turns in slices of this size")
-    serve.add_argument("--read-timeout", type=float, default=10.0, help="seconds a client may take to send its body (408)")
+    serve.add_argument("--read-timeout", type=float, default=10.0,
+                       help="seconds a client may take to send its request headers, and again its body (408)")
     serve.add_argument("--api-key", help="require 'Authorization: Bearer KEY' (default: $POLICYBERT_API_KEY, "
                                          "which keeps the key out of the process list)")
     serve.set_defaults(func=run_serve)

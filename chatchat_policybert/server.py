@@ -6,9 +6,10 @@ request from a thread pool, so the server gathers concurrent requests into one m
 `encoding_format: base64` by default, so both encodings are served.
 
 The server is meant for loopback; everything a careless or hostile client can send is bounded
-before it reaches the model: the body size is enforced while reading (chunked bodies too) and
-within `read_timeout_s`; bodies must be `application/json` (a web page cannot make a browser send
-that cross-origin without a preflight); the work of a request is capped in tokens, not bytes; a
+before it reaches the model: the request line and headers must arrive within `read_timeout_s`
+(`HeaderTimeoutProtocol`), and so must the body, whose size is enforced while reading (chunked
+bodies too); bodies must be `application/json` (a web page cannot make a browser send that
+cross-origin without a preflight); the work of a request is capped in tokens, not bytes; a
 big request is cut into slices of one forward pass, taken in turn with everyone else's, so a
 small request waits about one forward pass behind it; an optional API key is compared in
 constant time. Every answer, errors included, is JSON.
@@ -32,13 +33,15 @@ from collections import deque
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
-from typing import AsyncIterator, Callable, Literal
+from typing import AsyncIterator, Callable, ClassVar, Literal
 
+import h11
 import numpy as np
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ConfigDict, StrictStr, ValidationError
 from starlette.exceptions import HTTPException
+from uvicorn.protocols.http.h11_impl import H11Protocol
 
 from .errors import InputError
 from .tokenization import PolicyBertTokenizer, check_texts
@@ -83,6 +86,58 @@ class ServerLimits:
         for name, value in vars(self).items():
             if not value > 0 and not (name == "max_wait_s" and value == 0):
                 raise InputError(f"server limit {name} must be > 0, got {value!r}")
+
+
+class HeaderTimeoutProtocol(H11Protocol):
+    """uvicorn's h11 protocol with a deadline on each request's line and headers.
+
+    uvicorn times nothing while it waits for a request (``timeout_keep_alive`` starts only after
+    a response, and any byte stops it), so a client that connects and sends nothing, or never
+    ends its headers, would hold a connection for ever. One clock runs from the connection
+    opening, or from the first bytes after a response, until h11 has parsed the next request's
+    headers (trickling bytes does not reset it); then `read_body`'s own ``read_timeout_s`` takes
+    over. On expiry the connection closes, after a JSON 408 where no response is under way.
+    """
+
+    header_timeout_s: ClassVar[float]
+    _header_timer: asyncio.TimerHandle | None = None
+
+    def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
+        super().connection_made(transport)
+        self._header_timer = self.loop.call_later(self.header_timeout_s, self._headers_timed_out)
+
+    def data_received(self, data: bytes) -> None:
+        super().data_received(data)
+        if self.cycle is not None and not self.cycle.response_complete:  # headers parsed, not yet answered
+            self._cancel_header_timer()
+        elif self._header_timer is None:
+            self._header_timer = self.loop.call_later(self.header_timeout_s, self._headers_timed_out)
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._cancel_header_timer()
+        super().connection_lost(exc)
+
+    def _cancel_header_timer(self) -> None:
+        if self._header_timer is not None:
+            self._header_timer.cancel()
+            self._header_timer = None
+
+    def _headers_timed_out(self) -> None:
+        self._header_timer = None
+        if self.transport.is_closing():
+            return
+        if self.conn.our_state is h11.IDLE:  # h11 lets a server answer before any request
+            answer = error_response(408, f"request headers not received within {self.header_timeout_s:g} s")
+            headers = [*answer.raw_headers, (b"connection", b"close")]
+            self.transport.write(self.conn.send(h11.Response(status_code=408, headers=headers, reason=b"Request Timeout")))
+            self.transport.write(self.conn.send(h11.Data(data=answer.body)))
+            self.transport.write(self.conn.send(h11.EndOfMessage()))
+        self.transport.close()
+
+
+def header_timeout_protocol(limits: ServerLimits) -> type[HeaderTimeoutProtocol]:
+    """The protocol class to pass as ``uvicorn.run(http=...)``: headers get ``limits.read_timeout_s`` too."""
+    return type("HeaderTimeoutProtocol", (HeaderTimeoutProtocol,), {"header_timeout_s": limits.read_timeout_s})
 
 
 def is_loopback(host: str) -> bool:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import socket
 import subprocess
 import time
 from pathlib import Path
@@ -58,3 +59,31 @@ def test_non_loopback_without_key_warns_and_key_from_environment_is_enforced(tin
     finally:
         stop_group(keyed, grace=5)
     assert "WARNING" not in keyed.communicate()[1]
+
+
+def read_to_close(sock: socket.socket) -> bytes:
+    """Everything the server sends until it closes the connection (a socket timeout fails the test)."""
+    received = b""
+    while chunk := sock.recv(65536):
+        received += chunk
+    return received
+
+
+def test_unfinished_headers_and_silent_connections_are_closed(tiny_model, tmp_path):
+    """Item 7: a client that never finishes its headers, or sends nothing, is answered 408 and cut off
+    after --read-timeout, while other clients are served."""
+    process, port = serve_until_up(["--model-path", str(tiny_model), "--root", str(tmp_path), "--read-timeout", "1"])
+    try:
+        start = time.monotonic()
+        unfinished = socket.create_connection(("127.0.0.1", port), timeout=10)
+        silent = socket.create_connection(("127.0.0.1", port), timeout=10)
+        unfinished.sendall(b"POST /v1/embeddings HTTP/1.1\r\nHost: x\r\n")
+        body = {"model": "policybert", "input": "数据"}
+        assert requests.post(f"http://127.0.0.1:{port}/v1/embeddings", json=body, timeout=30).status_code == 200
+        for sock in (unfinished, silent):
+            with sock:
+                answer = read_to_close(sock)
+            assert answer.startswith(b"HTTP/1.1 408 ") and b"request headers not received within 1 s" in answer, answer
+        assert time.monotonic() - start < 10  # a bound on behaviour (closed at all), not a speed measurement
+    finally:
+        stop_group(process, grace=5)
