@@ -129,7 +129,8 @@ class HeaderTimeoutProtocol(H11Protocol):
         if self.conn.our_state is h11.IDLE:  # h11 lets a server answer before any request
             answer = error_response(408, f"request headers not received within {self.header_timeout_s:g} s")
             headers = [*answer.raw_headers, (b"connection", b"close")]
-            self.transport.write(self.conn.send(h11.Response(status_code=408, headers=headers, reason=b"Request Timeout")))
+            response = h11.Response(status_code=408, headers=headers, reason=b"Request Timeout")
+            self.transport.write(self.conn.send(response))
             self.transport.write(self.conn.send(h11.Data(data=answer.body)))
             self.transport.write(self.conn.send(h11.EndOfMessage()))
         self.transport.close()
