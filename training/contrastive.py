@@ -251,9 +251,12 @@ class ContrastiveTask:
 
 def contrastive(
     model: nn.Module, tokenizer: PolicyBertTokenizer, train_examples: list[Example], dev_examples: list[Example],
-    cfg: ContrastiveConfig,
+    cfg: ContrastiveConfig, inputs: ContrastiveInputs | None = None,
 ) -> tuple[list[dict], bool]:
-    """Trains ``model`` in place on the pairs; returns the per-epoch metrics and whether all steps ran."""
+    """Trains ``model`` in place on the pairs; returns the per-epoch metrics and whether all steps ran.
+
+    ``inputs``, the command line's, only goes into ``run.json`` (see :func:`training.loop.train`).
+    """
     if cfg.freeze_chars:
         freeze_character_encoder(model)
     task = ContrastiveTask(tokenizer, train_examples, dev_examples, cfg, token_limit(model, cfg.max_length))
@@ -263,7 +266,7 @@ def contrastive(
             f"{cfg.train_group_size} passages per query, temperature {cfg.temperature}"
             + (", character encoder frozen" if cfg.freeze_chars else "")
         )
-    return train(model, task, cfg)
+    return train(model, task, cfg, inputs)
 
 
 def load_start_model(model_dir: Path) -> tuple[PreTrainedModel, PolicyBertTokenizer]:
@@ -282,7 +285,7 @@ def main(argv: list[str] | None = None) -> None:
     train_examples = read_examples(inputs.train, cfg.train_group_size - 1)
     dev_examples = read_examples(inputs.dev, 0)
     model, tokenizer = load_start_model(inputs.model)
-    _, finished = contrastive(model, tokenizer, train_examples, dev_examples, cfg)
+    _, finished = contrastive(model, tokenizer, train_examples, dev_examples, cfg, inputs)
     if finished and is_main_process():
         save_model_dir(model, tokenizer, cfg.out / "final")
         print(f"model → {cfg.out / 'final'}")

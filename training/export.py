@@ -3,14 +3,14 @@
 A stage writes ``OUT/final`` only when all its steps ran; a run stopped by ``--stop-after``, a
 session's time limit or a crash leaves ``OUT/checkpoint.pt`` (written every ``--checkpoint-every``
 steps and at ``--stop-after``). This command rebuilds the stage's model from the directory the
-run started from (the stage's ``--model``) with the stage's own ``load_start_model``, loads the
-checkpoint's weights into it and writes ``--out`` with
-:func:`chatchat_policybert.loading.save_model_dir`: what ``PolicyBertEmbeddings``,
+run started from (the stage's ``--model``, recorded in ``run.json``; ``--model`` here overrides
+it) with the stage's own ``load_start_model``, loads the checkpoint's weights into it and writes
+``--out`` with :func:`chatchat_policybert.loading.save_model_dir`: what ``PolicyBertEmbeddings``,
 ``chatchat-policybert eval`` and the next stage load. The stage is read from the checkpoint's
 settings (each stage's config has its own fields); a ``run.json`` in the run folder (a crashed
 first session has none) must record the same run.
 
-    python -m training.export --run runs/pretrain --model runs/merged --out runs/pretrain-step1000
+    python -m training.export --run runs/pretrain --out runs/pretrain-step1000
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from __future__ import annotations
 import json
 import sys
 from collections.abc import Callable
-from dataclasses import dataclass, field, fields
+from dataclasses import MISSING, dataclass, field, fields
 from pathlib import Path
 
 import torch
@@ -44,21 +44,46 @@ class ExportConfig:
     """The run folder to read, the directory the run started from, and where the model goes."""
 
     run: Path = field(metadata={"help": "the stopped run's --out folder (checkpoint.pt, and run.json where written)"})
-    model: Path = field(metadata={"help": "the directory the run started from: the stage's --model"})
     out: Path = field(metadata={"help": "model directory to write (a model directory already there is replaced atomically)"})
+    model: Path | None = field(
+        default=None, metadata={"help": "the directory the run started from, the stage's --model (default: the one "
+                                        "RUN/run.json records; runs before it recorded one need it)"}
+    )
 
     def __post_init__(self) -> None:
-        self.run, self.model, self.out = Path(self.run), Path(self.model), Path(self.out)
+        self.run, self.out = Path(self.run), Path(self.out)
+        self.model = None if self.model is None else Path(self.model)
+
+
+def defaults(config_class: type[TrainConfig]) -> dict[str, object]:
+    """The config's fields that settings may lack: those saved before a field was added ran with its default."""
+    return {
+        f.name: f.default if f.default is not MISSING else f.default_factory()
+        for f in fields(config_class)
+        if f.default is not MISSING or f.default_factory is not MISSING
+    }
 
 
 def stage_of(settings: dict, source: Path) -> str:
-    """The stage whose config has exactly the fields of ``settings`` (a checkpoint's or ``run.json``'s)."""
-    names = set(settings)
+    """The stage whose config has the fields of ``settings`` (a checkpoint's or ``run.json``'s).
+
+    Settings written before a field was added to the configs lack it: a stage fits when its config
+    has every saved name and defaults for the rest, and the one missing the fewest fields wins
+    (finetune's config adds nothing to :class:`training.loop.TrainConfig`, the others do, so a
+    finetune run fits pretrain too, with more missing).
+    """
+    names, fits = set(settings), {}
     for stage, (config_class, _) in STAGES.items():
-        if names == {f.name for f in fields(config_class)}:
-            return stage
-    expected = ", ".join(f"training.{stage}" for stage in STAGES)
-    raise InputError(f"{source}: its settings are those of none of the stages; expected a run of {expected}")
+        known = {f.name for f in fields(config_class)}
+        if names <= known and known - names <= defaults(config_class).keys():
+            fits[stage] = len(known - names)
+    best = [stage for stage, count in fits.items() if count == min(fits.values())]
+    if len(best) > 1:
+        raise InputError(f"{source}: its settings fit {' and '.join(best)} alike; expected the settings of one stage")
+    if not best:
+        expected = ", ".join(f"training.{stage}" for stage in STAGES)
+        raise InputError(f"{source}: its settings are those of none of the stages; expected a run of {expected}")
+    return best[0]
 
 
 def read_checkpoint(path: Path) -> dict:
@@ -77,24 +102,33 @@ def read_checkpoint(path: Path) -> dict:
     return saved
 
 
-def check_same_run(checkpoint: Path, settings: dict, run_json: Path) -> None:
+def read_run(run_json: Path) -> dict | None:
+    """``run.json`` as :func:`training.loop.train` writes it, ``None`` where there is none (a crashed first session)."""
+    if not run_json.is_file():
+        return None
+    try:
+        run = json.loads(run_json.read_text(encoding="utf-8"))
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise InputError(f"{run_json}: not a run record ({exc.__class__.__name__}); expected training.loop's run.json") from None
+    if not (isinstance(run, dict) and isinstance(run.get("config"), dict)):
+        raise InputError(f"{run_json}: not a run record; expected training.loop's run.json with its config")
+    return run
+
+
+def check_same_run(checkpoint: Path, stage: str, settings: dict, run_json: Path, recorded: dict) -> None:
     """Refuses a ``run.json`` of another run than the checkpoint's (a folder reused for another stage or other settings).
 
     Settings a resumed session may change (:data:`training.loop.RESUMABLE`) are not compared: the
-    checkpoint may come from a later session than ``run.json``.
+    checkpoint may come from a later session than ``run.json``. A setting one side lacks (written
+    before the field was added) counts as the stage's default, which is what that session ran with.
     """
-    if not run_json.is_file():
-        return
-    try:
-        recorded = json.loads(run_json.read_text(encoding="utf-8"))["config"]
-    except (json.JSONDecodeError, UnicodeDecodeError, KeyError, TypeError) as exc:
-        raise InputError(f"{run_json}: not a run record ({exc.__class__.__name__}); expected training.loop's run.json") from None
-    if not isinstance(recorded, dict):
-        raise InputError(f"{run_json}: not a run record; expected training.loop's run.json with its config")
-    ran, saved = stage_of(recorded, run_json), stage_of(settings, checkpoint)
-    if ran != saved:
-        raise InputError(f"{checkpoint}: a {saved} checkpoint, but {run_json} records a {ran} run; expected one run's folder")
-    changed = {k: (recorded[k], v) for k, v in settings.items() if k not in RESUMABLE and recorded[k] != v}
+    ran = stage_of(recorded, run_json)
+    if ran != stage:
+        raise InputError(f"{checkpoint}: a {stage} checkpoint, but {run_json} records a {ran} run; expected one run's folder")
+    default = defaults(STAGES[stage][0])
+    compared = sorted((recorded.keys() | settings.keys()) - RESUMABLE)
+    pairs = {k: (recorded.get(k, default.get(k)), settings.get(k, default.get(k))) for k in compared}
+    changed = {k: (old, new) for k, (old, new) in pairs.items() if old != new}
     if changed:
         shown = ", ".join(f"{k} {old!r} -> {new!r}" for k, (old, new) in changed.items())
         raise InputError(
@@ -116,20 +150,37 @@ def check_out(out: Path) -> None:
         )
 
 
+def start_model(cfg: ExportConfig, run: dict | None) -> Path:
+    """``--model``, else the start directory ``run.json`` records (absolute, as :func:`training.loop.train` writes it)."""
+    if cfg.model is not None:
+        return cfg.model
+    inputs = (run or {}).get("inputs")
+    recorded = inputs.get("model") if isinstance(inputs, dict) else None
+    if not isinstance(recorded, str):
+        raise InputError(
+            f"--run {cfg.run}: no run.json recording the directory the run started from (a crashed first session, or a "
+            "run before run.json recorded it); pass --model START_DIR"
+        )
+    return Path(recorded)
+
+
 def export(cfg: ExportConfig) -> tuple[str, int]:
     """Writes ``cfg.out`` from the run's checkpoint; returns the stage and the step the checkpoint was taken at."""
     check_out(cfg.out)
     checkpoint = cfg.run / CHECKPOINT
     saved = read_checkpoint(checkpoint)
     stage = stage_of(saved["config"], checkpoint)
-    check_same_run(checkpoint, saved["config"], cfg.run / RUN)
-    model, tokenizer = STAGES[stage][1](cfg.model)
+    run = read_run(cfg.run / RUN)
+    if run is not None:
+        check_same_run(checkpoint, stage, saved["config"], cfg.run / RUN, run["config"])
+    start = start_model(cfg, run)
+    model, tokenizer = STAGES[stage][1](start)
     expected, weights = model.state_dict(), saved["model"]
     reshaped = {k for k in expected.keys() & weights.keys() if expected[k].shape != weights[k].shape}
     misfits = sorted((expected.keys() ^ weights.keys()) | reshaped)
     if misfits:
         raise InputError(
-            f"{checkpoint}: its weights do not fit --model {cfg.model} ({len(misfits)} tensors missing, extra or of another "
+            f"{checkpoint}: its weights do not fit --model {start} ({len(misfits)} tensors missing, extra or of another "
             f"shape, e.g. {misfits[0]}); expected the directory the {stage} run started from"
         )
     model.load_state_dict(weights)

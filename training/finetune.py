@@ -91,10 +91,14 @@ def finetune(
     tokenizer: PolicyBertTokenizer,
     splits: dict[str, list[SentencePair]],
     cfg: FinetuneConfig,
+    inputs: FinetuneInputs | None = None,
 ) -> dict | None:
     """Trains on ``splits['train']``; on the main process of a finished run returns (and writes to
-    ``cfg.out/results.json``) the last dev accuracy, the test accuracy and the split sizes, else ``None``."""
-    history, finished = train(model, FinetuneTask(tokenizer, splits, cfg), cfg)
+    ``cfg.out/results.json``) the last dev accuracy, the test accuracy and the split sizes, else ``None``.
+
+    ``inputs``, the command line's, only goes into ``run.json`` (see :func:`training.loop.train`).
+    """
+    history, finished = train(model, FinetuneTask(tokenizer, splits, cfg), cfg, inputs)
     if not (finished and is_main_process()):
         return None
     with evaluating(model, pick_precision(cfg.precision, next(model.parameters()).device)):
@@ -124,7 +128,7 @@ def main(argv: list[str] | None = None) -> None:
     # from the same draw in every run and every process, so a resumed or multi-process run matches.
     torch.manual_seed(cfg.seed)
     model, tokenizer = load_start_model(inputs.model)
-    results = finetune(model, tokenizer, splits, cfg)
+    results = finetune(model, tokenizer, splits, cfg, inputs)
     if results is not None:
         save_model_dir(model, tokenizer, cfg.out / "final")
         print(f"dev accuracy {results['dev_accuracy']}, test accuracy {results['test_accuracy']}; model → {cfg.out / 'final'}")

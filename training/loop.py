@@ -316,12 +316,18 @@ def load_checkpoint(path: Path, cfg: TrainConfig, device: torch.device) -> dict:
     return saved
 
 
-def train(model: nn.Module, task: Task, cfg: TrainConfig) -> tuple[list[dict], bool]:
+def train(model: nn.Module, task: Task, cfg: TrainConfig, inputs: object | None = None) -> tuple[list[dict], bool]:
     """Trains ``model`` in place; returns the per-epoch metrics (also ``OUT/metrics.json``) and whether all steps ran.
 
     Each record: epoch (fractional when a run stops mid-epoch), step, mean train loss of the
     epoch's steps, learning rate, and ``held_out`` = ``task.evaluate`` (main process only).
+    ``inputs``, the stage's inputs dataclass (its ``--model``, data), is not compared on resume but
+    recorded in ``run.json`` as ``inputs``, paths made absolute, so that ``training.export`` finds
+    the directory the run started from from any working directory.
     """
+    recorded_inputs = None if inputs is None else {
+        k: str(v.resolve()) if isinstance(v, Path) else v for k, v in asdict(inputs).items()
+    }  # fmt: skip
     rank, world = process_rank(), process_count()
     main = rank == 0
     if cfg.batch_size % (world * cfg.grad_accum):
@@ -433,7 +439,8 @@ def train(model: nn.Module, task: Task, cfg: TrainConfig) -> tuple[list[dict], b
             print(f"stopped after step {state['step']} of {total_steps}; continue with --resume")
         else:
             save_checkpoint()
-        write_json({"config": config_dict(cfg), "train_examples": len(task), "processes": world}, cfg.out / RUN)
+        run = {"config": config_dict(cfg), "train_examples": len(task), "processes": world}
+        write_json(run if recorded_inputs is None else {**run, "inputs": recorded_inputs}, cfg.out / RUN)
     del ddp  # its gradient reducer holds the process group: freed while every process is still here
     if started_group:
         dist.barrier()  # no process leaves (and tears down the group) before the main one has written

@@ -247,16 +247,20 @@ class PretrainTask:
 
 
 def pretrain(
-    model: PolicyBertForPreTraining, tokenizer: PolicyBertTokenizer, docs: list[Document], cfg: PretrainConfig
+    model: PolicyBertForPreTraining, tokenizer: PolicyBertTokenizer, docs: list[Document], cfg: PretrainConfig,
+    inputs: PretrainInputs | None = None,
 ) -> tuple[list[dict], bool]:
-    """Trains in place; returns the per-epoch metrics (also in ``cfg.out/metrics.json``) and whether all steps ran."""
+    """Trains in place; returns the per-epoch metrics (also in ``cfg.out/metrics.json``) and whether all steps ran.
+
+    ``inputs``, the command line's, only goes into ``run.json`` (see :func:`training.loop.train`).
+    """
     task = PretrainTask(tokenizer, docs, cfg)
     if is_main_process():
         print(
             f"pre-training: {len(task.train)} NSP pairs from {len(task.train_docs)} documents, "
             f"{len(task.held_out)} held-out pairs from {len(task.eval_docs)} documents"
         )
-    return train(model, task, cfg)
+    return train(model, task, cfg, inputs)
 
 
 def load_start_model(model_dir: Path) -> tuple[PolicyBertForPreTraining, PolicyBertTokenizer]:
@@ -273,7 +277,7 @@ def main(argv: list[str] | None = None) -> None:
     # from the same draw in every run and every process, so a resumed or multi-process run matches.
     torch.manual_seed(cfg.seed)
     model, tokenizer = load_start_model(inputs.model)
-    _, finished = pretrain(model, tokenizer, docs, cfg)
+    _, finished = pretrain(model, tokenizer, docs, cfg, inputs)
     if finished and is_main_process():
         save_model_dir(model, tokenizer, cfg.out / "final")
         print(f"model → {cfg.out / 'final'}")

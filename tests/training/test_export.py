@@ -2,7 +2,10 @@
 
 Each stage really runs (tiny models, CPU, 3 steps stopped after 2) through its command line; the
 export is loaded the way serving and the next stage load it and compared with the checkpoint's
-weights, and a finished run's last checkpoint must export to exactly its ``final/``.
+weights, and a finished run's last checkpoint must export to exactly its ``final/``. Without
+``--model`` the export starts from the directory ``run.json`` records; a checkpoint saved before
+``fusion_scale_lr`` was added to the configs is made the way such an old checkpoint looks (the
+key deleted from a real one's settings) and must still be read as its own stage.
 """
 
 from __future__ import annotations
@@ -69,8 +72,17 @@ def stopped(stage_argv, tmp_path_factory) -> dict[str, Path]:
     return runs
 
 
-def export(run: Path, model: Path | str, out: Path) -> int:
-    return run_cli(main, ["--run", str(run), "--model", str(model), "--out", str(out)])
+def export(run: Path, model: Path | str | None, out: Path) -> int:
+    """``python -m training.export``; ``model`` None leaves ``--model`` out."""
+    return run_cli(main, ["--run", str(run), *([] if model is None else ["--model", str(model)]), "--out", str(out)])
+
+
+def same_files(a: Path, b: Path) -> bool:
+    """Two model directories with the same files, byte for byte."""
+    names = sorted(path.relative_to(a) for path in a.rglob("*") if path.is_file())
+    return names == sorted(path.relative_to(b) for path in b.rglob("*") if path.is_file()) and all(
+        (a / name).read_bytes() == (b / name).read_bytes() for name in names
+    )
 
 
 @pytest.mark.parametrize("stage", ["pretrain", "finetune", "contrastive"])
@@ -166,8 +178,90 @@ def test_out_that_is_not_a_model_directory_is_refused(stopped, tiny_model_dir, t
 
 
 def test_flags(capsys):
-    assert run_cli(main, ["--run", "r", "--out", "o"]) == 2
-    assert "the following arguments are required: --model" in capsys.readouterr().err
+    assert run_cli(main, ["--run", "r"]) == 2
+    assert "the following arguments are required: --out" in capsys.readouterr().err
     with pytest.raises(SystemExit) as exit_info:
         main(["--help"])
     assert exit_info.value.code == 0 and "usage: python -m training.export" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("stage", ["pretrain", "finetune", "contrastive"])
+def test_without_model_the_run_json_start_is_used(stage, stopped, tiny_model_dir, tmp_path, capsys):
+    assert json.loads((stopped[stage] / "run.json").read_text(encoding="utf-8"))["inputs"]["model"] == str(
+        tiny_model_dir("attn", perturb=True).resolve()
+    )
+    assert export(stopped[stage], tiny_model_dir("attn", perturb=True), tmp_path / "given") == 0
+    assert export(stopped[stage], None, tmp_path / "recorded") == 0
+    assert f"{stage} run {stopped[stage]} at step 2" in capsys.readouterr().out
+    assert same_files(tmp_path / "given", tmp_path / "recorded")
+
+
+def test_a_relative_model_is_recorded_absolute(stage_argv, tiny_model_dir, tmp_path, monkeypatch, capsys):
+    """The run starts from ``--model attn-…`` in the start's parent folder; the export runs from elsewhere."""
+    start = tiny_model_dir("attn", perturb=True)
+    stage_main, argv = stage_argv["finetune"]
+    monkeypatch.chdir(start.parent)
+    stage_main([*argv[:1], start.name, *argv[2:], "--out", str(tmp_path / "run"), *STEPS, "--stop-after", "2"])
+    monkeypatch.chdir(tmp_path)
+    assert json.loads((tmp_path / "run" / "run.json").read_text(encoding="utf-8"))["inputs"]["model"] == str(start.resolve())
+    assert export(tmp_path / "run", None, tmp_path / "recorded") == 0
+    assert export(tmp_path / "run", start, tmp_path / "given") == 0
+    assert same_files(tmp_path / "given", tmp_path / "recorded")
+
+
+def forget_inputs(run: Path) -> None:
+    """run.json as a run before this change wrote it: no inputs."""
+    path = run / "run.json"
+    saved = json.loads(path.read_text(encoding="utf-8"))
+    del saved["inputs"]
+    path.write_text(json.dumps(saved), encoding="utf-8")
+
+
+@pytest.mark.parametrize("damage", [forget_inputs, lambda run: (run / "run.json").unlink()], ids=["old-run-json", "no-run-json"])
+def test_without_model_or_a_recorded_start_the_export_is_refused(damage, stopped, tmp_path, capsys):
+    run = shutil.copytree(stopped["pretrain"], tmp_path / "run")
+    damage(run)
+    assert export(run, None, tmp_path / "model") == 2
+    err = capsys.readouterr().err
+    assert "Traceback" not in err and err.count("error: ") == 1
+    assert f"--run {run}: no run.json recording the directory the run started from" in err
+    assert err.strip().endswith("pass --model START_DIR")
+    assert not (tmp_path / "model").exists()
+
+
+def drop_setting(path: Path, name: str) -> None:
+    """A checkpoint or run.json as a run saved it before the setting ``name`` was added to the configs."""
+    if path.suffix == ".pt":
+        saved = torch.load(path, weights_only=True)
+        del saved["config"][name]
+        torch.save(saved, path)
+    else:
+        saved = json.loads(path.read_text(encoding="utf-8"))
+        del saved["config"][name]
+        path.write_text(json.dumps(saved), encoding="utf-8")
+
+
+@pytest.mark.parametrize("stage", ["finetune", "pretrain"])
+@pytest.mark.parametrize("dropped_from", [("checkpoint.pt",), ("checkpoint.pt", "run.json")], ids=["checkpoint", "both"])
+def test_a_checkpoint_from_before_fusion_scale_lr_exports_as_its_stage(stage, dropped_from, stopped, tmp_path, capsys):
+    """Finetune's settings less one field fit pretrain's config too (more fields missing): finetune must win.
+
+    "checkpoint": a later session wrote run.json with the field at its default, which is what the old run ran with.
+    """
+    run = shutil.copytree(stopped[stage], tmp_path / "run")
+    for name in dropped_from:
+        drop_setting(run / name, "fusion_scale_lr")
+    assert "fusion_scale_lr" not in torch.load(run / "checkpoint.pt", weights_only=True)["config"]
+    assert export(run, None, tmp_path / "old") == 0
+    assert f"{stage} run {run} at step 2" in capsys.readouterr().out
+    assert export(stopped[stage], None, tmp_path / "new") == 0
+    assert same_files(tmp_path / "old", tmp_path / "new")
+
+
+def test_a_missing_setting_is_compared_as_its_default(stopped, tmp_path, capsys):
+    """A run.json recording a fusion-scale rate is not the run of a checkpoint saved before the setting (its default)."""
+    run = shutil.copytree(stopped["finetune"], tmp_path / "run")
+    drop_setting(run / "checkpoint.pt", "fusion_scale_lr")
+    record(run, {"fusion_scale_lr": 0.5})
+    assert export(run, None, tmp_path / "model") == 2
+    assert "written with other settings than" in (err := capsys.readouterr().err) and "(fusion_scale_lr 0.5 -> None)" in err
