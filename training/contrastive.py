@@ -41,7 +41,7 @@ from transformers import PreTrainedModel
 from chatchat_policybert.embeddings import DEFAULT_QUERY_INSTRUCTION, cls_vectors, token_limit
 from chatchat_policybert.errors import InputError, run_cli
 from chatchat_policybert.evaluation.metrics import mrr_at_k, rank_by_score, recall_at_k
-from chatchat_policybert.loading import load_model_dir, save_model_dir
+from chatchat_policybert.loading import load_policybert, save_model_dir
 from chatchat_policybert.tokenization import PolicyBertTokenizer
 from training._common import jsonl_lines
 from training.loop import TrainConfig, is_main_process, parse_config, require_positive, train
@@ -113,7 +113,7 @@ def read_examples(path: Path, negatives_needed: int) -> list[Example]:
                 raise TypeError
             if not pos or not all(isinstance(t, str) and t for t in pos + neg):
                 raise ValueError
-        except (json.JSONDecodeError, KeyError, TypeError, ValueError, AttributeError) as exc:
+        except (json.JSONDecodeError, KeyError, TypeError, ValueError) as exc:
             raise InputError(
                 f"{path}:{lineno}: not a pairs line ({exc.__class__.__name__}); expected "
                 '{"query": "…", "pos": ["…", …], "neg": ["…", …]} with non-empty strings and at least one pos'
@@ -178,6 +178,10 @@ class ContrastiveTask:
         self.dev = dev
         self.cfg = cfg
         self.max_length = max_length
+        # The dev ranking's fixed inputs: every distinct pos and neg of the dev file, and the queries with the instruction.
+        self.dev_pool = list(dict.fromkeys(text for e in dev for text in (*e.pos, *e.neg)))
+        self.dev_position = {text: i for i, text in enumerate(self.dev_pool)}
+        self.dev_queries = [cfg.query_instruction + e.query for e in dev]
 
     def __len__(self) -> int:
         return len(self.train)
@@ -186,7 +190,7 @@ class ContrastiveTask:
         """One positive and ``train_group_size - 1`` negatives, drawn as FlagEmbedding draws them."""
         wanted = self.cfg.train_group_size - 1
         negatives = list(example.neg)
-        if wanted and len(negatives) < wanted:
+        if len(negatives) < wanted:
             negatives = negatives * math.ceil(wanted / len(negatives))
         return [rng.choice(example.pos), *rng.sample(negatives, wanted)]
 
@@ -199,15 +203,16 @@ class ContrastiveTask:
         rng = random.Random(f"{self.cfg.seed}-{key}")
         examples = [self.train[i] for i in indices]
         passages = [text for example in examples for text in self.group(example, rng)]
-        batch = self.tokenize([self.cfg.query_instruction + e.query for e in examples] + passages)
-        batch["num_queries"] = torch.tensor(len(examples))
-        return batch
+        return self.tokenize([self.cfg.query_instruction + e.query for e in examples] + passages)
 
     def loss(self, model: nn.Module, batch: dict[str, torch.Tensor]) -> torch.Tensor:
-        """InfoNCE over one forward pass of queries and passages together (one forward per step suits DDP)."""
-        inputs = dict(batch)
-        num_queries = int(inputs.pop("num_queries"))
-        vectors = cls_vectors(model, inputs)
+        """InfoNCE over one forward pass of queries and passages together (one forward per step suits DDP).
+
+        The batch holds n queries then their n × ``train_group_size`` passages (:meth:`batch`), so n
+        follows from its row count, with no tensor to read back from the device.
+        """
+        num_queries = len(batch["input_ids"]) // (1 + self.cfg.train_group_size)
+        vectors = cls_vectors(model, batch)
         return info_nce(vectors[:num_queries], vectors[num_queries:], self.cfg.train_group_size, self.cfg.temperature)
 
     def embed(self, model: nn.Module, texts: list[str]) -> torch.Tensor:
@@ -227,9 +232,8 @@ class ContrastiveTask:
         ``dev_loss`` is ``-log`` of the softmax mass (at the training temperature) on the query's
         positives among all dev passages, a loss that falls as ranking improves.
         """
-        pool = list(dict.fromkeys(text for e in self.dev for text in (*e.pos, *e.neg)))
-        position = {text: i for i, text in enumerate(pool)}
-        queries = self.embed(model, [self.cfg.query_instruction + e.query for e in self.dev])
+        pool, position = self.dev_pool, self.dev_position
+        queries = self.embed(model, self.dev_queries)
         scores = (queries @ self.embed(model, pool).T).numpy()
         mrr, recall, losses = [], {k: [] for k in RECALL_KS}, []
         for example, row in zip(self.dev, scores):
@@ -274,7 +278,7 @@ def load_start_model(model_dir: Path) -> tuple[PreTrainedModel, PolicyBertTokeni
 
     A merged or pre-trained directory may lack the pooler; [CLS] pooling never uses it.
     """
-    return load_model_dir(model_dir, allow_missing=("pooler.",))
+    return load_policybert(model_dir)
 
 
 def main(argv: list[str] | None = None) -> None:

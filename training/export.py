@@ -21,14 +21,13 @@ from collections.abc import Callable
 from dataclasses import MISSING, dataclass, field, fields
 from pathlib import Path
 
-import torch
 from transformers import PreTrainedModel
 
 from chatchat_policybert.errors import InputError, run_cli
 from chatchat_policybert.loading import save_model_dir
 from chatchat_policybert.tokenization import PolicyBertTokenizer
 from training import contrastive, finetune, pretrain
-from training.loop import CHECKPOINT, RESUMABLE, RUN, TrainConfig, parse_config
+from training.loop import CHECKPOINT, RESUMABLE, RUN, TrainConfig, describe_changes, parse_config, read_checkpoint_file
 
 StartModel = Callable[[Path], tuple[PreTrainedModel, PolicyBertTokenizer]]
 # Each stage: its config (whose fields name it in a checkpoint) and how it builds the model it trains.
@@ -88,15 +87,10 @@ def stage_of(settings: dict, source: Path) -> str:
 
 def read_checkpoint(path: Path) -> dict:
     """``checkpoint.pt`` as :func:`training.loop.train` writes it, refused (one line) when missing or not one."""
-    if not path.is_file():
-        raise InputError(
-            f"{path}: no checkpoint (a run writes one every --checkpoint-every steps and at --stop-after); "
-            "expected the --out folder of a training run"
-        )
-    try:
-        saved = torch.load(path, map_location="cpu", weights_only=True)
-    except Exception as exc:  # torch reports a truncated or foreign file as many different errors
-        raise InputError(f"{path}: not a readable checkpoint ({exc.__class__.__name__})") from None
+    saved = read_checkpoint_file(
+        path, "cpu", missing="no checkpoint (a run writes one every --checkpoint-every steps and at --stop-after); "
+        "expected the --out folder of a training run",
+    )
     if not (isinstance(saved, dict) and all(isinstance(saved.get(part), dict) for part in ("config", "model", "state"))):
         raise InputError(f"{path}: not a training checkpoint (expected training.loop's: config, model, state)")
     return saved
@@ -130,9 +124,9 @@ def check_same_run(checkpoint: Path, stage: str, settings: dict, run_json: Path,
     pairs = {k: (recorded.get(k, default.get(k)), settings.get(k, default.get(k))) for k in compared}
     changed = {k: (old, new) for k, (old, new) in pairs.items() if old != new}
     if changed:
-        shown = ", ".join(f"{k} {old!r} -> {new!r}" for k, (old, new) in changed.items())
         raise InputError(
-            f"{checkpoint}: written with other settings than {run_json} records ({shown}); expected one run's folder"
+            f"{checkpoint}: written with other settings than {run_json} records ({describe_changes(changed)}); "
+            "expected one run's folder"
         )
 
 

@@ -191,9 +191,13 @@ def require_share(config: object, names: Iterable[str], *, open_low: bool = Fals
                 raise InputError(f"{flag(name)} {value}: expected a value in {interval}")
 
 
-def config_dict(cfg: TrainConfig) -> dict[str, Any]:
-    """The settings as JSON values (paths as strings), for ``run.json`` and the checkpoint."""
-    return {k: str(v) if isinstance(v, Path) else v for k, v in asdict(cfg).items()}
+def config_dict(cfg: object, *, resolve_paths: bool = False) -> dict[str, Any]:
+    """A dataclass instance's fields as JSON values (paths as strings), for ``run.json`` and the checkpoint.
+
+    ``cfg`` is any config dataclass instance: a :class:`TrainConfig`, a stage's inputs, or another
+    command's config (``training.pairs``'). ``resolve_paths`` makes the paths absolute first.
+    """
+    return {k: str(v.resolve() if resolve_paths else v) if isinstance(v, Path) else v for k, v in asdict(cfg).items()}
 
 
 def process_rank() -> int:
@@ -299,20 +303,34 @@ def write_json(data: object, path: Path) -> None:
         tmp.write_text(json.dumps(data, indent=2) + "\n", encoding="utf-8")
 
 
+def read_checkpoint_file(path: Path, device: torch.device | str, *, missing: str, unreadable_hint: str = "") -> Any:
+    """``torch.load`` of a checkpoint (weights only), refused (one line) when missing or unreadable.
+
+    A missing file is ``InputError(f"{path}: {missing}")``, an unreadable one
+    ``InputError(f"{path}: not a readable checkpoint (ErrorName){unreadable_hint}")``; each caller
+    words its own advice. The content is not checked here.
+    """
+    if not path.is_file():
+        raise InputError(f"{path}: {missing}")
+    try:
+        return torch.load(path, map_location=device, weights_only=True)
+    except Exception as exc:  # torch reports a truncated or foreign file as many different errors
+        raise InputError(f"{path}: not a readable checkpoint ({exc.__class__.__name__}){unreadable_hint}") from None
+
+
+def describe_changes(changed: Mapping[str, tuple[Any, Any]]) -> str:
+    """Changed settings, ``name -> (old, new)``, as one line: ``lr 0.001 -> 0.002, seed 1 -> 2``."""
+    return ", ".join(f"{k} {old!r} -> {new!r}" for k, (old, new) in changed.items())
+
+
 def load_checkpoint(path: Path, cfg: TrainConfig, device: torch.device) -> dict:
     """The saved training state, refused (one line) when missing, unreadable or written with other settings."""
-    if not path.is_file():
-        raise InputError(f"{path}: no checkpoint to resume from")
-    try:
-        saved = torch.load(path, map_location=device, weights_only=True)
-    except Exception as exc:  # torch reports a truncated or foreign file as many different errors
-        raise InputError(f"{path}: not a readable checkpoint ({exc.__class__.__name__}); delete it to start over") from None
+    saved = read_checkpoint_file(path, device, missing="no checkpoint to resume from", unreadable_hint="; delete it to start over")
     changed = {
         k: (saved["config"].get(k), v) for k, v in config_dict(cfg).items() if k not in RESUMABLE and saved["config"].get(k) != v
     }
     if changed:
-        shown = ", ".join(f"{k} {old!r} -> {new!r}" for k, (old, new) in changed.items())
-        raise InputError(f"{path}: was written with other settings ({shown}); resume with the same ones")
+        raise InputError(f"{path}: was written with other settings ({describe_changes(changed)}); resume with the same ones")
     return saved
 
 
@@ -325,9 +343,6 @@ def train(model: nn.Module, task: Task, cfg: TrainConfig, inputs: object | None 
     recorded in ``run.json`` as ``inputs``, paths made absolute, so that ``training.export`` finds
     the directory the run started from from any working directory.
     """
-    recorded_inputs = None if inputs is None else {
-        k: str(v.resolve()) if isinstance(v, Path) else v for k, v in asdict(inputs).items()
-    }  # fmt: skip
     rank, world = process_rank(), process_count()
     main = rank == 0
     if cfg.batch_size % (world * cfg.grad_accum):
@@ -440,7 +455,7 @@ def train(model: nn.Module, task: Task, cfg: TrainConfig, inputs: object | None 
         else:
             save_checkpoint()
         run = {"config": config_dict(cfg), "train_examples": len(task), "processes": world}
-        write_json(run if recorded_inputs is None else {**run, "inputs": recorded_inputs}, cfg.out / RUN)
+        write_json(run if inputs is None else {**run, "inputs": config_dict(inputs, resolve_paths=True)}, cfg.out / RUN)
     del ddp  # its gradient reducer holds the process group: freed while every process is still here
     if started_group:
         dist.barrier()  # no process leaves (and tears down the group) before the main one has written
