@@ -152,10 +152,11 @@ def stored_vectors(root: Path, kb: str) -> int:
 
     `kb -r` exits 0 even when embedding failed, so this, not its exit status, says whether it worked.
     """
-    if vs_type(root) == "pg":
+    settings = kb_settings(root)
+    if settings.vs_type == "pg":
         from .pg_store import collection_size
 
-        return collection_size(pg_uri(root), kb) or 0
+        return collection_size(settings.pg_uri, kb) or 0
     return sum(index_size(index.parent) for index in faiss_indexes(root, kb))
 
 

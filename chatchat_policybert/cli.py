@@ -28,6 +28,7 @@ from .chatchat_root import (
     KbSettings,
     content_dir,
     cosine_cut,
+    default_kb,
     index_size,
     kb_root,
     kb_settings,
@@ -36,7 +37,6 @@ from .chatchat_root import (
 )
 from .dtypes import DTYPE_CHOICES
 from .errors import InputError, run_cli
-from .kb_rebuild import RETIRED_SUFFIX, interrupted_swaps, swap_finished
 from .settings import PLATFORM_KEY, SettingsError, find_local_model, load_yaml
 
 SETTINGS_FILES = ("model_settings.yaml", "kb_settings.yaml")
@@ -137,7 +137,7 @@ def run_setup(args: argparse.Namespace) -> int:
             yaml.dump(current, handle)
         print(f"OK    merged {source / name} into {path}")
     _link_nltk_data(root)
-    kb_dir = content_dir(root, kb_settings(root).default_kb)
+    kb_dir = content_dir(root, default_kb(root))
     kb_dir.mkdir(parents=True, exist_ok=True)
     print(f"OK    knowledge base folder {kb_dir} (put documents here, then `chatchat kb -r -n {kb_dir.parent.name}`)")
     if args.no_check:
@@ -327,9 +327,10 @@ def _check_kb(root: Path, settings: KbSettings, embed_model: str, engine: Any | 
 
 def _check_interrupted_swaps(root: Path) -> list[Finding]:
     """A ``.replaced`` folder of any knowledge base: a FAISS `kb -r` killed during its swap (see :func:`recover_swap`)."""
+    from .kb_rebuild import interrupted_swaps, swap_finished
+
     findings = []
-    for final in interrupted_swaps(root):
-        retired = final.with_name(final.name + RETIRED_SUFFIX)
+    for final, retired in interrupted_swaps(root):
         kb = final.parent.parent.name
         if swap_finished(final):
             findings.append(Finding("WARN", f"{retired} is left over by a `kb -r` killed after its swap ({final} is "

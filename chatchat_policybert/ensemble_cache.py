@@ -53,7 +53,8 @@ class PostingsBM25Okapi(BM25Okapi):
                 docs.append(i)
                 counts.append(count)
         self._postings = {w: (np.array(d, dtype=np.int32), np.array(c, dtype=np.int32)) for w, (d, c) in postings.items()}
-        self._doc_len = np.array(self.doc_len)
+        # The document-length term of every score, the same for every question token.
+        self._length_norm = self.k1 * (1 - self.b + self.b * np.array(self.doc_len) / self.avgdl)
 
     def get_scores(self, query: list[str]) -> np.ndarray:
         score = np.zeros(self.corpus_size)
@@ -62,8 +63,7 @@ class PostingsBM25Okapi(BM25Okapi):
             found = self._postings.get(q)
             if found is not None:
                 q_freq[found[0]] = found[1]
-            score += (self.idf.get(q) or 0) * (q_freq * (self.k1 + 1) /
-                                               (q_freq + self.k1 * (1 - self.b + self.b * self._doc_len / self.avgdl)))
+            score += (self.idf.get(q) or 0) * (q_freq * (self.k1 + 1) / (q_freq + self._length_norm))
         return score
 
 

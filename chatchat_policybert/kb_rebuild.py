@@ -300,10 +300,10 @@ def swap_finished(final: Path) -> bool:
     return index_size(final) > 0
 
 
-def interrupted_swaps(root: Path) -> list[Path]:
-    """The index folders of a Chatchat root with a ``.replaced`` beside them, left by a killed swap (for `doctor`)."""
+def interrupted_swaps(root: Path) -> list[tuple[Path, Path]]:
+    """``(index folder, its .replaced)`` of a Chatchat root, left by a killed swap (for `doctor`)."""
     retired = kb_root(root).glob(f"*/vector_store/*{RETIRED_SUFFIX}")
-    return sorted(path.with_name(path.name[: -len(RETIRED_SUFFIX)]) for path in retired if path.is_dir())
+    return sorted((path.with_name(path.name[: -len(RETIRED_SUFFIX)]), path) for path in retired if path.is_dir())
 
 
 def _models() -> tuple:

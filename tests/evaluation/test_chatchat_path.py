@@ -72,7 +72,7 @@ def test_indexed_vectors_are_the_models_chunk_vectors(built):
 
 def _bm25_cutoff_set(bm25: Bm25, query: str, chunks, k: int) -> set[int]:
     """Chunks whose BM25 score reaches the k-th best (ties at the cut are all in)."""
-    scores = bm25._retriever.vectorizer.get_scores(bm25._retriever.preprocess_func(query))
+    scores = bm25.scores(query)
     cut = np.sort(scores)[::-1][min(k, len(chunks)) - 1]
     return {i for i, s in enumerate(scores) if s >= cut}
 
