@@ -101,16 +101,15 @@ def encoder_flops(config, tokens: np.ndarray, words: np.ndarray, groups: np.ndar
     return flops
 
 
-def full_forward_vectors(path: Path, texts: list[str], batch_size: int, device: str) -> np.ndarray:
+def full_forward_vectors(model, tokenizer, texts: list[str], batch_size: int, device: str) -> np.ndarray:
     """Unit [CLS] vectors of ``texts`` from the model's whole forward pass in fp32, in order, ``batch_size`` at a time.
 
-    Every layer runs over every position (no ``ClsOnlyLayer``): the vectors that the
-    embeddings' shortcuts must reproduce, compared in the ``min cos full`` column.
+    ``model`` and ``tokenizer`` as :func:`~chatchat_policybert.loading.load_policybert` returns them
+    (fp32, eval mode, on ``device``). Every layer runs over every position (no ``ClsOnlyLayer``):
+    the vectors that the embeddings' shortcuts must reproduce, compared in the ``min cos full`` column.
     """
     from chatchat_policybert.embeddings import cls_vectors
-    from chatchat_policybert.loading import load_policybert
 
-    model, tokenizer = load_policybert(path, device=device)
     with torch.inference_mode():
         return np.concatenate([cls_vectors(model, tokenizer(texts[i : i + batch_size]).to(device)).cpu().numpy()
                                for i in range(0, len(texts), batch_size)])
@@ -178,11 +177,9 @@ def main() -> None:
     args = parser.parse_args()
 
     sys.path.insert(0, str(REPO))
-    from transformers import AutoConfig
-
     from chatchat_policybert.embeddings import auto_dtype
-    from chatchat_policybert.modeling import FUSION_TYPES, coverage_groups, merge_repeated_words  # also registers the config class
-    from chatchat_policybert.tokenization import PolicyBertTokenizer
+    from chatchat_policybert.loading import load_policybert
+    from chatchat_policybert.modeling import FUSION_TYPES, coverage_groups, merge_repeated_words
 
     if args.device.startswith("cuda") and not torch.cuda.is_available():
         parser.error(f"--device {args.device}: torch sees no CUDA GPU here")
@@ -203,6 +200,22 @@ def main() -> None:
         if not set(models) <= {"plain", *FUSION_TYPES}:
             parser.error(f"--models {args.models}: expected names among plain, {', '.join(FUSION_TYPES)}")
         dirs = build_models(Path(scratch), [t for chunks in chunk_sets.values() for t in chunks], ("plain", *models))
+        # Per length and model: tokens, encoder FLOPs, and the whole fp32 forward pass (``cos full``),
+        # each model (with its tokenizer and config) loaded once for every length.
+        flops, tokens, full = ({n: {} for n in chunk_sets} for _ in range(3))
+        for model, path in dirs.items():
+            net, tokenizer = load_policybert(path, device=args.device)
+            for n, chunks in chunk_sets.items():
+                batch = tokenizer(chunks)
+                tokens[n][model] = batch["attention_mask"].sum(1).numpy()
+                words = groups = np.zeros_like(tokens[n][model])
+                if "word_ids" in batch:  # what inference runs: each distinct word once, attn over coverage groups
+                    ids, _, merged = merge_repeated_words(batch["word_ids"], batch["word_attention_mask"].bool(), batch["word_matching_matrix"])
+                    words = (ids != 0).sum(1).numpy()
+                    groups = torch.isfinite(coverage_groups(merged).log_counts).flatten(1).sum(1).numpy()
+                flops[n][model] = {cls_only: encoder_flops(net.config, tokens[n][model], words, groups, cls_only) for cls_only in (False, True)}
+                full[n][model] = full_forward_vectors(net, tokenizer, chunks, args.batch_size, args.device)
+            del net, tokenizer
         contenders = {"st-float32 (plain)": ("st", "plain", "float32")}
         if with_half:
             contenders[reference_name] = ("st", "plain", fast)
@@ -231,27 +244,15 @@ def main() -> None:
                     stats[name].append(seconds)
                     vectors[name] = vecs
             reference = statistics.median(stats[reference_name])
-            flops, tokens, full = {}, {}, {}
-            for model, path in dirs.items():
-                batch = PolicyBertTokenizer.from_pretrained(path)(chunks)
-                tokens[model] = batch["attention_mask"].sum(1).numpy()
-                words = groups = np.zeros_like(tokens[model])
-                if "word_ids" in batch:  # what inference runs: each distinct word once, attn over coverage groups
-                    ids, _, merged = merge_repeated_words(batch["word_ids"], batch["word_attention_mask"].bool(), batch["word_matching_matrix"])
-                    words = (ids != 0).sum(1).numpy()
-                    groups = torch.isfinite(coverage_groups(merged).log_counts).flatten(1).sum(1).numpy()
-                flops[model] = {cls_only: encoder_flops(AutoConfig.from_pretrained(path, trust_remote_code=False), tokens[model], words, groups, cls_only)
-                                for cls_only in (False, True)}
-                full[model] = full_forward_vectors(path, chunks, args.batch_size, args.device)
             for name, (kind, model, dtype) in contenders.items():
                 seconds = statistics.median(stats[name])
-                gflops = flops[model][kind == "ours"] / seconds / 1e9
+                gflops = flops[n][model][kind == "ours"] / seconds / 1e9
                 fp32_twin = name.replace("bfloat16", "float32").replace("float16", "float32")
                 cosine = float(np.min(np.sum(vectors[name] * vectors[fp32_twin], axis=1)))
-                cosine_full = float(np.min(np.sum(vectors[name] * full[model], axis=1)))
+                cosine_full = float(np.min(np.sum(vectors[name] * full[n][model], axis=1)))
                 st_twin = statistics.median(stats.get(f"st-{dtype} (plain)", [float("nan")]))
                 results.append(
-                    dict(chars=n, contender=name, chunks_per_s=len(chunks) / seconds, tokens_per_s=float(tokens[model].sum()) / seconds,
+                    dict(chars=n, contender=name, chunks_per_s=len(chunks) / seconds, tokens_per_s=float(tokens[n][model].sum()) / seconds,
                          gflops=gflops, frac_bf16_peak=gflops / peak["bfloat16"], frac_fp32_peak=gflops / peak["float32"],
                          peak_rss_gib=rss[name], vs_reference=reference / seconds, vs_st_same_dtype=st_twin / seconds, min_cos_vs_fp32=cosine,
                          min_cos_vs_full_fp32=cosine_full)

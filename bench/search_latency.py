@@ -24,14 +24,13 @@ Target (reported, not asserted): cached p50 <= 100 ms at scale 1.
 from __future__ import annotations
 
 import argparse
-import contextlib
 import os
 import pickle
 import statistics
 import sys
 import uuid
 from pathlib import Path
-from typing import Iterator
+from unittest.mock import patch
 
 import numpy as np
 from tqdm import tqdm
@@ -102,24 +101,11 @@ def scaled_kb(root: Path, kb: str, scale: int) -> str:
     return name
 
 
-@contextlib.contextmanager
-def bm25_cache(enabled: bool) -> Iterator[None]:
-    """Workers started inside inherit this process's environment (``chatchat_env``)."""
-    before = os.environ.get(BM25_CACHE_ENV)
-    os.environ[BM25_CACHE_ENV] = "1" if enabled else "0"
-    try:
-        yield
-    finally:
-        if before is None:
-            del os.environ[BM25_CACHE_ENV]
-        else:
-            os.environ[BM25_CACHE_ENV] = before
-
-
 def search_all(root: Path, kb: str, chunks: list[Chunk], questions: list[str], cached: bool) -> list[tuple[list[int], float]]:
     """(hits, seconds) per question from one Chatchat worker; the first is the warm-up."""
     label = "cached" if cached else "chatchat"
-    with bm25_cache(cached), ChatchatSearch(root, kb, chunks, 5, root / "logs" / f"search_latency_{kb}_{label}.log") as worker:
+    # workers started inside inherit this process's environment (``chatchat_env``)
+    with patch.dict(os.environ, {BM25_CACHE_ENV: "1" if cached else "0"}), ChatchatSearch(root, kb, chunks, 5, root / "logs" / f"search_latency_{kb}_{label}.log") as worker:
         return [worker.search(q, None) for q in tqdm(questions, desc=f"{kb} {label}", unit="question")]
 
 

@@ -66,7 +66,7 @@ def start_server(model: Path, device: str, extra: list[str]) -> tuple[subprocess
     raise SystemExit("serve did not come up within 300 s")
 
 
-def light_latencies(url: str, seconds: float, stop: threading.Event | None = None) -> list[float]:
+def light_latencies(url: str, seconds: float) -> list[float]:
     """Seconds per 1-text request, one after another, for ``seconds``."""
     latencies, end = [], time.monotonic() + seconds
     while time.monotonic() < end:

@@ -74,15 +74,20 @@ class Root:
         assert index.ntotal == vectors == len(index_to_id) == len(docstore._dict)
 
 
-@pytest.fixture
-def root(tmp_path: Path, deployment: Deployment) -> Root:
-    """A copy of the deployment's root; absolute paths in its settings point at the copy."""
-    copy = deployment.copy_root(tmp_path / "root")
-    module_dir = tmp_path / "modules"
+def make_root(deployment: Deployment, tmp: Path) -> Root:
+    """A copy of the deployment's root under ``tmp``, with the test embeddings classes importable."""
+    copy = deployment.copy_root(tmp / "root")
+    module_dir = tmp / "modules"
     module_dir.mkdir()
     (module_dir / "test_embeddings_classes.py").write_text(EMBEDDINGS_MODULE, encoding="utf-8")
     env = {**deployment.env, "CHATCHAT_ROOT": str(copy), "PYTHONPATH": str(module_dir)}
     return Root(copy, env)
+
+
+@pytest.fixture
+def root(tmp_path: Path, deployment: Deployment) -> Root:
+    """A copy of the deployment's root; absolute paths in its settings point at the copy."""
+    return make_root(deployment, tmp_path)
 
 
 def rebuild(root: Root) -> str:

@@ -23,7 +23,7 @@ import yaml
 from chatchat_deploy import BIN, KB_NAME, Deployment, free_port, run, stop_group, wait_until
 from ollama_standin import REPLY, OllamaStandIn
 from test_kb_rebuild import load_index
-from test_kb_rebuild_failures import EMBEDDINGS_MODULE, Root
+from test_kb_rebuild_failures import Root, make_root, rebuild
 
 from chatchat_policybert.chatchat_root import ChatchatWorker, cosine_cut, score_threshold_for
 from chatchat_policybert.embeddings import PolicyBertEmbeddings
@@ -50,13 +50,9 @@ def cluster() -> Iterator[PgCluster]:
 @pytest.fixture(scope="module")
 def pg_root(tmp_path_factory, deployment: Deployment, cluster: PgCluster, standin: OllamaStandIn) -> Root:
     """A copy of the deployment on the pg store, rebuilt by `chatchat kb -r`; its FAISS index is gone."""
-    tmp = tmp_path_factory.mktemp("pg")
-    path = deployment.copy_root(tmp / "root")
-    shutil.rmtree(path / "data" / "knowledge_base" / KB_NAME / "vector_store")
-    (tmp / "modules").mkdir()
-    (tmp / "modules" / "test_embeddings_classes.py").write_text(EMBEDDINGS_MODULE, encoding="utf-8")
-    root = Root(path, {**deployment.env, "CHATCHAT_ROOT": str(path), "PYTHONPATH": str(tmp / "modules")})
-    setup = run([str(BIN / "chatchat-policybert"), "setup", "--root", str(path), "--model", str(deployment.model_dir),
+    root = make_root(deployment, tmp_path_factory.mktemp("pg"))
+    shutil.rmtree(root.vector_store)
+    setup = run([str(BIN / "chatchat-policybert"), "setup", "--root", str(root.path), "--model", str(deployment.model_dir),
                  "--ollama-url", standin.url, "--vs", "pg", "--pg-uri", cluster.uri, "--no-check"], root.env)
     assert setup.returncode == 0, setup.stdout + setup.stderr
     assert "dense-only" in setup.stdout
@@ -64,12 +60,6 @@ def pg_root(tmp_path_factory, deployment: Deployment, cluster: PgCluster, standi
     assert collection_size(cluster.uri, KB_NAME), log[-5000:]  # kb -r exits 0 even when it stored nothing
     assert deployment.vector_store.is_dir(), "the pg copy's kb -r reached the shared FAISS deployment"
     return root
-
-
-def rebuild(root: Root) -> str:
-    result = run([str(BIN / "chatchat"), "kb", "-r", "-n", KB_NAME], root.env)
-    assert result.returncode == 0  # Chatchat's exit status says nothing; the database does
-    return result.stdout + result.stderr
 
 
 def collection(uri: str, name: str = KB_NAME) -> list[tuple[str, str, str]]:

@@ -15,9 +15,8 @@ import torch
 
 from chatchat_policybert.embeddings import PolicyBertEmbeddings, cls_vectors
 from chatchat_policybert.loading import load_policybert
-from chatchat_policybert.modeling import ClsOnlyLayer, coverage_groups, merge_repeated_words
+from chatchat_policybert.modeling import FUSION_TYPES, ClsOnlyLayer, coverage_groups, merge_repeated_words
 
-FUSIONS = ("none", "gate", "attn")
 TOL = 1e-5
 WORDLESS = "xyz"  # no lexicon word: a plain-BERT example inside a batch with words
 
@@ -133,7 +132,7 @@ def without_dropout(model):
     return model
 
 
-@pytest.mark.parametrize("fusion", FUSIONS)
+@pytest.mark.parametrize("fusion", FUSION_TYPES)
 def test_eval_shortcuts_equal_the_occurrence_path_on_a_mixed_batch(tiny_model_dir, batch, fusion):
     """Eval mode (merged words, attn over coverage groups) against train mode with dropout 0 (neither)."""
     model, _ = load_policybert(tiny_model_dir(fusion, perturb=True))
@@ -145,7 +144,7 @@ def test_eval_shortcuts_equal_the_occurrence_path_on_a_mixed_batch(tiny_model_di
     assert (merged[mask] - occurrences[mask]).abs().max() <= TOL
 
 
-@pytest.mark.parametrize("fusion", FUSIONS)
+@pytest.mark.parametrize("fusion", FUSION_TYPES)
 def test_eval_shortcuts_are_batch_invariant(tiny_model_dir, batch, texts, fusion):
     """Each text alone gives its row of the padded batch: merging and grouping never mix examples."""
     model, tokenizer = load_policybert(tiny_model_dir(fusion, perturb=True))
@@ -158,8 +157,8 @@ def test_eval_shortcuts_are_batch_invariant(tiny_model_dir, batch, texts, fusion
 
 MODELS = [
     pytest.param(None, {}, id="bert"),
-    *(pytest.param(f, {}, id=f"{f}-late-add") for f in FUSIONS),
-    *(pytest.param(f, {"num_word_layers": 2}, id=f"{f}-fused-last-layer") for f in FUSIONS),
+    *(pytest.param(f, {}, id=f"{f}-late-add") for f in FUSION_TYPES),
+    *(pytest.param(f, {"num_word_layers": 2}, id=f"{f}-fused-last-layer") for f in FUSION_TYPES),
 ]
 
 

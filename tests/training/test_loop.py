@@ -20,7 +20,6 @@ from training.pretrain import PRESETS, PretrainConfig, PretrainInputs, pretrain
 from training.pretrain import main as pretrain_main
 
 PROG = "python -m training.pretrain"
-REPO = Path(__file__).resolve().parents[2]
 
 
 def parse_pretrain(*flags: str) -> tuple[PretrainConfig, PretrainInputs]:
@@ -64,15 +63,15 @@ def test_bad_flags_are_one_line_input_errors(flags, message):
         parse_pretrain(*flags)
 
 
-
-def test_bad_flag_value_through_the_real_cli_is_one_error_line(tmp_path):
+def test_bad_flag_value_through_the_real_cli_is_one_error_line(tmp_path, repo_root):
     """``python -m training.pretrain``: the config's check runs before the model or corpus is read, exit 2."""
     argv = ["--model", str(tmp_path / "no-model"), "--corpus", str(tmp_path / "no.jsonl"), "--out", str(tmp_path / "o")]
     result = subprocess.run([sys.executable, "-m", "training.pretrain", *argv, "--eval-fraction", "0"],
-                            capture_output=True, text=True, cwd=REPO)  # fmt: skip
+                            capture_output=True, text=True, cwd=repo_root)  # fmt: skip
     assert result.returncode == EXIT_INPUT_ERROR, result.stderr
     assert result.stderr.strip() == "error: --eval-fraction 0.0: expected a value in (0, 1)"
     assert not (tmp_path / "o").exists()
+
 
 def test_missing_flag_is_an_input_error_and_help_exits_zero(capsys):
     with pytest.raises(InputError, match="the following arguments are required: --corpus"):
