@@ -59,17 +59,18 @@ class Rebuild:
     chunks: int
 
 
-def build_model_dirs(root: Path, size: str, fusion: str, texts: list[str]) -> dict[str, Path]:
-    """Random-weight model dirs ``{"plain": ..., "policybert": ...}`` sharing one character vocabulary."""
+def build_model_dirs(root: Path, size: str, fusion: str, texts: list[str], plain: bool = True) -> dict[str, Path]:
+    """Random-weight model dirs ``{"plain": ..., "policybert": ...}`` sharing one character vocabulary
+    (``plain=False``: the PolicyBERT alone)."""
     if size == "base":
-        dirs = build_models(root, texts, names=("plain", fusion))
-        return {"plain": dirs["plain"], "policybert": dirs[fusion]}
+        dirs = build_models(root, texts, names=("plain", fusion) if plain else (fusion,))
+        return {"policybert": dirs[fusion], **({"plain": dirs["plain"]} if plain else {})}
     from chatchat_policybert.lexicon import Lexicon
     from chatchat_policybert.testing import build_tiny_bert, build_tiny_policybert
 
     lexicon = Lexicon.load(LEXICON)
-    return {"plain": build_tiny_bert(root / "plain", texts),
-            "policybert": build_tiny_policybert(root / fusion, texts, lexicon, fusion=fusion)}
+    dirs = {"policybert": build_tiny_policybert(root / fusion, texts, lexicon, fusion=fusion)}
+    return {**dirs, "plain": build_tiny_bert(root / "plain", texts)} if plain else dirs
 
 
 def prepare_root(root: Path, model: Path, documents: list[PolicyDocument], setup_args: Sequence[str] = ()) -> None:

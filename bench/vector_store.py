@@ -66,7 +66,7 @@ def main() -> None:
     with scratch_dir(args.keep) as scratch, PgCluster.start() as cluster:
         print(f"[models] building a {args.size}-sized PolicyBERT-{args.fusion} in {scratch / 'models'}", flush=True)
         model = build_model_dirs(scratch / "models", args.size, args.fusion,
-                                 [d.title + d.content for d in documents])["policybert"]
+                                 [d.title + d.content for d in documents], plain=False)["policybert"]
         roots = {store: scratch / f"root-{store}" for store in STORES}
         for store, root in roots.items():
             prepare_root(root, model, documents, ["--vs", store] + (["--pg-uri", cluster.uri] if store == "pg" else []))

@@ -1,16 +1,17 @@
 """Atomic writes: a file or directory appears complete or not at all.
 
 Every writer of a model directory, a corpus, a metrics file or a checkpoint goes through
-:func:`atomic_path`, so an interrupted or failing stage never leaves a half-written output that a
+:func:`atomic_path` (JSON and JSON-lines files through :func:`write_json` / :func:`write_jsonl`), so an interrupted or failing stage never leaves a half-written output that a
 later stage (or Chatchat) would read, and a failed rewrite leaves the previous version in place.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -34,3 +35,16 @@ def atomic_path(path: str | os.PathLike) -> Iterator[Path]:
         os.replace(tmp, path)
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
+
+
+def write_json(data: object, path: str | os.PathLike) -> None:
+    """``data`` as indented UTF-8 JSON (Chinese kept readable), written atomically."""
+    with atomic_path(path) as tmp:
+        tmp.write_text(json.dumps(data, ensure_ascii=False, indent=2) + "\n", encoding="utf-8")
+
+
+def write_jsonl(rows: Iterable[object], path: str | os.PathLike) -> None:
+    """One JSON object per line, so that a later stage can stream the rows; written atomically."""
+    with atomic_path(path) as tmp, tmp.open("w", encoding="utf-8") as handle:
+        for row in rows:
+            handle.write(json.dumps(row, ensure_ascii=False) + "\n")

@@ -95,7 +95,6 @@ def check_kb_name(kb_name: str) -> None:
         or kb_name in ("", ".", "..")
         or any(c in kb_name for c in "/\\\0")
         or kb_name != kb_name.strip()
-        or Path(kb_name).name != kb_name
     ):
         raise InputError(
             f"knowledge base name {kb_name!r} is not a single folder name (no '/', '\\', '..', "

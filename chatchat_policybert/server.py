@@ -104,18 +104,21 @@ class HeaderTimeoutProtocol(H11Protocol):
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         super().connection_made(transport)
-        self._header_timer = self.loop.call_later(self.header_timeout_s, self._headers_timed_out)
+        self._start_header_timer()
 
     def data_received(self, data: bytes) -> None:
         super().data_received(data)
         if self.cycle is not None and not self.cycle.response_complete:  # headers parsed, not yet answered
             self._cancel_header_timer()
         elif self._header_timer is None:
-            self._header_timer = self.loop.call_later(self.header_timeout_s, self._headers_timed_out)
+            self._start_header_timer()
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._cancel_header_timer()
         super().connection_lost(exc)
+
+    def _start_header_timer(self) -> None:
+        self._header_timer = self.loop.call_later(self.header_timeout_s, self._headers_timed_out)
 
     def _cancel_header_timer(self) -> None:
         if self._header_timer is not None:

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from chatchat_policybert.errors import InputError
-from chatchat_policybert.files import atomic_path
+from chatchat_policybert.files import write_jsonl
 
 LICENSE_NAME = "LICENSE-policy-data.txt"
 
@@ -38,10 +38,7 @@ class SentencePair:
 
 def write_corpus(docs: list[Document], path: Path) -> None:
     """One JSON object per line, so a later stage can stream documents without pandas."""
-    with atomic_path(path) as tmp, tmp.open("w", encoding="utf-8") as f:
-        for doc in docs:
-            f.write(json.dumps({"doc_id": doc.doc_id, "title": doc.title, "sentences": doc.sentences}, ensure_ascii=False))
-            f.write("\n")
+    write_jsonl(({"doc_id": doc.doc_id, "title": doc.title, "sentences": doc.sentences} for doc in docs), path)
 
 
 def jsonl_lines(path: Path, missing: str) -> Iterator[tuple[int, str]]:

@@ -23,12 +23,12 @@ import torch
 
 from chatchat_policybert.data import CORPUS_CSV, LEXICON
 from chatchat_policybert.errors import InputError, run_cli
+from chatchat_policybert.files import write_json
 from chatchat_policybert.lexicon import Lexicon, LexiconError
 from chatchat_policybert.modeling import PolicyBertConfig, PolicyBertForPreTraining, PolicyBertForSequenceClassification
 from chatchat_policybert.tokenization import PolicyBertTokenizer, build_char_tokenizer
 from training.corpus import build_corpus, load_documents
 from training.finetune import FinetuneConfig, finetune
-from training.loop import write_json
 from training.policysm import build_dataset, clause_table, policysm1_negatives, positive_pairs
 from training.pretrain import PretrainConfig, pretrain
 

@@ -15,7 +15,6 @@ lexicon (Jaccard and recall of the reference).
 from __future__ import annotations
 
 import argparse
-import json
 import logging
 import sys
 from collections import Counter
@@ -25,7 +24,7 @@ from pathlib import Path
 from tqdm import tqdm
 
 from chatchat_policybert.errors import InputError, run_cli
-from chatchat_policybert.files import atomic_path
+from chatchat_policybert.files import atomic_path, write_json
 from training._common import copy_license, read_corpus
 
 Segmenter = Callable[[list[str]], list[list[str]]]
@@ -150,8 +149,7 @@ def main(argv: list[str] | None = None) -> None:
     stats = {"segmenter": args.segmenter, "min_count": args.min_count, "words": len(words)}
     if reference is not None:
         stats["overlap"] = overlap((w for w, _ in words), reference)
-    with atomic_path(args.out / "lexicon_stats.json") as tmp:
-        tmp.write_text(json.dumps(stats, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
+    write_json(stats, args.out / "lexicon_stats.json")
     copy_license(args.corpus, args.out)
     print(f"{len(words)} words ({args.segmenter}, count >= {args.min_count}) → {args.out / 'lexicon.txt'}")
     if reference is not None:

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import argparse
 import hashlib
-import json
 import re
 import sys
 import unicodedata
@@ -25,7 +24,7 @@ import pandas as pd
 from tqdm import tqdm
 
 from chatchat_policybert.errors import InputError, run_cli
-from chatchat_policybert.files import atomic_path
+from chatchat_policybert.files import write_json
 from training._common import Document, copy_license, write_corpus
 
 SENTENCE_END = "。！？；"
@@ -246,8 +245,7 @@ def main(argv: list[str] | None = None) -> None:
     docs, stats = build_corpus(load_documents(args.input), args.min_chars)
     args.out.mkdir(parents=True, exist_ok=True)
     write_corpus(docs, args.out / "corpus.jsonl")
-    with atomic_path(args.out / "stats.json") as tmp:
-        tmp.write_text(json.dumps(asdict(stats), indent=2) + "\n", encoding="utf-8")
+    write_json(asdict(stats), args.out / "stats.json")
     copy_license(args.input, args.out)
     print(
         f"{stats.documents_read} documents read, {stats.duplicate_documents} exact duplicates and "

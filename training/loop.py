@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import json
 import math
 import os
 import random
@@ -38,7 +37,7 @@ from tqdm import tqdm
 from transformers import HfArgumentParser, get_linear_schedule_with_warmup
 
 from chatchat_policybert.errors import InputError
-from chatchat_policybert.files import atomic_path
+from chatchat_policybert.files import atomic_path, write_json
 
 Precision = Literal["auto", "fp32", "bf16", "fp16"]
 # Settings a resumed run may change: they do not alter the training trajectory.
@@ -295,12 +294,6 @@ def optimizer_step(
     scaler.update()
     optimizer.zero_grad(set_to_none=True)
     scheduler.step()
-
-
-def write_json(data: object, path: Path) -> None:
-    """Metrics go to disk atomically so that a crash mid-write never leaves unreadable JSON."""
-    with atomic_path(path) as tmp:
-        tmp.write_text(json.dumps(data, indent=2) + "\n", encoding="utf-8")
 
 
 def read_checkpoint_file(path: Path, device: torch.device | str, *, missing: str, unreadable_hint: str = "") -> Any:

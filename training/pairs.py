@@ -56,7 +56,7 @@ from chatchat_policybert.evaluation.dataset import load_corpus
 from chatchat_policybert.evaluation.knowledge_base import Chunk, load_chunks, prepare_root
 from chatchat_policybert.evaluation.metrics import unique_in_order
 from chatchat_policybert.evaluation.retrievers import Bm25, Dense, Retriever
-from chatchat_policybert.files import atomic_path
+from chatchat_policybert.files import write_json, write_jsonl
 from training._common import copy_license
 from training.loop import config_dict, parse_config, require_positive, require_share
 
@@ -439,12 +439,6 @@ def chunk_source(cfg: PairsConfig) -> Iterator[tuple[list[Chunk], Path]]:
         yield load_chunks(root, prepare_root(root, corpus, None, build_index=False), corpus), source
 
 
-def write_jsonl(lines: list[dict], path: Path) -> None:
-    with atomic_path(path) as tmp, tmp.open("w", encoding="utf-8") as handle:
-        for line in lines:
-            handle.write(json.dumps(line, ensure_ascii=False) + "\n")
-
-
 def build_pairs(cfg: PairsConfig, chunks: list[Chunk]) -> dict:
     """Writes train.jsonl and dev.jsonl for ``chunks`` into ``cfg.out``; returns the summary pairs.json holds."""
     started = time.perf_counter()
@@ -507,8 +501,7 @@ def main(argv: list[str] | None = None) -> None:
         summary = build_pairs(cfg, chunks)
     summary = {"command_line": sys.argv if argv is None else argv, "config": config_dict(cfg), **summary,
                "seconds_total": round(time.perf_counter() - started, 1)}
-    with atomic_path(cfg.out / "pairs.json") as tmp:
-        tmp.write_text(json.dumps(summary, ensure_ascii=False, indent=1) + "\n", encoding="utf-8")
+    write_json(summary, cfg.out / "pairs.json")
     copy_license(source, cfg.out)
     print(json.dumps({k: summary[k] for k in ("chunks", "documents", "dev_documents", "pairs", "negatives_per_pair")},
                      ensure_ascii=False))

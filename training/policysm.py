@@ -14,7 +14,6 @@ without a header, like ``chatchat_policybert/data/policy_sm/dev.tsv``.
 from __future__ import annotations
 
 import argparse
-import json
 import random
 import sys
 from pathlib import Path
@@ -22,7 +21,7 @@ from pathlib import Path
 from tqdm import tqdm
 
 from chatchat_policybert.errors import InputError, run_cli
-from chatchat_policybert.files import atomic_path
+from chatchat_policybert.files import atomic_path, write_json
 from training._common import Document, SentencePair, copy_license, read_corpus
 from training.corpus import split_clauses
 
@@ -215,8 +214,7 @@ def main(argv: list[str] | None = None) -> None:
         stats[name] = balance(splits)
         summary = ", ".join(f"{s} {b['pairs']} ({b['positive'] / max(b['pairs'], 1):.1%} positive)" for s, b in stats[name].items())
         print(f"{name}: {summary} → {args.out / name}")
-    with atomic_path(args.out / "stats.json") as tmp:
-        tmp.write_text(json.dumps(stats, indent=2) + "\n", encoding="utf-8")
+    write_json(stats, args.out / "stats.json")
     copy_license(args.corpus, args.out)
 
 

@@ -25,7 +25,6 @@ documents as one; a document ranks where its best chunk ranks.
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 import tempfile
 from dataclasses import dataclass, field
@@ -48,7 +47,7 @@ from chatchat_policybert.evaluation.metrics import (
     unique_in_order,
 )
 from chatchat_policybert.evaluation.retrievers import Bm25, ChatchatEnsemble, ChatchatSearch, Dense, Retriever, Rrf
-from chatchat_policybert.files import atomic_path
+from chatchat_policybert.files import write_json
 
 RETRIEVERS = ("bm25", "dense", "rrf", "chatchat")
 MRR_K = NDCG_K = 10
@@ -366,8 +365,7 @@ def main(argv: list[str] | None = None) -> int:
         payload["gate"] = {"candidate": candidate.name, "baseline": baseline.name, "resamples": BOOTSTRAP_RESAMPLES,
                            "deltas": [{**vars(d), "delta": d.delta} for d in deltas], "failure": failure}  # fmt: skip
     if args.out is not None:
-        with atomic_path(args.out) as tmp:
-            tmp.write_text(json.dumps(payload, ensure_ascii=False, indent=1), encoding="utf-8")
+        write_json(payload, args.out)
         print(f"wrote {args.out}")
     if args.plot is not None:
         plot_recall(results, ks, args.plot)

@@ -1,12 +1,13 @@
-"""``atomic_path``: outputs appear complete or not at all, and a failed rewrite keeps the old one."""
+"""Atomic writes (``atomic_path``, ``write_json``, ``write_jsonl``): outputs appear complete or not at all, and a failed rewrite keeps the old one."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
 
-from chatchat_policybert.files import atomic_path
+from chatchat_policybert.files import atomic_path, write_json, write_jsonl
 
 
 def leftovers(parent: Path, name: str) -> list[str]:
@@ -72,3 +73,26 @@ def test_atomic_file_replaces_only_on_success(tmp_path):
             raise ValueError
     assert out.read_text(encoding="utf-8") == "1"
     assert leftovers(tmp_path, "metrics.json") == []
+
+
+def test_json_writers_keep_chinese_readable_and_round_trip(tmp_path):
+    data = {"title": "关于推进政务服务的意见", "n": [1, 2.5]}
+    write_json(data, tmp_path / "stats.json")
+    text = (tmp_path / "stats.json").read_text(encoding="utf-8")
+    assert "关于推进" in text and text.endswith("\n") and json.loads(text) == data
+    rows = [{"q": "补贴怎么申请？"}, {"q": "second"}]
+    write_jsonl(iter(rows), tmp_path / "rows.jsonl")
+    lines = (tmp_path / "rows.jsonl").read_text(encoding="utf-8").splitlines()
+    assert [json.loads(line) for line in lines] == rows and "补贴" in lines[0]
+
+
+def test_json_writers_failing_midway_keep_the_old_file(tmp_path):
+    """A value JSON cannot hold, met after some rows were written, leaves the previous file as it was."""
+    for writer, name, bad in ((write_json, "stats.json", {"ok": 1, "bad": {1, 2}}),
+                              (write_jsonl, "rows.jsonl", [{"ok": 1}, {"bad": object()}])):
+        path = tmp_path / name
+        path.write_text("previous\n", encoding="utf-8")
+        with pytest.raises(TypeError, match="not JSON serializable"):
+            writer(bad, path)
+        assert path.read_text(encoding="utf-8") == "previous\n"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["rows.jsonl", "stats.json"], "no partial file left"

@@ -10,7 +10,6 @@ import torch
 from safetensors.torch import load_file
 from transformers import AutoConfig, AutoModel, AutoModelForPreTraining, AutoModelForSequenceClassification
 
-import chatchat_policybert.modeling  # noqa: F401  (registers policybert with the Auto classes)
 from chatchat_policybert.embeddings import PolicyBertEmbeddings
 from chatchat_policybert.loading import load_policybert, save_model_dir
 from chatchat_policybert.modeling import (
