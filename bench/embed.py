@@ -167,7 +167,7 @@ def main() -> None:
     parser.add_argument("--batch-tokens", type=int, default=4096, help="PolicyBertEmbeddings' padded-token budget per forward pass")
     parser.add_argument("--device", default="cpu", help="torch device, e.g. cuda when a GPU is present")
     parser.add_argument("--reps", type=int, default=3, help="repetitions (median reported)")
-    parser.add_argument("--threads", type=int, default=torch.get_num_threads())
+    parser.add_argument("--threads", type=int, default=torch.get_num_threads(), help="torch threads per process (default: all cores)")
     parser.add_argument("--fast-dtype", default=None, help="dtype of the 'fast' rows of both libraries, e.g. float16 on a GPU "
                         "(default: auto, bfloat16 only where the hardware has it); the reference is sentence-transformers in it")
     parser.add_argument("--force-bf16", action="store_true", help="run sentence-transformers-bf16 even where bf16 is emulated")

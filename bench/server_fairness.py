@@ -119,7 +119,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--size", choices=("base", "tiny"), default="base", help="bge-base-sized or the tests' tiny model")
     parser.add_argument("--model", type=Path, help="serve this model directory instead of building one")
-    parser.add_argument("--device", default="cpu")
+    parser.add_argument("--device", default="cpu", help="torch device the served model runs on")
     parser.add_argument("--seconds", type=float, default=30.0, help="how long the light client measures per setting")
     parser.add_argument("--chars", type=int, default=500, help="characters per input of the heavy client's requests")
     parser.add_argument("--max-request-tokens", type=int, default=300_000, help="the server's cap, and the heavy request size")

@@ -135,3 +135,27 @@ def _single_torch_thread():
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(previous)
+
+
+def _options_without_help(help_text: str) -> list[str]:
+    """The option lines of an argparse ``--help`` that carry no help text.
+
+    argparse prints an option's help on its own line after two or more spaces, or, when the
+    option is long, on the next line indented to the help column; an option without help is
+    followed directly by the next option or by nothing.
+    """
+    lines = help_text.splitlines()
+    missing = []
+    for i, line in enumerate(lines):
+        if not re.match(r"^  -", line):
+            continue
+        following = lines[i + 1] if i + 1 < len(lines) else ""
+        if not re.search(r"\S {2,}\S", line.strip()) and not re.match(r"^ {8,}\S", following):
+            missing.append(line.strip())
+    return missing
+
+
+@pytest.fixture(scope="session")
+def options_without_help():
+    """``--help on every command``: the options of a help text that say nothing about themselves."""
+    return _options_without_help

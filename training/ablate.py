@@ -79,27 +79,29 @@ def markdown(table: dict, seeds: int) -> str:
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(prog="python -m training.ablate", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m training.ablate", description=__doc__.split("\n\n")[0],
+                                     formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     parser.add_argument("--input", type=Path, default=CORPUS_CSV, help="policy CSV or folder")
     parser.add_argument(
-        "--lexicon", type=Path, default=LEXICON, help="word,count lexicon (default: the thesis's)"
+        "--lexicon", type=Path, default=LEXICON, help="word,count lexicon (the thesis's)"
     )
     parser.add_argument("--out", type=Path, default=Path("runs/ablate"), help="results.json, results.md and per-run metrics")
-    parser.add_argument("--variants", nargs="+", choices=VARIANTS, default=list(VARIANTS))
-    parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
-    parser.add_argument("--pretrain-steps", type=int, default=500)
-    parser.add_argument("--finetune-steps", type=int, default=250)
-    parser.add_argument("--batch-size", type=int, default=32)
+    parser.add_argument("--variants", nargs="+", choices=VARIANTS, default=list(VARIANTS),
+                        help="char: plain BERT; none/gate/attn: PolicyBERT with that fusion")
+    parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2], help="one run per variant and seed")
+    parser.add_argument("--pretrain-steps", type=int, default=500, help="MLM+NSP optimiser steps")
+    parser.add_argument("--finetune-steps", type=int, default=250, help="PolicySM-1 fine-tuning optimiser steps")
+    parser.add_argument("--batch-size", type=int, default=32, help="examples per optimiser step, both stages")
     parser.add_argument("--max-length", type=int, default=48, help="tokens per sentence pair")
     parser.add_argument("--pretrain-lr", type=float, default=2e-3, help="a from-scratch small model needs more than 3e-5")
-    parser.add_argument("--finetune-lr", type=float, default=5e-4)
+    parser.add_argument("--finetune-lr", type=float, default=5e-4, help="peak learning rate of fine-tuning")
     parser.add_argument(
         "--warmup-proportion", type=float, default=0.1, help="a from-scratch model warms up briefly, not the thesis's 0.9"
     )
-    parser.add_argument("--hidden-size", type=int, default=64)
+    parser.add_argument("--hidden-size", type=int, default=64, help="hidden size of both streams")
     parser.add_argument("--layers", type=int, default=2, help="character layers")
-    parser.add_argument("--word-layers", type=int, default=1)
-    parser.add_argument("--heads", type=int, default=4)
+    parser.add_argument("--word-layers", type=int, default=1, help="word-encoder layers (PolicyBERT variants)")
+    parser.add_argument("--heads", type=int, default=4, help="attention heads")
     parser.add_argument("--min-char-count", type=int, default=2, help="rarer characters become [UNK]")
     parser.add_argument("--test-pairs", type=int, default=2000, help="PolicySM-1 test pairs scored (a seeded sample)")
     parser.add_argument("--eval-fraction", type=float, default=0.03, help="share of corpus sentences held out for MLM")
@@ -107,7 +109,7 @@ def main(argv: list[str] | None = None) -> None:
         "--threads",
         type=int,
         default=1,
-        help="torch threads (default 1: on a shared 2-core machine two OpenMP threads spin-wait and ran 5x slower)",
+        help="torch threads (1: on a shared 2-core machine two OpenMP threads spin-wait and ran 5x slower)",
     )
     args = parser.parse_args(argv)
 

@@ -44,7 +44,7 @@ class FinetuneInputs:
 class FinetuneConfig(TrainConfig):
     """Thesis defaults: those of :class:`training.loop.TrainConfig` with an eval batch of 8."""
 
-    eval_batch_size: int = 8
+    eval_batch_size: int = field(default=8, metadata={"help": "sentence pairs per batch when evaluating"})
 
 
 def encode(tokenizer: PolicyBertTokenizer, examples: list[SentencePair], max_length: int) -> dict[str, torch.Tensor]:

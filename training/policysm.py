@@ -194,7 +194,7 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="python -m training.policysm", description=__doc__.split("\n\n")[0])
     parser.add_argument("--corpus", type=Path, required=True, help="corpus.jsonl from training.corpus")
     parser.add_argument("--out", type=Path, required=True, help="output folder: policysm1/ and policysm2/ with train/dev/test.tsv")
-    parser.add_argument("--seed", type=int, default=42)
+    parser.add_argument("--seed", type=int, default=42, help="sampling of negatives and the split")
     parser.add_argument("--dev", type=float, default=0.1, help="share of pairs in dev (default: 0.1)")
     parser.add_argument("--test", type=float, default=0.1, help="share of pairs in test (default: 0.1)")
     parser.add_argument("--min-clause-chars", type=int, default=2, help="shorter sub-clauses never form a pair (default: 2)")

@@ -59,7 +59,7 @@ class PretrainConfig(TrainConfig):
     on the very same held-out set.
     """
 
-    lr: float = 3e-5
+    lr: float = field(default=3e-5, metadata={"help": "peak learning rate"})
     mlm_probability: float = field(default=0.15, metadata={"help": "share of tokens predicted"})
     eval_fraction: float = field(default=0.05, metadata={"help": "share of sentences held out (whole documents)"})
     shuffle_words: bool = field(default=True, metadata={"help": "shuffle the word stream (--no-shuffle-words: text order)"})

@@ -12,7 +12,7 @@ import yaml
 from chatchat_deploy import BIN, Deployment, run
 from test_kb_swap import files, write_index
 
-from chatchat_policybert.cli import threshold_cosine
+from chatchat_policybert.cli import main, threshold_cosine
 from chatchat_policybert.kb_rebuild import RETIRED_SUFFIX, recover_swap
 from chatchat_policybert.settings import SettingsError, find_local_model, parse_config
 
@@ -43,6 +43,15 @@ def make_root(tmp_path: Path) -> Path:
     (root / "model_settings.yaml").write_text(INIT_LIKE_MODEL_SETTINGS, encoding="utf-8")
     (root / "kb_settings.yaml").write_text("DEFAULT_KNOWLEDGE_BASE: samples\nSCORE_THRESHOLD: 2.0\n", encoding="utf-8")
     return root
+
+
+@pytest.mark.parametrize("command", [[], ["setup"], ["doctor"], ["serve"], ["eval"]])
+def test_every_command_explains_every_option(command, capsys, options_without_help):
+    with pytest.raises(SystemExit) as exit_info:
+        main([*command, "--help"])
+    assert exit_info.value.code == 0
+    text = capsys.readouterr().out
+    assert text.startswith("usage: chatchat-policybert") and options_without_help(text) == []
 
 
 def test_threshold_cosine_matches_chatchat_rule():

@@ -14,15 +14,18 @@ from chatchat_policybert.loading import load_policybert
 from chatchat_policybert.modeling import PolicyBertForSequenceClassification
 from training import build_lexicon, finetune, merge_bge, pretrain
 
-STAGES = ["corpus", "build_lexicon", "policysm", "pretrain", "finetune", "merge_bge", "ablate"]
+STAGES = ["corpus", "build_lexicon", "policysm", "pretrain", "finetune", "merge_bge", "ablate", "pairs", "contrastive",
+          "export"]
 
 
 @pytest.mark.parametrize("stage", STAGES)
-def test_every_stage_has_help(stage, capsys):
+def test_every_stage_has_help(stage, capsys, options_without_help):
     with pytest.raises(SystemExit) as exit_info:
         importlib.import_module(f"training.{stage}").main(["--help"])
     assert exit_info.value.code == 0
-    assert "usage: python -m training." in capsys.readouterr().out
+    text = capsys.readouterr().out
+    assert "usage: python -m training." in text
+    assert options_without_help(text) == []
 
 
 def test_chain_into_a_merged_model(tmp_path, corpus_dir, policysm_dir, data_dir, tiny_model_dir):
