@@ -330,8 +330,9 @@ def load_checkpoint(path: Path, cfg: TrainConfig, device: torch.device) -> dict:
 def train(model: nn.Module, task: Task, cfg: TrainConfig, inputs: object | None = None) -> tuple[list[dict], bool]:
     """Trains ``model`` in place; returns the per-epoch metrics (also ``OUT/metrics.json``) and whether all steps ran.
 
-    Each record: epoch (fractional when a run stops mid-epoch), step, mean train loss of the
-    epoch's steps, learning rate, and ``held_out`` = ``task.evaluate`` (main process only).
+    The first record (epoch 0, step 0) scores the start model; each later one: epoch (fractional
+    when a run stops mid-epoch), step, mean train loss of the epoch's steps, learning rate, and
+    ``held_out`` = ``task.evaluate`` (main process only).
     ``inputs``, the stage's inputs dataclass (its ``--model``, data), is not compared on resume but
     recorded in ``run.json`` as ``inputs``, paths made absolute, so that ``training.export`` finds
     the directory the run started from from any working directory.
@@ -391,6 +392,12 @@ def train(model: nn.Module, task: Task, cfg: TrainConfig, inputs: object | None 
             f"{len(task)} training examples; {total_steps} steps of {cfg.batch_size} = {micro} × {world} process(es) "
             f"× {cfg.grad_accum} accumulated, on {device} ({precision})"
         )
+    if main and not state["history"]:
+        # The start model, scored by the same evaluation: every later record says how far training moved from it.
+        with evaluating(model, precision):
+            state["history"].append({"epoch": 0, "step": 0, "held_out": task.evaluate(model)})
+        tqdm.write(f"start: held out {state['history'][0]['held_out']}")
+        write_json(state["history"], cfg.out / METRICS)
     bar = tqdm(total=total_steps, initial=state["step"], desc="training", unit="step", disable=not main)
     stopped_early, order = False, None
     for step in range(state["step"], total_steps):

@@ -133,7 +133,9 @@ def test_training_lowers_dev_loss(start_model, pairs, tmp_path):
     flags = ["--max-steps", "40", "--lr", "2e-3", "--batch-size", "8", "--train-group-size", "4", "--temperature", "0.05"]
     flags += ["--query-instruction", ""]  # 19 shared characters would dominate a 32-character query in a tiny model
     out = run(start_model, pairs, tmp_path / "run", *flags)
-    after = json.loads((out / "metrics.json").read_text(encoding="utf-8"))[-1]["held_out"]
+    metrics = json.loads((out / "metrics.json").read_text(encoding="utf-8"))
+    after = metrics[-1]["held_out"]
+    assert metrics[0]["held_out"] == before, "record 0 scores the start model"
     assert after["dev_queries"] == before["dev_queries"] > 30
     assert after["dev_loss"] < before["dev_loss"] - 0.3, (before, after)
 

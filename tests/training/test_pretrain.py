@@ -125,6 +125,7 @@ def test_loss_goes_down(tiny_model_dir, corpus_docs, tmp_path):
     before = evaluate(model.eval(), tokenizer, held_out, cfg)
     history, finished = stage.pretrain(model, tokenizer, corpus_docs, cfg)
     assert finished and history[-1]["held_out"]["examples"] == before["examples"]
+    assert history[0] == {"epoch": 0, "step": 0, "held_out": before}, "record 0 scores the start model"
     assert history[-1]["held_out"]["mlm_loss"] < before["mlm_loss"] - 0.5
 
 
@@ -135,7 +136,7 @@ def test_resume_reproduces_an_uninterrupted_run(tiny_model_dir, corpus_docs, tmp
 
     straight, tokenizer = fresh(model_dir)
     history, finished = stage.pretrain(straight, tokenizer, docs, PretrainConfig(**cfg, out=tmp_path / "straight"))
-    assert finished and len(history) >= 2, "the run should cross an epoch boundary"
+    assert finished and history[0]["step"] == 0 and len(history) >= 3, "the run should cross an epoch boundary"
 
     first, tokenizer = fresh(model_dir)
     resumed_dir = tmp_path / "resumed"
@@ -163,7 +164,7 @@ def test_cli_end_to_end(tiny_model_dir, corpus_dir, tmp_path):
     argv = ["--model", str(tiny_model_dir("attn")), "--corpus", str(corpus_dir / "corpus.jsonl"), "--out", str(out)]
     stage.main([*argv, "--epochs", "2", "--batch-size", "32", "--max-length", "32", "--lr", "1e-3", "--device", "cpu"])
     metrics = json.loads((out / "metrics.json").read_text(encoding="utf-8"))
-    assert [m["epoch"] for m in metrics] == [1, 2]
+    assert [m["epoch"] for m in metrics] == [0, 1, 2]
     assert set(metrics[-1]["held_out"]) >= {"mlm_loss", "mlm_accuracy", "perplexity", "nsp_accuracy"}
     model, tokenizer = load_policybert(out / "final")
     assert model.config.fusion_type == "attn" and len(tokenizer.lexicon) == model.config.word_vocab_size
