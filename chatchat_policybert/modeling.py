@@ -377,6 +377,10 @@ class PolicyBertPreTrainedModel(PreTrainedModel):
 class PolicyBertModel(PolicyBertPreTrainedModel):
     """The fused encoder. With ``word_ids=None`` (or ``word_vocab_size=0``) it is exactly a ``BertModel``."""
 
+    # A pre-trained or fine-tuned directory also holds its task head, which the encoder (embedding,
+    # the next stage's start) does not use: loading it is expected, not a report to print.
+    _keys_to_ignore_on_load_unexpected = [r"^cls\.", r"^classifier\."]
+
     def __init__(self, config: PolicyBertConfig, add_pooling_layer: bool = True):
         super().__init__(config)
         self.embeddings = BertEmbeddings(config)

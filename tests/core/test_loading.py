@@ -13,6 +13,7 @@ from transformers import BertModel
 
 from chatchat_policybert.loading import ModelDirError, load_model_dir, load_policybert, save_model_dir
 from chatchat_policybert.modeling import (
+    PolicyBertConfig,
     PolicyBertForPreTraining,
     PolicyBertForSequenceClassification,
     PolicyBertModel,
@@ -309,3 +310,17 @@ def test_training_class_must_match_model_type(bert_dir):
     with pytest.raises(ModelDirError, match="PolicyBertForPreTraining") as err:
         load_model_dir(bert_dir, PolicyBertForPreTraining, allow_missing=("cls.",))
     assert "'bert'" in one_line(err)
+
+
+@pytest.mark.parametrize("head", [PolicyBertForPreTraining, PolicyBertForSequenceClassification])
+def test_a_stage_output_loads_as_the_encoder_without_unexpected_keys(tmp_path, head):
+    """A pre-training or fine-tuning `final/` is the next stage's start: its head is skipped, every encoder weight loads."""
+    config = PolicyBertConfig(vocab_size=50, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
+                              intermediate_size=64, word_vocab_size=20, num_word_layers=1, fusion_type="attn")
+    torch.manual_seed(0)
+    saved = head(config)
+    saved.save_pretrained(tmp_path)
+    encoder, info = PolicyBertModel.from_pretrained(tmp_path, output_loading_info=True)
+    assert info["unexpected_keys"] == set() and info["missing_keys"] == set()
+    for name, tensor in encoder.state_dict().items():
+        assert torch.equal(tensor, saved.bert.state_dict()[name]), name
