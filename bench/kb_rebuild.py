@@ -64,13 +64,15 @@ def build_model_dirs(root: Path, size: str, fusion: str, texts: list[str], plain
     (``plain=False``: the PolicyBERT alone)."""
     if size == "base":
         dirs = build_models(root, texts, names=("plain", fusion) if plain else (fusion,))
-        return {"policybert": dirs[fusion], **({"plain": dirs["plain"]} if plain else {})}
+        dirs["policybert"] = dirs.pop(fusion)
+        return dirs
     from chatchat_policybert.lexicon import Lexicon
     from chatchat_policybert.testing import build_tiny_bert, build_tiny_policybert
 
-    lexicon = Lexicon.load(LEXICON)
-    dirs = {"policybert": build_tiny_policybert(root / fusion, texts, lexicon, fusion=fusion)}
-    return {**dirs, "plain": build_tiny_bert(root / "plain", texts)} if plain else dirs
+    dirs = {"policybert": build_tiny_policybert(root / fusion, texts, Lexicon.load(LEXICON), fusion=fusion)}
+    if plain:
+        dirs["plain"] = build_tiny_bert(root / "plain", texts)
+    return dirs
 
 
 def prepare_root(root: Path, model: Path, documents: list[PolicyDocument], setup_args: Sequence[str] = ()) -> None:

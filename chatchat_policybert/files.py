@@ -1,8 +1,9 @@
 """Atomic writes: a file or directory appears complete or not at all.
 
 Every writer of a model directory, a corpus, a metrics file or a checkpoint goes through
-:func:`atomic_path` (JSON and JSON-lines files through :func:`write_json` / :func:`write_jsonl`), so an interrupted or failing stage never leaves a half-written output that a
-later stage (or Chatchat) would read, and a failed rewrite leaves the previous version in place.
+:func:`atomic_path` (JSON and JSON-lines files through :func:`write_json` / :func:`write_jsonl`),
+so an interrupted or failing stage never leaves a half-written output that a later stage (or
+Chatchat) would read, and a failed rewrite leaves the previous version in place.
 """
 
 from __future__ import annotations

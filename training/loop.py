@@ -392,8 +392,9 @@ def train(model: nn.Module, task: Task, cfg: TrainConfig, inputs: object | None 
             f"{len(task)} training examples; {total_steps} steps of {cfg.batch_size} = {micro} × {world} process(es) "
             f"× {cfg.grad_accum} accumulated, on {device} ({precision})"
         )
-    if main and not state["history"]:
+    if main and state["step"] == 0:
         # The start model, scored by the same evaluation: every later record says how far training moved from it.
+        # Keyed on the step, not on an empty history: a resumed run never scores its mid-run weights as the start.
         with evaluating(model, precision):
             state["history"].append({"epoch": 0, "step": 0, "held_out": task.evaluate(model)})
         tqdm.write(f"start: held out {state['history'][0]['held_out']}")
