@@ -363,11 +363,26 @@ def run_serve(args: argparse.Namespace) -> int:
     import uvicorn
 
     from .chatchat_hook import load_embeddings
-    from .server import (API_KEY_ENV, ServerLimits, create_app, header_timeout_protocol, is_loopback,
-                         thread_local_counter)
+    from .server import (API_KEY_ENV, SHUTDOWN_GRACE_S, ServerLimits, create_app, header_timeout_protocol,
+                         is_loopback, thread_local_counter)
     from .settings import LocalEmbeddingsConfig
     from .tokenization import PolicyBertTokenizer
 
+    # Every flag is checked before the model loads: a typo costs no loading time.
+    if not 0 < args.port <= 65535:
+        raise InputError(f"--port {args.port}: expected a TCP port, 1..65535")
+    if not math.isfinite(args.max_body_mb):
+        raise InputError(f"--max-body-mb {args.max_body_mb}: expected a finite number of MiB")
+    limits = ServerLimits(
+        max_body_bytes=int(args.max_body_mb * 1024 * 1024),
+        max_inputs=args.max_inputs,
+        max_input_tokens=args.max_input_tokens,
+        max_request_tokens=args.max_request_tokens,
+        max_batch=args.max_batch,
+        batch_tokens=args.batch_tokens,
+        max_wait_s=args.max_wait_ms / 1000.0,
+        read_timeout_s=args.read_timeout,
+    )
     if args.model_path is not None:
         config = LocalEmbeddingsConfig(model_path=str(args.model_path.resolve()), device=args.device or "cpu")
         platform, name = "command line", args.model_name or "policybert"
@@ -391,21 +406,11 @@ def run_serve(args: argparse.Namespace) -> int:
               f"reach this port can use the model; set {API_KEY_ENV} (or --api-key) or bind 127.0.0.1",
               file=sys.stderr, flush=True)
     dimension = len(embeddings.embed_documents(["维度"])[0])
-    limits = ServerLimits(
-        max_body_bytes=int(args.max_body_mb * 1024 * 1024),
-        max_inputs=args.max_inputs,
-        max_input_tokens=args.max_input_tokens,
-        max_request_tokens=args.max_request_tokens,
-        max_batch=args.max_batch,
-        batch_tokens=args.batch_tokens,
-        max_wait_s=args.max_wait_ms / 1000.0,
-        read_timeout_s=args.read_timeout,
-    )
     app = create_app(embeddings.embed_documents, thread_local_counter(tokenizer), name, dimension, limits, api_key)
     print(f"serving '{name}' (dimension {dimension}) at http://{args.host}:{args.port}/v1/embeddings"
           f"{' (API key required)' if api_key else ''}", flush=True)
     uvicorn.run(app, host=args.host, port=args.port, log_level="warning", timeout_keep_alive=5,
-                http=header_timeout_protocol(limits))
+                timeout_graceful_shutdown=SHUTDOWN_GRACE_S, http=header_timeout_protocol(limits))
     return 0
 
 

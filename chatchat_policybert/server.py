@@ -9,10 +9,13 @@ The server is meant for loopback; everything a careless or hostile client can se
 before it reaches the model: the request line and headers must arrive within `read_timeout_s`
 (`HeaderTimeoutProtocol`), and so must the body, whose size is enforced while reading (chunked
 bodies too); bodies must be `application/json` (a web page cannot make a browser send that
-cross-origin without a preflight); the work of a request is capped in tokens, not bytes; a
-big request is cut into slices of one forward pass, taken in turn with everyone else's, so a
-small request waits about one forward pass behind it; an optional API key is compared in
-constant time. Every answer, errors included, is JSON.
+cross-origin without a preflight); the work of a request is capped in characters before it is
+tokenised, then in tokens; a big request is cut into slices of one forward pass, taken in turn
+with everyone else's, so a small request waits about one forward pass behind it, and the slices
+of a client that disconnects are dropped; an optional API key is compared in constant time, and
+with one the API description (``/docs``, ``/openapi.json``) is not served. Every answer, errors
+included (malformed HTTP too), is JSON and of bounded size: an error names the field and counts
+items, it never repeats the input.
 
 Note: the endpoint cannot tell queries from documents, so it embeds every input as given (no
 query instruction); the import hook, which calls `embed_query`, does add it.
@@ -27,13 +30,15 @@ import hmac
 import ipaddress
 import json
 import logging
+import math
+import sys
 import threading
 import time
 from collections import deque
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
-from typing import AsyncIterator, Callable, ClassVar, Literal
+from typing import AsyncIterator, Awaitable, Callable, ClassVar, Literal, TypeVar
 
 import h11
 import numpy as np
@@ -51,6 +56,19 @@ logger = logging.getLogger(__name__)
 EmbedFn = Callable[[list[str]], list[list[float]]]
 CountFn = Callable[[list[str]], list[int]]
 API_KEY_ENV = "POLICYBERT_API_KEY"
+# Characters an input may have per token it is allowed (``ServerLimits.max_input_tokens`` etc.):
+# text runs 1 (Chinese) to about 5 (English) characters per token, but one "word" without spaces
+# or punctuation is a single [UNK] however long, and tokenising and lexicon matching cost its
+# characters. So characters are capped before tokenising, and a text's share of a model call is
+# its tokens or its characters / CHARS_PER_TOKEN, whichever is more.
+CHARS_PER_TOKEN = 8
+# Validation problems an error message lists before it only counts the rest.
+MAX_REPORTED_PROBLEMS = 5
+# Longest ``max_wait_s``: a request waits that long for company when the model is idle.
+MAX_WAIT_S = 1.0
+# Seconds `serve` gives requests still running at SIGTERM before cancelling them.
+SHUTDOWN_GRACE_S = 5.0
+T = TypeVar("T")
 
 
 class EmbeddingRequest(BaseModel):
@@ -70,7 +88,8 @@ class ServerLimits:
 
     ``max_input_tokens`` and ``max_request_tokens`` follow OpenAI's own limits (8,192 tokens per
     input, 300,000 per request); ``batch_tokens`` is the work of one model call, the unit in
-    which requests take turns (the default of ``PolicyBertEmbeddings.batch_tokens``).
+    which requests take turns (the default of ``PolicyBertEmbeddings.batch_tokens``). Inputs
+    are also capped at :data:`CHARS_PER_TOKEN` characters per token allowed, before tokenising.
     """
 
     max_body_bytes: int = 8 * 1024 * 1024
@@ -84,12 +103,24 @@ class ServerLimits:
 
     def __post_init__(self) -> None:
         for name, value in vars(self).items():
-            if not value > 0 and not (name == "max_wait_s" and value == 0):
-                raise InputError(f"server limit {name} must be > 0, got {value!r}")
+            if not math.isfinite(value) or (not value > 0 and not (name == "max_wait_s" and value == 0)):
+                raise InputError(f"server limit {name} must be a finite number > 0, got {value!r}")
+        if self.max_wait_s > MAX_WAIT_S:
+            raise InputError(f"server limit max_wait_s must be at most {MAX_WAIT_S:g} s, got {self.max_wait_s!r}")
+
+    @property
+    def max_input_chars(self) -> int:
+        """Characters per input before tokenising (413): :data:`CHARS_PER_TOKEN` per token allowed."""
+        return CHARS_PER_TOKEN * self.max_input_tokens
+
+    @property
+    def max_request_chars(self) -> int:
+        """Characters per request before tokenising (413)."""
+        return CHARS_PER_TOKEN * self.max_request_tokens
 
 
 class HeaderTimeoutProtocol(H11Protocol):
-    """uvicorn's h11 protocol with a deadline on each request's line and headers.
+    """uvicorn's h11 protocol with a deadline on each request's line and headers, and JSON for malformed HTTP.
 
     uvicorn times nothing while it waits for a request (``timeout_keep_alive`` starts only after
     a response, and any byte stops it), so a client that connects and sends nothing, or never
@@ -97,6 +128,10 @@ class HeaderTimeoutProtocol(H11Protocol):
     opening, or from the first bytes after a response, until h11 has parsed the next request's
     headers (trickling bytes does not reset it); then `read_body`'s own ``read_timeout_s`` takes
     over. On expiry the connection closes, after a JSON 408 where no response is under way.
+
+    Malformed HTTP (a bad Content-Length, headers over uvicorn's 16 KiB buffer, a broken request
+    line) is refused by uvicorn before the app sees it, with a ``text/plain`` 400; here that 400
+    is JSON in the shape of every other error.
     """
 
     header_timeout_s: ClassVar[float]
@@ -130,13 +165,22 @@ class HeaderTimeoutProtocol(H11Protocol):
         if self.transport.is_closing():
             return
         if self.conn.our_state is h11.IDLE:  # h11 lets a server answer before any request
-            answer = error_response(408, f"request headers not received within {self.header_timeout_s:g} s")
-            headers = [*answer.raw_headers, (b"connection", b"close")]
-            response = h11.Response(status_code=408, headers=headers, reason=b"Request Timeout")
-            self.transport.write(self.conn.send(response))
-            self.transport.write(self.conn.send(h11.Data(data=answer.body)))
-            self.transport.write(self.conn.send(h11.EndOfMessage()))
+            self._send_error(408, b"Request Timeout", f"request headers not received within {self.header_timeout_s:g} s")
         self.transport.close()
+
+    def send_400_response(self, msg: str) -> None:
+        """uvicorn's answer to a request h11 cannot parse, as JSON; ``msg`` is uvicorn's fixed text."""
+        self._send_error(400, b"Bad Request", "malformed HTTP request (request line, headers or Content-Length), "
+                                              "or headers too large")
+        self.transport.close()
+
+    def _send_error(self, status: int, reason: bytes, message: str) -> None:
+        """Write :func:`error_response` as this connection's (last) response, outside the app."""
+        answer = error_response(status, message)
+        headers = [*answer.raw_headers, (b"connection", b"close")]
+        self.transport.write(self.conn.send(h11.Response(status_code=status, headers=headers, reason=reason)))
+        self.transport.write(self.conn.send(h11.Data(data=answer.body)))
+        self.transport.write(self.conn.send(h11.EndOfMessage()))
 
 
 def header_timeout_protocol(limits: ServerLimits) -> type[HeaderTimeoutProtocol]:
@@ -210,7 +254,8 @@ class _Job:
 class FairBatcher:
     """Runs concurrent requests' texts through the model together, taking turns by slice.
 
-    Each request is cut into slices of at most ``max_batch`` texts and ``batch_tokens`` tokens.
+    Each request is cut into slices of at most ``max_batch`` texts and ``batch_tokens`` work units
+    (:func:`work_units`: tokens, or characters / :data:`CHARS_PER_TOKEN` where more).
     One model call takes the first slice of each waiting request in turn while the call stays
     within those bounds (the first always fits); requests just served go to the back. So a
     small request that arrives while a large one streams is in the very next call: it waits one
@@ -238,7 +283,11 @@ class FairBatcher:
         self._executor.shutdown(wait=False, cancel_futures=True)
 
     async def embed(self, texts: list[str], costs: list[int]) -> np.ndarray:
-        """The vectors of ``texts`` (``costs``: their token counts), once all its slices have run."""
+        """The vectors of ``texts`` (``costs``: their :func:`work_units`), once all its slices have run.
+
+        Cancelling the caller cancels the future: the request's slices still queued are dropped
+        before the next model call.
+        """
         future: asyncio.Future = asyncio.get_running_loop().create_future()
         self._jobs.append(_Job(texts, deque(token_slices(costs, self._max_batch, self._batch_tokens)), future))
         self._wake.set()
@@ -346,29 +395,70 @@ async def read_body(request: Request, limits: ServerLimits) -> bytes:
     return bytes(body)
 
 
+def problems(exc: ValidationError) -> str:
+    """Where and why validation failed, for at most :data:`MAX_REPORTED_PROBLEMS` places, the rest counted.
+
+    pydantic reports every bad item of a list (one per item of a million-item ``input``); the
+    message names fields and item positions, never the input's values.
+    """
+    errors = exc.errors(include_url=False, include_context=False, include_input=False)
+    shown = "; ".join(f"{'.'.join(str(p) for p in e['loc']) or 'body'}: {e['msg']}" for e in errors[:MAX_REPORTED_PROBLEMS])
+    hidden = len(errors) - MAX_REPORTED_PROBLEMS
+    return shown + (f"; and {hidden} more problem(s)" if hidden > 0 else "")
+
+
 def parse(body: bytes, limits: ServerLimits) -> tuple[EmbeddingRequest, list[str]]:
-    """The validated request and its texts; every way a body can be wrong is a RequestError."""
+    """The validated request and its texts; every way a body can be wrong is a RequestError of bounded size.
+
+    The number of inputs is checked before their items are validated, and their characters
+    before anything tokenises them (:func:`check_characters`).
+    """
     try:
         payload = json.loads(body)
     except (json.JSONDecodeError, UnicodeDecodeError) as exc:
         raise RequestError(400, f"request body is not valid JSON: {exc}") from None
     except RecursionError:
         raise RequestError(400, "request body is not valid JSON: nested too deeply") from None
+    except ValueError:  # json.loads' int() refuses more digits than sys.get_int_max_str_digits()
+        raise RequestError(400, f"request body has a number of more than {sys.get_int_max_str_digits()} digits") from None
+    items = payload.get("input") if isinstance(payload, dict) else None
+    if isinstance(items, list) and len(items) > limits.max_inputs:
+        raise RequestError(413, f"{len(items)} inputs exceed the limit of {limits.max_inputs} per request")
     try:
         parsed = EmbeddingRequest.model_validate(payload)
     except ValidationError as exc:
-        problems = "; ".join(f"{'.'.join(str(p) for p in e['loc']) or 'body'}: {e['msg']}" for e in exc.errors())
-        raise RequestError(422, f"invalid embeddings request: {problems}") from None
+        raise RequestError(422, f"invalid embeddings request: {problems(exc)}") from None
     texts = [parsed.input] if isinstance(parsed.input, str) else list(parsed.input)
     if not texts:
         raise RequestError(422, "invalid embeddings request: input: must not be an empty list")
-    if len(texts) > limits.max_inputs:
-        raise RequestError(413, f"{len(texts)} inputs exceed the limit of {limits.max_inputs} per request")
     try:
         check_texts(texts, "input")
     except ValueError as exc:
         raise RequestError(422, f"invalid embeddings request: {exc}") from None
+    check_characters(texts, limits)
     return parsed, texts
+
+
+def check_characters(texts: list[str], limits: ServerLimits) -> None:
+    """Refuse (413) an input or request over its character cap, before any tokenising or lexicon matching."""
+    longest = max(range(len(texts)), key=lambda i: len(texts[i]))
+    if len(texts[longest]) > limits.max_input_chars:
+        raise RequestError(413, f"input[{longest}] has {len(texts[longest])} characters, over the limit of "
+                                f"{limits.max_input_chars} per input ({CHARS_PER_TOKEN} per token allowed)")
+    total = sum(map(len, texts))
+    if total > limits.max_request_chars:
+        raise RequestError(413, f"request has {total} characters, over the limit of {limits.max_request_chars} "
+                                f"per request ({CHARS_PER_TOKEN} per token allowed)")
+
+
+def work_units(texts: list[str], costs: list[int]) -> list[int]:
+    """Each text's share of a model call: its tokens, or its characters / :data:`CHARS_PER_TOKEN` if more.
+
+    A long run without spaces is one [UNK] token but its characters are still tokenised and
+    matched against the lexicon; counting them keeps such a text from filling a model call alone
+    with many others.
+    """
+    return [max(cost, -(-len(text) // CHARS_PER_TOKEN)) for text, cost in zip(texts, costs)]
 
 
 def check_work(costs: list[int], total: int, limits: ServerLimits) -> None:
@@ -380,6 +470,34 @@ def check_work(costs: list[int], total: int, limits: ServerLimits) -> None:
         )
     if total > limits.max_request_tokens:
         raise RequestError(413, f"request has {total} tokens, over the limit of {limits.max_request_tokens} per request")
+
+
+class ClientGone(Exception):
+    """The client closed its connection before its answer was ready."""
+
+
+async def unless_disconnected(request: Request, work: Awaitable[T]) -> T:
+    """``work``'s result, or :class:`ClientGone` (``work`` cancelled) as soon as the client disconnects.
+
+    Once the body is read, the ASGI ``receive`` of uvicorn (and of the test client) returns
+    ``http.disconnect`` only when the connection closes or the response is sent, so a task
+    waiting on it learns of an abandoned request while its embedding is queued or running.
+    """
+
+    async def disconnected() -> None:
+        while (await request.receive())["type"] != "http.disconnect":
+            pass
+
+    task, watcher = asyncio.ensure_future(work), asyncio.ensure_future(disconnected())
+    try:
+        await asyncio.wait({task, watcher}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        watcher.cancel()
+        if not task.done():
+            task.cancel()
+    if not task.done() or task.cancelled():
+        raise ClientGone
+    return task.result()
 
 
 def error_response(status: int, message: str) -> JSONResponse:
@@ -400,10 +518,13 @@ def create_app(
     """The app serving ``embed`` (e.g. ``PolicyBertEmbeddings.embed_documents``) as ``model_name``.
 
     ``count_tokens`` gives each text's token count (:func:`thread_local_counter`), for the caps,
-    the turn-taking and ``usage``; ``api_key`` (if set) is required on every ``/v1`` route.
+    the turn-taking and ``usage``; ``api_key`` (if set) is required on every ``/v1`` route, and
+    then the API description (``/docs``, ``/redoc``, ``/openapi.json``) is not served at all: it
+    tells an unauthenticated caller what the server is, and a browser page cannot send the key.
     """
     limits = limits or ServerLimits()
     batcher = FairBatcher(embed, limits.max_batch, limits.batch_tokens, limits.max_wait_s)
+    described = api_key is None
 
     @asynccontextmanager
     async def lifespan(_app: FastAPI) -> AsyncIterator[None]:
@@ -411,7 +532,13 @@ def create_app(
         yield
         await batcher.stop()
 
-    app = FastAPI(title="chatchat-policybert embeddings", lifespan=lifespan)
+    app = FastAPI(
+        title="chatchat-policybert embeddings",
+        lifespan=lifespan,
+        docs_url="/docs" if described else None,
+        redoc_url="/redoc" if described else None,
+        openapi_url="/openapi.json" if described else None,
+    )
 
     @app.exception_handler(HTTPException)
     async def http_error(_request: Request, exc: HTTPException) -> JSONResponse:
@@ -442,16 +569,19 @@ def create_app(
         authorize(request, api_key)
         parsed, texts = parse(await read_body(request, limits), limits)
         if parsed.model != model_name:
-            raise RequestError(404, f"model '{parsed.model}' is not served here (this server serves '{model_name}')")
+            shown = parsed.model if len(parsed.model) <= 100 else f"{parsed.model[:100]}… ({len(parsed.model)} characters)"
+            raise RequestError(404, f"model '{shown}' is not served here (this server serves '{model_name}')")
         if parsed.dimensions is not None and parsed.dimensions != dimension:
             raise RequestError(400, f"dimensions={parsed.dimensions} unsupported: '{model_name}' has {dimension}")
         costs = await asyncio.get_running_loop().run_in_executor(None, count_tokens, texts)
         tokens = sum(costs)  # once: the cap here, `usage` below
         check_work(costs, tokens, limits)
         try:
-            vectors = await batcher.embed(texts, costs)
+            vectors = await unless_disconnected(request, batcher.embed(texts, work_units(texts, costs)))
         except ValueError as exc:
             raise RequestError(400, f"cannot embed input: {exc}") from None
+        except ClientGone:
+            raise RequestError(499, "client closed the request") from None
         return JSONResponse(
             {
                 "object": "list",

@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 import base64
+import json
 import socket
 import threading
 import time
+from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
 
 import numpy as np
 import openai
@@ -17,7 +20,13 @@ from chatchat_deploy import free_port
 from fastapi.testclient import TestClient
 
 from chatchat_policybert.embeddings import PolicyBertEmbeddings
-from chatchat_policybert.server import ServerLimits, create_app, thread_local_counter
+from chatchat_policybert.server import (
+    CHARS_PER_TOKEN,
+    ServerLimits,
+    create_app,
+    header_timeout_protocol,
+    thread_local_counter,
+)
 
 MODEL = "policybert"
 
@@ -53,26 +62,36 @@ def model_calls() -> list[int]:
     return []
 
 
-@pytest.fixture(scope="module")
-def live_url(embeddings, limits, model_calls):
-    """The app under a real uvicorn on a loopback port, for concurrent clients."""
+@contextmanager
+def served(app, limits: ServerLimits) -> Iterator[str]:
+    """``app`` under a real uvicorn on a loopback port with `serve`'s protocol; yields the /v1 URL."""
     port = free_port()
-
-    def embed(texts: list[str]) -> list[list[float]]:
-        model_calls.append(len(texts))
-        return embeddings.embed_documents(texts)
-
-    app = create_app(embed, thread_local_counter(embeddings.tokenizer), MODEL, embeddings.dimension, limits)
-    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
+    config = uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning", http=header_timeout_protocol(limits))
+    server = uvicorn.Server(config)
     thread = threading.Thread(target=server.run, daemon=True)
     thread.start()
     deadline = time.monotonic() + 30
     while not server.started and time.monotonic() < deadline:
         time.sleep(0.05)
     assert server.started
-    yield f"http://127.0.0.1:{port}/v1"
-    server.should_exit = True
-    thread.join(10)
+    try:
+        yield f"http://127.0.0.1:{port}/v1"
+    finally:
+        server.should_exit = True
+        thread.join(10)
+
+
+@pytest.fixture(scope="module")
+def live_url(embeddings, limits, model_calls):
+    """The app under a real uvicorn on a loopback port, for concurrent clients."""
+
+    def embed(texts: list[str]) -> list[list[float]]:
+        model_calls.append(len(texts))
+        return embeddings.embed_documents(texts)
+
+    app = create_app(embed, thread_local_counter(embeddings.tokenizer), MODEL, embeddings.dimension, limits)
+    with served(app, limits) as url:
+        yield url
 
 
 def test_float_and_base64_match_embed_documents(client, embeddings, texts):
@@ -271,3 +290,133 @@ def test_small_request_waits_one_model_call_behind_a_large_one(embeddings, limit
     assert "小请求" in calls[1]
     got = np.asarray([d["embedding"] for d in big.result().json()["data"]], dtype=np.float32)
     np.testing.assert_allclose(got, np.asarray(embeddings.embed_documents(large), dtype=np.float32), atol=1e-5)
+
+
+# --- issue #23: bounded work per request, every error JSON and small ---------------------------
+
+
+def post_raw(client, body: bytes):
+    return client.post("/v1/embeddings", content=body, headers={"Content-Type": "application/json"})
+
+
+def test_errors_never_echo_the_input(client, limits):
+    """Item 1: 20,000 integers as ``input`` (under the body limit) were a 1 MB 422 listing each; now
+    a small 413 before validation, and a 422 over max_inputs bad items lists five and counts the rest."""
+    over = post_raw(client, b'{"model": "policybert", "input": [%s]}' % b",".join([b"1"] * 20_000))
+    assert over.status_code == 413 and "20000 inputs" in over.json()["error"]["message"]
+    assert len(over.content) < 500, len(over.content)
+    bad_items = post_raw(client, b'{"model": "policybert", "input": [%s]}' % b",".join([b"7"] * limits.max_inputs))
+    message = bad_items.json()["error"]["message"]
+    assert bad_items.status_code == 422 and "input.list[str].0" in message and "more problem(s)" in message
+    assert len(bad_items.content) < 1000, len(bad_items.content)
+    long_name = client.post("/v1/embeddings", json={"model": "m" * 50_000, "input": "x"})
+    assert long_name.status_code == 404 and len(long_name.content) < 1000, len(long_name.content)
+
+
+def test_long_words_are_capped_and_sliced_by_characters(embeddings):
+    """Item 2: one "word" without spaces is a single [UNK] token however long; its characters are
+    capped before tokenising (413), and a model call holds at most ``batch_tokens`` x CHARS_PER_TOKEN
+    characters of such words, so the turn-taking bound holds for them too."""
+    limits = ServerLimits(max_input_tokens=512, max_request_tokens=2048, batch_tokens=256, max_batch=16)
+    calls: list[list[str]] = []
+
+    def embed(batch: list[str]) -> list[list[float]]:
+        calls.append(batch)
+        return embeddings.embed_documents(batch)
+
+    app = create_app(embed, thread_local_counter(embeddings.tokenizer), MODEL, embeddings.dimension, limits)
+    with TestClient(app) as test_client:
+        one_word = test_client.post("/v1/embeddings", json={"model": MODEL, "input": ["数据", "a" * (limits.max_input_chars + 1)]})
+        assert one_word.status_code == 413, one_word.text
+        assert "input[1]" in one_word.text and f"{limits.max_input_chars + 1} characters" in one_word.text
+        digits = ["10" * (limits.max_input_chars // 2)] * (limits.max_request_chars // limits.max_input_chars + 1)
+        many = test_client.post("/v1/embeddings", json={"model": MODEL, "input": digits})
+        assert many.status_code == 413 and "characters" in many.text and str(limits.max_request_chars) in many.text
+        assert not calls  # refused before any model call
+        words = ["a" * 1000] * 16  # 3 tokens each, 1,000 characters of tokenising and matching each
+        answer = test_client.post("/v1/embeddings", json={"model": MODEL, "input": words})
+        assert answer.status_code == 200 and answer.json()["usage"]["prompt_tokens"] == 16 * 3
+    assert max(sum(map(len, call)) for call in calls) <= limits.batch_tokens * CHARS_PER_TOKEN
+    assert sum(map(len, calls)) == 16
+
+
+def test_abandoned_request_stops_between_model_calls(embeddings, texts):
+    """Item 3: a client that disconnects while its request runs costs at most the model call under way."""
+    limits = ServerLimits(max_batch=1, read_timeout_s=5.0)
+    calls: list[int] = []
+    first = threading.Event()
+
+    def embed(batch: list[str]) -> list[list[float]]:
+        calls.append(len(batch))
+        first.set()
+        time.sleep(0.2)
+        return embeddings.embed_documents(batch)
+
+    app = create_app(embed, thread_local_counter(embeddings.tokenizer), MODEL, embeddings.dimension, limits)
+    body = json.dumps({"model": MODEL, "input": texts[:20]}).encode()
+    with served(app, limits) as url:
+        port = int(url.split(":")[-1].split("/")[0])
+        with socket.create_connection(("127.0.0.1", port), timeout=10) as sock:
+            sock.sendall(b"POST /v1/embeddings HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                         b"Content-Length: %d\r\n\r\n%s" % (len(body), body))
+            assert first.wait(10)
+        time.sleep(1.0)
+        settled = len(calls)
+        time.sleep(1.0)
+        assert len(calls) == settled <= 3, calls  # 20 one-text calls without the fix
+        assert requests.post(f"{url}/embeddings", json={"model": MODEL, "input": "还在"}, timeout=10).status_code == 200
+
+
+@pytest.mark.parametrize("field", ["dimensions", "input", "user"])
+def test_huge_integer_anywhere_is_a_400(client, field):
+    """Item 4: Python's JSON reader refuses integers over 4,300 digits with a ValueError (was a 500)."""
+    body = {"model": MODEL, "input": "数据"}
+    raw = json.dumps({**body, field: 0}).replace('": 0', '": ' + "9" * 5000).encode()
+    response = post_raw(client, raw)
+    assert response.status_code == 400 and "digits" in response.json()["error"]["message"]
+    assert len(response.content) < 500
+
+
+@pytest.mark.parametrize(
+    "head",
+    [
+        b"POST /v1/embeddings HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: 1x\r\n\r\n",
+        b"GET /health HTTP/1.1\r\nHost: x\r\nX-Big: " + b"a" * 40_000,
+        b"GET /health HTTP/1.1\r\nHost: x\r\n" + b"X-A: b\r\n" * 5_000,
+        b"NOT HTTP AT ALL\r\n\r\n",
+    ],
+    ids=["bad-content-length", "40KB-header", "5k-headers", "bad-request-line"],
+)
+def test_malformed_http_is_answered_with_json(live_url, head):
+    """Item 5: what h11 cannot parse never reaches the app; the protocol answers it with a JSON 400.
+
+    Unfinished headers past h11's 16 KiB buffer are refused the same way at any size (2 MB, 20k
+    lines); they stay small here so that the server reads all that was sent before it closes, and
+    no TCP reset races its answer."""
+    host, port = live_url.removeprefix("http://").split("/")[0].split(":")
+    with socket.create_connection((host, int(port)), timeout=10) as sock:
+        try:
+            sock.sendall(head)
+        except OSError:  # the server answered and closed before reading everything
+            pass
+        answer = b""
+        while chunk := sock.recv(65536):
+            answer += chunk
+    status, _, rest = answer.partition(b"\r\n")
+    headers, _, body = rest.partition(b"\r\n\r\n")
+    assert status.startswith(b"HTTP/1.1 400 "), answer[:300]
+    assert b"content-type: application/json" in headers.lower()
+    assert "malformed HTTP request" in json.loads(body)["error"]["message"]
+
+
+def test_api_description_is_not_served_with_an_api_key(embeddings):
+    """Item 7: with a key, /docs, /redoc and /openapi.json are off (404); without one they are served."""
+    counter = thread_local_counter(embeddings.tokenizer)
+    keyed = create_app(embeddings.embed_documents, counter, MODEL, embeddings.dimension, api_key="k")
+    with TestClient(keyed) as keyed_client:
+        for path in ("/docs", "/redoc", "/openapi.json"):
+            response = keyed_client.get(path)
+            assert response.status_code == 404 and "error" in response.json(), path
+    with TestClient(create_app(embeddings.embed_documents, counter, MODEL, embeddings.dimension)) as open_client:
+        assert open_client.get("/openapi.json").json()["info"]["title"] == "chatchat-policybert embeddings"
+        assert open_client.get("/docs").status_code == 200
