@@ -4,13 +4,17 @@ from __future__ import annotations
 
 import os
 import shutil
+import signal
 import socket
 import subprocess
 import time
 from pathlib import Path
 
+import pytest
 import requests
 from chatchat_deploy import BIN, free_port, stop_group
+
+from chatchat_policybert.server import SHUTDOWN_GRACE_S
 
 SERVE = [str(BIN / "chatchat-policybert"), "serve"]
 
@@ -85,5 +89,42 @@ def test_unfinished_headers_and_silent_connections_are_closed(tiny_model, tmp_pa
                 answer = read_to_close(sock)
             assert answer.startswith(b"HTTP/1.1 408 ") and b"request headers not received within 1 s" in answer, answer
         assert time.monotonic() - start < 10  # a bound on behaviour (closed at all), not a speed measurement
+    finally:
+        stop_group(process, grace=5)
+
+
+@pytest.mark.parametrize(
+    ("flag", "value", "fragment"),
+    [
+        ("--max-body-mb", "inf", "--max-body-mb inf"),
+        ("--port", "99999", "--port 99999"),
+        ("--max-wait-ms", "inf", "max_wait_s"),
+        ("--max-wait-ms", "5000", "max_wait_s must be at most"),
+        ("--read-timeout", "nan", "read_timeout_s"),
+    ],
+)
+def test_impossible_serve_flags_are_one_error_line(tiny_model, tmp_path, flag, value, fragment):
+    """Issue #23 item 6: values that overflowed (OverflowError tracebacks) or hung every request are refused."""
+    result = subprocess.run([*SERVE, "--model-path", str(tiny_model), "--root", str(tmp_path), flag, value],
+                            capture_output=True, text=True, timeout=120)
+    assert result.returncode == 2, result.stderr[-2000:]
+    assert "Traceback" not in result.stderr
+    errors = [line for line in result.stderr.splitlines() if line.startswith("error: ")]
+    assert len(errors) == 1 and fragment in errors[0], result.stderr[-2000:]
+
+
+def test_sigterm_stops_the_server_with_a_request_in_flight(tiny_model, tmp_path):
+    """Issue #23 item 6: SIGTERM waits at most SHUTDOWN_GRACE_S for running requests (here: a body
+    that never finishes, which --read-timeout 60 would otherwise wait a minute for)."""
+    process, port = serve_until_up(["--model-path", str(tiny_model), "--root", str(tmp_path), "--read-timeout", "60"])
+    try:
+        with socket.create_connection(("127.0.0.1", port), timeout=10) as stalled:
+            stalled.sendall(b"POST /v1/embeddings HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                            b"Content-Length: 100\r\n\r\n{")
+            time.sleep(0.5)
+            start = time.monotonic()
+            process.send_signal(signal.SIGTERM)
+            process.wait(timeout=SHUTDOWN_GRACE_S + 15)
+        assert time.monotonic() - start < SHUTDOWN_GRACE_S + 15
     finally:
         stop_group(process, grace=5)
