@@ -25,7 +25,12 @@ logger = logging.getLogger(__name__)
 
 PAD_WORD = "[PAD]"
 LEXICON_FILE = "lexicon.txt"
+# Longest word a lexicon may hold. Built lexicons have words of 2-5 characters
+# (``training.build_lexicon``); a user's terms may be longer, but a very long one is a broken file,
+# and pyahocorasick crashes the process (segfault at exit) on a word of a million characters.
+MAX_WORD_CHARS = 32
 _SPACE = re.compile(r"\s+")
+_COUNT = re.compile(r"[0-9]+")  # str.isdigit() also takes "²" and "١", which int() refuses
 
 
 def fold_char(char: str) -> str:
@@ -48,6 +53,14 @@ _FOLD_TABLE = _FoldTable()
 def fold_text(text: str) -> str:
     """Fold a text character by character; ``len(fold_text(t)) == len(t)`` always."""
     return text.translate(_FOLD_TABLE)
+
+
+def check_word_length(word: str, where: str) -> None:
+    """Refuse a word over :data:`MAX_WORD_CHARS` characters; ``where`` names it (``file:line`` or ``word N``)."""
+    if len(word) > MAX_WORD_CHARS:
+        raise LexiconError(
+            f"{where}: lexicon word {word[:10]!r}… has {len(word)} characters, more than {MAX_WORD_CHARS}"
+        )
 
 
 def normalize_word(word: str) -> str:
@@ -78,7 +91,8 @@ class Lexicon:
             raise ValueError(f"{len(words)} words but {len(counts)} counts")
         merged: dict[str, int] = {}
         sources: dict[str, list[str]] = {}
-        for raw, count in zip(words, counts):
+        for i, (raw, count) in enumerate(zip(words, counts)):
+            check_word_length(raw, f"word {i + 1}")
             word = normalize_word(raw)
             if not word:
                 raise LexiconError(f"lexicon word {raw!r} is empty after normalisation")
@@ -139,8 +153,9 @@ class Lexicon:
             if not line.strip():
                 continue
             word, sep, count = line.rpartition(",")
-            if not sep or not word.strip() or not count.strip().isdigit():
-                raise LexiconError(f"{path}:{number}: expected 'word,count', got {line!r}")
+            if not sep or not word.strip() or not _COUNT.fullmatch(count.strip()):
+                raise LexiconError(f"{path}:{number}: expected 'word,count' (count: digits 0-9), got {line[:80]!r}")
+            check_word_length(word, f"{path}:{number}")
             words.append(word)
             counts.append(int(count))
         if not words:

@@ -13,19 +13,22 @@ in ``allow_missing`` instead of switching the check off.
 from __future__ import annotations
 
 import json
+import math
 import os
 import re
 import struct
+from collections.abc import Iterator
 from pathlib import Path
 
 import torch
+from huggingface_hub.errors import StrictDataclassError
 from safetensors import SafetensorError
-from transformers import BertModel, PreTrainedModel
+from transformers import BertConfig, BertModel, PreTrainedModel
 
 from .errors import InputError
 from .files import atomic_path
 from .lexicon import LEXICON_FILE, LexiconError
-from .modeling import PolicyBertModel
+from .modeling import PolicyBertConfig, PolicyBertModel
 from .tokenization import PolicyBertTokenizer
 
 WEIGHT_FILES = ("model.safetensors", "pytorch_model.bin")
@@ -91,7 +94,46 @@ def read_config(path: Path) -> dict:
         raise ModelDirError(
             f"{config_file}: model_type {config.get('model_type')!r} is not one of {SUPPORTED_TYPES}"
         )
+    for field, value in _numbers(config):
+        if not math.isfinite(value):
+            raise ModelDirError(f"{config_file}: {field} is {value}, expected a finite number")
+    # The config class checks every field's type and range; transformers would raise the same
+    # errors later, as a traceback from inside from_pretrained.
+    config_class = PolicyBertConfig if config["model_type"] == "policybert" else BertConfig
+    try:
+        config_class(**{k: v for k, v in config.items() if k != "model_type"})
+    except (ValueError, TypeError, StrictDataclassError) as err:
+        raise ModelDirError(f"{config_file}: {' '.join(str(err).split())}") from None
     return config
+
+
+def _numbers(value: object, field: str = "") -> Iterator[tuple[str, float]]:
+    """Every float in a JSON value, with its dotted field name (JSON as Python reads it allows NaN and Infinity)."""
+    if isinstance(value, float):
+        yield field, value
+    elif isinstance(value, dict):
+        for key, item in value.items():
+            yield from _numbers(item, f"{field}.{key}" if field else str(key))
+    elif isinstance(value, list):
+        for i, item in enumerate(value):
+            yield from _numbers(item, f"{field}[{i}]")
+
+
+def check_finite(model: torch.nn.Module, path: Path) -> None:
+    """Refuse weights holding NaN or Inf: every vector would be NaN (or every float answer a 500).
+
+    A tensor's sum is finite unless it holds a NaN or Inf, or its values overflow float32 when
+    summed; only a non-finite sum is checked element by element. The sum reads each weight once:
+    91 ms for the 102 M parameters of bge-base (docs/guarantees.md).
+    """
+    for name, tensor in model.state_dict().items():
+        if tensor.is_floating_point() and not tensor.sum().isfinite():
+            bad = int((~torch.isfinite(tensor)).sum())
+            if bad:
+                raise ModelDirError(
+                    f"{path}: tensor {name} has {bad} non-finite value(s) (NaN or Inf) of {tensor.numel()}: "
+                    f"the weights are corrupt or training diverged; use another checkpoint"
+                )
 
 
 def refuse_remote_code(path: Path) -> None:
@@ -240,6 +282,7 @@ def load_model_dir(
             f"{path}: weights do not fit config.json ({len(problem)} tensors missing or of the wrong shape, "
             f"e.g. {problem[0]})"
         )
+    check_finite(model, path)
     return model.to(device).eval(), tokenizer
 
 

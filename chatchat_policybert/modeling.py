@@ -99,6 +99,12 @@ class PolicyBertConfig(BertConfig):
             raise ValueError(f"fusion_type must be one of {FUSION_TYPES}, got {fusion_type!r}")
         if late_fusion not in LATE_FUSIONS:
             raise ValueError(f"late_fusion must be one of {LATE_FUSIONS}, got {late_fusion!r}")
+        # A config.json can hold anything: "2628" or 0 here would fail far from the cause, or keep no words.
+        counts = {"word_vocab_size": (word_vocab_size, 0), "num_word_layers": (num_word_layers, 0),
+                  "max_words": (max_words, 1), "max_words_span": (max_words_span, 1)}
+        for name, (value, least) in counts.items():
+            if isinstance(value, bool) or not isinstance(value, int) or value < least:
+                raise ValueError(f"{name} must be an integer >= {least}, got {value!r}")
         if word_vocab_size and not 0 < num_word_layers <= self.num_hidden_layers:
             raise ValueError(
                 f"num_word_layers must be in 1..num_hidden_layers ({self.num_hidden_layers}), got {num_word_layers}"

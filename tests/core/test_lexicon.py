@@ -11,7 +11,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from chatchat_policybert.lexicon import PAD_WORD, Lexicon, LexiconError, fold_text, normalize_word
+from chatchat_policybert.lexicon import MAX_WORD_CHARS, PAD_WORD, Lexicon, LexiconError, fold_text, normalize_word
 
 
 def brute_force_matches(lexicon: Lexicon, text: str) -> set[tuple[int, int, int]]:
@@ -291,3 +291,12 @@ def test_property_match_equals_brute_force(reference_lexicon, lexicon_words, dat
     # ... and every occurrence is reported, once.
     assert len(found) == len(as_set(found))
     assert as_set(found) == brute_force_matches(reference_lexicon, text)
+
+
+def test_words_longer_than_the_bound_are_refused():
+    """Issue #23 item 10: ``Lexicon(['数' * (1 << 20)], [1])`` alone made the process segfault at exit."""
+    with pytest.raises(LexiconError, match=rf"word 2: lexicon word .* has {MAX_WORD_CHARS + 1} characters"):
+        Lexicon(["数据", "数" * (MAX_WORD_CHARS + 1)], [1, 1])
+    with pytest.raises(LexiconError, match="1048576 characters"):
+        Lexicon(["数" * (1 << 20)], [1])
+    assert Lexicon(["数" * MAX_WORD_CHARS]).words == ["数" * MAX_WORD_CHARS]

@@ -324,3 +324,69 @@ def test_a_stage_output_loads_as_the_encoder_without_unexpected_keys(tmp_path, h
     assert info["unexpected_keys"] == set() and info["missing_keys"] == set()
     for name, tensor in encoder.state_dict().items():
         assert torch.equal(tensor, saved.bert.state_dict()[name]), name
+
+
+# --- issue #23: a directory that would serve garbage is refused -------------------------------
+
+
+@pytest.mark.parametrize("value", [float("nan"), float("inf"), float("-inf")])
+def test_non_finite_weight_is_refused_naming_the_tensor(policy_dir, value):
+    """Item 8: NaN/Inf weights loaded silently (then 500 on every float request, NaN vectors in base64)."""
+    weights = load_file(policy_dir / "model.safetensors")
+    name = sorted(weights)[len(weights) // 2]
+    weights[name].view(-1)[3] = value
+    save_file(weights, policy_dir / "model.safetensors", metadata={"format": "pt"})
+    with pytest.raises(ModelDirError) as err:
+        load_policybert(policy_dir)
+    assert f"tensor {name} has 1 non-finite value(s)" in one_line(err)
+
+
+def test_finite_weights_whose_sum_overflows_still_load(policy_dir):
+    """Item 8: the cheap check (a tensor's sum) falls back to element by element, so large finite weights pass."""
+    weights = load_file(policy_dir / "model.safetensors")
+    name = "embeddings.word_embeddings.weight"
+    weights[name][:2] = 3e38  # finite, but their sum overflows float32
+    save_file(weights, policy_dir / "model.safetensors", metadata={"format": "pt"})
+    model, _ = load_policybert(policy_dir)
+    assert torch.isinf(model.embeddings.word_embeddings.weight.sum())
+
+
+@pytest.mark.parametrize(
+    ("change", "fragment"),
+    [
+        ({"layer_norm_eps": float("nan")}, "layer_norm_eps is nan"),
+        ({"hidden_dropout_prob": float("inf")}, "hidden_dropout_prob is inf"),
+        ({"vocab_size": "2628"}, "vocab_size"),
+        ({"hidden_size": 32.0}, "hidden_size"),
+        ({"max_words": 0}, "max_words must be an integer >= 1, got 0"),
+        ({"max_words_span": -5}, "max_words_span must be an integer >= 1"),
+        ({"max_words": "40"}, "max_words must be an integer"),
+        ({"word_vocab_size": "2663"}, "word_vocab_size must be an integer"),
+    ],
+)
+def test_config_values_of_the_wrong_type_or_not_finite_are_refused(policy_dir, change, fragment):
+    """Items 8, 9, 10: a config.json value that is a string, a float for an int, NaN/Inf or a word budget
+    <= 0 is one ModelDirError naming config.json and the field (was a library traceback, or silence)."""
+    edit_config(policy_dir, **change)
+    with pytest.raises(ModelDirError) as err:
+        load_policybert(policy_dir)
+    message = one_line(err)
+    assert "config.json" in message and fragment in message, message
+
+
+@pytest.mark.parametrize(
+    ("line", "fragment"),
+    [("数据,²", "expected 'word,count' (count: digits 0-9)"), ("数" * (1 << 20) + ",1", "1048576 characters, more than 32")],
+    ids=["superscript-count", "megabyte-word"],
+)
+def test_bad_lexicon_line_in_a_model_dir_names_the_file_and_line(policy_dir, line, fragment):
+    """Item 10: a count int() cannot read was "tokenizer files cannot be read: invalid literal…"; a 1 MB
+    word made the process segfault at exit. Both are refused naming lexicon.txt and the line."""
+    lexicon = policy_dir / "lexicon.txt"
+    lines = lexicon.read_text(encoding="utf-8").splitlines()
+    lines[4] = line
+    lexicon.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    with pytest.raises(ModelDirError) as err:
+        load_policybert(policy_dir)
+    message = one_line(err)
+    assert "lexicon.txt:5: " in message and fragment in message, message[:300]
