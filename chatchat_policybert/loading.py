@@ -123,8 +123,8 @@ def check_finite(model: torch.nn.Module, path: Path) -> None:
     """Refuse weights holding NaN or Inf: every vector would be NaN (or every float answer a 500).
 
     A tensor's sum is finite unless it holds a NaN or Inf, or its values overflow float32 when
-    summed; only a non-finite sum is checked element by element. The sum reads each weight once:
-    91 ms for the 102 M parameters of bge-base (docs/guarantees.md).
+    summed; only a non-finite sum is checked element by element. The sum reads each weight once
+    (its cost at bge-base size: ``bench/finite_check.py``, quoted in docs/guarantees.md).
     """
     for name, tensor in model.state_dict().items():
         if tensor.is_floating_point() and not tensor.sum().isfinite():
