@@ -51,6 +51,8 @@ _WRAPPED_MARK = "__policybert_wrapped__"
 
 _lock = _thread.allocate_lock()
 _instances: dict[tuple, object] = {}
+_platforms: dict[int, str] = {}
+"""id of a served embeddings object -> its platform name (the objects live as long as ``_instances``)."""
 _logged_errors: set[str] = set()
 
 
@@ -181,7 +183,18 @@ def _get_instance(utils: ModuleType, model_name: str, platform_name: str, config
             except Exception as exc:
                 return _unavailable(utils, model_name, str(exc))
             _instances[key] = instance
+            _platforms[id(instance)] = platform_name
     return instance
+
+
+def platform_of(embeddings: object) -> str | None:
+    """The platform whose ``local_embeddings`` block this process's ``embeddings`` object serves, None if not ours.
+
+    Why: the FAISS ensemble only sees a vector store; its embeddings object says which platform's
+    ``hybrid`` weights apply (:mod:`chatchat_policybert.ensemble_cache`).
+    """
+    with _lock:
+        return _platforms.get(id(embeddings))
 
 
 def load_embeddings(config: LocalEmbeddingsConfig, root: Path, platform_name: str) -> Embeddings:

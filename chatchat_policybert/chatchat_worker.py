@@ -9,6 +9,11 @@ explains why a child process. Results are printed as one line ``@@chatchat@@ <js
   object per stdin line and answers each with the hits of Chatchat's ``search_docs``; with
   ``"llm": NAME`` in the request it also answers the question with Chatchat's RAG prompt over those
   hits (the WebUI's RAG对话 chain, no streaming).
+- ``candidates`` (FAISS) answers ``{"query"}`` lines with the two lists the FAISS ensemble fuses,
+  made by the same objects ``search_docs`` uses: the BM25 half's ``top_k`` hits and the vector
+  store's ``top_k`` hits with the relevance score its SCORE_THRESHOLD is compared with. The
+  calibration (:mod:`chatchat_policybert.calibration`) fuses them for every weight and threshold
+  it tries, without a search per setting.
 
     CHATCHAT_ROOT=root python -m chatchat_policybert.chatchat_worker chunks --kb WeiMingPolicies
     CHATCHAT_ROOT=root python -m chatchat_policybert.chatchat_worker search --kb WeiMingPolicies --top-k 10
@@ -87,18 +92,66 @@ def search(kb: str, top_k: int | None) -> None:
         _emit(answer)
 
 
+def _stale_index(store) -> str | None:
+    """Why the index cannot be searched with the configured model (empty, or built by another model), else None.
+
+    One stored chunk embedded again must give its stored vector back: a FAISS index built by the
+    previous model would otherwise be searched with the new model's query vectors, silently.
+    """
+    import numpy as np
+
+    if store.index.ntotal == 0:
+        return "the FAISS index is empty"
+    text = store.docstore.search(store.index_to_docstore_id[0]).page_content
+    fresh = np.asarray(store.embedding_function.embed_documents([text])[0], dtype=np.float32)
+    stored = store.index.reconstruct(0)
+    cosine = float(fresh @ stored / (np.linalg.norm(fresh) * np.linalg.norm(stored)))
+    return None if cosine > 0.999 else f"its vectors were not made by the configured model (cosine {cosine:.3f})"
+
+
+def candidates(kb: str, top_k: int | None) -> None:
+    """Answers request lines with the BM25 and FAISS lists of the plugin's ensemble, before fusion and threshold."""
+    from chatchat.server.knowledge_base.kb_service.base import KBServiceFactory
+    from chatchat.settings import Settings
+
+    from chatchat_policybert.ensemble_cache import cached_bm25
+
+    top_k = top_k or Settings.kb_settings.VECTOR_SEARCH_TOP_K
+    service = KBServiceFactory.get_service_by_name(kb)
+    if service is None or service.vs_type() != "faiss":
+        _emit({"error": f"knowledge base {kb} is not a FAISS knowledge base of this root"})
+        return
+    with service.load_vector_store().acquire() as store:
+        stale = _stale_index(store)
+    if stale:
+        _emit({"error": f"knowledge base {kb}: {stale}; run `chatchat kb -r -n {kb}` first"})
+        return
+    _emit({"ready": True, "top_k": top_k})
+    for line in sys.stdin:
+        query = json.loads(line)["query"]
+        with service.load_vector_store().acquire() as store:
+            bm25 = cached_bm25(store).copy(update={"k": top_k}).invoke(query)
+            # What as_retriever(search_type="similarity_score_threshold") asks, with no threshold yet.
+            dense = store.similarity_search_with_relevance_scores(query, k=top_k)
+        _emit({"bm25": [[d.metadata.get("source", ""), d.page_content] for d in bm25],
+               "dense": [[d.metadata.get("source", ""), d.page_content, float(score)] for d, score in dense]})
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("mode", choices=["chunks", "search"])
+    parser.add_argument("mode", choices=["chunks", "search", "candidates"])
     parser.add_argument("--kb", required=True, help="knowledge base name")
-    parser.add_argument("--top-k", type=int, help="search: chunks per query (default: the root's VECTOR_SEARCH_TOP_K)")
+    parser.add_argument("--top-k", type=int,
+                        help="search, candidates: chunks per query (default: the root's VECTOR_SEARCH_TOP_K)")
     args = parser.parse_args(argv)
     if "CHATCHAT_ROOT" not in os.environ:
         parser.error("set CHATCHAT_ROOT")
     if args.mode == "chunks":
         chunks(args.kb)
-    else:
+    elif args.mode == "search":
         search(args.kb, args.top_k)
+    else:
+        candidates(args.kb, args.top_k)
 
 
 if __name__ == "__main__":

@@ -37,7 +37,7 @@ from .chatchat_root import (
 )
 from .dtypes import DTYPE_CHOICES
 from .errors import InputError, run_cli
-from .settings import PLATFORM_KEY, SettingsError, find_local_model, load_yaml
+from .settings import PLATFORM_KEY, SettingsError, find_local_model, load_yaml, parse_hybrid, round_trip_yaml
 
 SETTINGS_FILES = ("model_settings.yaml", "kb_settings.yaml")
 PTH_NAME = "chatchat_policybert_hook.pth"
@@ -63,15 +63,6 @@ def threshold_cosine(score_threshold: float, store: str = "faiss") -> float:
 
 
 # ----------------------------------------------------------------------------- setup
-
-
-def _yaml():
-    import ruamel.yaml
-
-    yaml = ruamel.yaml.YAML()
-    yaml.indent(mapping=2, sequence=4, offset=2)
-    yaml.width = 4096
-    return yaml
 
 
 def merge_settings(target: Any, shipped: Any, keep_other_platforms: bool) -> None:
@@ -105,6 +96,10 @@ def run_setup(args: argparse.Namespace) -> int:
     missing = [name for name in SETTINGS_FILES if not (root / name).is_file()]
     if missing:
         raise InputError(f"{root} has no {', '.join(missing)}: run `CHATCHAT_ROOT={root} chatchat init` first")
+    if args.kb is not None and args.calibrate is None:
+        raise InputError("--kb only applies with --calibrate")
+    if args.calibrate is not None and not args.calibrate.is_file():
+        raise InputError(f"{args.calibrate}: question file not found")
     if args.pg_uri is not None and args.vs != "pg":
         raise InputError("--pg-uri is only used with --vs pg")
     if args.vs == "pg":
@@ -113,7 +108,7 @@ def run_setup(args: argparse.Namespace) -> int:
         if args.pg_uri is None:
             raise InputError("--vs pg needs --pg-uri postgresql+psycopg2://USER:PASSWORD@HOST:PORT/DATABASE")
         validate_uri(args.pg_uri)
-    yaml = _yaml()
+    yaml = round_trip_yaml()
     source = args.settings_dir
     for name in SETTINGS_FILES:
         shipped = yaml.load((source / name).read_text(encoding="utf-8"))
@@ -140,9 +135,23 @@ def run_setup(args: argparse.Namespace) -> int:
     kb_dir = content_dir(root, default_kb(root))
     kb_dir.mkdir(parents=True, exist_ok=True)
     print(f"OK    knowledge base folder {kb_dir} (put documents here, then `chatchat kb -r -n {kb_dir.parent.name}`)")
+    if args.calibrate is not None:
+        calibrate_setup(root, args.kb or default_kb(root), args.calibrate)
     if args.no_check:
         return 0
     return report(diagnose(root, load_model=True))
+
+
+def calibrate_setup(root: Path, kb: str, questions: Path) -> None:
+    """``setup --calibrate``: choose the ensemble's weights and threshold on ``questions`` and record them."""
+    from .calibration import calibrate_root, write_calibration
+
+    calibration = calibrate_root(root, kb, questions, root / "logs")
+    print(calibration.table())
+    write_calibration(root, calibration)
+    chosen = calibration.chosen
+    print(f"OK    calibrated the FAISS ensemble on {calibration.questions} questions of {questions}: "
+          f"{chosen.label} (written to model_settings.yaml and kb_settings.yaml)")
 
 
 def _choose_store(kb_settings: Any, store: str, uri: str | None) -> None:
@@ -274,6 +283,8 @@ def diagnose(root: Path, load_model: bool) -> list[Finding]:
         add("OK", f"SCORE_THRESHOLD {threshold} keeps {label} hits with cosine >= {cosine:.2f}")
 
     findings.extend(_check_interrupted_swaps(root))
+    if store == "faiss" and local is not None:
+        findings.extend(_check_hybrid(model_settings, local.platform_name, threshold))
     if store == "faiss":
         findings.extend(_check_kb(root, settings, str(model_settings.get("DEFAULT_EMBEDDING_MODEL", "")), None))
         return findings
@@ -290,6 +301,18 @@ def diagnose(root: Path, load_model: bool) -> list[Finding]:
         if not any(f.level == "ERROR" for f in server):
             findings.extend(_check_kb(root, settings, "", engine))
     return findings
+
+
+def _check_hybrid(model_settings: dict[str, Any], platform_name: str, threshold: float) -> list[Finding]:
+    """The FAISS ensemble's weights, threshold and the dev metrics they were chosen on (the platform's ``hybrid``)."""
+    from .calibration import describe
+
+    platform = next(p for p in model_settings.get("MODEL_PLATFORMS") or [] if p.get("platform_name") == platform_name)
+    try:
+        hybrid = parse_hybrid(platform)
+    except SettingsError as exc:
+        return [Finding("ERROR", f"{exc}: the ensemble falls back to Chatchat's 0.5/0.5")]
+    return [Finding(level, message) for level, message in describe(hybrid, threshold)]
 
 
 def _check_model(local: Any, root: Path) -> list[Finding]:
@@ -446,6 +469,12 @@ def build_parser() -> argparse.ArgumentParser:
     setup.add_argument("--keep-other-platforms", action="store_true",
                        help="keep existing MODEL_PLATFORMS entries whose names the shipped file does not use")
     setup.add_argument("--no-check", action="store_true", help="skip the doctor's checks after merging")
+    setup.add_argument("--calibrate", type=Path, metavar="FILE",
+                       help="after `chatchat kb -r` with this model: choose the FAISS ensemble's BM25/dense weights and "
+                            "SCORE_THRESHOLD on these held-out questions (training.pairs' dev.jsonl, or the evaluation's "
+                            "JSONL questions) so the RAG path is at least as good there as BM25 or dense alone; records "
+                            "them and their metrics in the settings (without it, setup keeps Chatchat's 0.5/0.5)")
+    setup.add_argument("--kb", help="with --calibrate: the knowledge base to calibrate on (default: DEFAULT_KNOWLEDGE_BASE)")
     setup.set_defaults(func=run_setup)
 
     doctor = commands.add_parser("doctor", help="report what is wrong in a Chatchat root, one line per check")

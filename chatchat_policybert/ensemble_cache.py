@@ -7,8 +7,9 @@ at 2,095 chunks). It also builds ``EnsembleRetrieverService(retriever=…)`` wit
 most 5 chunks come back whatever ``VECTOR_SEARCH_TOP_K`` says (Chatchat #5101).
 
 :func:`patch_ensemble` (called by :mod:`chatchat_policybert.chatchat_hook`) replaces that one
-function. The replacement builds the same two retrievers with the same weights and fuses them
-the same way; only the BM25 index is kept, one per vector-store object (weakly: Chatchat's
+function. The replacement builds the same two retrievers and fuses them the same way, with the
+(BM25, dense) weights of the PolicyBERT platform's ``hybrid`` block (:func:`hybrid_weights`;
+Chatchat's fixed 0.5/0.5 without one); only the BM25 index is kept, one per vector-store object (weakly: Chatchat's
 ``kb_faiss_pool`` decides how long a store lives), together with the docstore contents it was
 built from. Every change Chatchat makes to a FAISS knowledge base (``kb -r``, a file added,
 deleted or updated through the API or the WebUI) adds or removes docstore entries — Chatchat
@@ -32,7 +33,10 @@ from typing import Any
 import numpy as np
 from rank_bm25 import BM25Okapi
 
+from chatchat_policybert.settings import CHATCHAT_WEIGHTS
+
 WRAPPED_MARK = "__policybert_wrapped__"
+_logged: set[str] = set()
 
 
 class PostingsBM25Okapi(BM25Okapi):
@@ -118,6 +122,32 @@ def cached_bm25(vectorstore: Any) -> Any:
     return retriever
 
 
+def hybrid_weights(vectorstore: Any) -> tuple[float, float]:
+    """(BM25, dense) weights for a search of ``vectorstore``: its PolicyBERT platform's ``hybrid`` block, else Chatchat's 0.5/0.5.
+
+    Read from Chatchat's settings on every search (Chatchat's own platform lookup, one dict
+    comprehension), so a calibration written while Chatchat runs applies from the next question
+    wherever Chatchat reloads its settings. A broken block is logged once through Chatchat's logger
+    and Chatchat's weights are used: retrieval keeps working while ``doctor`` names the problem.
+    """
+    from chatchat_policybert.chatchat_hook import platform_of
+    from chatchat_policybert.settings import SettingsError, parse_hybrid
+
+    platform_name = platform_of(getattr(vectorstore, "embedding_function", None))
+    if platform_name is None:
+        return CHATCHAT_WEIGHTS
+    from chatchat.server.utils import get_config_platforms, logger
+
+    try:
+        hybrid = parse_hybrid(get_config_platforms().get(platform_name, {}))
+    except SettingsError as exc:
+        if str(exc) not in _logged:
+            _logged.add(str(exc))
+            logger.error(f"{exc}: the FAISS ensemble uses Chatchat's weights {CHATCHAT_WEIGHTS}")
+        return CHATCHAT_WEIGHTS
+    return CHATCHAT_WEIGHTS if hybrid is None else hybrid.weights
+
+
 def patch_ensemble(module: ModuleType) -> None:
     """Replace ``module.EnsembleRetrieverService.from_vectorstore`` (module: Chatchat's ``retrievers.ensemble``).
 
@@ -137,7 +167,8 @@ def patch_ensemble(module: ModuleType) -> None:
             search_kwargs={"score_threshold": score_threshold, "k": top_k},
         )
         bm25_retriever = cached_bm25(vectorstore).copy(update={"k": top_k})
-        ensemble = EnsembleRetriever(retrievers=[bm25_retriever, faiss_retriever], weights=[0.5, 0.5])
+        weights = list(hybrid_weights(vectorstore))
+        ensemble = EnsembleRetriever(retrievers=[bm25_retriever, faiss_retriever], weights=weights)
         return service(retriever=ensemble, top_k=top_k)
 
     setattr(from_vectorstore, WRAPPED_MARK, True)

@@ -24,7 +24,7 @@ because the hook runs it inside every Chatchat process.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, Iterator, Literal, NamedTuple
+from typing import Any, Iterator, Literal, NamedTuple, TypeVar
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
@@ -100,21 +100,35 @@ def parse_config(platform: dict[str, Any]) -> LocalEmbeddingsConfig | None:
 
     Raises SettingsError naming the platform and the offending keys.
     """
-    raw = platform.get(PLATFORM_KEY)
+    return _validated_block(platform, PLATFORM_KEY, LocalEmbeddingsConfig)
+
+
+B = TypeVar("B", bound=BaseModel)
+
+
+def _validated_block(platform: dict[str, Any], key: str, model: type[B]) -> B | None:
+    """The platform's ``key`` block validated as ``model``, None if absent; a SettingsError naming platform and key."""
+    raw = platform.get(key)
     if raw is None:
         return None
     name = platform.get("platform_name", "?")
     if not isinstance(raw, dict):
-        raise SettingsError(
-            f"platform '{name}': '{PLATFORM_KEY}' must be a mapping, got {type(raw).__name__}"
-        )
+        raise SettingsError(f"platform '{name}': '{key}' must be a mapping, got {type(raw).__name__}")
     try:
-        return LocalEmbeddingsConfig.model_validate(raw)
+        return model.model_validate(raw)
     except ValidationError as exc:
-        problems = "; ".join(
-            f"{'.'.join(str(p) for p in err['loc']) or PLATFORM_KEY}: {err['msg']}" for err in exc.errors()
-        )
-        raise SettingsError(f"platform '{name}': invalid '{PLATFORM_KEY}' ({problems})") from None
+        problems = "; ".join(f"{'.'.join(str(p) for p in err['loc']) or key}: {err['msg']}" for err in exc.errors())
+        raise SettingsError(f"platform '{name}': invalid '{key}' ({problems})") from None
+
+
+def round_trip_yaml() -> Any:
+    """ruamel's round-trip YAML as every settings writer uses it: comments and key order kept, no line wrapping."""
+    import ruamel.yaml
+
+    handler = ruamel.yaml.YAML()
+    handler.indent(mapping=2, sequence=4, offset=2)
+    handler.width = 4096
+    return handler
 
 
 def load_yaml(path: Path) -> dict[str, Any]:
@@ -152,3 +166,47 @@ def find_local_model(model_settings: dict[str, Any], model_name: str | None) -> 
     raise SettingsError(
         f"no platform with '{PLATFORM_KEY}' lists embed model '{wanted}' (local embed models: {known or 'none'})"
     )
+
+
+HYBRID_KEY = "hybrid"
+"""The platform entry's key for the FAISS ensemble's settings (next to ``local_embeddings``)."""
+CHATCHAT_WEIGHTS = (0.5, 0.5)
+"""Chatchat 0.3.1.3's fixed (BM25, dense) weights: what a platform without a ``hybrid`` block keeps."""
+
+
+class HybridConfig(BaseModel):
+    """The ``hybrid`` block of the PolicyBERT platform: how the FAISS ensemble fuses BM25 and the vectors.
+
+    Why a block of its own: Chatchat fuses the two halves with fixed weights 0.5/0.5, and with a
+    dense model weaker than BM25 that falls below BM25 alone. ``chatchat-policybert setup
+    --calibrate`` (and ``tune``) choose the weights and the SCORE_THRESHOLD on held-out questions
+    and record them here with the metrics they were chosen on, so that ``doctor`` can show them.
+    The threshold itself is Chatchat's ``SCORE_THRESHOLD`` (kb_settings.yaml), which calibration
+    writes too: Chatchat's API and WebUI pass it to every search, and a user may still move it.
+    """
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    bm25_weight: float = Field(CHATCHAT_WEIGHTS[0], ge=0.0)
+    dense_weight: float = Field(CHATCHAT_WEIGHTS[1], ge=0.0)
+    score_threshold: float | None = Field(None, ge=0.0, le=2.0)
+    """The SCORE_THRESHOLD the weights were chosen with (doctor warns when kb_settings.yaml differs)."""
+    calibration: dict[str, Any] | None = None
+    """What the choice was made on: the question file, the knowledge base, top_k, the date and per-row metrics."""
+
+    @field_validator("dense_weight")
+    @classmethod
+    def _some_weight(cls, value: float, info: Any) -> float:
+        if value + info.data.get("bm25_weight", 0.0) <= 0:
+            raise ValueError("bm25_weight + dense_weight must be above 0")
+        return value
+
+    @property
+    def weights(self) -> tuple[float, float]:
+        """(BM25, dense), the order of Chatchat's ``EnsembleRetriever(retrievers=[bm25, faiss])``."""
+        return self.bm25_weight, self.dense_weight
+
+
+def parse_hybrid(platform: dict[str, Any]) -> HybridConfig | None:
+    """The validated ``hybrid`` block of a platform dict, None if it has none; a bad one is a SettingsError naming it."""
+    return _validated_block(platform, HYBRID_KEY, HybridConfig)

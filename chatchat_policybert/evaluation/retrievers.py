@@ -95,6 +95,24 @@ class Rrf:
         return reciprocal_rank_fusion(rankings)[: self.depth], sum(seconds)
 
 
+class ChunkLocator:
+    """Maps a hit Chatchat returns, (source, text), to its chunk index (by text alone when the source differs)."""
+
+    def __init__(self, chunks: list[Chunk]):
+        self._index: dict[tuple[str, str], int] = {}
+        self._by_text: dict[str, int] = {}
+        for i, chunk in enumerate(chunks):
+            self._index.setdefault((chunk.source, chunk.text), i)
+            self._by_text.setdefault(chunk.text, i)
+
+    def __call__(self, source: str, text: str) -> int:
+        index = self._index.get((source, text), self._by_text.get(text))
+        if index is None:
+            raise InputError("Chatchat returned a chunk its content folder does not produce: "
+                             "the FAISS index is out of date, run `chatchat kb -r`")
+        return index
+
+
 class ChatchatSearch:
     """Chatchat's ``search_docs`` in one worker process: Chatchat and the model load once, for all thresholds.
 
@@ -104,11 +122,7 @@ class ChatchatSearch:
     """
 
     def __init__(self, root: Path, kb: str, chunks: list[Chunk], top_k: int, log_path: Path):
-        self._index: dict[tuple[str, str], int] = {}
-        self._by_text: dict[str, int] = {}
-        for i, chunk in enumerate(chunks):
-            self._index.setdefault((chunk.source, chunk.text), i)
-            self._by_text.setdefault(chunk.text, i)
+        self._locate = ChunkLocator(chunks)
         self._worker = ChatchatWorker(root, "search", "--kb", kb, "--top-k", str(top_k), log_path=log_path)
         self.configured_threshold: float = self._worker.ready["score_threshold"]
 
@@ -120,14 +134,7 @@ class ChatchatSearch:
 
     def search(self, query: str, threshold: float | None) -> tuple[list[int], float]:
         answer = self._worker.ask({"query": query, "threshold": threshold})
-        ranking = []
-        for source, text in answer["hits"]:
-            index = self._index.get((source, text), self._by_text.get(text))
-            if index is None:
-                raise InputError("Chatchat returned a chunk its content folder does not produce: "
-                                 "the FAISS index is out of date, run `chatchat kb -r`")
-            ranking.append(index)
-        return ranking, answer["seconds"]
+        return [self._locate(source, text) for source, text in answer["hits"]], answer["seconds"]
 
     def close(self) -> None:
         self._worker.close()

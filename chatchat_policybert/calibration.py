@@ -1,0 +1,338 @@
+"""Choose the FAISS ensemble's BM25/dense weights and SCORE_THRESHOLD on held-out questions.
+
+Why: Chatchat fuses BM25 and the vectors with fixed weights 0.5/0.5 (weighted reciprocal-rank
+fusion), so with a dense model weaker than BM25 the RAG tab retrieves worse than BM25 alone —
+while every dense-only gate says "better". :func:`calibrate` tries a grid of (weights,
+threshold) that includes BM25 alone (dense weight 0 / no vector hit passes) and the vectors first
+(BM25 weight 0 at the loosest threshold Chatchat's API accepts), and keeps the best MRR@10, so on
+the questions it was chosen on the deployed path is never below the better of the two. Ties keep
+the earliest grid point, which is Chatchat's own setting, so a calibration that finds nothing
+better changes nothing.
+
+The grid is scored without a search per setting: a worker bound to the root
+(:mod:`chatchat_policybert.chatchat_worker` ``candidates``) returns, per question, the two lists
+the ensemble fuses — made by the same objects ``search_docs`` uses — and :func:`fuse` repeats
+LangChain's ``EnsembleRetriever.weighted_reciprocal_rank`` and the vector store's threshold on
+them (``tests/chatchat/test_calibration.py`` checks the result equals ``search_docs``'s hits).
+
+Questions are either held-out pairs (``training.pairs``' ``dev.jsonl``: a query and the passage
+it came from; the relevant document is the one whose chunk holds that passage) or labelled
+questions in the evaluation's JSONL format (``{"id", "question", "doc_title", "evidence"}``,
+titles being the knowledge base's file names without suffix).
+"""
+
+from __future__ import annotations
+
+import datetime
+import json
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from chatchat_policybert.chatchat_root import (
+    ChatchatWorker,
+    content_dir,
+    kb_settings,
+    score_threshold_for,
+)
+from chatchat_policybert.errors import InputError
+from chatchat_policybert.evaluation.dataset import Query, load_corpus, load_questions
+from chatchat_policybert.evaluation.evaluate import MRR_K, RunResult, evaluate_retriever
+from chatchat_policybert.evaluation.knowledge_base import Chunk, load_chunks
+from chatchat_policybert.evaluation.metrics import evidence_in_chunk, mrr_at_k, unique_in_order
+from chatchat_policybert.evaluation.retrievers import ChunkLocator
+from chatchat_policybert.files import atomic_path
+from chatchat_policybert.settings import CHATCHAT_WEIGHTS, HYBRID_KEY, PLATFORM_KEY, SettingsError, round_trip_yaml
+
+RRF_C = 60
+"""LangChain's ``EnsembleRetriever.c``, the constant Chatchat's ensemble fuses with."""
+WEIGHT_STEPS = 10
+"""BM25 weights 0, 0.1, …, 1 (the dense weight is 1 minus it)."""
+COSINE_CUTS = (0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9)
+NO_VECTORS = 2.0
+"""The largest SCORE_THRESHOLD Chatchat's API accepts: no vector hit passes (BM25 alone)."""
+LOOSEST = 0.0
+"""The smallest SCORE_THRESHOLD Chatchat's API accepts (FAISS: cosine >= 0.29)."""
+METRICS_KEPT = ("R@1", "R@5", f"MRR@{MRR_K}", f"nDCG@{MRR_K}")
+KS = [1, 5, 10]
+ROWS = ("bm25", "dense", "hybrid 0.5", "calibrated")
+
+
+@dataclass(frozen=True)
+class Setting:
+    """One point of the grid: (BM25, dense) weights and the SCORE_THRESHOLD."""
+
+    bm25_weight: float
+    dense_weight: float
+    threshold: float
+
+    @property
+    def label(self) -> str:
+        return f"bm25 {self.bm25_weight:g} / dense {self.dense_weight:g}, thr {self.threshold:g}"
+
+
+def threshold_grid(current: float) -> list[float]:
+    """SCORE_THRESHOLDs tried: the root's, the loosest, one per cosine cut of FAISS (rounded up: never looser), none."""
+    cuts = [math.ceil(score_threshold_for(c, "faiss") * 1e4) / 1e4 for c in COSINE_CUTS]
+    return list(dict.fromkeys([current, LOOSEST, *cuts, NO_VECTORS]))
+
+
+def setting_grid(current: float) -> list[Setting]:
+    """Chatchat's own setting first (ties keep it), then every weight at every threshold."""
+    weights = [round(i / WEIGHT_STEPS, 4) for i in range(WEIGHT_STEPS + 1)]
+    grid = [Setting(*CHATCHAT_WEIGHTS, current)]
+    grid += [Setting(w, round(1 - w, 4), t) for t in threshold_grid(current) for w in weights]
+    return list(dict.fromkeys(grid))
+
+
+# ----------------------------------------------------------------------------- questions
+
+
+def dev_queries(path: Path, root: Path, kb: str) -> tuple[list[Query], list[Chunk]]:
+    """The questions of ``path`` (dev pairs or evaluation JSONL, told apart by their keys) and the KB's chunks."""
+    first = _first_object(path)
+    if "query" in first and "pos" in first:
+        chunks = load_chunks(root, kb, None)
+        return pair_queries(path, chunks), chunks
+    if "question" in first and "doc_title" in first:
+        corpus = load_corpus(content_dir(root, kb))
+        return load_questions(path, corpus), load_chunks(root, kb, corpus)
+    raise InputError(f"{path}: expected dev pairs ({{\"query\", \"pos\", …}}, training.pairs' dev.jsonl) or questions "
+                     '({"id", "question", "doc_title", "evidence"}, the evaluation\'s JSONL)')
+
+
+def _first_object(path: Path) -> dict[str, Any]:
+    if not Path(path).is_file():
+        raise InputError(f"{path}: question file not found")
+    with Path(path).open(encoding="utf-8") as handle:
+        for lineno, line in enumerate(handle, 1):
+            if line.strip():
+                try:
+                    obj = json.loads(line)
+                except json.JSONDecodeError:
+                    raise InputError(f"{path}:{lineno}: not JSON") from None
+                if not isinstance(obj, dict):
+                    raise InputError(f"{path}:{lineno}: expected a JSON object")
+                return obj
+    raise InputError(f"{path}: no questions in the file")
+
+
+def pair_queries(path: Path, chunks: list[Chunk]) -> list[Query]:
+    """Dev pairs as questions: the query, relevant = the documents of the chunks holding its positive passage.
+
+    A pair's positive comes from one chunk (a whole chunk, the text under a heading, or a chunk
+    without its query sentence, which keeps a contiguous run of at least half of it), so
+    :func:`evidence_in_chunk` finds that chunk; a pair whose passage no chunk holds (the KB
+    changed since the pairs were made) is an error naming its line.
+    """
+    queries = []
+    for lineno, line in enumerate(Path(path).read_text(encoding="utf-8").splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            obj = json.loads(line)
+            query, positive = obj["query"], obj["pos"][0]
+            if not isinstance(query, str) or not isinstance(positive, str) or not query or not positive:
+                raise TypeError
+        except (json.JSONDecodeError, KeyError, IndexError, TypeError):
+            raise InputError(f"{path}:{lineno}: expected {{\"query\": \"…\", \"pos\": [\"…\"], …}}") from None
+        groups = {c.group for c in chunks if _holds(c.text, positive)}
+        if not groups:
+            raise InputError(f"{path}:{lineno}: no chunk of the knowledge base holds this pair's passage: "
+                             "make the pairs from the KB as it is now (python -m training.pairs --chatchat-root …)")
+        queries.append(Query(f"dev-{lineno}", query, {g: 1.0 for g in groups}, positive))
+    if not queries:
+        raise InputError(f"{path}: no pairs in the file")
+    return queries
+
+
+def _holds(chunk: str, passage: str) -> bool:
+    """``evidence_in_chunk``, after a cheap test that the two share the passage's start, middle or end."""
+    probe = max(1, min(20, len(passage) // 4))
+    middle = len(passage) // 2
+    if not any(p in chunk for p in (passage[:probe], passage[middle : middle + probe], passage[-probe:])):
+        return False
+    return evidence_in_chunk(chunk, passage)
+
+
+# ----------------------------------------------------------------------------- the two lists and their fusion
+
+
+class Candidates:
+    """Per question, the BM25 and FAISS lists of the root's ensemble (asked once, then reused for every setting)."""
+
+    def __init__(self, root: Path, kb: str, chunks: list[Chunk], log_path: Path):
+        self._locate = ChunkLocator(chunks)
+        self._worker = ChatchatWorker(root, "candidates", "--kb", kb, log_path=log_path)
+        if "error" in self._worker.ready:
+            self._worker.close()
+            raise InputError(self._worker.ready["error"])
+        self.top_k: int = self._worker.ready["top_k"]
+        self._known: dict[str, tuple[list[int], list[tuple[int, float]]]] = {}
+
+    def __enter__(self) -> Candidates:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._worker.close()
+
+    def get(self, query: str) -> tuple[list[int], list[tuple[int, float]]]:
+        """(BM25 hits, FAISS hits with their relevance score) as chunk indices, best first."""
+        if query not in self._known:
+            answer = self._worker.ask({"query": query})
+            self._known[query] = ([self._locate(s, t) for s, t in answer["bm25"]],
+                                  [(self._locate(s, t), score) for s, t, score in answer["dense"]])
+        return self._known[query]
+
+
+def fuse(bm25: list[int], dense: list[tuple[int, float]], chunks: list[Chunk], setting: Setting, top_k: int) -> list[int]:
+    """What the plugin's ensemble returns for these two lists: LangChain's weighted RRF (``c`` = 60) over the FAISS
+    hits whose relevance reaches the threshold, chunks with the same text counted as one, the first ``top_k``."""
+    kept = [i for i, relevance in dense if relevance >= setting.threshold]
+    score: dict[str, float] = {}
+    for hits, weight in ((bm25, setting.bm25_weight), (kept, setting.dense_weight)):
+        for rank, i in enumerate(hits, start=1):
+            score[chunks[i].text] = score.get(chunks[i].text, 0.0) + weight / (rank + RRF_C)
+    first: dict[str, int] = {}
+    for i in [*bm25, *kept]:
+        first.setdefault(chunks[i].text, i)
+    return sorted(first.values(), key=lambda i: score[chunks[i].text], reverse=True)[:top_k]
+
+
+class Fused:
+    """A :class:`~chatchat_policybert.evaluation.retrievers.Retriever` over :class:`Candidates` at one setting."""
+
+    def __init__(self, name: str, candidates: Candidates, chunks: list[Chunk], setting: Setting):
+        self.name, self.setting = name, setting
+        self._candidates, self._chunks = candidates, chunks
+
+    def search(self, query: str) -> tuple[list[int], float]:
+        bm25, dense = self._candidates.get(query)
+        return fuse(bm25, dense, self._chunks, self.setting, self._candidates.top_k), 0.0
+
+
+# ----------------------------------------------------------------------------- the choice
+
+
+@dataclass
+class Calibration:
+    """The chosen setting and the table it was chosen from (one :class:`RunResult` per row of :data:`ROWS`)."""
+
+    chosen: Setting
+    rows: dict[str, RunResult]
+    settings: dict[str, Setting]
+    questions: int
+    top_k: int
+    source: str = ""
+    kb: str = ""
+    date: str = field(default_factory=lambda: datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"))
+
+    def metrics(self) -> dict[str, dict[str, float]]:
+        return {name: {k: round(r.metrics[k], 4) for k in METRICS_KEPT} for name, r in self.rows.items()}
+
+    def table(self) -> str:
+        """A Markdown table: row, setting, metrics."""
+        lines = [f"| retriever ({self.questions} questions, top_k {self.top_k}) | setting | {' | '.join(METRICS_KEPT)} |",
+                 "|---|---|" + "---|" * len(METRICS_KEPT)]
+        for name, values in self.metrics().items():
+            cells = " | ".join(f"{values[k]:.3f}" for k in METRICS_KEPT)
+            lines.append(f"| {name} | {self.settings[name].label} | {cells} |")
+        return "\n".join(lines)
+
+
+def mean_mrr(retriever: Fused, queries: list[Query], chunks: list[Chunk]) -> float:
+    """MRR@10 over the questions, as :func:`evaluate_retriever` scores it, without its per-run progress bar."""
+    total = 0.0
+    for query in queries:
+        ranking, _ = retriever.search(query.text)
+        docs = unique_in_order(chunks[i].group for i in ranking)
+        total += mrr_at_k(docs, [g for g, gain in query.gains.items() if gain > 0], MRR_K)
+    return total / len(queries)
+
+
+def calibrate(candidates: Candidates, queries: list[Query], chunks: list[Chunk], current: float) -> Calibration:
+    """The grid point with the highest MRR@10 (the earliest on ties) and the four rows of the table."""
+    best, best_score = None, -1.0
+    grid = setting_grid(current)
+    for setting in grid:
+        score = mean_mrr(Fused("grid", candidates, chunks, setting), queries, chunks)
+        if score > best_score:
+            best, best_score = setting, score
+    references = {
+        "bm25": Setting(1.0, 0.0, NO_VECTORS),
+        "dense": Setting(0.0, 1.0, LOOSEST),
+        "hybrid 0.5": Setting(*CHATCHAT_WEIGHTS, current),
+        "calibrated": best,
+    }
+    rows = {name: evaluate_retriever(Fused(name, candidates, chunks, s), queries, chunks, KS)
+            for name, s in references.items()}
+    return Calibration(best, rows, references, len(queries), candidates.top_k)
+
+
+def calibrate_root(root: Path, kb: str, questions: Path, log_dir: Path) -> Calibration:
+    """Calibrates a built FAISS knowledge base of ``root`` on ``questions`` (nothing is written)."""
+    settings = kb_settings(root)
+    if settings.vs_type != "faiss":
+        raise InputError(f"{root}: DEFAULT_VS_TYPE is {settings.vs_type}; the BM25 + vector ensemble and its "
+                         "calibration exist only for faiss (Chatchat retrieves dense-only on pg)")
+    queries, chunks = dev_queries(questions, root, kb)
+    with Candidates(root, kb, chunks, log_dir / "calibration_worker.log") as candidates:
+        calibration = calibrate(candidates, queries, chunks, settings.score_threshold)
+    calibration.source, calibration.kb = str(Path(questions).resolve()), kb
+    return calibration
+
+
+def write_calibration(root: Path, calibration: Calibration) -> None:
+    """Records the choice: the ``hybrid`` block of the PolicyBERT platform, and SCORE_THRESHOLD in kb_settings.yaml.
+
+    Both files are rewritten atomically (comments kept), model settings first: a crash between
+    the two leaves a ``hybrid`` block whose threshold differs from SCORE_THRESHOLD, which ``doctor``
+    reports.
+    """
+    yaml = round_trip_yaml()
+    model_path = Path(root) / "model_settings.yaml"
+    model = yaml.load(model_path.read_text(encoding="utf-8"))
+    wanted = model.get("DEFAULT_EMBEDDING_MODEL")
+    platform = next((p for p in model.get("MODEL_PLATFORMS") or []
+                     if PLATFORM_KEY in p and wanted in (p.get("embed_models") or [])), None)
+    if platform is None:
+        raise SettingsError(f"{model_path}: no platform with '{PLATFORM_KEY}' serves DEFAULT_EMBEDDING_MODEL '{wanted}'")
+    chosen = calibration.chosen
+    platform[HYBRID_KEY] = {
+        "bm25_weight": chosen.bm25_weight,
+        "dense_weight": chosen.dense_weight,
+        "score_threshold": chosen.threshold,
+        "calibration": {"source": calibration.source, "kb": calibration.kb, "questions": calibration.questions,
+                        "top_k": calibration.top_k, "date": calibration.date, "metrics": calibration.metrics()},
+    }
+    _dump(yaml, model, model_path)
+    kb_path = Path(root) / "kb_settings.yaml"
+    kb = yaml.load(kb_path.read_text(encoding="utf-8"))
+    kb["SCORE_THRESHOLD"] = chosen.threshold
+    _dump(yaml, kb, kb_path)
+
+
+def _dump(yaml: Any, data: Any, path: Path) -> None:
+    with atomic_path(path) as tmp, tmp.open("w", encoding="utf-8") as handle:
+        yaml.dump(data, handle)
+
+
+def describe(hybrid: Any, configured_threshold: float) -> list[tuple[str, str]]:
+    """``doctor``'s lines for a platform's ``hybrid`` block (a :class:`~chatchat_policybert.settings.HybridConfig` or None)."""
+    if hybrid is None:
+        return [("OK", f"FAISS ensemble: Chatchat's weights BM25 {CHATCHAT_WEIGHTS[0]:g} / dense {CHATCHAT_WEIGHTS[1]:g}, "
+                       f"not calibrated (`chatchat-policybert setup --calibrate DEV.jsonl` after `chatchat kb -r`)")]
+    lines = [("OK", f"FAISS ensemble: weights BM25 {hybrid.bm25_weight:g} / dense {hybrid.dense_weight:g}, "
+                    f"SCORE_THRESHOLD {configured_threshold:g}")]
+    info = hybrid.calibration or {}
+    metrics = info.get("metrics") or {}
+    if metrics:
+        key = f"MRR@{MRR_K}"
+        shown = ", ".join(f"{name} {values.get(key, float('nan')):.3f}" for name, values in metrics.items())
+        lines.append(("OK", f"calibrated {info.get('date', '?')} on {info.get('questions', '?')} questions of "
+                            f"{info.get('source', '?')} (KB {info.get('kb', '?')}, top_k {info.get('top_k', '?')}): {key} {shown}"))
+    if hybrid.score_threshold is not None and not math.isclose(hybrid.score_threshold, configured_threshold):
+        lines.append(("WARN", f"SCORE_THRESHOLD {configured_threshold:g} is not the {hybrid.score_threshold:g} the weights "
+                              "were calibrated with: calibrate again or set it back in kb_settings.yaml"))
+    return lines

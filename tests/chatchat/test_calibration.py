@@ -1,0 +1,147 @@
+"""The calibrated FAISS ensemble on a real root: `chatchat init` → `setup` → `kb -r` (tiny random PolicyBERT, 6 documents),
+dev pairs from `training.pairs` on that root, then `chatchat-policybert setup --calibrate`.
+
+What is proved: the fusion the calibration scores is what Chatchat's `search_docs` returns under the
+plugin's hook at every weight and threshold; the calibrated setting is never below BM25 alone or
+the vectors alone on the questions it was chosen on, and `search_docs` after `setup --calibrate`
+scores exactly what the calibration reported; `doctor` shows the weights, the threshold and the
+dev metrics; a stale index or a wrong file is one error line.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+import yaml
+from chatchat_deploy import BIN, run
+
+from chatchat_policybert.calibration import (
+    Candidates,
+    Setting,
+    calibrate_root,
+    dev_queries,
+    fuse,
+    write_calibration,
+)
+from chatchat_policybert.evaluation.dataset import load_corpus
+from chatchat_policybert.evaluation.evaluate import evaluate_retriever
+from chatchat_policybert.evaluation.knowledge_base import prepare_root
+from chatchat_policybert.evaluation.retrievers import ChatchatEnsemble, ChatchatSearch
+from chatchat_policybert.settings import HybridConfig, SettingsError, parse_hybrid
+from chatchat_policybert.testing import build_tiny_policybert
+from training import pairs
+
+N_DOCUMENTS = 6
+MAX_CHARS = 1200
+QUERY_INSTRUCTION = "为这个句子生成表示以用于检索相关文章："
+
+
+def write_folder(folder: Path, documents: list[dict]) -> Path:
+    folder.mkdir(parents=True)
+    for i, doc in enumerate(documents):
+        (folder / f"policy{i}.md").write_text(doc["contentText"][:MAX_CHARS], encoding="utf-8")
+    return folder
+
+
+@pytest.fixture(scope="module")
+def calibrated_root(tmp_path_factory, policy_documents, reference_lexicon):
+    """(root, kb, model, dev.jsonl): a built root and training.pairs' dev split of its KB (half the documents)."""
+    tmp = tmp_path_factory.mktemp("calibration")
+    documents = policy_documents[:N_DOCUMENTS]
+    corpus = load_corpus(write_folder(tmp / "docs", documents))
+    texts = [d["contentText"][:MAX_CHARS] for d in documents] + [QUERY_INSTRUCTION]
+    model = build_tiny_policybert(tmp / "model", texts, reference_lexicon, perturb=True)
+    root = tmp / "root"
+    kb = prepare_root(root, corpus, model, build_index=True)
+    pairs.main(["--chatchat-root", str(root), "--out", str(tmp / "pairs"), "--dev-ratio", "0.5", "--negatives", "3",
+                "--ict-per-chunk", "3"])
+    return root, kb, model, tmp / "pairs" / "dev.jsonl"
+
+
+def set_hybrid(root: Path, bm25_weight: float, dense_weight: float) -> None:
+    path = root / "model_settings.yaml"
+    settings = yaml.safe_load(path.read_text(encoding="utf-8"))
+    platform = next(p for p in settings["MODEL_PLATFORMS"] if "local_embeddings" in p)
+    platform["hybrid"] = {"bm25_weight": bm25_weight, "dense_weight": dense_weight}
+    path.write_text(yaml.safe_dump(settings, allow_unicode=True), encoding="utf-8")
+
+
+def test_the_fusion_scored_is_what_search_docs_returns(calibrated_root):
+    root, kb, _, dev = calibrated_root
+    queries, chunks = dev_queries(dev, root, kb)
+    texts = [q.text for q in queries[:8]]
+    with Candidates(root, kb, chunks, root / "logs" / "candidates.log") as candidates:
+        lists = {text: candidates.get(text) for text in texts}
+        top_k = candidates.top_k
+    compared = 0
+    for weights in ((0.5, 0.5), (0.2, 0.8)):
+        set_hybrid(root, *weights)
+        with ChatchatSearch(root, kb, chunks, top_k, root / "logs" / "search.log") as search:
+            for threshold in (0.0, 0.2929, 0.6, 2.0):
+                for text in texts:
+                    expected = fuse(*lists[text], chunks, Setting(*weights, threshold), top_k)
+                    assert search.search(text, threshold)[0] == expected, (weights, threshold, text)
+                    compared += 1
+    assert compared == 2 * 4 * len(texts) and len(texts) == 8
+
+
+def test_calibration_is_never_below_either_half_and_is_what_the_rag_path_then_scores(calibrated_root):
+    root, kb, _, dev = calibrated_root
+    calibration = calibrate_root(root, kb, dev, root / "logs")
+    mrr = {name: row.metrics["MRR@10"] for name, row in calibration.rows.items()}
+    assert mrr["calibrated"] >= max(mrr["bm25"], mrr["dense"])
+    assert mrr["calibrated"] >= mrr["hybrid 0.5"]
+    assert calibration.questions == len(dev.read_text(encoding="utf-8").splitlines())
+
+    write_calibration(root, calibration)
+    platform = next(p for p in yaml.safe_load((root / "model_settings.yaml").read_text(encoding="utf-8"))["MODEL_PLATFORMS"]
+                    if "local_embeddings" in p)
+    hybrid = parse_hybrid(platform)
+    assert (hybrid.bm25_weight, hybrid.dense_weight, hybrid.score_threshold) == (
+        calibration.chosen.bm25_weight, calibration.chosen.dense_weight, calibration.chosen.threshold)
+    assert hybrid.calibration["metrics"]["calibrated"]["MRR@10"] == round(mrr["calibrated"], 4)
+    assert yaml.safe_load((root / "kb_settings.yaml").read_text(encoding="utf-8"))["SCORE_THRESHOLD"] == calibration.chosen.threshold
+    # Chatchat's own search_docs at the recorded settings (threshold: the one it now passes by default).
+    queries, chunks = dev_queries(dev, root, kb)
+    with ChatchatSearch(root, kb, chunks, calibration.top_k, root / "logs" / "search.log") as search:
+        deployed = evaluate_retriever(ChatchatEnsemble(search, None), queries, chunks, [1, 5, 10])
+    assert deployed.metrics["MRR@10"] == pytest.approx(mrr["calibrated"], abs=1e-12)
+
+
+def test_setup_calibrate_records_the_choice_and_doctor_shows_it(calibrated_root, tmp_path, tiny_model_dir):
+    root, _, model, dev = calibrated_root
+    env = dict(os.environ)
+
+    def cli(*args: str):
+        return run([str(BIN / "chatchat-policybert"), *args, "--root", str(root)], env, timeout=600)
+
+    missing = cli("setup", "--model", str(model), "--calibrate", str(tmp_path / "nope.jsonl"), "--no-check")
+    assert missing.returncode == 2 and missing.stderr.strip().splitlines() == [
+        f"error: {tmp_path / 'nope.jsonl'}: question file not found"]
+    other = cli("setup", "--model", str(tiny_model_dir("attn", seed=5)), "--calibrate", str(dev), "--no-check")
+    assert other.returncode == 2, other.stdout + other.stderr
+    assert "not made by the configured model" in other.stderr and other.stderr.count("\n") == 1
+
+    done = cli("setup", "--model", str(model), "--calibrate", str(dev))
+    assert "| calibrated |" in done.stdout and "OK    calibrated the FAISS ensemble" in done.stdout, done.stdout + done.stderr
+    doctor = cli("doctor", "--no-load")
+    lines = doctor.stdout.splitlines()
+    weights = next(line for line in lines if "FAISS ensemble: weights BM25" in line)
+    assert weights.startswith("OK")
+    assert any(line.startswith("OK") and f"of {dev.resolve()}" in line and "MRR@10 bm25" in line for line in lines)
+
+
+def test_doctor_warns_when_the_threshold_moved_and_names_a_broken_block():
+    assert parse_hybrid({"platform_name": "p"}) is None
+    with pytest.raises(SettingsError, match=r"platform 'p': invalid 'hybrid' \(dense_weight: .*above 0"):
+        parse_hybrid({"platform_name": "p", "hybrid": {"bm25_weight": 0, "dense_weight": 0}})
+    with pytest.raises(SettingsError, match=r"platform 'p': invalid 'hybrid' \(colour: Extra inputs"):
+        parse_hybrid({"platform_name": "p", "hybrid": {"colour": 1}})
+    from chatchat_policybert.calibration import describe
+
+    hybrid = HybridConfig(bm25_weight=0.7, dense_weight=0.3, score_threshold=0.5)
+    assert [level for level, _ in describe(hybrid, 0.5)] == ["OK"]
+    assert [level for level, _ in describe(hybrid, 0.2929)] == ["OK", "WARN"]
+    assert "Chatchat's weights BM25 0.5 / dense 0.5, not calibrated" in describe(None, 0.2929)[0][1]
