@@ -36,7 +36,7 @@ from torch import nn
 from tqdm import tqdm
 from transformers import HfArgumentParser, get_linear_schedule_with_warmup
 
-from chatchat_policybert.errors import InputError
+from chatchat_policybert.errors import InputError, Interrupted
 from chatchat_policybert.files import atomic_path, write_json
 
 Precision = Literal["auto", "fp32", "bf16", "fp16"]
@@ -378,13 +378,25 @@ def train(model: nn.Module, task: Task, cfg: TrainConfig, inputs: object | None 
     # Some stages leave parameters without a gradient in a step (e.g. a frozen or unused head).
     ddp = nn.parallel.DistributedDataParallel(model, find_unused_parameters=True) if world > 1 else None
 
+    saved_step = state["step"] if cfg.resume else None  # the step checkpoint.pt holds
+
     def save_checkpoint() -> None:
+        nonlocal saved_step
         payload = {
             "config": config_dict(cfg), "model": model.state_dict(), "optimizer": optimizer.state_dict(),
             "scheduler": scheduler.state_dict(), "scaler": scaler.state_dict(), "state": state,
         }  # fmt: skip
         with atomic_path(checkpoint) as tmp:
             torch.save(payload, tmp)
+        saved_step = state["step"]
+
+    def where_to_resume() -> str:
+        """Ctrl-C's one line: the step reached and the checkpoint (if any) that ``--resume`` continues from."""
+        if saved_step is None:
+            return (f"training stopped at step {state['step']} of {total_steps}, before the first checkpoint "
+                    f"(every {cfg.checkpoint_every} steps): nothing to resume, run again")
+        return (f"training stopped at step {state['step']} of {total_steps}; {checkpoint} holds step {saved_step}: "
+                f"continue from there with the same command and --resume")
 
     if main:
         cfg.out.mkdir(parents=True, exist_ok=True)
@@ -392,63 +404,69 @@ def train(model: nn.Module, task: Task, cfg: TrainConfig, inputs: object | None 
             f"{len(task)} training examples; {total_steps} steps of {cfg.batch_size} = {micro} × {world} process(es) "
             f"× {cfg.grad_accum} accumulated, on {device} ({precision})"
         )
-    if main and state["step"] == 0:
-        # The start model, scored by the same evaluation: every later record says how far training moved from it.
-        # Keyed on the step, not on an empty history: a resumed run never scores its mid-run weights as the start.
-        with evaluating(model, precision):
-            state["history"].append({"epoch": 0, "step": 0, "held_out": task.evaluate(model)})
-        tqdm.write(f"start: held out {state['history'][0]['held_out']}")
-        write_json(state["history"], cfg.out / METRICS)
-    bar = tqdm(total=total_steps, initial=state["step"], desc="training", unit="step", disable=not main)
-    stopped_early, order = False, None
-    for step in range(state["step"], total_steps):
-        epoch, position = divmod(step, steps_per_epoch)
-        if order is None or position == 0:
-            order = torch.randperm(len(task), generator=torch.Generator().manual_seed(cfg.seed * 1000 + epoch)).tolist()
-        chosen = order[position * cfg.batch_size : (position + 1) * cfg.batch_size]
-        chosen += order[: cfg.batch_size - len(chosen)]  # the last step of an epoch is topped up from its start
-        step_loss = torch.zeros((), device=device)
-        for micro_step in range(cfg.grad_accum):
-            part = rank * cfg.grad_accum + micro_step
-            key = f"{epoch}-{position}-{part}"
-            torch.manual_seed(random.Random(f"{cfg.seed}-{key}").getrandbits(63))  # dropout, whatever ran before
-            batch = {k: v.to(device) for k, v in task.batch(chosen[part * micro : (part + 1) * micro], key).items()}
-            # Processes exchange gradients once per optimiser step, after its last micro-batch.
-            sync = ddp.no_sync() if ddp is not None and micro_step < cfg.grad_accum - 1 else contextlib.nullcontext()
-            with sync:
-                with autocast(precision, device):
-                    loss = task.loss(ddp or model, batch) / cfg.grad_accum
-                scaler.scale(loss).backward()
-            step_loss += loss.detach()
-        optimizer_step(model, optimizer, scheduler, scaler)
-        if ddp is not None:
-            dist.all_reduce(step_loss)  # SUM: gloo has no AVG
-            step_loss /= world
-        state["step"] = step + 1
-        state["loss_sum"] += step_loss.item()
-        bar.update()
-        bar.set_postfix(loss=f"{state['loss_sum'] / (position + 1):.3f}")
+    bar: tqdm | None = None
+    try:
+        if main and state["step"] == 0:
+            # The start model, scored by the same evaluation: every later record says how far training moved from it.
+            # Keyed on the step, not on an empty history: a resumed run never scores its mid-run weights as the start.
+            with evaluating(model, precision):
+                state["history"].append({"epoch": 0, "step": 0, "held_out": task.evaluate(model)})
+            tqdm.write(f"start: held out {state['history'][0]['held_out']}")
+            write_json(state["history"], cfg.out / METRICS)
+        bar = tqdm(total=total_steps, initial=state["step"], desc="training", unit="step", disable=not main)
+        stopped_early, order = False, None
+        for step in range(state["step"], total_steps):
+            epoch, position = divmod(step, steps_per_epoch)
+            if order is None or position == 0:
+                order = torch.randperm(len(task), generator=torch.Generator().manual_seed(cfg.seed * 1000 + epoch)).tolist()
+            chosen = order[position * cfg.batch_size : (position + 1) * cfg.batch_size]
+            chosen += order[: cfg.batch_size - len(chosen)]  # the last step of an epoch is topped up from its start
+            step_loss = torch.zeros((), device=device)
+            for micro_step in range(cfg.grad_accum):
+                part = rank * cfg.grad_accum + micro_step
+                key = f"{epoch}-{position}-{part}"
+                torch.manual_seed(random.Random(f"{cfg.seed}-{key}").getrandbits(63))  # dropout, whatever ran before
+                batch = {k: v.to(device) for k, v in task.batch(chosen[part * micro : (part + 1) * micro], key).items()}
+                # Processes exchange gradients once per optimiser step, after its last micro-batch.
+                sync = ddp.no_sync() if ddp is not None and micro_step < cfg.grad_accum - 1 else contextlib.nullcontext()
+                with sync:
+                    with autocast(precision, device):
+                        loss = task.loss(ddp or model, batch) / cfg.grad_accum
+                    scaler.scale(loss).backward()
+                step_loss += loss.detach()
+            optimizer_step(model, optimizer, scheduler, scaler)
+            if ddp is not None:
+                dist.all_reduce(step_loss)  # SUM: gloo has no AVG
+                step_loss /= world
+            state["step"] = step + 1
+            state["loss_sum"] += step_loss.item()
+            bar.update()
+            bar.set_postfix(loss=f"{state['loss_sum'] / (position + 1):.3f}")
 
-        if position == steps_per_epoch - 1 or state["step"] == total_steps:
-            record = {
-                "epoch": epoch + 1 if position == steps_per_epoch - 1 else round(epoch + (position + 1) / steps_per_epoch, 3),
-                "step": state["step"],
-                "train_loss": round(state["loss_sum"] / (position + 1), 4),
-                "lr": scheduler.get_last_lr()[0],
-            }
-            if main:
-                with evaluating(model, precision):
-                    record["held_out"] = task.evaluate(model)
-                tqdm.write(f"epoch {record['epoch']}: train loss {record['train_loss']}, held out {record['held_out']}")
-            state["history"].append(record)
-            state["loss_sum"] = 0.0
-            if main:
-                write_json(state["history"], cfg.out / METRICS)
-        if main and (state["step"] % cfg.checkpoint_every == 0 or state["step"] == cfg.stop_after):
-            save_checkpoint()
-        if state["step"] == cfg.stop_after and state["step"] < total_steps:
-            stopped_early = True
-            break
+            if position == steps_per_epoch - 1 or state["step"] == total_steps:
+                record = {
+                    "epoch": epoch + 1 if position == steps_per_epoch - 1 else round(epoch + (position + 1) / steps_per_epoch, 3),
+                    "step": state["step"],
+                    "train_loss": round(state["loss_sum"] / (position + 1), 4),
+                    "lr": scheduler.get_last_lr()[0],
+                }
+                if main:
+                    with evaluating(model, precision):
+                        record["held_out"] = task.evaluate(model)
+                    tqdm.write(f"epoch {record['epoch']}: train loss {record['train_loss']}, held out {record['held_out']}")
+                state["history"].append(record)
+                state["loss_sum"] = 0.0
+                if main:
+                    write_json(state["history"], cfg.out / METRICS)
+            if main and (state["step"] % cfg.checkpoint_every == 0 or state["step"] == cfg.stop_after):
+                save_checkpoint()
+            if state["step"] == cfg.stop_after and state["step"] < total_steps:
+                stopped_early = True
+                break
+    except KeyboardInterrupt:
+        if bar is not None:
+            bar.close()  # ends the progress line, so the message is a line of its own
+        raise Interrupted(where_to_resume()) from None
     bar.close()
     if main:
         if stopped_early:

@@ -4,14 +4,16 @@ gradient checkpointing. Resume is tested in ``test_pretrain.py``, several proces
 from __future__ import annotations
 
 import re
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
 import torch
 
-from chatchat_policybert.errors import EXIT_INPUT_ERROR, InputError
+from chatchat_policybert.errors import EXIT_INPUT_ERROR, EXIT_INTERRUPTED, InputError
 from chatchat_policybert.modeling import PolicyBertForPreTraining
 from chatchat_policybert.tokenization import PolicyBertTokenizer
 from training.finetune import FinetuneConfig, FinetuneInputs
@@ -109,3 +111,24 @@ def test_gradient_checkpointing_trains_the_same_weights(tiny_model_dir, corpus_d
     assert not changed
     start = PolicyBertForPreTraining.from_pretrained(model_dir).state_dict()
     assert not torch.equal(start["bert.encoder.layer.0.attention.self.query.weight"], weights[1]["bert.encoder.layer.0.attention.self.query.weight"])
+
+
+def test_ctrl_c_says_where_the_run_resumes_from(tiny_model_dir, corpus_dir, tmp_path):
+    """Issue #23 item 13: Ctrl-C during training was a KeyboardInterrupt traceback; now one line naming
+    the checkpoint and its step, exit status 130, and --resume continues from that checkpoint."""
+    out = tmp_path / "run"
+    argv = [sys.executable, "-m", "training.pretrain", "--model", str(tiny_model_dir("none")),
+            "--corpus", str(corpus_dir / "corpus.jsonl"), "--out", str(out), "--batch-size", "4", "--max-length", "32",
+            "--max-steps", "100000", "--checkpoint-every", "2", "--device", "cpu"]
+    process = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 120
+    while not (out / "checkpoint.pt").is_file():
+        assert process.poll() is None and time.monotonic() < deadline, process.communicate()[1][-2000:]
+        time.sleep(0.2)
+    process.send_signal(signal.SIGINT)
+    _, stderr = process.communicate(timeout=60)
+    assert process.returncode == EXIT_INTERRUPTED and "Traceback" not in stderr, stderr[-2000:]
+    lines = [line for line in stderr.splitlines() if line.startswith("interrupted: ")]
+    assert len(lines) == 1, stderr[-2000:]
+    saved = torch.load(out / "checkpoint.pt", weights_only=False)["state"]["step"]
+    assert f"{out / 'checkpoint.pt'} holds step {saved}: continue from there" in lines[0] and "--resume" in lines[0]
