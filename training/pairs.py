@@ -410,11 +410,26 @@ class Miner:
 
 
 def dev_groups(chunks: list[Chunk], ratio: float, seed: int) -> set[str]:
-    """Document groups held out for dev: ``ratio`` of them, at least one when there are two or more."""
+    """Document groups held out for dev: ``ratio`` of them, at least one, and at least one left for training.
+
+    With ``ratio`` > 0 a corpus of fewer than two distinct documents cannot be split (an empty
+    dev.jsonl, which ``training.contrastive`` refuses), so it is refused here, before any mining.
+    """
     groups = sorted({c.group for c in chunks})
+    if ratio == 0:
+        return set()
+    if len(groups) < 2:
+        raise InputError(
+            f"the corpus has {len(groups)} distinct document(s) (identical copies count once): a held-out dev "
+            f"split needs at least 2 (one to train on, one to hold out); add documents"
+        )
     random.Random(seed).shuffle(groups)
-    count = round(ratio * len(groups))
-    return set(groups[: max(count, 1) if ratio > 0 and len(groups) > 1 else count])
+    count = max(round(ratio * len(groups)), 1)
+    if count == len(groups):
+        raise InputError(
+            f"--dev-ratio {ratio} holds out all {len(groups)} documents, leaving none to train on; lower it"
+        )
+    return set(groups[:count])
 
 
 # ----------------------------------------------------------------------------- the command
@@ -443,6 +458,7 @@ def build_pairs(cfg: PairsConfig, chunks: list[Chunk]) -> dict:
     """Writes train.jsonl and dev.jsonl for ``chunks`` into ``cfg.out``; returns the summary pairs.json holds."""
     started = time.perf_counter()
     kinds, window = check_config(cfg)
+    dev = dev_groups(chunks, cfg.dev_ratio, cfg.seed)  # first: a corpus too small to split costs no LLM calls
     rng = random.Random(cfg.seed)
     indices = representatives(chunks)
     pairs: list[Pair] = []
@@ -458,7 +474,6 @@ def build_pairs(cfg: PairsConfig, chunks: list[Chunk]) -> dict:
         unique.setdefault(pair.query, pair)  # one positive per query: a second would be a false negative in-batch
     pairs = list(unique.values())
 
-    dev = dev_groups(chunks, cfg.dev_ratio, cfg.seed)
     pools = {"train": Pool([i for i, c in enumerate(chunks) if c.group not in dev]), "dev": Pool(range(len(chunks)))}
     retrievers: list[Retriever] = [Bm25(chunks, window[1])]
     if cfg.model is not None:

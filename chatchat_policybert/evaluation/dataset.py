@@ -111,17 +111,25 @@ def load_corpus(path: Path) -> Corpus:
     raise InputError(f"{path}: not a .csv file or a folder of {'/'.join(FOLDER_SUFFIXES)} files")
 
 
+def _not_utf8(path: Path, err: UnicodeDecodeError) -> InputError:
+    """The one message for a corpus file in another encoding (a GBK export is the usual case)."""
+    return InputError(f"{path}: not UTF-8 text ({err.reason}); save it as UTF-8, e.g. iconv -f GBK -t UTF-8")
+
+
 def _load_csv(path: Path) -> Corpus:
     csv.field_size_limit(1 << 30)
-    with path.open(encoding="utf-8", newline="") as handle:
-        reader = csv.DictReader(handle)
-        missing = {"title", "contentText"} - set(reader.fieldnames or [])
-        if missing:
-            raise InputError(f"{path}: missing column(s) {', '.join(sorted(missing))}")
-        documents = [
-            EvalDocument(i, str(i), normalize_title(row["title"] or ""), row["contentText"] or "")
-            for i, row in enumerate(reader)
-        ]
+    try:
+        with path.open(encoding="utf-8", newline="") as handle:
+            reader = csv.DictReader(handle)
+            missing = {"title", "contentText"} - set(reader.fieldnames or [])
+            if missing:
+                raise InputError(f"{path}: missing column(s) {', '.join(sorted(missing))}")
+            documents = [
+                EvalDocument(i, str(i), normalize_title(row["title"] or ""), row["contentText"] or "")
+                for i, row in enumerate(reader)
+            ]
+    except UnicodeDecodeError as err:
+        raise _not_utf8(path, err) from None
     try:
         policies = read_policies(path)
     except ValueError as exc:
@@ -137,7 +145,11 @@ def _load_folder(path: Path) -> Corpus:
     documents = []
     for i, file in enumerate(files):
         name = file.relative_to(path).as_posix()
-        documents.append(EvalDocument(i, name, file.stem, file.read_text(encoding="utf-8")))
+        try:
+            text = file.read_text(encoding="utf-8")
+        except UnicodeDecodeError as err:
+            raise _not_utf8(file, err) from None
+        documents.append(EvalDocument(i, name, file.stem, text))
     return Corpus(documents, {d.doc_id: d.group for d in documents}, path, "folder")
 
 

@@ -432,3 +432,30 @@ def test_chatchat_root_gives_the_same_pairs(chatchat_run, tmp_path):
     assert main(["--chatchat-root", str(root), "--out", str(tmp_path), "--negatives", "3"]) is None
     queries = lambda folder: sorted(r["query"] for name in ("train", "dev") for r in read_lines(folder / f"{name}.jsonl"))  # noqa: E731
     assert queries(tmp_path) == queries(out)
+
+
+# --- issue #23 ------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("as_folder", [False, True], ids=["csv", "folder"])
+def test_corpus_not_in_utf8_is_one_error_line(tmp_path, capsys, as_folder):
+    """Item 12: a GBK corpus ended in a UnicodeDecodeError traceback; now one line naming the file and UTF-8."""
+    corpus = tmp_path / ("corpus" if as_folder else "corpus.csv")
+    text = "title,contentText\n数据安全条例,第一条 为了规范数据处理活动，保障数据安全。\n"
+    bad = corpus / "policy.md" if as_folder else corpus
+    bad.parent.mkdir(exist_ok=True)
+    bad.write_bytes(text.encode("gbk"))
+    assert run_cli(main, ["--corpus", str(corpus), "--out", str(tmp_path / "out")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith(f"error: {bad}: not UTF-8 text") and "UTF-8" in err and len(err.splitlines()) == 1, err
+
+
+def test_corpus_of_one_document_is_refused_before_mining(tmp_path, chunks):
+    """Item 13: one document (here with an identical copy) gave an empty dev.jsonl and exit 0."""
+    one = [c for c in chunks if c.source in ("doc0.md", "doc0_copy.md")]
+    with pytest.raises(InputError, match=r"1 distinct document\(s\) \(identical copies count once\).*at least 2"):
+        build_pairs(config(tmp_path), one)
+    two = [c for c in chunks if c.source in ("doc0.md", "doc1.md")]
+    with pytest.raises(InputError, match="--dev-ratio 0.9 holds out all 2 documents"):
+        build_pairs(PairsConfig(out=tmp_path, negatives=NEGATIVES, dev_ratio=0.9), two)
+    assert not (tmp_path / "train.jsonl").exists()
