@@ -16,6 +16,10 @@ staging collection, see :mod:`chatchat_policybert.pg_store`):
    chunks (so deleted documents do not stay searchable). On any failure the staging folder is
    removed, the knowledge base's file rows are put back, and the error is logged and re-raised.
 
+Two rebuilds of one knowledge base never overlap: each takes the knowledge base's lock file
+(:func:`rebuild_lock`), and a second `kb -r` waits for the first (stock Chatchat interleaves them,
+and its ``file_doc`` table ends with both runs' rows, most pointing to nothing).
+
 Knowledge-base names are checked first, in every mode: a name that is not one safe path
 component (``../x``) would make Chatchat and the staging code write and delete outside the
 knowledge-base root. A killed rebuild leaves the old index in place and a stale staging folder,
@@ -27,6 +31,7 @@ from __future__ import annotations
 
 import ctypes
 import errno
+import fcntl
 import functools
 import inspect
 import os
@@ -42,6 +47,7 @@ from .pg_store import PgStaging
 
 STAGING_SUFFIX = ".rebuilding"
 RETIRED_SUFFIX = ".replaced"
+LOCK_FILE = ".policybert-rebuild.lock"  # in the knowledge base's folder, beside content/ and vector_store/
 
 
 def patch_migrate(migrate: ModuleType) -> None:
@@ -81,7 +87,32 @@ def _rebuild_all(migrate: ModuleType, original: Any, params: dict) -> None:
             staging: Staging = PgStaging(kb_name, kb_name + STAGING_SUFFIX)
         else:
             staging = FaissStaging(kb_name, embed_model)
-        rebuild_kb(original, params, kb_name, staging, logger)
+        with rebuild_lock(kb_name, logger):
+            rebuild_kb(original, params, kb_name, staging, logger)
+
+
+@contextmanager
+def rebuild_lock(kb_name: str, logger: Any) -> Iterator[None]:
+    """Hold the knowledge base's rebuild lock (an exclusive ``flock``), waiting while another process has it.
+
+    The kernel releases the lock when its holder exits, killed or not, so a stale lock file never
+    blocks a later rebuild.
+    """
+    from chatchat.server.knowledge_base.utils import get_kb_path
+
+    path = Path(get_kb_path(kb_name)) / LOCK_FILE
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with path.open("a") as handle:
+        try:
+            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            logger.warning(f"kb -r of '{kb_name}': another kb -r of it is running ({path} is locked); "
+                           f"waiting for it to finish")
+            fcntl.flock(handle, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
 
 
 def check_kb_name(kb_name: str) -> None:

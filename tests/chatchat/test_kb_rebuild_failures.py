@@ -22,7 +22,10 @@ import yaml
 from chatchat_deploy import BIN, KB_NAME, Deployment, run, stop_group
 
 EMBEDDINGS_MODULE = '''
+import os
 import time
+from pathlib import Path
+
 from chatchat_policybert.embeddings import PolicyBertEmbeddings
 
 
@@ -41,6 +44,19 @@ class StallingEmbeddings(PolicyBertEmbeddings):
     def embed_documents(self, texts):
         if len(texts) > 1:
             time.sleep(600)
+        return super().embed_documents(texts)
+
+
+class GatedEmbeddings(PolicyBertEmbeddings):
+    """Passes the one-text checks; the first real batch says so ($GATE/started-PID) and waits for $GATE/go."""
+
+    def embed_documents(self, texts):
+        gate = Path(os.environ["GATE"])
+        if len(texts) > 1 and not (gate / "go").exists():
+            (gate / f"started-{os.getpid()}").touch()
+            deadline = time.monotonic() + 120
+            while not (gate / "go").exists() and time.monotonic() < deadline:
+                time.sleep(0.1)
         return super().embed_documents(texts)
 '''
 
@@ -164,3 +180,38 @@ def test_kb_name_with_path_characters_touches_nothing(root: Root):
     assert [p for p in after if "escape" in str(p)] == [] and not (root.path / "data" / "escape").exists()
     assert len(after) <= len(outside) + 2, set(after) - set(outside)  # Chatchat's own log/db files only
     assert root.fingerprint() == before
+
+
+# --- issue #23 ------------------------------------------------------------------------------------
+
+
+def test_concurrent_rebuilds_of_one_kb_leave_the_rows_of_one(root: Root, tmp_path: Path):
+    """Item 11: two `kb -r` of one KB at once both exited 0 with Chatchat's file_doc rows of both runs
+    (most pointing to nothing); the second now waits for the first's lock, and the rows are one run's."""
+    files, docs = root.db_rows()
+    gate = tmp_path / "gate"
+    gate.mkdir()
+    root.set_embeddings(**{"class": "test_embeddings_classes:GatedEmbeddings"})
+    env = {**root.env, "GATE": str(gate)}
+    logs = [tmp_path / "first.log", tmp_path / "second.log"]
+    processes = []
+    try:
+        for log in logs:
+            with log.open("w") as handle:
+                processes.append(subprocess.Popen([str(BIN / "chatchat"), "kb", "-r", "-n", KB_NAME], env=env,
+                                                  stdout=handle, stderr=subprocess.STDOUT, start_new_session=True))
+            deadline = time.monotonic() + 180
+            # The first is embedding (its old rows deleted); the second is embedding too or waits for the lock.
+            while not (len(list(gate.glob("started-*"))) == len(processes) or "waiting for it to finish" in log.read_text()):
+                assert processes[-1].poll() is None and time.monotonic() < deadline, log.read_text()[-3000:]
+                time.sleep(0.3)
+        (gate / "go").touch()
+        for process in processes:
+            assert process.wait(300) == 0
+    finally:
+        for process in processes:
+            stop_group(process, grace=5)
+    assert "waiting for it to finish" in logs[1].read_text()
+    after_files, after_docs = root.db_rows()
+    assert [f[0] for f in after_files] == [f[0] for f in files] and len(after_docs) == len(docs)
+    root.assert_index_loadable(len(docs))
