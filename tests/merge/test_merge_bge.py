@@ -248,3 +248,16 @@ def test_alpha_sweep_keeps_the_best_on_dev_questions(tmp_path, bge_dir, lexicon_
     assert merge_main(["--finetuned", str(finetuned), "--bge", str(bge_dir), "--alpha", best, "--out", str(single)]) == 0
     written, expected = load_file(out / "model.safetensors"), load_file(single / "model.safetensors")
     assert written.keys() == expected.keys() and all(torch.equal(written[k], expected[k]) for k in written)
+
+
+def test_lexicon_with_a_megabyte_word_is_one_error_line_not_a_crash(tmp_path, bge_dir, lexicon_file):
+    """Issue #23 item 10: merge_bge wrote the model, then the process segfaulted at exit (status 139)."""
+    lexicon = tmp_path / "lexicon.txt"
+    lines = lexicon_file.read_text(encoding="utf-8").splitlines()
+    lexicon.write_text("\n".join([*lines[:2], "数" * (1 << 20) + ",1", *lines[2:]]) + "\n", encoding="utf-8")
+    out = tmp_path / "out"
+    result = run_cli("--bge", str(bge_dir), "--lexicon", str(lexicon), "--num-word-layers", "1", "--out", str(out))
+    assert result.returncode == 2, (result.returncode, result.stderr[-2000:])
+    assert result.stderr.startswith("error: ") and result.stderr.count("\n") == 1, result.stderr[-2000:]
+    assert f"{lexicon}:3: lexicon word" in result.stderr and "1048576 characters, more than 32" in result.stderr
+    assert not out.exists()
