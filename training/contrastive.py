@@ -126,6 +126,11 @@ def read_examples(path: Path, negatives_needed: int) -> list[Example]:
         examples.append(Example(query, tuple(pos), tuple(neg)))
     if not examples:
         raise InputError(f"{path}: no pairs in the file")
+    suspect = [i for i, e in enumerate(examples, 1) if any(e.query in n or n in e.pos for n in e.neg)]
+    if suspect:
+        # A user's own FlagEmbedding file can carry false negatives; they would be trained away from the query.
+        print(f"warning: {path}: {len(suspect)} of {len(examples)} pairs have a negative that contains the query or "
+              f"equals a positive (first: pair {suspect[0]}); they are trained as negatives", file=sys.stderr)
     return examples
 
 

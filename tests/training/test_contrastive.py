@@ -276,3 +276,19 @@ def test_cross_device_step_uses_both_processes_passages(tmp_path):
     for rank, result in enumerate(results):
         assert torch.allclose(result["passage_grad"], p.grad[rank * size : (rank + 1) * size], atol=1e-5)
         assert torch.allclose(result["query_grad"], q.grad[rank * LOCAL_QUERIES : (rank + 1) * LOCAL_QUERIES], atol=1e-5)
+
+
+def test_false_negatives_are_counted_in_a_warning(tmp_path, capsys):
+    path = tmp_path / "own.jsonl"
+    lines = [
+        {"query": "数据要素", "pos": ["数据要素市场"], "neg": ["完善数据要素的市场化配置"]},  # the negative holds the query
+        {"query": "个人信息", "pos": ["个人信息保护法"], "neg": ["个人信息保护法", "另一段"]},  # a negative equals the positive
+        {"query": "住房保障", "pos": ["保障性住房建设"], "neg": ["城市交通规划"]},
+    ]
+    path.write_text("".join(json.dumps(line, ensure_ascii=False) + "\n" for line in lines), encoding="utf-8")
+    assert len(read_examples(path, 1)) == 3, "warned about, still trained on"
+    err = capsys.readouterr().err
+    assert f"warning: {path}: 2 of 3 pairs have a negative that contains the query or equals a positive (first: pair 1)" in err
+    path.write_text(json.dumps(lines[2], ensure_ascii=False) + "\n", encoding="utf-8")
+    read_examples(path, 1)
+    assert "warning" not in capsys.readouterr().err
