@@ -25,7 +25,7 @@ from . import cli
 from .chatchat_root import ChatchatWorker, chatchat_command, content_dir, index_size, run_chatchat, vector_store_dir
 from .corpus import PolicyDocument, export_policies, read_policies
 from .data import CORPUS_CSV, LEXICON
-from .errors import run_cli
+from .errors import InputError, run_cli
 
 KB_NAME = "WeiMingPolicies"
 EMBED_MODEL = "policybert"
@@ -46,7 +46,7 @@ def hub_reachable(timeout: float = 5.0) -> str | None:
         return f"{type(exc).__name__}: {exc}"
 
 
-def obtain_model(out_dir: Path, lexicon: Path, documents: Sequence[PolicyDocument]) -> Path:
+def obtain_model(out_dir: Path, lexicon: Path, corpus: Path) -> Path:
     """A PolicyBERT directory: merged from bge when the hub answers, else built locally.
 
     The merge runs as the command a user would type (``python -m training.merge_bge``), with the
@@ -59,26 +59,37 @@ def obtain_model(out_dir: Path, lexicon: Path, documents: Sequence[PolicyDocumen
     problem = hub_reachable()
     if problem is None:
         print(f"[model] merging PolicyBERT from {BGE} (downloads about 400 MB)", flush=True)
-        merge = subprocess.run([sys.executable, "-m", "training.merge_bge", "--bge", BGE, "--zen", "none",
-                                "--lexicon", str(lexicon), "--fusion", "attn", "--init", "bge", "--out", str(out_dir)])
-        if merge.returncode == 0:
+        if training_stage("merge_bge", *merge_args(BGE, lexicon, out_dir)):
             return out_dir
         problem = "the merge failed (see above)"
     print(f"[model] cannot merge from {BGE}: {problem}")
-    return build_local_model(out_dir, lexicon, documents)
+    return build_local_model(out_dir, lexicon, corpus)
 
 
-def build_local_model(out_dir: Path, lexicon_path: Path, documents: Sequence[PolicyDocument]) -> Path:
-    """Offline fallback: a small PolicyBERT over the corpus's characters and the policy lexicon.
+def merge_args(bge: str | Path, lexicon: Path, out_dir: Path, *extra: str) -> list[str]:
+    """``training.merge_bge`` with the identity start (``--init bge``): the model embeds exactly as ``bge``."""
+    return ["--bge", str(bge), "--zen", "none", "--lexicon", str(lexicon), "--fusion", "attn", "--init", "bge",
+            "--out", str(out_dir), *extra]  # fmt: skip
+
+
+def training_stage(stage: str, *args: str) -> bool:
+    """``python -m training.STAGE ARGS`` as a user would type it; whether it succeeded."""
+    return subprocess.run([sys.executable, "-m", f"training.{stage}", *args]).returncode == 0
+
+
+def build_local_model(out_dir: Path, lexicon: Path, corpus: Path) -> Path:
+    """Offline fallback: ``training.init_scratch`` (a small character BERT over the corpus), then the same merge.
 
     Its weights are random, so rankings only show that the pipeline works end to end; pass a
     trained model with --model for meaningful retrieval.
     """
-    from .lexicon import Lexicon
-    from .testing import build_tiny_policybert
-
     print(f"[model] building a small local PolicyBERT in {out_dir} (random weights: pipeline check only)")
-    return build_tiny_policybert(out_dir, [d.title + d.content for d in documents], Lexicon.load(lexicon_path))
+    scratch = out_dir.with_name(out_dir.name + "-scratch")
+    shape = ["--hidden-size", "32", "--num-hidden-layers", "2", "--intermediate-size", "64", "--max-position-embeddings", "512"]
+    if not (training_stage("init_scratch", "--out", str(scratch), "--corpus", str(corpus), *shape)
+            and training_stage("merge_bge", *merge_args(scratch, lexicon, out_dir, "--num-word-layers", "1"))):  # fmt: skip
+        raise InputError("building the local model failed (see above)")
+    return out_dir
 
 
 def run_step(title: str, args: list[str], root: Path) -> None:
@@ -111,7 +122,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         documents = documents[: args.docs]
     if args.max_doc_chars:
         documents = [PolicyDocument(d.title, d.pubtime, d.channel, d.content[: args.max_doc_chars]) for d in documents]
-    model = args.model.resolve() if args.model else obtain_model(root / "models" / "policybert", args.lexicon, documents)
+    model = args.model.resolve() if args.model else obtain_model(root / "models" / "policybert", args.lexicon, args.corpus)
 
     run_step("init", ["init"], root)
     if cli.main(["setup", "--root", str(root), "--model", str(model), "--ollama-url", args.ollama_url, "--no-check"]):

@@ -27,12 +27,14 @@ from chatchat_policybert.files import write_json
 from chatchat_policybert.lexicon import Lexicon, LexiconError
 from chatchat_policybert.modeling import PolicyBertConfig, PolicyBertForPreTraining, PolicyBertForSequenceClassification
 from chatchat_policybert.tokenization import PolicyBertTokenizer, build_char_tokenizer
+from training import ablate_retrieval
 from training.corpus import build_corpus, load_documents
 from training.finetune import FinetuneConfig, finetune
 from training.policysm import build_dataset, clause_table, policysm1_negatives, positive_pairs
 from training.pretrain import PretrainConfig, pretrain
 
 VARIANTS = ("char", "none", "gate", "attn")
+TASKS = ("fusion", "retrieval")
 # Thesis, bge-base backbone: Table 7 (MLM accuracy) and Table 8 (PolicySM-1 NSP accuracy).
 THESIS = {"none": (0.7837, 0.9236), "gate": (0.7924, 0.9311), "attn": (0.8029, 0.9272)}
 
@@ -79,8 +81,22 @@ def markdown(table: dict, seeds: int) -> str:
 
 
 def main(argv: list[str] | None = None) -> None:
+    """``--task fusion`` (default): this module's pre-training ablation; ``--task retrieval``: :mod:`training.ablate_retrieval`."""
+    argv = sys.argv[1:] if argv is None else list(argv)
+    task = argparse.ArgumentParser(add_help=False)
+    task.add_argument("--task", choices=TASKS, default="fusion")
+    chosen, rest = task.parse_known_args(argv)
+    if chosen.task == "retrieval":
+        return ablate_retrieval.main(rest)
+    fusion_ablation(rest)
+
+
+def fusion_ablation(argv: list[str]) -> None:
     parser = argparse.ArgumentParser(prog="python -m training.ablate", description=__doc__.split("\n\n")[0],
                                      formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    parser.add_argument("--task", choices=TASKS, default="fusion",
+                        help="fusion: this pre-training ablation; retrieval: the retrieval ablation "
+                             "(`python -m training.ablate --task retrieval --help`)")
     parser.add_argument("--input", type=Path, default=CORPUS_CSV, help="policy CSV or folder")
     parser.add_argument(
         "--lexicon", type=Path, default=LEXICON, help="word,count lexicon (the thesis's)"

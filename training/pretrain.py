@@ -26,9 +26,10 @@ from pathlib import Path
 import torch
 from torch import nn
 from tqdm import tqdm
+from transformers import BertForPreTraining
 
 from chatchat_policybert.errors import InputError, run_cli
-from chatchat_policybert.loading import load_model_dir, save_model_dir
+from chatchat_policybert.loading import load_model_dir, read_config, resolve_model_dir, save_model_dir
 from chatchat_policybert.modeling import PolicyBertForPreTraining
 from chatchat_policybert.tokenization import PolicyBertTokenizer
 from training._common import Document, SentencePair, read_corpus
@@ -46,7 +47,7 @@ PRESETS = {"policysm2": {"epochs": 5}}
 class PretrainInputs:
     """What the stage reads; kept out of :class:`PretrainConfig` so that moved inputs can still be resumed."""
 
-    model: Path = field(metadata={"help": "PolicyBERT dir to start from (training.merge_bge output)"})
+    model: Path = field(metadata={"help": "model dir to start from: PolicyBERT (training.merge_bge) or plain BERT (bge, training.init_scratch)"})
     corpus: Path = field(metadata={"help": "corpus.jsonl from training.corpus"})
 
 
@@ -263,9 +264,15 @@ def pretrain(
     return train(model, task, cfg, inputs)
 
 
-def load_start_model(model_dir: Path) -> tuple[PolicyBertForPreTraining, PolicyBertTokenizer]:
-    """The model this stage trains, from its ``--model``; ``training.export`` rebuilds a checkpoint into the same model."""
-    return load_model_dir(model_dir, PolicyBertForPreTraining, allow_missing=("cls.", "pooler."))
+def load_start_model(model_dir: Path) -> tuple[PolicyBertForPreTraining | BertForPreTraining, PolicyBertTokenizer]:
+    """The model this stage trains, from its ``--model``; ``training.export`` rebuilds a checkpoint into the same model.
+
+    A plain BERT directory (bge, or ``training.init_scratch``'s) trains as ``BertForPreTraining``:
+    it has no lexicon, so its masking is per character, and its ``final/`` is again a plain BERT
+    directory that ``training.merge_bge --bge`` and ``training.contrastive`` take.
+    """
+    model_class = BertForPreTraining if read_config(resolve_model_dir(model_dir))["model_type"] == "bert" else PolicyBertForPreTraining
+    return load_model_dir(model_dir, model_class, allow_missing=("cls.", "pooler."))
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -14,14 +14,14 @@ from chatchat_policybert.loading import load_policybert
 from chatchat_policybert.modeling import PolicyBertForSequenceClassification
 from training import build_lexicon, finetune, merge_bge, pretrain
 
-STAGES = ["corpus", "build_lexicon", "policysm", "pretrain", "finetune", "merge_bge", "ablate", "pairs", "contrastive",
-          "export"]
+STAGES = ["init_scratch", "corpus", "build_lexicon", "policysm", "pretrain", "finetune", "merge_bge", "ablate", "pairs",
+          "contrastive", "export"]
 
 
-@pytest.mark.parametrize("stage", STAGES)
-def test_every_stage_has_help(stage, capsys, options_without_help):
+@pytest.mark.parametrize("stage, argv", [(stage, ["--help"]) for stage in STAGES] + [("ablate", ["--task", "retrieval", "--help"])])
+def test_every_stage_has_help(stage, argv, capsys, options_without_help):
     with pytest.raises(SystemExit) as exit_info:
-        importlib.import_module(f"training.{stage}").main(["--help"])
+        importlib.import_module(f"training.{stage}").main(argv)
     assert exit_info.value.code == 0
     text = capsys.readouterr().out
     assert "usage: python -m training." in text

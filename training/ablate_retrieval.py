@@ -1,0 +1,432 @@
+"""Does the word stream earn its place? The retrieval ablation against plain fine-tuning of the same start.
+
+From one pre-trained character-only start (``training.init_scratch`` + ``training.pretrain``,
+built once in ``OUT/start`` and cached; ``--start DIR`` for one of your own, e.g. bge), every arm
+gets the same pairs (``training.pairs`` on ``--corpus``, cached in ``OUT/pairs``), steps, batch,
+learning rate, temperature and seeds:
+
+- ``base``: the start, untrained for retrieval (stock bge's place); scored once, it has no seed;
+- ``base+ft``: the start trained contrastively, no word stream: the competitor every user has;
+- ``none``, ``gate``, ``attn``: ``merge_bge --init bge`` from the start (it embeds exactly as the
+  start until ``s`` moves), then the same contrastive training with ``--fusion-scale-lr``;
+- ``attn-freeze``: as ``attn``, but only the word side trains (``--freeze-chars``);
+- levers, one change each from ``attn``: ``attn-slr-low`` / ``attn-slr-high`` (the scales' rate
+  ÷10 / ×10), ``attn-warm`` (the first 30 % of the steps with frozen characters, then joint),
+  ``attn-2wl`` (two word layers), ``attn-early`` (no fusion past the word layers).
+
+Each arm is scored on the dev split of held-out documents (``training.contrastive``'s own ranking
+of the dev pool, and BM25 on that pool) and on ``--questions`` over the corpus's Chatchat chunks,
+dense and through Chatchat's own ``search_docs`` (the ensemble the RAG tab uses; a temporary root
+and ``kb -r`` per model), with BM25 alone as a row. Beside each arm: its fusion scales after
+training and its embedding speed against the start (same run, same texts). ``OUT/results.md``
+holds the table (mean ± sd over seeds; the paired-bootstrap delta of each arm vs ``base+ft`` over
+questions, with each question's score averaged over seeds) and ``OUT/results.png`` the chart.
+An arm that finished (``OUT/runs/ARM-seedN/result.json``) is not run again.
+
+    python -m training.ablate --task retrieval --out runs/ablate-retrieval
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+import sys
+import tempfile
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import numpy as np
+import torch
+from safetensors import safe_open
+
+from chatchat_policybert.data import CORPUS_CSV, LEXICON, QUESTIONS
+from chatchat_policybert.embeddings import PolicyBertEmbeddings
+from chatchat_policybert.errors import InputError
+from chatchat_policybert.evaluation import evaluate
+from chatchat_policybert.evaluation.dataset import load_corpus, load_questions
+from chatchat_policybert.evaluation.knowledge_base import Chunk, load_chunks, prepare_root
+from chatchat_policybert.evaluation.metrics import mrr_at_k, paired_bootstrap_interval, rank_by_score
+from chatchat_policybert.evaluation.retrievers import Bm25, Dense
+from chatchat_policybert.files import write_json
+from chatchat_policybert.loading import save_model_dir
+from training import contrastive, init_scratch, merge_bge, pairs, pretrain
+from training._common import read_corpus
+from training.loop import parse_config, require_positive
+
+MRR = "MRR@10"
+DEPTH = 100  # chunks each dense ranking keeps, as ``chatchat-policybert eval --depth``
+# Chatchat chunk texts for the speed column: the same texts for every model, so ratios compare models alone.
+SPEED_TEXTS = 128
+
+
+@dataclass(frozen=True)
+class Arm:
+    """One row of the ablation: which model it trains and how it differs from ``attn``'s settings."""
+
+    fusion: str | None
+    """None: no word stream (the start as it is); else the ``merge_bge --fusion``."""
+    trains: bool = True
+    freeze_chars: bool = False
+    scale_lr_factor: float = 1.0
+    """Multiplies ``--fusion-scale-lr``."""
+    word_warmup: float = 0.0
+    """Share of the steps trained with frozen characters before joint training (same total steps)."""
+    num_word_layers: int | None = None
+    """None: ``--num-word-layers``."""
+    late_fusion: str | None = None
+    """None: the model's default (word states added to every layer past the word stream)."""
+
+
+ARMS = {
+    "base": Arm(None, trains=False),
+    "base+ft": Arm(None),
+    "none": Arm("none"),
+    "gate": Arm("gate"),
+    "attn": Arm("attn"),
+    "attn-freeze": Arm("attn", freeze_chars=True),
+    "attn-slr-low": Arm("attn", scale_lr_factor=0.1),
+    "attn-slr-high": Arm("attn", scale_lr_factor=10.0),
+    "attn-warm": Arm("attn", word_warmup=0.3),
+    "attn-2wl": Arm("attn", num_word_layers=2),
+    "attn-early": Arm("attn", late_fusion="none"),
+}
+DEFAULT_ARMS = ["base", "base+ft", "none", "gate", "attn", "attn-freeze"]
+COMPETITOR = "base+ft"
+
+
+@dataclass
+class RetrievalAblationConfig:
+    """The ablation's settings: one budget for every arm. Defaults fit ~2 h on 2 CPU cores (docs/training.md)."""
+
+    out: Path = field(default=Path("runs/ablate-retrieval"), metadata={"help": "folder of everything the ablation writes"})
+    corpus: Path = field(default=CORPUS_CSV, metadata={"help": "policy CSV or folder: the start's vocabulary, its pre-training text, the pairs and the KB"})
+    lexicon: Path = field(default=LEXICON, metadata={"help": "word,count lexicon of the word stream"})
+    questions: Path | None = field(default=None, metadata={"help": "JSONL questions over --corpus (the evaluation's format); None: the shipped ones"})
+    start: Path | None = field(default=None, metadata={"help": "a pre-trained plain BERT to start from (e.g. bge); None: build OUT/start"})
+    arms: list[str] = field(default_factory=lambda: list(DEFAULT_ARMS), metadata={"help": f"arms to run, of {', '.join(ARMS)}"})
+    seeds: list[int] = field(default_factory=lambda: [0, 1, 2], metadata={"help": "one run per trained arm and seed"})
+    # The start (used only when --start is not given).
+    hidden_size: int = field(default=128, metadata={"help": "start: hidden size"})
+    num_hidden_layers: int = field(default=4, metadata={"help": "start: character layers"})
+    num_attention_heads: int = field(default=4, metadata={"help": "start: attention heads"})
+    intermediate_size: int = field(default=512, metadata={"help": "start: feed-forward size"})
+    max_position_embeddings: int = field(default=256, metadata={"help": "start: positions (a 250-character chunk whole)"})
+    start_steps: int = field(default=1500, metadata={"help": "start: MLM+NSP pre-training steps"})
+    start_lr: float = field(default=1e-3, metadata={"help": "start: pre-training learning rate (from scratch)"})
+    start_batch_size: int = field(default=32, metadata={"help": "start: sentence pairs per pre-training step"})
+    # What every arm shares.
+    num_word_layers: int = field(default=1, metadata={"help": "word layers of the fused arms (copies of the start's first layers)"})
+    steps: int = field(default=100, metadata={"help": "contrastive steps of every trained arm"})
+    batch_size: int = field(default=16, metadata={"help": "queries per contrastive step"})
+    train_group_size: int = field(default=4, metadata={"help": "passages per query: 1 positive + hard negatives"})
+    lr: float = field(default=2e-4, metadata={"help": "contrastive learning rate"})
+    fusion_scale_lr: float = field(default=1e-2, metadata={"help": "learning rate of the fusion scales s (fused arms)"})
+    temperature: float = field(default=0.05, metadata={"help": "InfoNCE temperature"})
+    max_length: int = field(default=256, metadata={"help": "tokens per query or passage"})
+    retrievers: str = field(default="dense,chatchat", metadata={"help": "question scoring: dense, and chatchat (a kb -r per model)"})
+    device: str = field(default="cpu", metadata={"help": "torch device of every stage"})
+    threads: int = field(default=1, metadata={"help": "torch threads on CPU (1: two OpenMP threads on a shared 2-core machine spin-wait and run slower)"})
+
+    def __post_init__(self) -> None:
+        self.out = Path(self.out)
+        unknown = sorted(set(self.arms) - set(ARMS))
+        if unknown:
+            raise InputError(f"--arms: unknown {', '.join(unknown)}; choose from {', '.join(ARMS)}")
+        kinds = {k.strip() for k in self.retrievers.split(",") if k.strip()}
+        if not kinds or kinds - {"dense", "chatchat"}:
+            raise InputError(f"--retrievers {self.retrievers!r}: expected a comma list of dense, chatchat")
+        if not self.seeds:
+            raise InputError("--seeds: expected at least one seed")
+        require_positive(self, ("start_steps", "start_lr", "start_batch_size", "num_word_layers", "steps", "batch_size",
+                                "train_group_size", "lr", "fusion_scale_lr", "temperature", "max_length", "threads"))  # fmt: skip
+
+
+def build_start(cfg: RetrievalAblationConfig) -> Path:
+    """The pre-trained character-only start, built once: ``OUT/start/scratch`` then ``OUT/start/pretrain/final``.
+
+    An interrupted pre-training resumes from its checkpoint.
+    """
+    if cfg.start is not None:
+        return cfg.start
+    final = cfg.out / "start" / "pretrain" / "final"
+    if final.is_dir():
+        return final
+    scratch = cfg.out / "start" / "scratch"
+    if not scratch.is_dir():
+        init_scratch.init_scratch(init_scratch.ScratchConfig(
+            out=scratch, corpus=cfg.corpus, hidden_size=cfg.hidden_size, num_hidden_layers=cfg.num_hidden_layers,
+            num_attention_heads=cfg.num_attention_heads, intermediate_size=cfg.intermediate_size,
+            max_position_embeddings=cfg.max_position_embeddings))  # fmt: skip
+    corpus_dir = cfg.out / "start" / "corpus"
+    if not (corpus_dir / "corpus.jsonl").is_file():
+        from training import corpus as corpus_stage
+
+        corpus_stage.main(["--input", str(cfg.corpus), "--out", str(corpus_dir)])
+    run = cfg.out / "start" / "pretrain"
+    pre = pretrain.PretrainConfig(
+        out=run, resume=(run / "checkpoint.pt").is_file(), lr=cfg.start_lr, batch_size=cfg.start_batch_size,
+        max_length=cfg.max_position_embeddings, max_steps=cfg.start_steps, warmup_proportion=0.06,
+        checkpoint_every=max(1, cfg.start_steps // 8), device=cfg.device, seed=0)  # fmt: skip
+    torch.manual_seed(pre.seed)
+    model, tokenizer = pretrain.load_start_model(scratch)
+    pretrain.pretrain(model, tokenizer, read_corpus(corpus_dir / "corpus.jsonl"), pre)
+    save_model_dir(model, tokenizer, final)
+    return final
+
+
+def build_pairs(cfg: RetrievalAblationConfig) -> Path:
+    """``training.pairs`` on ``--corpus`` (ict + heading, BM25 negatives), once."""
+    out = cfg.out / "pairs"
+    if not (out / "pairs.json").is_file():
+        pairs.main(["--corpus", str(cfg.corpus), "--out", str(out)])
+    return out
+
+
+def fused_model(cfg: RetrievalAblationConfig, arm: Arm, start: Path, seed: int, out: Path) -> Path:
+    """``merge_bge --init bge`` from the start: the arm's word stream, embedding exactly as the start."""
+    if not out.is_dir():
+        argv = ["--bge", str(start), "--lexicon", str(cfg.lexicon), "--fusion", arm.fusion, "--seed", str(seed),
+                "--num-word-layers", str(arm.num_word_layers or cfg.num_word_layers), "--out", str(out)]  # fmt: skip
+        merge_bge.main(argv)
+        if arm.late_fusion is not None:
+            config_file = out / "config.json"
+            config = json.loads(config_file.read_text(encoding="utf-8"))
+            config["late_fusion"] = arm.late_fusion
+            write_json(config, config_file)
+    return out
+
+
+def train_arm(cfg: RetrievalAblationConfig, arm: Arm, model_dir: Path, seed: int, run_dir: Path, data: Path) -> Path:
+    """Contrastive training of ``model_dir`` with the shared budget; two phases for ``word_warmup``."""
+    train = contrastive.read_examples(data / "train.jsonl", cfg.train_group_size - 1)
+    dev = contrastive.read_examples(data / "dev.jsonl", 0)
+    warm = round(cfg.steps * arm.word_warmup)
+    phases = [("warm", warm, True), ("joint", cfg.steps - warm, False)] if warm else [("train", cfg.steps, arm.freeze_chars)]
+    for name, steps, freeze in phases:
+        out = run_dir / name
+        if (out / "final").is_dir():
+            model_dir = out / "final"
+            continue
+        settings = contrastive.ContrastiveConfig(
+            out=out, resume=(out / "checkpoint.pt").is_file(), lr=cfg.lr, max_steps=steps, batch_size=cfg.batch_size,
+            train_group_size=cfg.train_group_size, temperature=cfg.temperature, max_length=cfg.max_length,
+            freeze_chars=freeze, seed=seed, device=cfg.device, checkpoint_every=max(1, steps // 4),
+            fusion_scale_lr=cfg.fusion_scale_lr * arm.scale_lr_factor if arm.fusion else None)  # fmt: skip
+        model, tokenizer = contrastive.load_start_model(model_dir)
+        contrastive.contrastive(model, tokenizer, train, dev, settings)
+        model_dir = save_model_dir(model, tokenizer, out / "final")
+    return model_dir
+
+
+def dev_scores(cfg: RetrievalAblationConfig, model_dir: Path, data: Path) -> dict:
+    """``training.contrastive``'s own dev ranking (every dev pos and neg, per query) of ``model_dir``."""
+    dev = contrastive.read_examples(data / "dev.jsonl", 0)
+    model, tokenizer = contrastive.load_start_model(model_dir)
+    settings = contrastive.ContrastiveConfig(out=cfg.out, temperature=cfg.temperature, max_length=cfg.max_length)
+    task = contrastive.ContrastiveTask(tokenizer, [], dev, settings, cfg.max_length)
+    with torch.no_grad():
+        return task.evaluate(model.to(cfg.device))
+
+
+def dev_bm25(data: Path) -> float:
+    """BM25's MRR@10 on the same dev pool and queries as :func:`dev_scores` (no instruction: BM25 reads words)."""
+    dev = contrastive.read_examples(data / "dev.jsonl", 0)
+    pool = list(dict.fromkeys(text for e in dev for text in (*e.pos, *e.neg)))
+    position = {text: i for i, text in enumerate(pool)}
+    bm25 = Bm25([Chunk(str(i), text, str(i)) for i, text in enumerate(pool)], depth=10)
+    return float(np.mean([mrr_at_k(rank_by_score(bm25.scores(e.query), 10), {position[t] for t in e.pos}, 10) for e in dev]))
+
+
+class QuestionScorer:
+    """Scores models on ``--questions`` over the corpus's Chatchat chunks, the evaluation's own way.
+
+    The chunks and BM25 are made once (a temporary root, no index); each model gets its dense
+    ranking of them and, with ``chatchat`` in ``--retrievers``, a run of ``chatchat-policybert
+    eval --retrievers chatchat``: a root of its own, ``kb -r``, and Chatchat's ``search_docs``.
+    """
+
+    KS = [1, 5, 10]
+
+    def __init__(self, cfg: RetrievalAblationConfig):
+        if cfg.questions is None and Path(cfg.corpus).resolve() != CORPUS_CSV.resolve():
+            raise InputError("--questions is required when --corpus is not the shipped corpus")
+        self.cfg = cfg
+        self.corpus = load_corpus(cfg.corpus)
+        self.queries = load_questions(cfg.questions or QUESTIONS, self.corpus)
+        with tempfile.TemporaryDirectory(prefix="policybert-ablate-") as tmp:
+            root = Path(tmp) / "root"
+            self.chunks = load_chunks(root, prepare_root(root, self.corpus, None, build_index=False), self.corpus)
+        self.bm25 = evaluate.evaluate_retriever(Bm25(self.chunks, DEPTH), self.queries, self.chunks, self.KS)
+
+    def score(self, label: str, model_dir: Path, out: Path) -> dict[str, dict]:
+        """``{retriever: {"metrics": …, "queries": […]}}`` for dense (and chatchat), cached in ``out``."""
+        if not out.is_file():
+            embeddings = PolicyBertEmbeddings(model_dir, device=self.cfg.device)
+            dense = evaluate.evaluate_retriever(Dense(f"dense:{label}", embeddings, self.chunks, DEPTH), self.queries,
+                                                self.chunks, self.KS)  # fmt: skip
+            results = {dense.name: {"metrics": dense.metrics, "queries": dense.queries}}
+            if "chatchat" in self.cfg.retrievers:
+                chatchat_json = out.with_name("chatchat.json")
+                evaluate.main(["--model", f"{label}={model_dir}", "--retrievers", "chatchat", "--device", self.cfg.device,
+                               "--corpus", str(self.cfg.corpus), "--questions", str(self.cfg.questions or QUESTIONS),
+                               "--out", str(chatchat_json)])  # fmt: skip
+                results.update(json.loads(chatchat_json.read_text(encoding="utf-8"))["results"])
+            write_json(results, out)
+        return json.loads(out.read_text(encoding="utf-8"))
+
+
+def fusion_scales(model_dir: Path) -> list[float]:
+    """The trained ``s`` of every fused layer (empty for a model without a word stream)."""
+    with safe_open(str(model_dir / "model.safetensors"), "pt") as weights:
+        name = next((k for k in weights.keys() if k.endswith("fusion_scales")), None)
+        return [] if name is None else [round(float(v), 4) for v in weights.get_tensor(name)]
+
+
+def run_arm(cfg: RetrievalAblationConfig, name: str, seed: int, start: Path, data: Path, scorer: QuestionScorer) -> dict:
+    """One arm and seed, end to end; its ``result.json`` makes a re-run skip it."""
+    arm = ARMS[name]
+    run_dir = cfg.out / "runs" / f"{name}-seed{seed}"
+    result_file = run_dir / "result.json"
+    if result_file.is_file():
+        return json.loads(result_file.read_text(encoding="utf-8"))
+    began = time.time()
+    model_dir = fused_model(cfg, arm, start, seed, run_dir / "merged") if arm.fusion else start
+    if arm.trains:
+        model_dir = train_arm(cfg, arm, model_dir, seed, run_dir, data)
+    train_minutes = (time.time() - began) / 60
+    questions = scorer.score(name, model_dir, run_dir / "questions.json")
+    result = {
+        "arm": name, "seed": seed, "model": str(model_dir), "settings": asdict(arm), "train_minutes": round(train_minutes, 2),
+        "dev": dev_scores(cfg, model_dir, data), "fusion_scales": fusion_scales(model_dir),
+        "questions": {retriever: {"metrics": r["metrics"], MRR: [q[MRR] for q in r["queries"]]}
+                      for retriever, r in questions.items()},
+    }  # fmt: skip
+    write_json(result, result_file)
+    return result
+
+
+def embedding_speed(models: dict[str, Path], texts: list[str], device: str, reps: int = 3) -> dict[str, float]:
+    """Each model's time to embed ``texts`` relative to the first model's (interleaved repetitions, best of ``reps``)."""
+    loaded = {name: PolicyBertEmbeddings(path, device=device) for name, path in models.items()}
+    best = {name: float("inf") for name in models}
+    for _ in range(reps):
+        for name, embeddings in loaded.items():
+            began = time.perf_counter()
+            embeddings.embed_documents(texts)
+            best[name] = min(best[name], time.perf_counter() - began)
+    first = best[next(iter(models))]
+    return {name: round(first / seconds, 3) for name, seconds in best.items()}
+
+
+def _row_key(retriever: str) -> str:
+    """``dense:ARM`` / ``chatchat(thr=…)`` / ``bm25`` → dense / chatchat / bm25."""
+    return retriever.split(":")[0].split("(")[0]
+
+
+def summarise(results: list[dict], arms: list[str], resamples: int = 1000) -> dict:
+    """Per arm: mean ± sd over seeds of each score; per-question scores averaged over seeds, bootstrapped vs ``base+ft``."""
+    table: dict = {}
+    per_question: dict[tuple[str, str], np.ndarray] = {}
+    for name in arms:
+        runs = [r for r in results if r["arm"] == name]
+        row: dict = {"seeds": len(runs), "train_minutes": statistics.mean(r["train_minutes"] for r in runs)}
+        row["dev " + MRR] = _mean_sd([r["dev"]["mrr@10"] for r in runs])
+        for retriever in runs[0]["questions"]:
+            kind = _row_key(retriever)
+            row[f"{kind} {MRR}"] = _mean_sd([r["questions"][retriever]["metrics"][MRR] for r in runs])
+            per_question[name, kind] = np.mean([r["questions"][retriever][MRR] for r in runs], axis=0)
+        scales = [s for r in runs for s in r["fusion_scales"]]
+        row["mean |s|"] = round(float(np.mean(np.abs(scales))), 4) if scales else None
+        table[name] = row
+    for (name, kind), scores in per_question.items():
+        if name != COMPETITOR and (COMPETITOR, kind) in per_question:
+            competitor = per_question[COMPETITOR, kind]
+            low, high = paired_bootstrap_interval(scores, competitor, resamples)
+            table[name][f"Δ{kind} vs {COMPETITOR}"] = (round(float(np.mean(scores - competitor)), 4), round(low, 4), round(high, 4))
+    return table
+
+
+def _bm25_key(column: str) -> str:
+    """BM25's score beside a column: the dev pool's for ``dev …``, the questions' for ``dense …``/``chatchat …``."""
+    return "dev" if column.startswith("dev") else "questions"
+
+
+def _mean_sd(values: list[float]) -> tuple[float, float]:
+    return round(statistics.mean(values), 4), round(statistics.stdev(values), 4) if len(values) > 1 else 0.0
+
+
+def markdown(table: dict, bm25: dict[str, float], speed: dict[str, float]) -> str:
+    """The results table: one row per arm, then BM25 alone."""
+    columns = [c for c in next(iter(table.values())) if c not in ("seeds", "train_minutes")]
+    lines = ["| arm | seeds | " + " | ".join(columns) + " | speed vs start | train min |",
+             "|---|---|" + "---|" * len(columns) + "---|---|"]  # fmt: skip
+    for name, row in table.items():
+        cells = []
+        for column in columns:
+            value = row.get(column)
+            if isinstance(value, tuple) and len(value) == 2:
+                cells.append(f"{value[0]:.4f} ± {value[1]:.4f}")
+            elif isinstance(value, tuple):
+                cells.append(f"{value[0]:+.4f} [{value[1]:+.4f}, {value[2]:+.4f}]")
+            else:
+                cells.append("–" if value is None else f"{value}")
+        lines.append(f"| {name} | {row['seeds']} | " + " | ".join(cells) + f" | {speed.get(name, '–')} | {row['train_minutes']:.1f} |")
+    lines.append("| BM25 alone | – | " + " | ".join(
+        f"{bm25[_bm25_key(c)]:.4f}" if c.endswith(MRR) else "–" for c in columns) + " | – | – |")  # fmt: skip
+    return "\n".join(lines) + "\n"
+
+
+def plot(table: dict, bm25: dict[str, float], path: Path) -> None:
+    """Bars of each arm's MRR@10 (mean, sd as error bars) per scoring, BM25 alone as a dashed line."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    columns = [c for c in next(iter(table.values())) if c.endswith(MRR)]
+    figure, axes = plt.subplots(1, len(columns), figsize=(4.5 * len(columns), 4), squeeze=False)
+    for axis, column in zip(axes[0], columns):
+        names = list(table)
+        means = [table[n][column][0] for n in names]
+        sds = [table[n][column][1] for n in names]
+        axis.bar(names, means, yerr=sds, capsize=3, color="#4878a8")
+        axis.axhline(bm25[_bm25_key(column)], color="#c44", linestyle="--", label="BM25 alone")
+        axis.legend(loc="upper left", fontsize=8)
+        axis.set_title(column, fontsize=10)
+        axis.tick_params(axis="x", rotation=45, labelsize=8)
+    figure.tight_layout()
+    figure.savefig(path, dpi=120)
+    plt.close(figure)
+
+
+def main(argv: list[str] | None = None) -> None:
+    cfg = parse_config(RetrievalAblationConfig, argv, "python -m training.ablate --task retrieval", __doc__.split("\n\n")[0])
+    cfg.out.mkdir(parents=True, exist_ok=True)
+    torch.set_num_threads(cfg.threads)
+    began = time.time()
+    start = build_start(cfg)
+    data = build_pairs(cfg)
+    scorer = QuestionScorer(cfg)
+    results = []
+    for seed in cfg.seeds:
+        for name in cfg.arms:
+            if ARMS[name].trains or seed == cfg.seeds[0]:  # an untrained arm is the same model for every seed
+                print(f"== arm {name}, seed {seed} ==")
+                results.append(run_arm(cfg, name, seed, start, data, scorer))
+    table = summarise(results, cfg.arms)
+    first = {r["arm"]: r for r in reversed(results)}
+    bm25 = {"dev": round(dev_bm25(data), 4), "questions": round(scorer.bm25.metrics[MRR], 4)}
+    with_words = {name: Path(r["model"]) for name, r in first.items()}
+    texts = [chunk.text for chunk in scorer.chunks[:SPEED_TEXTS]]
+    speed = embedding_speed({"start": start, **with_words}, texts, cfg.device)
+    text = markdown(table, bm25, speed)
+    text += (f"\nmean ± sd over seeds {cfg.seeds}; Δ: paired bootstrap (1000) over questions of the seed-averaged MRR@10 "
+             f"vs {COMPETITOR}, 95 % interval; speed: embedding time of the start ÷ the arm's, same run; "
+             f"{(time.time() - began) / 60:.1f} min this invocation\n")  # fmt: skip
+    write_json({"config": {k: str(v) for k, v in asdict(cfg).items()}, "table": table, "bm25": bm25, "speed": speed,
+                "runs": results}, cfg.out / "results.json")  # fmt: skip
+    (cfg.out / "results.md").write_text(text, encoding="utf-8")
+    plot(table, bm25, cfg.out / "results.png")
+    print(text)
+    print(f"wrote {cfg.out / 'results.md'}, {cfg.out / 'results.png'}, {cfg.out / 'results.json'}")

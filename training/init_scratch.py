@@ -1,0 +1,86 @@
+"""Stage 0: a character-only BERT from scratch, the stand-in for bge where bge's weights cannot be had.
+
+The output is a plain BERT directory (``model_type: bert``: ``config.json``, ``model.safetensors``,
+a BERT tokenizer), the same kind of directory as ``BAAI/bge-base-zh-v1.5``, so every stage that
+takes bge takes it too: ``training.pretrain --model`` (MLM + NSP, character masking as it has no
+lexicon), ``training.contrastive --model`` and ``training.merge_bge --bge``. Its vocabulary is the
+characters of the corpus (``--min-char-count``), as bge's is mostly single Chinese characters;
+weights are random (``--seed``) until ``training.pretrain`` trains them.
+
+    python -m training.init_scratch --out runs/start                                     # the shipped corpus
+    python -m training.init_scratch --corpus my_policies/ --out runs/start --hidden-size 256
+"""
+
+from __future__ import annotations
+
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+from transformers import BertConfig, BertModel
+
+from chatchat_policybert.data import CORPUS_CSV
+from chatchat_policybert.evaluation.dataset import load_corpus
+from chatchat_policybert.errors import InputError, run_cli
+from chatchat_policybert.loading import save_model_dir
+from chatchat_policybert.tokenization import PolicyBertTokenizer, build_char_tokenizer
+from training.loop import parse_config, require_positive
+
+
+@dataclass
+class ScratchConfig:
+    """The shape of the start model. The defaults are what the retrieval ablation pre-trains in ~30 min on 2 cores.
+
+    256 positions (not 128) so that a Chatchat chunk (250 characters by default) is read whole by
+    every stage, not cut to its first 128 tokens; hidden 128 × 4 layers is the largest shape whose
+    MLM+NSP pre-training leaves chance within that budget (docs/training.md).
+    """
+
+    out: Path = field(metadata={"help": "output model directory (replaced atomically)"})
+    corpus: Path = field(default=CORPUS_CSV, metadata={"help": "policy CSV or folder of .md/.txt whose characters are the vocabulary"})
+    hidden_size: int = field(default=128, metadata={"help": "hidden size (bge-base: 768)"})
+    num_hidden_layers: int = field(default=4, metadata={"help": "transformer layers (bge-base: 12)"})
+    num_attention_heads: int = field(default=4, metadata={"help": "attention heads (must divide --hidden-size)"})
+    intermediate_size: int = field(default=512, metadata={"help": "feed-forward size (BERT: 4 × hidden)"})
+    max_position_embeddings: int = field(default=256, metadata={"help": "positions, i.e. the longest input in tokens"})
+    min_char_count: int = field(default=2, metadata={"help": "rarer characters become [UNK]"})
+    seed: int = field(default=0, metadata={"help": "seed of the random weights"})
+
+    def __post_init__(self) -> None:
+        self.out, self.corpus = Path(self.out), Path(self.corpus)
+        require_positive(
+            self, ("hidden_size", "num_hidden_layers", "num_attention_heads", "intermediate_size",
+                   "max_position_embeddings", "min_char_count"))  # fmt: skip
+        if self.hidden_size % self.num_attention_heads:
+            raise InputError(
+                f"--num-attention-heads {self.num_attention_heads} must divide --hidden-size {self.hidden_size}"
+            )
+
+
+def init_scratch(cfg: ScratchConfig) -> Path:
+    """Writes the random character-only BERT to ``cfg.out`` and returns it."""
+    texts = [doc.text for doc in load_corpus(cfg.corpus).documents]
+    tokenizer = build_char_tokenizer(texts, cfg.min_char_count, cfg.max_position_embeddings)
+    config = BertConfig(
+        vocab_size=len(tokenizer),
+        hidden_size=cfg.hidden_size,
+        num_hidden_layers=cfg.num_hidden_layers,
+        num_attention_heads=cfg.num_attention_heads,
+        intermediate_size=cfg.intermediate_size,
+        max_position_embeddings=cfg.max_position_embeddings,
+    )
+    torch.manual_seed(cfg.seed)
+    model = BertModel(config)
+    out = save_model_dir(model, PolicyBertTokenizer(tokenizer), cfg.out)
+    parameters = sum(p.numel() for p in model.parameters())
+    print(f"character-only BERT: {len(tokenizer)} tokens, {parameters / 1e6:.2f} M parameters → {out}")
+    return out
+
+
+def main(argv: list[str] | None = None) -> None:
+    init_scratch(parse_config(ScratchConfig, argv, "python -m training.init_scratch", __doc__.split("\n\n")[0]))
+
+
+if __name__ == "__main__":
+    sys.exit(run_cli(main))
