@@ -52,7 +52,8 @@ def build_models(root: Path, texts: list[str], names: tuple[str, ...] = ("plain"
 
     from chatchat_policybert.lexicon import Lexicon
     from chatchat_policybert.loading import save_model_dir
-    from chatchat_policybert.modeling import FUSION_TYPES, PolicyBertConfig, PolicyBertModel
+    from chatchat_policybert.configuration_policybert import FUSION_TYPES, PolicyBertConfig
+    from chatchat_policybert.modeling import PolicyBertModel
     from chatchat_policybert.tokenization import PolicyBertTokenizer, build_char_tokenizer
 
     tokenizer = build_char_tokenizer(texts)
@@ -179,7 +180,8 @@ def main() -> None:
     sys.path.insert(0, str(REPO))
     from chatchat_policybert.embeddings import auto_dtype
     from chatchat_policybert.loading import load_policybert
-    from chatchat_policybert.modeling import FUSION_TYPES, coverage_groups, merge_repeated_words
+    from chatchat_policybert.configuration_policybert import FUSION_TYPES
+    from chatchat_policybert.modeling import coverage_groups, merge_repeated_words
 
     if args.device.startswith("cuda") and not torch.cuda.is_available():
         parser.error(f"--device {args.device}: torch sees no CUDA GPU here")

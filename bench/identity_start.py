@@ -32,7 +32,7 @@ from embed import BGE_BASE, REPO, corpus_chunks, machine_line  # noqa: E402 - be
 
 sys.path.insert(0, str(REPO))
 from chatchat_policybert.data import LEXICON  # noqa: E402
-from chatchat_policybert.modeling import FUSION_TYPES  # noqa: E402
+from chatchat_policybert.configuration_policybert import FUSION_TYPES  # noqa: E402
 
 
 def build(root: Path, texts: list[str], fusion: str) -> dict[str, Path]:
@@ -41,7 +41,8 @@ def build(root: Path, texts: list[str], fusion: str) -> dict[str, Path]:
 
     from chatchat_policybert.lexicon import Lexicon
     from chatchat_policybert.loading import save_model_dir
-    from chatchat_policybert.modeling import PolicyBertConfig, PolicyBertModel
+    from chatchat_policybert.configuration_policybert import PolicyBertConfig
+    from chatchat_policybert.modeling import PolicyBertModel
     from chatchat_policybert.tokenization import PolicyBertTokenizer, build_char_tokenizer
     from training.merge_bge import INITS
 

@@ -42,7 +42,7 @@ from chatchat_policybert.chatchat_root import (  # noqa: E402
 )
 from chatchat_policybert.data import CORPUS_CSV, LEXICON  # noqa: E402
 from chatchat_policybert.demo import KB_NAME, run_step  # noqa: E402
-from chatchat_policybert.modeling import FUSION_TYPES  # noqa: E402
+from chatchat_policybert.configuration_policybert import FUSION_TYPES  # noqa: E402
 from chatchat_policybert.pg_store import drop_collection  # noqa: E402
 
 TIME_TARGET = 1.2

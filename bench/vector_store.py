@@ -35,7 +35,7 @@ from chatchat_policybert.corpus import read_policies  # noqa: E402
 from chatchat_policybert.data import CORPUS_CSV  # noqa: E402
 from chatchat_policybert.demo import KB_NAME  # noqa: E402
 from chatchat_policybert.evaluation.evaluate import main as evaluate  # noqa: E402
-from chatchat_policybert.modeling import FUSION_TYPES  # noqa: E402
+from chatchat_policybert.configuration_policybert import FUSION_TYPES  # noqa: E402
 from chatchat_policybert.pg_cluster import PgCluster  # noqa: E402
 
 STORES = ("faiss", "pg")

@@ -21,14 +21,14 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import torch
-from huggingface_hub.errors import StrictDataclassError
 from safetensors import SafetensorError
 from transformers import BertConfig, BertModel, PreTrainedModel
 
 from .errors import InputError
 from .files import atomic_path
 from .lexicon import LEXICON_FILE, LexiconError
-from .modeling import PolicyBertConfig, PolicyBertModel
+from .configuration_policybert import CONFIG_ERRORS, PolicyBertConfig
+from .modeling import PolicyBertModel
 from .tokenization import PolicyBertTokenizer
 
 WEIGHT_FILES = ("model.safetensors", "pytorch_model.bin")
@@ -102,7 +102,7 @@ def read_config(path: Path) -> dict:
     config_class = PolicyBertConfig if config["model_type"] == "policybert" else BertConfig
     try:
         config_class(**{k: v for k, v in config.items() if k != "model_type"})
-    except (ValueError, TypeError, StrictDataclassError) as err:
+    except CONFIG_ERRORS as err:
         raise ModelDirError(f"{config_file}: {' '.join(str(err).split())}") from None
     return config
 

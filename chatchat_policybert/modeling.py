@@ -1,7 +1,8 @@
 """PolicyBERT: a BERT character encoder fused with a ZEN-style word encoder.
 
-Written in the style of `transformers`' ``modeling_bert.py``: a config class, the modules, a
-``PreTrainedModel`` base and the task heads. The character stream *is* a ``BertModel`` (same
+Written in the style of `transformers`' ``modeling_bert.py``: the modules, an encoder that runs
+the layer loop (:class:`PolicyBertEncoder`), a ``PreTrainedModel`` base and the task heads; the
+config lives in ``configuration_policybert.py``. The character stream *is* a ``BertModel`` (same
 module names, so bge-base-zh-v1.5 weights load key for key); the word stream is a second stack
 of ``BertLayer`` s over the lexicon words matched in the sentence. After character layer ``i``
 the word stream's output of layer ``min(i, num_word_layers - 1)`` is projected onto characters
@@ -35,12 +36,11 @@ from transformers import (
     AutoModel,
     AutoModelForPreTraining,
     AutoModelForSequenceClassification,
-    BertConfig,
     PreTrainedModel,
 )
 from transformers import initialization as init
 from transformers.masking_utils import create_bidirectional_mask
-from transformers.modeling_outputs import BaseModelOutputWithPooling, SequenceClassifierOutput
+from transformers.modeling_outputs import BaseModelOutput, BaseModelOutputWithPooling, SequenceClassifierOutput
 from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 from transformers.models.bert.modeling_bert import (
     BertAttention,
@@ -54,70 +54,20 @@ from transformers.models.bert.modeling_bert import (
 )
 from transformers.utils import ModelOutput
 
-FUSION_TYPES = ("none", "gate", "attn")
-LATE_FUSIONS = ("add", "none")
+from .configuration_policybert import FUSION_TYPES, PolicyBertConfig
 
-
-class PolicyBertConfig(BertConfig):
-    """``BertConfig`` plus the word stream and the fusion.
-
-    Args:
-        word_vocab_size: rows of the word embedding, i.e. lexicon words + 1 (id 0 pads). 0 turns
-            the word stream off and the model is a plain BERT.
-        num_word_layers: Transformer layers of the word stream (ZEN uses 6).
-        max_words: k_w, the number of matched words kept per ``max_words_span`` characters; the
-            budget grows with the sentence so long chunks keep their word coverage (applied by
-            :meth:`~chatchat_policybert.tokenization.PolicyBertTokenizer.word_budget`).
-        max_words_span: the length the ``max_words`` budget is quoted for (128 in the thesis).
-        fusion_type: ``none`` (ZEN add), ``gate`` or ``attn``.
-        gate_bias_init: initial bias of the gate's Linear; 5.0 starts every gate at sigmoid(5)
-            ≈ 0.993, i.e. at ZEN's plain addition, so training departs from a known model.
-        late_fusion: what layers ``>= num_word_layers`` do with the last word state: ``add``
-            (ZEN) or ``none``.
-        fusion_scale_init: initial value of every fused layer's scale ``s`` on its change to
-            the character states. 1.0 (the default, and what directories saved before ``s``
-            existed load as) is the thesis's formulas; 0.0 starts the model as exactly its
-            character encoder, so a fresh merge embeds every text as bge does.
-    """
-
-    model_type = "policybert"
-
-    def __init__(
-        self,
-        word_vocab_size: int = 0,
-        num_word_layers: int = 6,
-        max_words: int = 40,
-        max_words_span: int = 128,
-        fusion_type: str = "none",
-        gate_bias_init: float = 5.0,
-        late_fusion: str = "add",
-        fusion_scale_init: float = 1.0,
-        **kwargs,
-    ):
-        super().__init__(**kwargs)
-        if fusion_type not in FUSION_TYPES:
-            raise ValueError(f"fusion_type must be one of {FUSION_TYPES}, got {fusion_type!r}")
-        if late_fusion not in LATE_FUSIONS:
-            raise ValueError(f"late_fusion must be one of {LATE_FUSIONS}, got {late_fusion!r}")
-        # A config.json can hold anything: "2628" or 0 here would fail far from the cause, or keep no words.
-        counts = {"word_vocab_size": (word_vocab_size, 0), "num_word_layers": (num_word_layers, 0),
-                  "max_words": (max_words, 1), "max_words_span": (max_words_span, 1)}
-        for name, (value, least) in counts.items():
-            if isinstance(value, bool) or not isinstance(value, int) or value < least:
-                raise ValueError(f"{name} must be an integer >= {least}, got {value!r}")
-        if word_vocab_size and not 0 < num_word_layers <= self.num_hidden_layers:
-            raise ValueError(
-                f"num_word_layers must be in 1..num_hidden_layers ({self.num_hidden_layers}), got {num_word_layers}"
-            )
-        self.word_vocab_size = word_vocab_size
-        self.num_word_layers = num_word_layers
-        self.max_words = max_words
-        self.max_words_span = max_words_span
-        self.fusion_type = fusion_type
-        self.gate_bias_init = gate_bias_init
-        self.late_fusion = late_fusion
-        self.fusion_scale_init = fusion_scale_init
-
+# The config is importable from here too, as transformers' modeling files import theirs (training.ablate does).
+__all__ = [
+    "FUSION_TYPES",
+    "ClsOnlyLayer",
+    "PolicyBertConfig",
+    "PolicyBertEncoder",
+    "PolicyBertForPreTraining",
+    "PolicyBertForSequenceClassification",
+    "PolicyBertModel",
+    "coverage_groups",
+    "merge_repeated_words",
+]
 
 class PolicyBertWordEmbeddings(nn.Module):
     """ZEN's word embeddings: a lookup, LayerNorm and dropout; words carry no position."""
@@ -353,6 +303,92 @@ class ClsOnlyLayer(nn.Module):
         return self.output(self.intermediate(attended), attended)
 
 
+class WordStream:
+    """The word side of one forward pass: the word states, advanced one word layer per fused character layer.
+
+    :meth:`PolicyBertModel.forward` builds it from the tokenizer's word inputs and hands it to
+    :class:`PolicyBertEncoder`, which calls :meth:`fuse` after every character layer. Its modules
+    are the model's own (``word_encoder``, ``fusions``, ``fusion_scales``): they stay attributes of
+    :class:`PolicyBertModel`, so their state-dict names are those of every saved directory and
+    training checkpoint.
+    """
+
+    def __init__(
+        self,
+        model: PolicyBertModel,
+        word_ids: torch.LongTensor,
+        word_attention_mask: torch.Tensor | None,
+        word_matching_matrix: torch.Tensor | None,
+        attention_mask: torch.Tensor,
+        dtype: torch.dtype,
+        **kwargs,
+    ):
+        """``kwargs`` go to every word layer, as the character layers get them."""
+        if word_matching_matrix is None:
+            raise ValueError("word_ids were given without word_matching_matrix")
+        if word_attention_mask is None:
+            word_attention_mask = (word_ids != 0).long()
+        word_valid = word_attention_mask.bool()
+        matching = word_matching_matrix.to(dtype) * word_valid[:, None, :].to(dtype)
+        matching = matching * attention_mask[:, :, None].to(dtype)
+        counts = word_valid.to(dtype)
+        if not model.training:
+            word_ids, counts, matching = merge_repeated_words(word_ids, word_valid, matching)
+        # A sentence with no word at all would softmax over an empty key set (NaN); let its
+        # padding words attend to each other instead: M zeroes their contribution anyway.
+        counts = counts.masked_fill(~(counts > 0).any(dim=-1, keepdim=True), 1.0)
+        self.config = model.config
+        self.layers, self.fusions, self.scales = model.word_encoder, model.fusions, model.fusion_scales
+        self.matching = matching
+        self.keys = model.fusions[0].key_groups(matching)
+        self.words = model.word_embeddings(word_ids)
+        self.word_mask = counts.log()[:, None, None, :]
+        self.words_on_chars: torch.Tensor | None = None
+        self.kwargs = kwargs
+
+    def fuse(self, i: int, chars: torch.Tensor) -> torch.Tensor:
+        """The character states after character layer ``i``, with word layer ``i``'s states (or the last ones) fused in.
+
+        ``chars`` may hold fewer rows than the text: a last layer that computes [CLS] alone
+        (:class:`ClsOnlyLayer`) returns one.
+        """
+        rows = chars.shape[1]
+        if i < self.config.num_word_layers:
+            self.words = self.layers[i](self.words, self.word_mask, **self.kwargs)
+            return self.fusions[i](chars, self.words, self.matching[:, :rows], self.keys, scale=self.scales[i])
+        if self.config.late_fusion == "none":
+            return chars
+        if self.words_on_chars is None:
+            self.words_on_chars = torch.bmm(self.matching, self.words)
+        return chars + self.scales[i] * self.words_on_chars[:, :rows]
+
+
+class PolicyBertEncoder(BertEncoder):
+    """``BertEncoder``'s character layers, with the word stream fused in after each.
+
+    The layers are ``BertEncoder``'s own (``encoder.layer.{i}``), so a BERT/bge checkpoint loads
+    key for key; without a word stream this is ``BertEncoder``'s loop exactly.
+    """
+
+    def forward(
+        self,
+        hidden_states: torch.Tensor,
+        attention_mask: torch.Tensor | None = None,
+        word_stream: WordStream | None = None,
+        output_hidden_states: bool = False,
+        **kwargs,
+    ) -> BaseModelOutput:
+        """``attention_mask`` as ``BertLayer`` takes it; ``kwargs`` go to every layer."""
+        all_hidden = (hidden_states,) if output_hidden_states else None
+        for i, layer in enumerate(self.layer):
+            hidden_states = layer(hidden_states, attention_mask, **kwargs)
+            if word_stream is not None:
+                hidden_states = word_stream.fuse(i, hidden_states)
+            if output_hidden_states:
+                all_hidden = all_hidden + (hidden_states,)
+        return BaseModelOutput(last_hidden_state=hidden_states, hidden_states=all_hidden)
+
+
 class PolicyBertPreTrainedModel(PreTrainedModel):
     config_class = PolicyBertConfig
     config: PolicyBertConfig
@@ -390,7 +426,7 @@ class PolicyBertModel(PolicyBertPreTrainedModel):
     def __init__(self, config: PolicyBertConfig, add_pooling_layer: bool = True):
         super().__init__(config)
         self.embeddings = BertEmbeddings(config)
-        self.encoder = BertEncoder(config)
+        self.encoder = PolicyBertEncoder(config)
         self.pooler = BertPooler(config) if add_pooling_layer else None
         if config.word_vocab_size:
             self.word_embeddings = PolicyBertWordEmbeddings(config)
@@ -421,48 +457,22 @@ class PolicyBertModel(PolicyBertPreTrainedModel):
         output_hidden_states: bool = False,
         **kwargs,
     ) -> BaseModelOutputWithPooling:
+        """``BertModel``'s inputs plus the tokenizer's word inputs; without ``word_ids`` the word stream is off."""
         if attention_mask is None:
             attention_mask = torch.ones_like(input_ids)
         hidden = self.embeddings(input_ids=input_ids, token_type_ids=token_type_ids, position_ids=position_ids)
         char_mask = create_bidirectional_mask(config=self.config, inputs_embeds=hidden, attention_mask=attention_mask)
-
-        use_words = self.config.word_vocab_size > 0 and word_ids is not None
-        if use_words:
-            if word_matching_matrix is None:
-                raise ValueError("word_ids were given without word_matching_matrix")
-            if word_attention_mask is None:
-                word_attention_mask = (word_ids != 0).long()
-            word_valid = word_attention_mask.bool()
-            matching = word_matching_matrix.to(hidden.dtype) * word_valid[:, None, :].to(hidden.dtype)
-            matching = matching * attention_mask[:, :, None].to(hidden.dtype)
-            counts = word_valid.to(hidden.dtype)
-            if not self.training:
-                word_ids, counts, matching = merge_repeated_words(word_ids, word_valid, matching)
-            keys = self.fusions[0].key_groups(matching)
-            words = self.word_embeddings(word_ids)
-            # A sentence with no word at all would softmax over an empty key set (NaN); let its
-            # padding words attend to each other instead: M zeroes their contribution anyway.
-            counts = counts.masked_fill(~(counts > 0).any(dim=-1, keepdim=True), 1.0)
-            word_mask = counts.log()[:, None, None, :]
-
-        all_hidden = (hidden,) if output_hidden_states else None
-        words_on_chars = None
-        for i, layer in enumerate(self.encoder.layer):
-            hidden = layer(hidden, char_mask, **kwargs)
-            if use_words:
-                if i < self.config.num_word_layers:
-                    words = self.word_encoder[i](words, word_mask, **kwargs)
-                    # [:, :rows]: a last layer that computes [CLS] alone (ClsOnlyLayer) returns one row.
-                    hidden = self.fusions[i](hidden, words, matching[:, : hidden.shape[1]], keys, scale=self.fusion_scales[i])
-                elif self.config.late_fusion == "add":
-                    if words_on_chars is None:
-                        words_on_chars = torch.bmm(matching, words)
-                    hidden = hidden + self.fusion_scales[i] * words_on_chars[:, : hidden.shape[1]]
-            if output_hidden_states:
-                all_hidden = all_hidden + (hidden,)
-
+        word_stream = None
+        if self.config.word_vocab_size and word_ids is not None:
+            word_stream = WordStream(
+                self, word_ids, word_attention_mask, word_matching_matrix, attention_mask, hidden.dtype, **kwargs
+            )
+        encoded = self.encoder(hidden, char_mask, word_stream, output_hidden_states=output_hidden_states, **kwargs)
+        hidden = encoded.last_hidden_state
         pooled = self.pooler(hidden) if self.pooler is not None else None
-        return BaseModelOutputWithPooling(last_hidden_state=hidden, pooler_output=pooled, hidden_states=all_hidden)
+        return BaseModelOutputWithPooling(
+            last_hidden_state=hidden, pooler_output=pooled, hidden_states=encoded.hidden_states
+        )
 
 
 @dataclass

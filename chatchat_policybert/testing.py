@@ -15,7 +15,8 @@ from transformers import BertConfig, BertModel, PreTrainedModel
 
 from .lexicon import Lexicon
 from .loading import save_model_dir
-from .modeling import PolicyBertConfig, PolicyBertModel
+from .configuration_policybert import PolicyBertConfig
+from .modeling import PolicyBertModel
 from .tokenization import PolicyBertTokenizer, build_char_tokenizer
 
 __all__ = ["build_char_tokenizer", "build_tiny_bert", "build_tiny_policybert", "tiny_config"]

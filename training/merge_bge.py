@@ -45,7 +45,8 @@ from transformers import AutoTokenizer
 from chatchat_policybert.errors import InputError, run_cli
 from chatchat_policybert.lexicon import Lexicon, LexiconError, normalize_word
 from chatchat_policybert.loading import ModelDirError, load_model_dir, read_config, resolve_model_dir, save_model_dir
-from chatchat_policybert.modeling import FUSION_TYPES, PolicyBertConfig, PolicyBertModel
+from chatchat_policybert.configuration_policybert import CONFIG_ERRORS, FUSION_TYPES, PolicyBertConfig
+from chatchat_policybert.modeling import PolicyBertModel
 from chatchat_policybert.tokenization import PolicyBertTokenizer
 from training.loop import parse_config, require_share
 
@@ -169,8 +170,8 @@ def build_from_bge(args: MergeConfig) -> tuple[PolicyBertModel, PolicyBertTokeni
             architectures=["PolicyBertModel"],
             **INITS[args.init],
         )
-    except ValueError as err:
-        raise InputError(f"--bge {bge_dir} with --num-word-layers {args.num_word_layers}: {err}") from None
+    except CONFIG_ERRORS as err:
+        raise InputError(f"--bge {bge_dir} with --num-word-layers {args.num_word_layers}: {' '.join(str(err).split())}") from None
     torch.manual_seed(args.seed)
     model = PolicyBertModel(config)
     target = model.state_dict()

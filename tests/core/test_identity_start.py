@@ -16,7 +16,8 @@ from safetensors.torch import load_file, save_file
 
 from chatchat_policybert.embeddings import PolicyBertEmbeddings, cls_vectors
 from chatchat_policybert.loading import load_policybert
-from chatchat_policybert.modeling import FUSION_TYPES, PolicyBertModel
+from chatchat_policybert.configuration_policybert import FUSION_TYPES
+from chatchat_policybert.modeling import PolicyBertModel
 from chatchat_policybert.testing import build_tiny_bert, build_tiny_policybert
 from training.merge_bge import main as merge_main
 

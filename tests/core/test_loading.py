@@ -12,8 +12,8 @@ from safetensors.torch import load_file, save_file
 from transformers import BertModel
 
 from chatchat_policybert.loading import ModelDirError, load_model_dir, load_policybert, save_model_dir
+from chatchat_policybert.configuration_policybert import PolicyBertConfig
 from chatchat_policybert.modeling import (
-    PolicyBertConfig,
     PolicyBertForPreTraining,
     PolicyBertForSequenceClassification,
     PolicyBertModel,
@@ -360,8 +360,8 @@ def test_finite_weights_whose_sum_overflows_still_load(policy_dir):
         ({"hidden_size": 32.0}, "hidden_size"),
         ({"max_words": 0}, "max_words must be an integer >= 1, got 0"),
         ({"max_words_span": -5}, "max_words_span must be an integer >= 1"),
-        ({"max_words": "40"}, "max_words must be an integer"),
-        ({"word_vocab_size": "2663"}, "word_vocab_size must be an integer"),
+        ({"max_words": "40"}, "max_words' expected int, got str"),
+        ({"word_vocab_size": "2663"}, "word_vocab_size' expected int, got str"),
     ],
 )
 def test_config_values_of_the_wrong_type_or_not_finite_are_refused(policy_dir, change, fragment):

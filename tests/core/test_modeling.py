@@ -6,9 +6,9 @@ import pytest
 import torch
 from transformers import BertModel
 
+from chatchat_policybert.configuration_policybert import CONFIG_ERRORS, PolicyBertConfig
 from chatchat_policybert.lexicon import Lexicon
 from chatchat_policybert.modeling import (
-    PolicyBertConfig,
     PolicyBertForPreTraining,
     PolicyBertForSequenceClassification,
     PolicyBertModel,
@@ -156,13 +156,22 @@ def test_word_ids_without_matrix_is_an_error(fusion_models, padded_texts):
         policy(**char_inputs(enc), word_ids=enc["word_ids"])
 
 
-def test_config_validation():
-    with pytest.raises(ValueError, match="fusion_type"):
-        PolicyBertConfig(fusion_type="concat")
-    with pytest.raises(ValueError, match="late_fusion"):
-        PolicyBertConfig(late_fusion="mean")
-    with pytest.raises(ValueError, match="num_word_layers"):
-        PolicyBertConfig(word_vocab_size=10, num_hidden_layers=2, num_word_layers=3)
+@pytest.mark.parametrize(
+    ("values", "message"),
+    [
+        ({"fusion_type": "concat"}, "fusion_type' expected one of"),
+        ({"late_fusion": "mean"}, "late_fusion' expected one of"),
+        ({"word_vocab_size": 10, "num_hidden_layers": 2, "num_word_layers": 3}, "num_word_layers must be in 1..num_hidden_layers"),
+        ({"max_words": 0}, "max_words must be an integer >= 1, got 0"),
+        ({"max_words": True}, "max_words' expected int, got bool"),
+        ({"word_vocab_size": "2663"}, "word_vocab_size' expected int, got str"),
+        ({"gate_bias_init": "5"}, "gate_bias_init"),
+    ],
+)
+def test_config_validation(values, message):
+    """Every field is typed and checked on construction, as ``BertConfig``'s are."""
+    with pytest.raises(CONFIG_ERRORS, match=message):
+        PolicyBertConfig(**values)
 
 
 def test_repeated_words_run_once_with_the_same_output(fusion_models, padded_texts):

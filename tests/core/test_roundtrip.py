@@ -12,9 +12,10 @@ from transformers import AutoConfig, AutoModel, AutoModelForPreTraining, AutoMod
 
 from chatchat_policybert.embeddings import PolicyBertEmbeddings
 from chatchat_policybert.loading import load_policybert, save_model_dir
+from chatchat_policybert.configuration_policybert import PolicyBertConfig
 from chatchat_policybert.modeling import (
-    PolicyBertConfig,
     PolicyBertForPreTraining,
+    PolicyBertEncoder,
     PolicyBertForSequenceClassification,
     PolicyBertModel,
 )
@@ -61,6 +62,22 @@ def test_save_pretrained_from_pretrained_exact(tiny_model_dir, texts, tmp_path, 
         assert torch.equal(before.last_hidden_state, after.last_hidden_state)
         assert torch.equal(before.pooler_output, after.pooler_output)
     assert isinstance(AutoConfig.from_pretrained(tmp_path), PolicyBertConfig)
+
+
+# Every tensor name a saved PolicyBERT directory (and a training checkpoint) holds, by prefix: the
+# character stream under BertModel's names (bge loads key for key), the word stream beside it.
+SAVED_PREFIXES = ("embeddings.", "encoder.layer.", "pooler.", "word_embeddings.", "word_encoder.", "fusions.")
+
+
+@pytest.mark.parametrize("fusion", FUSIONS)
+def test_state_dict_names_are_those_of_saved_directories(tiny_model_dir, fusion):
+    """The encoder module runs the layer loop without renaming a tensor: directories saved before it load as they are."""
+    model, _ = load_policybert(tiny_model_dir(fusion))
+    assert isinstance(model.encoder, PolicyBertEncoder)
+    names = set(model.state_dict())
+    assert {n for n in names if not n.startswith(SAVED_PREFIXES)} == {"fusion_scales"}
+    used = {p for p in SAVED_PREFIXES if any(n.startswith(p) for n in names)}
+    assert used == set(SAVED_PREFIXES) - ({"fusions."} if fusion == "none" else set())  # ZEN's add has no parameters
 
 
 @pytest.mark.parametrize("fusion", FUSIONS)

@@ -15,7 +15,8 @@ import torch
 
 from chatchat_policybert.embeddings import PolicyBertEmbeddings, cls_vectors
 from chatchat_policybert.loading import load_policybert
-from chatchat_policybert.modeling import FUSION_TYPES, ClsOnlyLayer, coverage_groups, merge_repeated_words
+from chatchat_policybert.configuration_policybert import FUSION_TYPES
+from chatchat_policybert.modeling import ClsOnlyLayer, coverage_groups, merge_repeated_words
 
 TOL = 1e-5
 WORDLESS = "xyz"  # no lexicon word: a plain-BERT example inside a batch with words
