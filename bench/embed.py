@@ -36,6 +36,9 @@ sys.path.insert(0, str(REPO))
 from chatchat_policybert.data import CORPUS_CSV, LEXICON  # noqa: E402 - bench/ runs from a checkout
 
 BGE_BASE = dict(hidden_size=768, num_hidden_layers=12, num_attention_heads=12, intermediate_size=3072, max_position_embeddings=512)
+# The lighter word sides the retrieval ablation weighs against the thesis's six word layers (attn fusion):
+# one word layer whose last state is added to every later layer (ZEN's late fusion), or to none.
+LIGHT = {"attn-1wl": dict(num_word_layers=1), "attn-1wl-early": dict(num_word_layers=1, late_fusion="none")}
 
 
 def corpus_chunks(chars: int, count: int) -> list[str]:
@@ -47,7 +50,7 @@ def corpus_chunks(chars: int, count: int) -> list[str]:
 
 
 def build_models(root: Path, texts: list[str], names: tuple[str, ...] = ("plain", "none", "gate", "attn")) -> dict[str, Path]:
-    """bge-base-sized model dirs with random weights: ``plain`` BERT and PolicyBERT per fusion in ``names``."""
+    """bge-base-sized model dirs with random weights: ``plain`` BERT, PolicyBERT per fusion and per ``LIGHT`` variant in ``names``."""
     from transformers import BertConfig, BertModel
 
     from chatchat_policybert.lexicon import Lexicon
@@ -65,6 +68,9 @@ def build_models(root: Path, texts: list[str], names: tuple[str, ...] = ("plain"
     for fusion in (f for f in FUSION_TYPES if f in names):
         config = PolicyBertConfig(vocab_size=len(tokenizer), word_vocab_size=len(lexicon), num_word_layers=6, fusion_type=fusion, **BGE_BASE)
         dirs[fusion] = save_model_dir(PolicyBertModel(config), PolicyBertTokenizer(tokenizer, lexicon), root / fusion)
+    for name in (n for n in LIGHT if n in names):
+        config = PolicyBertConfig(vocab_size=len(tokenizer), word_vocab_size=len(lexicon), fusion_type="attn", **LIGHT[name], **BGE_BASE)
+        dirs[name] = save_model_dir(PolicyBertModel(config), PolicyBertTokenizer(tokenizer, lexicon), root / name)
     return dirs
 
 
@@ -173,7 +179,7 @@ def main() -> None:
                         "(default: auto, bfloat16 only where the hardware has it); the reference is sentence-transformers in it")
     parser.add_argument("--force-bf16", action="store_true", help="run sentence-transformers-bf16 even where bf16 is emulated")
     parser.add_argument("--models", default="plain,none,gate,attn", help="PolicyBertEmbeddings contenders, comma-separated "
-                        "(plain, none, gate, attn); sentence-transformers always runs on plain")
+                        "(plain, none, gate, attn, attn-1wl, attn-1wl-early); sentence-transformers always runs on plain")
     parser.add_argument("--json", type=Path, help="also write the results here")
     args = parser.parse_args()
 
@@ -199,8 +205,8 @@ def main() -> None:
           f"fast dtype: {fast}; reference: {reference_name}")
     with tempfile.TemporaryDirectory() as scratch:
         models = tuple(args.models.split(","))
-        if not set(models) <= {"plain", *FUSION_TYPES}:
-            parser.error(f"--models {args.models}: expected names among plain, {', '.join(FUSION_TYPES)}")
+        if not set(models) <= {"plain", *FUSION_TYPES, *LIGHT}:
+            parser.error(f"--models {args.models}: expected names among plain, {', '.join([*FUSION_TYPES, *LIGHT])}")
         dirs = build_models(Path(scratch), [t for chunks in chunk_sets.values() for t in chunks], ("plain", *models))
         # Per length and model: tokens, encoder FLOPs, and the whole fp32 forward pass (``cos full``),
         # each model (with its tokenizer and config) loaded once for every length.

@@ -12,13 +12,16 @@ learning rate, temperature and seeds:
 - ``attn-freeze``: as ``attn``, but only the word side trains (``--freeze-chars``);
 - levers, one change each from ``attn``: ``attn-slr-low`` / ``attn-slr-high`` (the scales' rate
   ÷10 / ×10), ``attn-warm`` (the first 30 % of the steps with frozen characters, then joint),
-  ``attn-2wl`` (two word layers), ``attn-early`` (no fusion past the word layers).
+  ``attn-2wl`` (two word layers), ``attn-early`` (no fusion past the word layers), ``attn-kblex``
+  (a lexicon built from the corpus itself by ``training.build_lexicon`` instead of ``--lexicon``).
 
 Each arm is scored on the dev split of held-out documents (``training.contrastive``'s own ranking
 of the dev pool, and BM25 on that pool) and on ``--questions`` over the corpus's Chatchat chunks,
 dense and through Chatchat's own ``search_docs`` (the ensemble the RAG tab uses; a temporary root
 and ``kb -r`` per model), with BM25 alone as a row. Beside each arm: its fusion scales after
-training and its embedding speed against the start (same run, same texts). ``OUT/results.md``
+training, how far the word stream moves the character states (per layer, ‖H − H_chars‖ / ‖H_chars‖
+with and without the words), and its embedding speed against the start (same run, same texts);
+under the table, how often questions and chunks match lexicon words at all, for both lexicons. ``OUT/results.md``
 holds the table (mean ± sd over seeds; the paired-bootstrap delta of each arm vs ``base+ft`` over
 questions, with each question's score averaged over seeds) and ``OUT/results.png`` the chart.
 An arm that finished (``OUT/runs/ARM-seedN/result.json``) is not run again.
@@ -30,7 +33,6 @@ from __future__ import annotations
 
 import json
 import statistics
-import sys
 import tempfile
 import time
 from dataclasses import asdict, dataclass, field
@@ -40,7 +42,7 @@ import numpy as np
 import torch
 from safetensors import safe_open
 
-from chatchat_policybert.data import CORPUS_CSV, LEXICON, QUESTIONS
+from chatchat_policybert.data import CORPUS_CSV, LEXICON, QUESTIONS, STOPWORDS
 from chatchat_policybert.embeddings import PolicyBertEmbeddings
 from chatchat_policybert.errors import InputError
 from chatchat_policybert.evaluation import evaluate
@@ -49,8 +51,10 @@ from chatchat_policybert.evaluation.knowledge_base import Chunk, load_chunks, pr
 from chatchat_policybert.evaluation.metrics import mrr_at_k, paired_bootstrap_interval, rank_by_score
 from chatchat_policybert.evaluation.retrievers import Bm25, Dense
 from chatchat_policybert.files import write_json
+from chatchat_policybert.lexicon import Lexicon
 from chatchat_policybert.loading import save_model_dir
-from training import contrastive, init_scratch, merge_bge, pairs, pretrain
+from training import build_lexicon, contrastive, init_scratch, merge_bge, pairs, pretrain
+from training import corpus as corpus_stage
 from training._common import read_corpus
 from training.loop import parse_config, require_positive
 
@@ -76,6 +80,8 @@ class Arm:
     """None: ``--num-word-layers``."""
     late_fusion: str | None = None
     """None: the model's default (word states added to every layer past the word stream)."""
+    kb_lexicon: bool = False
+    """The word stream over a lexicon built from the knowledge base itself (``training.build_lexicon``, jieba)."""
 
 
 ARMS = {
@@ -90,6 +96,7 @@ ARMS = {
     "attn-warm": Arm("attn", word_warmup=0.3),
     "attn-2wl": Arm("attn", num_word_layers=2),
     "attn-early": Arm("attn", late_fusion="none"),
+    "attn-kblex": Arm("attn", kb_lexicon=True),
 }
 DEFAULT_ARMS = ["base", "base+ft", "none", "gate", "attn", "attn-freeze"]
 COMPETITOR = "base+ft"
@@ -117,8 +124,8 @@ class RetrievalAblationConfig:
     start_batch_size: int = field(default=32, metadata={"help": "start: sentence pairs per pre-training step"})
     # What every arm shares.
     num_word_layers: int = field(default=1, metadata={"help": "word layers of the fused arms (copies of the start's first layers)"})
-    steps: int = field(default=100, metadata={"help": "contrastive steps of every trained arm"})
-    batch_size: int = field(default=16, metadata={"help": "queries per contrastive step"})
+    steps: int = field(default=60, metadata={"help": "contrastive steps of every trained arm"})
+    batch_size: int = field(default=8, metadata={"help": "queries per contrastive step"})
     train_group_size: int = field(default=4, metadata={"help": "passages per query: 1 positive + hard negatives"})
     lr: float = field(default=2e-4, metadata={"help": "contrastive learning rate"})
     fusion_scale_lr: float = field(default=1e-2, metadata={"help": "learning rate of the fusion scales s (fused arms)"})
@@ -142,6 +149,14 @@ class RetrievalAblationConfig:
                                 "train_group_size", "lr", "fusion_scale_lr", "temperature", "max_length", "threads"))  # fmt: skip
 
 
+def corpus_file(cfg: RetrievalAblationConfig) -> Path:
+    """``training.corpus`` of ``--corpus`` (cleaned sentences), once: the start's pre-training text and the KB lexicon's."""
+    out = cfg.out / "start" / "corpus"
+    if not (out / "corpus.jsonl").is_file():
+        corpus_stage.main(["--input", str(cfg.corpus), "--out", str(out)])
+    return out / "corpus.jsonl"
+
+
 def build_start(cfg: RetrievalAblationConfig) -> Path:
     """The pre-trained character-only start, built once: ``OUT/start/scratch`` then ``OUT/start/pretrain/final``.
 
@@ -158,11 +173,6 @@ def build_start(cfg: RetrievalAblationConfig) -> Path:
             out=scratch, corpus=cfg.corpus, hidden_size=cfg.hidden_size, num_hidden_layers=cfg.num_hidden_layers,
             num_attention_heads=cfg.num_attention_heads, intermediate_size=cfg.intermediate_size,
             max_position_embeddings=cfg.max_position_embeddings))  # fmt: skip
-    corpus_dir = cfg.out / "start" / "corpus"
-    if not (corpus_dir / "corpus.jsonl").is_file():
-        from training import corpus as corpus_stage
-
-        corpus_stage.main(["--input", str(cfg.corpus), "--out", str(corpus_dir)])
     run = cfg.out / "start" / "pretrain"
     pre = pretrain.PretrainConfig(
         out=run, resume=(run / "checkpoint.pt").is_file(), lr=cfg.start_lr, batch_size=cfg.start_batch_size,
@@ -170,7 +180,7 @@ def build_start(cfg: RetrievalAblationConfig) -> Path:
         checkpoint_every=max(1, cfg.start_steps // 8), device=cfg.device, seed=0)  # fmt: skip
     torch.manual_seed(pre.seed)
     model, tokenizer = pretrain.load_start_model(scratch)
-    pretrain.pretrain(model, tokenizer, read_corpus(corpus_dir / "corpus.jsonl"), pre)
+    pretrain.pretrain(model, tokenizer, read_corpus(corpus_file(cfg)), pre)
     save_model_dir(model, tokenizer, final)
     return final
 
@@ -183,10 +193,20 @@ def build_pairs(cfg: RetrievalAblationConfig) -> Path:
     return out
 
 
+def kb_lexicon(cfg: RetrievalAblationConfig) -> Path:
+    """``training.build_lexicon`` (jieba, the shipped stopwords) on the start's corpus, once."""
+    out = cfg.out / "kb-lexicon"
+    if not (out / "lexicon.txt").is_file():
+        build_lexicon.main(["--corpus", str(corpus_file(cfg)), "--out", str(out), "--segmenter", "jieba",
+                            "--stopwords", str(STOPWORDS)])  # fmt: skip
+    return out / "lexicon.txt"
+
+
 def fused_model(cfg: RetrievalAblationConfig, arm: Arm, start: Path, seed: int, out: Path) -> Path:
     """``merge_bge --init bge`` from the start: the arm's word stream, embedding exactly as the start."""
     if not out.is_dir():
-        argv = ["--bge", str(start), "--lexicon", str(cfg.lexicon), "--fusion", arm.fusion, "--seed", str(seed),
+        lexicon = kb_lexicon(cfg) if arm.kb_lexicon else cfg.lexicon
+        argv = ["--bge", str(start), "--lexicon", str(lexicon), "--fusion", arm.fusion, "--seed", str(seed),
                 "--num-word-layers", str(arm.num_word_layers or cfg.num_word_layers), "--out", str(out)]  # fmt: skip
         merge_bge.main(argv)
         if arm.late_fusion is not None:
@@ -197,8 +217,11 @@ def fused_model(cfg: RetrievalAblationConfig, arm: Arm, start: Path, seed: int, 
     return out
 
 
-def train_arm(cfg: RetrievalAblationConfig, arm: Arm, model_dir: Path, seed: int, run_dir: Path, data: Path) -> Path:
-    """Contrastive training of ``model_dir`` with the shared budget; two phases for ``word_warmup``."""
+def train_arm(cfg: RetrievalAblationConfig, arm: Arm, model_dir: Path, seed: int, run_dir: Path, data: Path) -> tuple[Path, dict]:
+    """Contrastive training of ``model_dir`` with the shared budget (two phases for ``word_warmup``).
+
+    Returns the trained model and its dev scores, the loop's own last ``held_out`` record.
+    """
     train = contrastive.read_examples(data / "train.jsonl", cfg.train_group_size - 1)
     dev = contrastive.read_examples(data / "dev.jsonl", 0)
     warm = round(cfg.steps * arm.word_warmup)
@@ -216,7 +239,7 @@ def train_arm(cfg: RetrievalAblationConfig, arm: Arm, model_dir: Path, seed: int
         model, tokenizer = contrastive.load_start_model(model_dir)
         contrastive.contrastive(model, tokenizer, train, dev, settings)
         model_dir = save_model_dir(model, tokenizer, out / "final")
-    return model_dir
+    return model_dir, json.loads((model_dir.parent / "metrics.json").read_text(encoding="utf-8"))[-1]["held_out"]
 
 
 def dev_scores(cfg: RetrievalAblationConfig, model_dir: Path, data: Path) -> dict:
@@ -260,20 +283,22 @@ class QuestionScorer:
         self.bm25 = evaluate.evaluate_retriever(Bm25(self.chunks, DEPTH), self.queries, self.chunks, self.KS)
 
     def score(self, label: str, model_dir: Path, out: Path) -> dict[str, dict]:
-        """``{retriever: {"metrics": …, "queries": […]}}`` for dense (and chatchat), cached in ``out``."""
+        """``{retriever: {"metrics": …, "queries": […]}}`` for dense (and chatchat), cached in ``out``.
+
+        With ``chatchat``, ``chatchat-policybert eval`` ranks dense from the vectors its ``kb -r``
+        stored, so the model embeds the chunks once for both rows.
+        """
         if not out.is_file():
+            if "chatchat" in self.cfg.retrievers:
+                evaluate.main(["--model", f"{label}={model_dir}", "--retrievers", "dense,chatchat", "--device",
+                               self.cfg.device, "--corpus", str(self.cfg.corpus), "--questions",
+                               str(self.cfg.questions or QUESTIONS), "--out", str(out)])  # fmt: skip
+                return json.loads(out.read_text(encoding="utf-8"))["results"]
             embeddings = PolicyBertEmbeddings(model_dir, device=self.cfg.device)
             dense = evaluate.evaluate_retriever(Dense(f"dense:{label}", embeddings, self.chunks, DEPTH), self.queries,
                                                 self.chunks, self.KS)  # fmt: skip
-            results = {dense.name: {"metrics": dense.metrics, "queries": dense.queries}}
-            if "chatchat" in self.cfg.retrievers:
-                chatchat_json = out.with_name("chatchat.json")
-                evaluate.main(["--model", f"{label}={model_dir}", "--retrievers", "chatchat", "--device", self.cfg.device,
-                               "--corpus", str(self.cfg.corpus), "--questions", str(self.cfg.questions or QUESTIONS),
-                               "--out", str(chatchat_json)])  # fmt: skip
-                results.update(json.loads(chatchat_json.read_text(encoding="utf-8"))["results"])
-            write_json(results, out)
-        return json.loads(out.read_text(encoding="utf-8"))
+            write_json({"results": {dense.name: {"metrics": dense.metrics, "queries": dense.queries}}}, out)
+        return json.loads(out.read_text(encoding="utf-8"))["results"]
 
 
 def fusion_scales(model_dir: Path) -> list[float]:
@@ -281,6 +306,44 @@ def fusion_scales(model_dir: Path) -> list[float]:
     with safe_open(str(model_dir / "model.safetensors"), "pt") as weights:
         name = next((k for k in weights.keys() if k.endswith("fusion_scales")), None)
         return [] if name is None else [round(float(v), 4) for v in weights.get_tensor(name)]
+
+
+def word_stream_change(model_dir: Path, texts: list[str], max_length: int) -> list[float]:
+    """Per character layer, ‖H − H_chars‖ / ‖H_chars‖ over the texts' real tokens: H with the word stream, H_chars without.
+
+    Without its word inputs PolicyBERT is exactly its character encoder, so the ratio is how far
+    the trained word stream moves what the model computes (0 at ``--init bge``); empty without words.
+    """
+    model, tokenizer = contrastive.load_start_model(model_dir)
+    if tokenizer.lexicon is None:
+        return []
+    batch = dict(tokenizer(texts, max_length=max_length))
+    chars_only = {k: v for k, v in batch.items() if not k.startswith("word")}
+    mask = batch["attention_mask"].bool()
+    with torch.no_grad():
+        fused = model(**batch, output_hidden_states=True).hidden_states[1:]
+        plain = model(**chars_only, output_hidden_states=True).hidden_states[1:]
+    return [round(float((f - p)[mask].norm() / p[mask].norm()), 4) for f, p in zip(fused, plain)]
+
+
+def word_coverage(lexicon: Lexicon, scorer: QuestionScorer) -> dict[str, float]:
+    """Do questions and their documents' chunks share lexicon words at all?
+
+    ``questions``/``chunks`` with a word: share of texts matching at least one word; ``shared``:
+    share of questions with a matched word that also occurs in a chunk of a relevant document.
+    """
+    chunk_words: dict[str, set[int]] = {}
+    for chunk in scorer.chunks:
+        chunk_words.setdefault(chunk.group, set()).update(int(w) for w in lexicon.find(chunk.text)[:, 0])
+    question_words = [set(int(w) for w in lexicon.find(q.text)[:, 0]) for q in scorer.queries]
+    shared = [bool(words & set().union(*(chunk_words.get(g, set()) for g in q.gains)))
+              for q, words in zip(scorer.queries, question_words)]  # fmt: skip
+    return {
+        "questions with a word": round(float(np.mean([bool(w) for w in question_words])), 3),
+        "words per question": round(float(np.mean([len(w) for w in question_words])), 2),
+        "chunks with a word": round(float(np.mean([len(lexicon.find(c.text)) > 0 for c in scorer.chunks])), 3),
+        "questions sharing a word with their document": round(float(np.mean(shared)), 3),
+    }
 
 
 def run_arm(cfg: RetrievalAblationConfig, name: str, seed: int, start: Path, data: Path, scorer: QuestionScorer) -> dict:
@@ -293,12 +356,15 @@ def run_arm(cfg: RetrievalAblationConfig, name: str, seed: int, start: Path, dat
     began = time.time()
     model_dir = fused_model(cfg, arm, start, seed, run_dir / "merged") if arm.fusion else start
     if arm.trains:
-        model_dir = train_arm(cfg, arm, model_dir, seed, run_dir, data)
+        model_dir, dev = train_arm(cfg, arm, model_dir, seed, run_dir, data)
+    else:
+        dev = dev_scores(cfg, model_dir, data)
     train_minutes = (time.time() - began) / 60
     questions = scorer.score(name, model_dir, run_dir / "questions.json")
     result = {
         "arm": name, "seed": seed, "model": str(model_dir), "settings": asdict(arm), "train_minutes": round(train_minutes, 2),
-        "dev": dev_scores(cfg, model_dir, data), "fusion_scales": fusion_scales(model_dir),
+        "dev": dev, "fusion_scales": fusion_scales(model_dir),
+        "word_change": word_stream_change(model_dir, [c.text for c in scorer.chunks[:64]], cfg.max_length),
         "questions": {retriever: {"metrics": r["metrics"], MRR: [q[MRR] for q in r["queries"]]}
                       for retriever, r in questions.items()},
     }  # fmt: skip
@@ -338,6 +404,7 @@ def summarise(results: list[dict], arms: list[str], resamples: int = 1000) -> di
             per_question[name, kind] = np.mean([r["questions"][retriever][MRR] for r in runs], axis=0)
         scales = [s for r in runs for s in r["fusion_scales"]]
         row["mean |s|"] = round(float(np.mean(np.abs(scales))), 4) if scales else None
+        row["word change, last layer"] = round(float(np.mean([r["word_change"][-1] for r in runs])), 4) if runs[0]["word_change"] else None
         table[name] = row
     for (name, kind), scores in per_question.items():
         if name != COMPETITOR and (COMPETITOR, kind) in per_question:
@@ -375,6 +442,13 @@ def markdown(table: dict, bm25: dict[str, float], speed: dict[str, float]) -> st
     lines.append("| BM25 alone | – | " + " | ".join(
         f"{bm25[_bm25_key(c)]:.4f}" if c.endswith(MRR) else "–" for c in columns) + " | – | – |")  # fmt: skip
     return "\n".join(lines) + "\n"
+
+
+def coverage_table(coverage: dict[str, dict[str, float]]) -> str:
+    """Lexicon match coverage of the questions and chunks, one row per lexicon."""
+    columns = list(next(iter(coverage.values())))
+    return ("| lexicon | " + " | ".join(columns) + " |\n|---|" + "---|" * len(columns) + "\n"
+            + "".join(f"| {name} | " + " | ".join(str(v) for v in row.values()) + " |\n" for name, row in coverage.items()))
 
 
 def plot(table: dict, bm25: dict[str, float], path: Path) -> None:
@@ -420,12 +494,15 @@ def main(argv: list[str] | None = None) -> None:
     with_words = {name: Path(r["model"]) for name, r in first.items()}
     texts = [chunk.text for chunk in scorer.chunks[:SPEED_TEXTS]]
     speed = embedding_speed({"start": start, **with_words}, texts, cfg.device)
-    text = markdown(table, bm25, speed)
+    coverage = {"--lexicon": word_coverage(Lexicon.load(cfg.lexicon), scorer)}
+    if any(ARMS[name].kb_lexicon for name in cfg.arms):
+        coverage["KB lexicon"] = word_coverage(Lexicon.load(kb_lexicon(cfg)), scorer)
+    text = markdown(table, bm25, speed) + "\n" + coverage_table(coverage)
     text += (f"\nmean ± sd over seeds {cfg.seeds}; Δ: paired bootstrap (1000) over questions of the seed-averaged MRR@10 "
              f"vs {COMPETITOR}, 95 % interval; speed: embedding time of the start ÷ the arm's, same run; "
              f"{(time.time() - began) / 60:.1f} min this invocation\n")  # fmt: skip
     write_json({"config": {k: str(v) for k, v in asdict(cfg).items()}, "table": table, "bm25": bm25, "speed": speed,
-                "runs": results}, cfg.out / "results.json")  # fmt: skip
+                "coverage": coverage, "runs": results}, cfg.out / "results.json")  # fmt: skip
     (cfg.out / "results.md").write_text(text, encoding="utf-8")
     plot(table, bm25, cfg.out / "results.png")
     print(text)

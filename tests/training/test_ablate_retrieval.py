@@ -56,6 +56,13 @@ def test_every_arm_runs_and_differs_in_what_it_trains(tmp_path, small_csv, refer
     before, after = _char_weights(merged), _char_weights(frozen)
     assert before.keys() == after.keys() and all((before[k] == after[k]).all() for k in before)
     assert any(s != 0 for s in runs["attn-freeze", 0]["fusion_scales"]), "s starts at 0 (--init bge) and trains"
+    # Diagnostics: the word stream's change to the character states (none without a word stream), lexicon coverage.
+    assert runs["base+ft", 0]["word_change"] == [] and len(runs["attn-2wl", 0]["word_change"]) == 2
+    assert all(change > 0 for change in runs["attn-freeze", 0]["word_change"])
+    assert "| --lexicon |" in table and "| KB lexicon |" in table
+    kb_words = (out / "kb-lexicon" / "lexicon.txt").read_text(encoding="utf-8").splitlines()
+    merged_words = (out / "runs" / "attn-kblex-seed0" / "merged" / "lexicon.txt").read_text(encoding="utf-8").splitlines()
+    assert len(merged_words) == len(kb_words), "the KB-lexicon arm's word stream is over the KB's own lexicon"
     # Same budget for every trained arm: the warm-up arm splits its steps, the others run them in one phase.
     def steps(run_dir):
         return json.loads((run_dir / "run.json").read_text())["config"]["max_steps"]
