@@ -1,7 +1,8 @@
 """``PolicyBertEmbeddings``: the LangChain ``Embeddings`` that Chatchat retrieves with.
 
-It follows bge's recipe (``HuggingFaceBgeEmbeddings``): queries get bge's retrieval instruction,
-documents do not; the vector is the [CLS] state, L2-normalised, as float32.
+It follows bge's recipe (``HuggingFaceBgeEmbeddings``): queries get a retrieval instruction — the
+one the model directory was trained with, else bge's — documents do not; the vector is the [CLS]
+state, L2-normalised, as float32.
 """
 
 from __future__ import annotations
@@ -22,7 +23,6 @@ from .tokenization import check_texts
 
 logger = logging.getLogger(__name__)
 
-DEFAULT_QUERY_INSTRUCTION = "为这个句子生成表示以用于检索相关文章："
 DTYPES = {name: getattr(torch, name) for name in DTYPE_NAMES}
 LONG_TEXT_MODES = ("truncate", "window")
 BF16_CPU_FLAGS = {"amx_bf16", "avx512_bf16"}
@@ -78,7 +78,8 @@ class PolicyBertEmbeddings(Embeddings):
     ``long_text`` says what happens to a text longer than ``max_length`` tokens: ``truncate``
     (default) embeds its beginning and logs a warning with the number of texts cut; ``window``
     embeds it as consecutive windows of ``max_length`` tokens and returns the normalised mean of
-    the window vectors.
+    the window vectors. ``query_instruction`` prefixes every query; None (the default) takes the
+    model directory's (``training.contrastive --query-instruction`` saves it), else bge's.
     """
 
     def __init__(
@@ -88,7 +89,7 @@ class PolicyBertEmbeddings(Embeddings):
         dtype: str = "float32",
         batch_size: int = 32,
         max_length: int = 512,
-        query_instruction: str = DEFAULT_QUERY_INSTRUCTION,
+        query_instruction: str | None = None,
         long_text: str = "truncate",
         batch_tokens: int = 4096,
     ):
@@ -110,7 +111,7 @@ class PolicyBertEmbeddings(Embeddings):
         self.batch_size = batch_size
         self.batch_tokens = batch_tokens
         self.max_length = token_limit(self.model, max_length)
-        self.query_instruction = query_instruction
+        self.query_instruction = self.tokenizer.query_prompt if query_instruction is None else query_instruction
         self.long_text = long_text
         self.dimension = self.model.config.hidden_size
         # One model serves Chatchat's worker threads; the tokenizer's Rust core is not re-entrant.

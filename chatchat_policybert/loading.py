@@ -26,7 +26,7 @@ from transformers import BertConfig, BertModel, PreTrainedModel
 
 from .errors import InputError
 from .files import atomic_path
-from .lexicon import LEXICON_FILE, LexiconError
+from .lexicon import LEXICON_FILE
 from .configuration_policybert import CONFIG_ERRORS, PolicyBertConfig
 from .modeling import PolicyBertModel
 from .tokenization import PolicyBertTokenizer
@@ -258,7 +258,7 @@ def load_model_dir(
         raise ModelDirError(f"{path}: no {LEXICON_FILE} (a PolicyBERT directory carries its lexicon)")
     try:
         tokenizer = PolicyBertTokenizer.from_pretrained(path)
-    except LexiconError as err:
+    except InputError as err:  # the lexicon or the query instruction's file
         raise ModelDirError(str(err)) from None
     except (ValueError, OSError) as err:
         raise ModelDirError(f"{path}: tokenizer files cannot be read: {str(err).strip().splitlines()[0]}") from None

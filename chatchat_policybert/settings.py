@@ -51,7 +51,7 @@ class LocalEmbeddingsConfig(BaseModel):
     """Padded tokens per forward pass at most: caps memory when batch_size is raised."""
     max_length: int = Field(512, ge=8, le=8192)
     query_instruction: str | None = None
-    """None keeps the class default (bge's instruction for PolicyBertEmbeddings)."""
+    """None keeps the class default (for PolicyBertEmbeddings: the model directory's instruction, else bge's)."""
     long_text: Literal["truncate", "window"] | None = None
     """Texts over max_length: cut with a warning, or embedded as windows; None keeps the class default."""
 

@@ -23,9 +23,34 @@ import torch
 from tokenizers import Encoding
 from transformers import AutoTokenizer, BatchEncoding, BertTokenizerFast, PreTrainedTokenizerFast
 
+from .errors import InputError
 from .lexicon import LEXICON_FILE, Lexicon
 
 SPECIAL_TOKENS = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
+PROMPTS_FILE = "config_sentence_transformers.json"
+"""Where a model directory keeps its query instruction: sentence-transformers' file, ``{"prompts": {"query": …}}``."""
+DEFAULT_QUERY_INSTRUCTION = "为这个句子生成表示以用于检索相关文章："
+"""bge-zh's retrieval instruction: what a query is prefixed with when its model directory names none."""
+
+
+def read_query_instruction(path: Path) -> str | None:
+    """The query instruction a model directory was trained with (``prompts.query`` of :data:`PROMPTS_FILE`), None if none.
+
+    bge's own directories carry that file without prompts, so None is common; a file that is no
+    JSON, or a ``prompts.query`` that is no string, is an :class:`InputError` naming the file.
+    """
+    file = path / PROMPTS_FILE
+    if not file.is_file():
+        return None
+    try:
+        content = json.loads(file.read_text(encoding="utf-8"))
+    except (json.JSONDecodeError, UnicodeDecodeError) as err:
+        raise InputError(f"{file}: not valid JSON ({err})") from None
+    prompts = content.get("prompts") if isinstance(content, dict) else None
+    instruction = prompts.get("query") if isinstance(prompts, dict) else None
+    if instruction is not None and not isinstance(instruction, str):
+        raise InputError(f"{file}: prompts.query is {type(instruction).__name__}, expected a string")
+    return instruction
 
 
 def build_char_tokenizer(texts: Iterable[str], min_count: int = 1, model_max_length: int = 512) -> BertTokenizerFast:
@@ -60,7 +85,12 @@ def check_texts(texts: list, name: str = "text") -> None:
 
 
 class PolicyBertTokenizer:
-    """Character tokenizer + lexicon matcher. Without a lexicon it returns plain BERT inputs."""
+    """Character tokenizer + lexicon matcher. Without a lexicon it returns plain BERT inputs.
+
+    ``query_instruction`` is the prefix the model's queries were trained with (None: the model
+    names none, and :attr:`query_prompt` is bge's); it is saved and loaded with the tokenizer
+    files, so every stage that loads a directory and writes another keeps it.
+    """
 
     def __init__(
         self,
@@ -68,6 +98,7 @@ class PolicyBertTokenizer:
         lexicon: Lexicon | None = None,
         max_words: int = 40,
         max_words_span: int = 128,
+        query_instruction: str | None = None,
     ):
         if not tokenizer.is_fast:
             raise ValueError("PolicyBertTokenizer needs a fast tokenizer (offsets map words onto tokens)")
@@ -75,6 +106,12 @@ class PolicyBertTokenizer:
         self.lexicon = lexicon
         self.max_words = max_words
         self.max_words_span = max_words_span
+        self.query_instruction = query_instruction
+
+    @property
+    def query_prompt(self) -> str:
+        """What a query is prefixed with: the directory's instruction, else bge's (:data:`DEFAULT_QUERY_INSTRUCTION`)."""
+        return DEFAULT_QUERY_INSTRUCTION if self.query_instruction is None else self.query_instruction
 
     @property
     def model_max_length(self) -> int:
@@ -88,7 +125,7 @@ class PolicyBertTokenizer:
 
     @classmethod
     def from_pretrained(cls, path: str | os.PathLike) -> "PolicyBertTokenizer":
-        """Load the tokenizer files, ``lexicon.txt`` and the k_w settings of ``config.json`` from a model dir."""
+        """Load the tokenizer files, ``lexicon.txt``, the query instruction and the k_w settings of ``config.json`` from a model dir."""
         path = Path(path)
         config = json.loads((path / "config.json").read_text(encoding="utf-8")) if (path / "config.json").is_file() else {}
         lexicon = Lexicon.load(path / LEXICON_FILE) if (path / LEXICON_FILE).is_file() else None
@@ -98,6 +135,7 @@ class PolicyBertTokenizer:
             lexicon,
             max_words=config.get("max_words", 40),
             max_words_span=config.get("max_words_span", 128),
+            query_instruction=read_query_instruction(path),
         )
 
     def count_tokens(self, texts: list[str]) -> list[int]:
@@ -110,6 +148,9 @@ class PolicyBertTokenizer:
         self.tokenizer.save_pretrained(path)
         if self.lexicon is not None:
             self.lexicon.save(path / LEXICON_FILE)
+        if self.query_instruction is not None:
+            prompts = {"prompts": {"query": self.query_instruction, "document": ""}, "default_prompt_name": None}
+            (path / PROMPTS_FILE).write_text(json.dumps(prompts, ensure_ascii=False, indent=2) + "\n", encoding="utf-8")
 
     def word_spans(self, encoding: Encoding, texts: tuple[str, ...]) -> np.ndarray:
         """All lexicon words of one example that align with its tokens: rows ``(word_id, first, last)``."""

@@ -38,11 +38,11 @@ from torch import nn
 from tqdm import tqdm
 from transformers import PreTrainedModel
 
-from chatchat_policybert.embeddings import DEFAULT_QUERY_INSTRUCTION, cls_vectors, token_limit
+from chatchat_policybert.embeddings import cls_vectors, token_limit
 from chatchat_policybert.errors import InputError, run_cli
 from chatchat_policybert.evaluation.metrics import mrr_at_k, rank_by_score, recall_at_k
 from chatchat_policybert.loading import load_policybert, save_model_dir
-from chatchat_policybert.tokenization import PolicyBertTokenizer
+from chatchat_policybert.tokenization import DEFAULT_QUERY_INSTRUCTION, PolicyBertTokenizer
 from training._common import jsonl_lines
 from training.loop import TrainConfig, is_main_process, parse_config, require_positive, train
 
@@ -71,7 +71,8 @@ class ContrastiveConfig(TrainConfig):
         default=False, metadata={"help": "train only the word side (word embeddings/encoder, fusions, s)"}
     )
     query_instruction: str = field(
-        default=DEFAULT_QUERY_INSTRUCTION, metadata={"help": "prefix of every query, as at serving (bge's)"}
+        default=DEFAULT_QUERY_INSTRUCTION,
+        metadata={"help": "prefix of every query (bge's); saved with the model, whose queries are served with it"},
     )
 
     def __post_init__(self) -> None:
@@ -296,6 +297,7 @@ def main(argv: list[str] | None = None) -> None:
     model, tokenizer = load_start_model(inputs.model)
     _, finished = contrastive(model, tokenizer, train_examples, dev_examples, cfg, inputs)
     if finished and is_main_process():
+        tokenizer.query_instruction = cfg.query_instruction  # the model is served with what it was trained with
         save_model_dir(model, tokenizer, cfg.out / "final")
         print(f"model → {cfg.out / 'final'}")
 

@@ -6,7 +6,7 @@ Each ``search(query)`` returns chunk indices, best first, and the seconds the se
   over ``jieba.lcut_for_search`` tokens, but built once instead of on every query and scored
   from postings, as the deployment's patched ensemble does (:mod:`chatchat_policybert.ensemble_cache`).
 - ``Dense`` — exact inner product of ``PolicyBertEmbeddings`` vectors (unit length, so cosine),
-  queries with bge's instruction (the class default).
+  queries with the model directory's instruction, else bge's (the class default).
 - ``Rrf`` — reciprocal-rank fusion of two retrievers' full rankings.
 - ``ChatchatEnsemble`` — Chatchat's API ``search_docs`` in a worker process bound to a built
   root: BM25 + FAISS hits kept only above ``SCORE_THRESHOLD``. Chatchat 0.3.1.3 returns at most

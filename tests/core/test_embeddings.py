@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import shutil
+
 import numpy as np
 import pytest
 import torch
@@ -9,8 +11,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from langchain_core.embeddings import Embeddings
 
-from chatchat_policybert.embeddings import DEFAULT_QUERY_INSTRUCTION, PolicyBertEmbeddings
-from chatchat_policybert.loading import ModelDirError, load_policybert
+from chatchat_policybert.embeddings import PolicyBertEmbeddings
+from chatchat_policybert.loading import ModelDirError, load_policybert, save_model_dir
+from chatchat_policybert.tokenization import DEFAULT_QUERY_INSTRUCTION, PROMPTS_FILE
 
 KINDS = (None, "none", "gate", "attn")
 
@@ -61,6 +64,29 @@ def test_query_instruction_is_prepended(embeddings, docs):
 def test_custom_query_instruction(tiny_model_dir):
     embeddings = PolicyBertEmbeddings(tiny_model_dir("gate"), query_instruction="查询：")
     assert embeddings.embed_query("数据安全") == embeddings.embed_documents(["查询：数据安全"])[0]
+
+
+def test_directory_instruction_is_used_unless_one_is_given(tiny_model_dir, tmp_path):
+    """A directory saved with a query instruction serves queries with it; an explicit argument still wins."""
+    model, tokenizer = load_policybert(tiny_model_dir("gate"))
+    tokenizer.query_instruction = "检索："
+    saved = save_model_dir(model, tokenizer, tmp_path / "model")
+    assert PolicyBertEmbeddings(saved).query_instruction == "检索："
+    assert PolicyBertEmbeddings(saved, query_instruction="").query_instruction == ""
+    tokenizer.query_instruction = ""  # trained without any instruction: "" is kept, not replaced by bge's
+    assert PolicyBertEmbeddings(save_model_dir(model, tokenizer, tmp_path / "bare")).query_instruction == ""
+
+
+@pytest.mark.parametrize(
+    ("content", "message"),
+    [("{not json", "not valid JSON"), ('{"prompts": {"query": 3}}', "prompts.query is int, expected a string")],
+)
+def test_bad_instruction_file_is_one_error_naming_it(tiny_model_dir, tmp_path, content, message):
+    model_dir = tmp_path / "model"
+    shutil.copytree(tiny_model_dir("gate"), model_dir)
+    (model_dir / PROMPTS_FILE).write_text(content, encoding="utf-8")
+    with pytest.raises(ModelDirError, match=rf"{PROMPTS_FILE}: {message}"):
+        PolicyBertEmbeddings(model_dir)
 
 
 @pytest.mark.parametrize("bad, index", [(None, 1), (42, 2), (b"bytes", 0), (["nested"], 3)])

@@ -29,9 +29,12 @@ import torch.multiprocessing as mp
 import torch.nn.functional as F
 from safetensors.torch import load_file
 
+from chatchat_policybert.chatchat_hook import load_embeddings
 from chatchat_policybert.embeddings import PolicyBertEmbeddings
 from chatchat_policybert.errors import run_cli
 from chatchat_policybert.loading import load_policybert
+from chatchat_policybert.settings import LocalEmbeddingsConfig
+from chatchat_policybert.tokenization import DEFAULT_QUERY_INSTRUCTION, PROMPTS_FILE
 from training.contrastive import ContrastiveConfig, ContrastiveTask, info_nce, main, read_examples
 
 CHUNK, QUERY, DEV_EVERY = 100, 32, 5
@@ -292,3 +295,18 @@ def test_false_negatives_are_counted_in_a_warning(tmp_path, capsys):
     path.write_text(json.dumps(lines[2], ensure_ascii=False) + "\n", encoding="utf-8")
     read_examples(path, 1)
     assert "warning" not in capsys.readouterr().err
+
+
+def test_query_instruction_is_saved_and_served(tiny_model_dir, pairs, tmp_path):
+    """``--query-instruction X`` is saved with the model, and the embeddings that the hook and ``serve``
+    build (``load_embeddings`` from a settings block) and that ``eval`` builds prefix queries with X."""
+    instruction = "请检索与此问题相关的政策条文："
+    flags = ["--query-instruction", instruction, "--max-steps", "2", "--batch-size", "4", "--train-group-size", "2"]
+    final = run(tiny_model_dir("attn", perturb=True), pairs, tmp_path / "run", *flags) / "final"
+    prompts = json.loads((final / PROMPTS_FILE).read_text(encoding="utf-8"))
+    assert prompts["prompts"]["query"] == instruction
+    query = "数据安全管理办法适用于哪些单位？"
+    hook = load_embeddings(LocalEmbeddingsConfig(model_path=str(final)), tmp_path, "policybert")
+    for served in (hook, PolicyBertEmbeddings(final)):
+        assert served.embed_query(query) == served.embed_documents([instruction + query])[0]
+        assert served.embed_query(query) != served.embed_documents([DEFAULT_QUERY_INSTRUCTION + query])[0]
