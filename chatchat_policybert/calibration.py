@@ -284,33 +284,50 @@ def calibrate_root(root: Path, kb: str, questions: Path, log_dir: Path) -> Calib
 
 
 def write_calibration(root: Path, calibration: Calibration) -> None:
-    """Records the choice: the ``hybrid`` block of the PolicyBERT platform, and SCORE_THRESHOLD in kb_settings.yaml.
-
-    Both files are rewritten atomically (comments kept), model settings first: a crash between
-    the two leaves a ``hybrid`` block whose threshold differs from SCORE_THRESHOLD, which ``doctor``
-    reports.
-    """
-    yaml = round_trip_yaml()
-    model_path = Path(root) / "model_settings.yaml"
-    model = yaml.load(model_path.read_text(encoding="utf-8"))
-    wanted = model.get("DEFAULT_EMBEDDING_MODEL")
-    platform = next((p for p in model.get("MODEL_PLATFORMS") or []
-                     if PLATFORM_KEY in p and wanted in (p.get("embed_models") or [])), None)
-    if platform is None:
-        raise SettingsError(f"{model_path}: no platform with '{PLATFORM_KEY}' serves DEFAULT_EMBEDDING_MODEL '{wanted}'")
+    """Records the choice: the ``hybrid`` block of the PolicyBERT platform, and SCORE_THRESHOLD in kb_settings.yaml."""
     chosen = calibration.chosen
-    platform[HYBRID_KEY] = {
+    hybrid = {
         "bm25_weight": chosen.bm25_weight,
         "dense_weight": chosen.dense_weight,
         "score_threshold": chosen.threshold,
         "calibration": {"source": calibration.source, "kb": calibration.kb, "questions": calibration.questions,
                         "top_k": calibration.top_k, "date": calibration.date, "metrics": calibration.metrics()},
     }
-    _dump(yaml, model, model_path)
-    kb_path = Path(root) / "kb_settings.yaml"
-    kb = yaml.load(kb_path.read_text(encoding="utf-8"))
-    kb["SCORE_THRESHOLD"] = chosen.threshold
-    _dump(yaml, kb, kb_path)
+    update_settings(root, hybrid=hybrid, threshold=chosen.threshold)
+
+
+def served_platform(model_settings: Any, path: Path) -> Any:
+    """The platform entry (a mapping of the parsed file) whose ``local_embeddings`` serves DEFAULT_EMBEDDING_MODEL."""
+    wanted = model_settings.get("DEFAULT_EMBEDDING_MODEL")
+    platform = next((p for p in model_settings.get("MODEL_PLATFORMS") or []
+                     if PLATFORM_KEY in p and wanted in (p.get("embed_models") or [])), None)
+    if platform is None:
+        raise SettingsError(f"{path}: no platform with '{PLATFORM_KEY}' serves DEFAULT_EMBEDDING_MODEL '{wanted}'")
+    return platform
+
+
+def update_settings(root: Path, *, hybrid: dict[str, Any] | None = None, threshold: float | None = None,
+                    model_path: str | None = None) -> None:
+    """Sets the served platform's ``hybrid`` block and ``local_embeddings.model_path``, and SCORE_THRESHOLD.
+
+    Both files are rewritten atomically (comments kept), model settings first: a crash between
+    the two leaves a ``hybrid`` block whose threshold differs from SCORE_THRESHOLD, which ``doctor``
+    reports.
+    """
+    yaml = round_trip_yaml()
+    model_file = Path(root) / "model_settings.yaml"
+    model = yaml.load(model_file.read_text(encoding="utf-8"))
+    platform = served_platform(model, model_file)
+    if hybrid is not None:
+        platform[HYBRID_KEY] = hybrid
+    if model_path is not None:
+        platform[PLATFORM_KEY]["model_path"] = model_path
+    _dump(yaml, model, model_file)
+    if threshold is not None:
+        kb_file = Path(root) / "kb_settings.yaml"
+        kb = yaml.load(kb_file.read_text(encoding="utf-8"))
+        kb["SCORE_THRESHOLD"] = threshold
+        _dump(yaml, kb, kb_file)
 
 
 def _dump(yaml: Any, data: Any, path: Path) -> None:

@@ -6,6 +6,9 @@
 - `doctor` lists what would stop PolicyBERT retrieval from working in a root, one line each.
 - `serve` exposes the configured model as an OpenAI-compatible `/v1/embeddings`.
 - `eval` measures retrieval on a corpus and questions (:mod:`chatchat_policybert.evaluation`).
+- `rollback` restores the deployment from before the last installed `tune` (:mod:`chatchat_policybert.rollback`).
+- `tune` (from the training package, through the ``chatchat_policybert.commands`` entry points) makes
+  the retriever better on a knowledge base's own documents (``training.tune``).
 
 Every bad input ends as one line `error: …` and exit status 2 (:mod:`chatchat_policybert.errors`).
 """
@@ -37,10 +40,15 @@ from .chatchat_root import (
 )
 from .dtypes import DTYPE_CHOICES
 from .errors import InputError, run_cli
+from .rollback import run_rollback
 from .settings import PLATFORM_KEY, SettingsError, find_local_model, load_yaml, parse_hybrid, round_trip_yaml
 
 SETTINGS_FILES = ("model_settings.yaml", "kb_settings.yaml")
 PTH_NAME = "chatchat_policybert_hook.pth"
+COMMAND_GROUP = "chatchat_policybert.commands"
+PLUGIN_COMMANDS = {"tune": "from a knowledge base to a better deployed retriever: pairs, contrastive training, the gate "
+                           "on the RAG path, calibration, install (training extras)"}
+"""Commands found through entry points, with the help line `chatchat-policybert --help` shows for each."""
 DENSE_ONLY_NOTE = "on pg Chatchat retrieves dense-only (its BM25 half exists only for FAISS)"
 
 
@@ -503,9 +511,39 @@ def build_parser() -> argparse.ArgumentParser:
                                          "which keeps the key out of the process list)")
     serve.set_defaults(func=run_serve)
 
+    rollback = commands.add_parser("rollback", help="restore the model, settings and vectors from before the last "
+                                   "installed `tune` (vectors rebuilt byte-identical)", description=run_rollback.__doc__)
+    with_root(rollback)
+    rollback.add_argument("--kb", help="knowledge base the tune ran on (default: DEFAULT_KNOWLEDGE_BASE)")
+    rollback.add_argument("--run-dir", type=Path,
+                          help="the tune's --out folder (default: ROOT/policybert_tune/KB), which holds previous/")
+    rollback.set_defaults(func=run_rollback)
+
     # Parsed by the evaluation's own parser: `chatchat-policybert eval --help` shows its flags.
     commands.add_parser("eval", add_help=False, help="measure retrieval (BM25, dense, Chatchat) on a corpus and questions")
+    # Commands other installed packages provide (entry-point group chatchat_policybert.commands): `tune` from training.
+    for name in PLUGIN_COMMANDS:
+        commands.add_parser(name, add_help=False, help=PLUGIN_COMMANDS[name])
     return parser
+
+
+def plugin_command(name: str) -> Any:
+    """The ``main(argv)`` of a command another package declares in the ``chatchat_policybert.commands`` group.
+
+    Why an entry point: ``tune`` needs the training code, and this package never imports
+    ``training`` (imports point one way); where the training extras are not installed the
+    command is missing or cannot import, which is one error line saying what to install.
+    """
+    from importlib.metadata import entry_points
+
+    found = [ep for ep in entry_points(group=COMMAND_GROUP) if ep.name == name]
+    advice = f"`chatchat-policybert {name}` needs the training package: pip install -c constraints.txt '.[chatchat,train]'"
+    if not found:
+        raise InputError(f"{advice} (no '{name}' in entry-point group {COMMAND_GROUP})")
+    try:
+        return found[0].load()
+    except ImportError as exc:
+        raise InputError(f"{advice} ({exc})") from None
 
 
 def _main(argv: Sequence[str] | None) -> int:
@@ -514,6 +552,8 @@ def _main(argv: Sequence[str] | None) -> int:
         from .evaluation.evaluate import main as evaluate
 
         return evaluate(argv[1:])
+    if argv[:1] and argv[0] in PLUGIN_COMMANDS:
+        return plugin_command(argv[0])(argv[1:])
     args = build_parser().parse_args(argv)
     args.root = (args.root or default_root()).resolve()
     if getattr(args, "settings_dir", "absent") is None:

@@ -45,16 +45,21 @@ def write_folder(folder: Path, documents: list[dict]) -> Path:
     return folder
 
 
-@pytest.fixture(scope="module")
-def calibrated_root(tmp_path_factory, policy_documents, reference_lexicon):
-    """(root, kb, model, dev.jsonl): a built root and training.pairs' dev split of its KB (half the documents)."""
-    tmp = tmp_path_factory.mktemp("calibration")
+def build_root(tmp: Path, policy_documents: list[dict], reference_lexicon) -> tuple[Path, str, Path]:
+    """(root, kb, model): `chatchat init` → `setup` → `kb -r` of the first documents with a perturbed random tiny PolicyBERT."""
     documents = policy_documents[:N_DOCUMENTS]
     corpus = load_corpus(write_folder(tmp / "docs", documents))
     texts = [d["contentText"][:MAX_CHARS] for d in documents] + [QUERY_INSTRUCTION]
     model = build_tiny_policybert(tmp / "model", texts, reference_lexicon, perturb=True)
     root = tmp / "root"
-    kb = prepare_root(root, corpus, model, build_index=True)
+    return root, prepare_root(root, corpus, model, build_index=True), model
+
+
+@pytest.fixture(scope="module")
+def calibrated_root(tmp_path_factory, policy_documents, reference_lexicon):
+    """(root, kb, model, dev.jsonl): a built root and training.pairs' dev split of its KB (half the documents)."""
+    tmp = tmp_path_factory.mktemp("calibration")
+    root, kb, model = build_root(tmp, policy_documents, reference_lexicon)
     pairs.main(["--chatchat-root", str(root), "--out", str(tmp / "pairs"), "--dev-ratio", "0.5", "--negatives", "3",
                 "--ict-per-chunk", "3"])
     return root, kb, model, tmp / "pairs" / "dev.jsonl"

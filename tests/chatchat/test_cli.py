@@ -45,7 +45,7 @@ def make_root(tmp_path: Path) -> Path:
     return root
 
 
-@pytest.mark.parametrize("command", [[], ["setup"], ["doctor"], ["serve"], ["eval"]])
+@pytest.mark.parametrize("command", [[], ["setup"], ["doctor"], ["serve"], ["eval"], ["rollback"], ["tune"]])
 def test_every_command_explains_every_option(command, capsys, options_without_help):
     with pytest.raises(SystemExit) as exit_info:
         main([*command, "--help"])

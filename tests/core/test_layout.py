@@ -35,3 +35,23 @@ def test_the_package_carries_the_data_with_its_licence():
         assert path.is_file() and path.stat().st_size > 0, path
         assert path.is_relative_to(PACKAGE)
     assert "Apache License" in data.LICENSE.read_text(encoding="utf-8")
+
+
+def test_runtime_commands_from_training_come_through_entry_points_only():
+    """`chatchat-policybert tune` lives in training: the runtime finds it by entry point, never by import."""
+    import configparser
+    from importlib.metadata import entry_points
+
+    import pytest
+
+    from chatchat_policybert.cli import COMMAND_GROUP, PLUGIN_COMMANDS, plugin_command
+    from chatchat_policybert.errors import InputError
+
+    config = configparser.ConfigParser()
+    config.read(PACKAGE.parent / "setup.cfg", encoding="utf-8")
+    declared = dict(line.split(" = ") for line in config["options.entry_points"][COMMAND_GROUP].strip().splitlines())
+    assert declared == {"tune": "training.tune:main"} and set(declared) == set(PLUGIN_COMMANDS)
+    assert {ep.name: ep.value for ep in entry_points(group=COMMAND_GROUP)} == declared  # the installed metadata
+    assert plugin_command("tune").__module__ == "training.tune"
+    with pytest.raises(InputError, match=r"needs the training package: pip install .*no 'nope' in entry-point group"):
+        plugin_command("nope")

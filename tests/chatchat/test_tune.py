@@ -1,0 +1,177 @@
+"""`chatchat-policybert tune` and `rollback` end to end on real Chatchat roots (tiny PolicyBERT, 6 short documents).
+
+The deployment starts deliberately bad — a random-weight model served vectors-first (the `hybrid`
+block at BM25 weight 0, threshold 0) — so a tune can really improve the RAG path: its calibration
+alone can bring it to BM25's level whatever the training does, and every seed is fixed. A second
+tune trained to collapse (a learning rate 1,000× the recipe's) must not beat the calibrated
+deployment the first one installed: it is refused and nothing in the root changes. A run killed
+at every step and re-run installs the very vectors the uninterrupted run installed.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import signal
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+from chatchat_deploy import BIN, run
+
+from chatchat_policybert.chatchat_root import content_dir, vector_store_dir
+from chatchat_policybert.rollback import faiss_vectors, tune_dir
+
+from test_calibration import build_root
+
+KB = "WeiMingPolicies"
+COLLAPSE = "--lr 0.01 --warmup-proportion 0 --epochs 3"
+PAIRS = "--dev-ratio 0.5 --ict-per-chunk 3"
+"""Half the 6 documents held out, 3 queries a chunk: about 18 dev questions."""
+
+
+def copy_root(source: Path, dest: Path) -> Path:
+    """A copy whose settings' absolute paths (KB folder, info.db) point at the copy, not at ``source``."""
+    shutil.copytree(source, dest, symlinks=True, ignore=shutil.ignore_patterns("logs", "policybert_tune"))
+    for settings in dest.glob("*.yaml"):
+        settings.write_text(settings.read_text(encoding="utf-8").replace(str(source), str(dest)), encoding="utf-8")
+    return dest
+
+
+def serve_vectors_first(root: Path) -> None:
+    """The deliberately bad starting point: the random model's vectors before BM25, at the loosest threshold."""
+    path = root / "model_settings.yaml"
+    settings = yaml.safe_load(path.read_text(encoding="utf-8"))
+    platform = next(p for p in settings["MODEL_PLATFORMS"] if "local_embeddings" in p)
+    platform["hybrid"] = {"bm25_weight": 0.0, "dense_weight": 1.0, "score_threshold": 0.0}
+    path.write_text(yaml.safe_dump(settings, allow_unicode=True), encoding="utf-8")
+    kb_path = root / "kb_settings.yaml"
+    kb = yaml.safe_load(kb_path.read_text(encoding="utf-8"))
+    kb["SCORE_THRESHOLD"] = 0.0
+    kb_path.write_text(yaml.safe_dump(kb, allow_unicode=True), encoding="utf-8")
+
+
+@pytest.fixture(scope="module")
+def base_root(tmp_path_factory, policy_documents, reference_lexicon) -> Path:
+    """A built root serving a random-weight tiny PolicyBERT vectors-first (copy it before changing it)."""
+    root, _, _ = build_root(tmp_path_factory.mktemp("tune"), policy_documents, reference_lexicon)
+    serve_vectors_first(root)
+    return root
+
+
+def tune(root: Path, *extra: str) -> subprocess.CompletedProcess:
+    return run([str(BIN / "chatchat-policybert"), "tune", "--root", str(root), "--kb", KB, "--pairs-args", PAIRS, *extra],
+               dict(os.environ),
+               timeout=1200)
+
+
+def index_of(root: Path) -> Path:
+    return vector_store_dir(root, KB, "policybert")
+
+
+def snapshot(root: Path) -> dict[str, bytes]:
+    """Everything a refused tune must leave as it was: settings files and the FAISS folder's files."""
+    files = {name: (root / name).read_bytes() for name in ("model_settings.yaml", "kb_settings.yaml")}
+    files.update({f"index/{p.name}": p.read_bytes() for p in sorted(index_of(root).iterdir())})
+    return files
+
+
+@pytest.fixture(scope="module")
+def tuned(base_root, tmp_path_factory) -> dict:
+    """One uninterrupted tune of a copy of the base root: the root, the run folder, the original and installed vectors."""
+    root = copy_root(base_root, tmp_path_factory.mktemp("tuned") / "root")
+    before = faiss_vectors(index_of(root))
+    settings_before = snapshot(root)
+    result = tune(root)
+    assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-4000:]
+    installed = copy_root(root, tmp_path_factory.mktemp("installed") / "root")  # before any test rolls `root` back
+    return {"root": root, "out": tune_dir(root, KB), "before": before, "settings_before": settings_before,
+            "after": faiss_vectors(index_of(root)), "stdout": result.stdout, "installed": installed}
+
+
+def test_a_tune_that_improves_installs_and_rollback_restores_byte_identical_vectors(tuned):
+    root, out = tuned["root"], tuned["out"]
+    gate = json.loads((out / "gate.json").read_text(encoding="utf-8"))
+    dev = gate["sets"]["dev pairs"]["rows"]
+    assert gate["install"] and dev["after"]["MRR@10"] > dev["before"]["MRR@10"]
+    assert dev["after"]["MRR@10"] >= dev["bm25 alone"]["MRR@10"]
+    assert tuned["after"] != tuned["before"]
+    settings = yaml.safe_load((root / "model_settings.yaml").read_text(encoding="utf-8"))
+    platform = next(p for p in settings["MODEL_PLATFORMS"] if "local_embeddings" in p)
+    assert platform["local_embeddings"]["model_path"].startswith("models/policybert-WeiMingPolicies-")
+    assert "calibration" in platform["hybrid"]
+    report = (out / "report.md").read_text(encoding="utf-8")
+    assert "decision: **installed**" in report and "| after |" in report and "| bm25 alone |" in report
+    assert (out / "report.png").stat().st_size > 1000
+    assert re.search(r"\| train \| \d+\.\d \|", report) and "python -m training.pairs" in report
+    assert "train: on CPU, about" in tuned["stdout"]
+
+    rollback = run([str(BIN / "chatchat-policybert"), "rollback", "--root", str(root), "--kb", KB], dict(os.environ))
+    assert rollback.returncode == 0, rollback.stdout + rollback.stderr
+    assert "vectors byte-identical" in rollback.stdout
+    assert faiss_vectors(index_of(root)) == tuned["before"]
+    assert {k: v for k, v in snapshot(root).items() if not k.startswith("index/")} == {
+        k: v for k, v in tuned["settings_before"].items() if not k.startswith("index/")}
+
+
+def test_a_worse_candidate_is_refused_and_nothing_changes(tuned, tmp_path):
+    # The first tune's deployment (calibrated) against a candidate trained to collapse.
+    root = copy_root(tuned["installed"], tmp_path / "root")
+    kept = snapshot(root)
+    result = tune(root, "--contrastive-args", COLLAPSE)
+    assert result.returncode == 1, result.stdout[-4000:] + result.stderr[-4000:]
+    assert result.stderr.strip().splitlines()[-1].startswith("tune: refused, the deployment is unchanged: dev pairs:")
+    assert snapshot(root) == kept
+    assert not (tune_dir(root, KB) / "installed.json").exists()
+    assert "decision: **refused**" in (tune_dir(root, KB) / "report.md").read_text(encoding="utf-8")
+
+
+def test_pairs_are_reused_while_documents_are_unchanged_and_rebuilt_when_one_changes(tuned, tmp_path):
+    from training.tune import Run, build_parser, step_pairs
+
+    root = copy_root(tuned["installed"], tmp_path / "root")
+    shutil.copytree(tuned["out"] / "pairs", tune_dir(root, KB) / "pairs")  # the finished run's pairs cache
+    args = build_parser().parse_args(["--root", str(root), "--kb", KB, "--pairs-args", PAIRS])
+    args.out = tune_dir(root, KB)
+    (cached,) = (tune_dir(root, KB) / "pairs").iterdir()
+    written = (cached / "train.jsonl").stat().st_mtime_ns
+    assert step_pairs(Run(args))[0] == cached and (cached / "train.jsonl").stat().st_mtime_ns == written
+
+    document = sorted(content_dir(root, KB).iterdir())[0]
+    document.write_text(document.read_text(encoding="utf-8") + "\n新增一条：数据要素市场化配置。\n", encoding="utf-8")
+    rebuilt, _ = step_pairs(Run(args))
+    assert rebuilt != cached and (rebuilt / "pairs.json").is_file() and (rebuilt / "dev.jsonl").is_file()
+    assert step_pairs(Run(args))[0] == rebuilt
+
+
+def _kill_at(root: Path, step: str, delay: float) -> str:
+    """Starts a tune, kills its whole process group ``delay`` s after it prints ``step``'s header; its output."""
+    process = subprocess.Popen([str(BIN / "chatchat-policybert"), "tune", "--root", str(root), "--kb", KB, "--pairs-args", PAIRS],
+                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    seen = []
+    for line in process.stdout:
+        seen.append(line)
+        if re.match(rf"\[\d/6\] {step}$", line.strip()):
+            time.sleep(delay)
+            os.killpg(process.pid, signal.SIGKILL)
+            break
+    process.wait()
+    return "".join(seen)
+
+
+def test_a_tune_killed_at_every_step_then_rerun_installs_what_an_uninterrupted_one_does(base_root, tuned, tmp_path):
+    root = copy_root(base_root, tmp_path / "root")
+    before = snapshot(root)
+    for step, delay in (("pairs", 3.0), ("train", 0.5), ("candidate", 8.0), ("gate", 5.0)):
+        output = _kill_at(root, step, delay)
+        assert f"] {step}" in output, output[-3000:]
+        assert snapshot(root) == before, f"killed in {step}: the root changed"
+    _kill_at(root, "install", 4.0)
+    result = tune(root)
+    assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-4000:]
+    assert "pairs: re-used" in result.stdout
+    assert faiss_vectors(index_of(root)) == tuned["after"]

@@ -1,0 +1,468 @@
+"""``chatchat-policybert tune --kb NAME``: from a knowledge base to a better deployed retriever, never a worse one.
+
+    chatchat-policybert tune --kb WeiMingPolicies                       # inside a root `setup` prepared
+    chatchat-policybert tune --kb WeiMingPolicies --llm --questions my_questions.jsonl
+    python -m training.tune --root ~/chatchat --kb WeiMingPolicies      # the same
+    chatchat-policybert rollback --kb WeiMingPolicies                   # undo the last installed tune
+
+Steps (each leaves its result in the run folder ``--out``, default ``ROOT/policybert_tune/KB``, and
+is skipped when found there, so a killed or failed run continues where it stopped):
+
+1. ``pairs`` — ``training.pairs`` on the knowledge base (with ``--llm``, the deployment's own LLM
+   writes questions), cached per KB content: unchanged documents re-use the pairs.
+2. ``train`` — ``training.contrastive`` from the model the root serves, with the recipe's defaults
+   (:class:`training.contrastive.ContrastiveConfig`; ``--contrastive-args`` overrides), resumed from
+   its checkpoint; on CPU an estimate of the time is printed first.
+3. ``candidate`` — a Chatchat root of its own (the root's model and KB settings, the candidate
+   model, the KB's documents, ``chatchat kb -r``), then the FAISS ensemble's weights and threshold
+   calibrated there on the dev pairs (:mod:`chatchat_policybert.calibration`).
+4. ``gate`` — Chatchat's own ``search_docs`` in the root as it is (before) and in the candidate
+   root (after), on the held-out-document dev pairs and on ``--questions``, with BM25 alone as a
+   third row, and the paired bootstrap of ``eval --require-better``. The candidate is installed
+   only when its MRR@10 on the dev pairs is higher and, with ``--questions``, not lower there.
+5. ``install`` — the previous model, settings and vectors are kept (``OUT/previous``, what
+   ``chatchat-policybert rollback`` restores), the candidate model is copied into ``ROOT/models/``,
+   the settings point at it with the calibrated weights, and the KB is rebuilt with the
+   transactional ``chatchat kb -r``; a failed rebuild puts the settings back. Nothing outside the
+   run folder changes before this step.
+6. ``report`` — ``OUT/report.md`` (tables, commands, time per step) and ``OUT/report.png``.
+
+Exit status: 0 installed, 1 refused by the gate (the deployment unchanged), 2 a bad input.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import datetime
+import hashlib
+import json
+import math
+import shlex
+import shutil
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+from chatchat_policybert.calibration import (
+    NO_VECTORS,
+    Candidates,
+    Fused,
+    Setting,
+    calibrate_root,
+    dev_queries,
+    served_platform,
+    update_settings,
+    write_calibration,
+)
+from chatchat_policybert.chatchat_root import (
+    chatchat_command,
+    content_dir,
+    default_kb,
+    kb_settings,
+    run_chatchat,
+    vector_store_dir,
+)
+from chatchat_policybert.embeddings import token_limit
+from chatchat_policybert.errors import InputError, run_cli
+from chatchat_policybert.evaluation.evaluate import (
+    EXIT_WORSE,
+    MRR_K,
+    RunResult,
+    compare_runs,
+    evaluate_retriever,
+    gate_failure,
+    plot_recall,
+)
+from chatchat_policybert.evaluation.retrievers import ChatchatEnsemble, ChatchatSearch
+from chatchat_policybert.files import atomic_path, write_json
+from chatchat_policybert.loading import save_model_dir
+from chatchat_policybert.rollback import (
+    BACKUP_DIR,
+    faiss_vectors,
+    model_manifest,
+    restore_settings,
+    save_backup,
+    served_model,
+    tune_dir,
+)
+from chatchat_policybert.settings import HYBRID_KEY, load_yaml
+from training import pairs as pairs_stage
+from training.contrastive import ContrastiveConfig, ContrastiveTask, contrastive, load_start_model, read_examples
+from training.loop import CHECKPOINT, parse_config, pick_device
+
+STEPS = ("pairs", "train", "candidate", "gate", "install", "report")
+CHUNKING_KEYS = ("TEXT_SPLITTER_NAME", "CHUNK_SIZE", "OVERLAP_SIZE", "ZH_TITLE_ENHANCE")
+"""kb_settings.yaml keys that change the chunks (a new SCORE_THRESHOLD must not invalidate cached pairs)."""
+KS = [1, 5, 10]
+SHOWN = ("R@1", "R@5", f"MRR@{MRR_K}", f"nDCG@{MRR_K}")
+STATE, GATE, CALIBRATION, INSTALLED = "tune.json", "gate.json", "calibration.json", "installed.json"
+EXIT_INTERRUPTED = 130  # the shell's status for a Ctrl-C
+
+
+def digest(*parts: object) -> str:
+    """A short key for a step's inputs: the step's folder name, so that other inputs never reuse its result."""
+    return hashlib.sha256(json.dumps(parts, sort_keys=True, ensure_ascii=False).encode()).hexdigest()[:16]
+
+
+def content_key(root: Path, kb: str, llm: str | None, llm_model: str | None, pairs_args: str = "") -> str:
+    """What the pairs depend on: every document of the KB (path and bytes), the chunking settings, the LLM, the flags."""
+    folder = content_dir(root, kb)
+    files = {p.relative_to(folder).as_posix(): hashlib.sha256(p.read_bytes()).hexdigest()
+             for p in sorted(folder.rglob("*")) if p.is_file()}
+    settings = load_yaml(Path(root) / "kb_settings.yaml")
+    return digest(files, {k: settings.get(k) for k in CHUNKING_KEYS}, llm, llm_model if llm else None, pairs_args)
+
+
+class Run:
+    """One tune's run folder: the state (``tune.json``: start model, time per step, commands) and the step timer."""
+
+    def __init__(self, args: argparse.Namespace):
+        self.args, self.root, self.kb, self.out = args, args.root, args.kb, args.out
+        self.out.mkdir(parents=True, exist_ok=True)
+        path = self.out / STATE
+        state = json.loads(path.read_text(encoding="utf-8")) if path.is_file() else {}
+        if not state or state.get("finished"):  # a new run: from the model the root serves now
+            _, start = served_model(self.root)
+            state = {"start": str(start), "start_files": model_manifest(start), "steps": {}, "commands": [],
+                     "began": _now(), "finished": False}
+        self.state = state
+        self.start = Path(state["start"])
+        self.save()
+
+    def save(self) -> None:
+        write_json(self.state, self.out / STATE)
+
+    def command(self, line: str) -> None:
+        """Records what a step ran, as a command a user could type, for the report."""
+        if line not in self.state["commands"]:
+            self.state["commands"].append(line)
+            self.save()
+
+    @contextlib.contextmanager
+    def step(self, name: str) -> Iterator[None]:
+        """Prints the step's header and adds its time to the state when it ends without an error."""
+        number = STEPS.index(name) + 1
+        print(f"[{number}/{len(STEPS)}] {name}", flush=True)
+        started = time.perf_counter()
+        yield
+        record = self.state["steps"].setdefault(name, {"seconds": 0.0})
+        record["seconds"] = round(record["seconds"] + time.perf_counter() - started, 1)
+        record["finished"] = _now()
+        self.save()
+
+
+def _now() -> str:
+    return datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M:%S UTC")
+
+
+# ----------------------------------------------------------------------------- 1 pairs
+
+
+def step_pairs(run: Run) -> tuple[Path, str]:
+    """The KB's pairs folder and its content key: re-used when documents and chunking are unchanged."""
+    args = run.args
+    key = content_key(run.root, run.kb, args.llm, args.llm_model, args.pairs_args)
+    out = run.out / "pairs" / key
+    if (out / "pairs.json").is_file():  # training.pairs writes it last
+        print(f"pairs: re-used {out} (the documents of {run.kb} are unchanged)")
+        return out, key
+    argv = ["--chatchat-root", str(run.root), "--kb", run.kb, "--out", str(out)]
+    if args.llm:
+        argv += ["--llm", args.llm, "--llm-model", args.llm_model]
+    argv += shlex.split(args.pairs_args)
+    run.command("python -m training.pairs " + shlex.join(argv))
+    pairs_stage.main(argv)
+    return out, key
+
+
+# ----------------------------------------------------------------------------- 2 train
+
+
+def train_config(out: Path, device: str, extra: str) -> ContrastiveConfig:
+    """The recipe's defaults (ContrastiveConfig's fields), the device, and the user's ``--contrastive-args``."""
+    return parse_config(ContrastiveConfig, ["--out", str(out), "--device", device, *shlex.split(extra)],
+                        "chatchat-policybert tune --contrastive-args", "training.contrastive's flags")
+
+
+def estimate_seconds(model: Any, tokenizer: Any, train: list, dev: list, cfg: ContrastiveConfig) -> tuple[float, int]:
+    """(seconds, steps) the training will take here, from one timed forward and backward pass of a full batch."""
+    task = ContrastiveTask(tokenizer, train, dev, cfg, token_limit(model, cfg.max_length))
+    steps = cfg.max_steps or cfg.epochs * math.ceil(len(train) / cfg.batch_size)
+    batch = task.batch(list(range(min(cfg.batch_size, len(train)))), "estimate")
+    model.train()
+    started = time.perf_counter()
+    task.loss(model, batch).backward()
+    per_step = time.perf_counter() - started
+    model.zero_grad(set_to_none=True)
+    return per_step * steps, steps
+
+
+def step_train(run: Run, pairs_dir: Path, pairs_key: str) -> tuple[Path, str]:
+    """The candidate model (``OUT/train/KEY/final``), trained or resumed from its checkpoint; KEY names its inputs."""
+    args = run.args
+    key = digest(pairs_key, run.state["start_files"], args.contrastive_args)
+    out = run.out / "train" / key
+    final = out / "final"
+    if (final / "config.json").is_file():
+        print(f"train: {final} is already trained")
+        return final, key
+    cfg = train_config(out, args.device, args.contrastive_args)
+    cfg.resume = (out / CHECKPOINT).is_file()
+    train = read_examples(pairs_dir / "train.jsonl", cfg.train_group_size - 1)
+    dev = read_examples(pairs_dir / "dev.jsonl", 0)
+    run.command("python -m training.contrastive " + shlex.join(
+        ["--model", str(run.start), "--train", str(pairs_dir / "train.jsonl"), "--dev", str(pairs_dir / "dev.jsonl"),
+         "--out", str(out), "--device", args.device, *shlex.split(args.contrastive_args)]))
+    model, tokenizer = load_start_model(run.start)
+    if pick_device(cfg.device).type == "cpu" and not cfg.resume:
+        seconds, steps = estimate_seconds(model, tokenizer, train, dev, cfg)
+        print(f"train: on CPU, about {seconds / 60:.1f} min for {steps} steps (one step timed); "
+              f"a GPU (--device cuda) is much faster", flush=True)
+    _, finished = contrastive(model, tokenizer, train, dev, cfg)
+    if not finished:
+        raise InputError(f"training stopped early at --stop-after; run tune again to continue from {out / CHECKPOINT}")
+    save_model_dir(model, tokenizer, final)
+    return final, key
+
+
+# ----------------------------------------------------------------------------- 3 candidate root
+
+
+def step_candidate(run: Run, final: Path, key: str, dev: Path) -> Path:
+    """A root like the deployment's serving the candidate, its KB rebuilt and its ensemble calibrated on ``dev``."""
+    folder = run.out / "candidate" / key
+    root = folder / "root"
+    if (folder / CALIBRATION).is_file():
+        print(f"candidate: {root} is already built and calibrated")
+        return root
+    shutil.rmtree(folder, ignore_errors=True)  # a half-built one from a killed run
+    settings = folder / "settings"
+    settings.mkdir(parents=True)
+    for name in ("model_settings.yaml", "kb_settings.yaml"):
+        shutil.copy2(run.root / name, settings / name)
+    root.mkdir()
+    run_chatchat(chatchat_command("init"), root, "chatchat init (candidate root)")
+    setup = [sys.executable, "-m", "chatchat_policybert.cli", "setup", "--root", str(root), "--model", str(final),
+             "--settings-dir", str(settings), "--no-check"]
+    run_chatchat(setup, root, "chatchat-policybert setup (candidate root)")
+    shutil.copytree(content_dir(run.root, run.kb), content_dir(root, run.kb), dirs_exist_ok=True)
+    run_chatchat(chatchat_command("kb", "-r", "-n", run.kb), root, f"chatchat kb -r -n {run.kb} (candidate root)")
+    run.command(f"CHATCHAT_ROOT={root} chatchat init && chatchat-policybert setup --model {final} "
+                f"--settings-dir {settings} && cp -r <KB content> && chatchat kb -r -n {run.kb}")
+    calibration = calibrate_root(root, run.kb, dev, folder)
+    write_calibration(root, calibration)
+    run.command(f"CHATCHAT_ROOT={root} chatchat-policybert setup --model {final} --settings-dir {settings} "
+                f"--calibrate {dev} --kb {run.kb}")
+    print(calibration.table())
+    write_json({"chosen": vars(calibration.chosen), "metrics": calibration.metrics(), "table": calibration.table()},
+               folder / CALIBRATION)
+    return root
+
+
+# ----------------------------------------------------------------------------- 4 gate
+
+
+def deployed(root: Path, kb: str, name: str, queries: list, chunks: list, top_k: int, log: Path) -> RunResult:
+    """The RAG tab's retrieval: Chatchat's ``search_docs`` in ``root`` at its configured threshold and weights."""
+    with ChatchatSearch(root, kb, chunks, top_k, log) as search:
+        retriever = ChatchatEnsemble(search, None)
+        retriever.name = name
+        return evaluate_retriever(retriever, queries, chunks, KS)
+
+
+def step_gate(run: Run, candidate: Path, key: str, question_sets: dict[str, Path]) -> dict[str, Any]:
+    """Before / after / BM25 alone on each question set, the paired deltas, and the decision (``OUT/gate.json``)."""
+    path = run.out / GATE
+    if path.is_file():
+        gate = json.loads(path.read_text(encoding="utf-8"))
+        if gate.get("candidate") == key:
+            print(f"gate: decided already ({path})")
+            return gate
+    sets: dict[str, Any] = {}
+    for label, file in question_sets.items():
+        queries, chunks = dev_queries(file, run.root, run.kb)
+        with Candidates(candidate, run.kb, chunks, run.out / "logs" / "gate_candidates.log") as candidates:
+            bm25 = evaluate_retriever(Fused("bm25 alone", candidates, chunks, Setting(1.0, 0.0, NO_VECTORS)),
+                                      queries, chunks, KS)
+            top_k = candidates.top_k
+        before = deployed(run.root, run.kb, "before", queries, chunks, top_k, run.out / "logs" / "gate_before.log")
+        after = deployed(candidate, run.kb, "after", queries, chunks, top_k, run.out / "logs" / "gate_after.log")
+        deltas = compare_runs(after, before)
+        sets[label] = {"file": str(file), "questions": len(queries), "top_k": top_k,
+                       "rows": {r.name: r.metrics for r in (before, after, bm25)},
+                       "deltas": [{**vars(d), "delta": d.delta} for d in deltas],
+                       "failure": gate_failure(deltas)}
+    mrr = next(d for d in sets["dev pairs"]["deltas"] if d["metric"] == f"MRR@{MRR_K}")
+    reasons = []
+    if mrr["delta"] <= 0:
+        reasons.append(f"dev pairs: candidate MRR@{MRR_K} {mrr['candidate']:.4f} is not above the deployed "
+                       f"{mrr['baseline']:.4f} (delta {mrr['delta']:+.4f}, 95% CI [{mrr['low']:+.4f}, {mrr['high']:+.4f}])")
+    if "questions" in sets and sets["questions"]["failure"]:
+        reasons.append(f"questions: {sets['questions']['failure']}")
+    gate = {"candidate": key, "sets": sets, "install": not reasons, "reasons": reasons}
+    write_json(gate, path)
+    run.command("the gate: chatchat-policybert eval --chatchat-root ROOT --retrievers chatchat (before, after) with "
+                "--require-better's paired bootstrap on " + ", ".join(str(f) for f in question_sets.values()))
+    return gate
+
+
+# ----------------------------------------------------------------------------- 5 install
+
+
+def step_install(run: Run, final: Path, candidate: Path, key: str) -> None:
+    """Keeps the previous deployment, installs the candidate with its calibrated settings, rebuilds the KB."""
+    marker = run.out / INSTALLED
+    if marker.is_file() and json.loads(marker.read_text(encoding="utf-8")).get("candidate") == key:
+        print("install: done already")
+        return
+    backup = run.out / BACKUP_DIR
+    started = run.out / "install_started.json"
+    if not (started.is_file() and json.loads(started.read_text(encoding="utf-8")).get("candidate") == key):
+        save_backup(run.root, run.kb, backup)  # before anything in the root changes
+        write_json({"candidate": key}, started)
+    models = run.root / "models"
+    installed = models / f"policybert-{run.kb}-{key}"
+    if not (installed / "config.json").is_file():
+        with atomic_path(installed) as tmp:
+            shutil.copytree(final, tmp)
+    tuned = load_yaml(candidate / "model_settings.yaml")
+    hybrid = served_platform(tuned, candidate / "model_settings.yaml").get(HYBRID_KEY)
+    threshold = kb_settings(candidate).score_threshold
+    update_settings(run.root, hybrid=hybrid, threshold=threshold, model_path=str(installed.relative_to(run.root)))
+    embed_model, _ = served_model(run.root)
+    index = vector_store_dir(run.root, run.kb, embed_model)
+    try:
+        log = run_chatchat(chatchat_command("kb", "-r", "-n", run.kb), run.root, f"chatchat kb -r -n {run.kb}")
+        # The rebuild must give the very vectors the gate saw in the candidate root (same model, documents, settings).
+        if faiss_vectors(index) != faiss_vectors(vector_store_dir(candidate, run.kb, embed_model)):
+            raise InputError(f"`chatchat kb -r -n {run.kb}` did not rebuild the index with the candidate:\n{log[-2000:]}")
+    except (InputError, OSError, RuntimeError) as exc:
+        restore_settings(run.root, backup)
+        raise InputError(f"install failed, settings put back (the transactional kb -r kept the previous index): {exc}") from None
+    run.command(f"chatchat kb -r -n {run.kb}")
+    write_json({"candidate": key, "model": str(installed), "at": _now()}, marker)
+    print(f"install: {installed} serves {run.kb}; `chatchat-policybert rollback --kb {run.kb}` restores the previous one")
+
+
+# ----------------------------------------------------------------------------- 6 report
+
+
+def write_report(run: Run, gate: dict[str, Any], calibration: dict[str, Any] | None) -> Path:
+    """``report.md`` and ``report.png`` in the run folder."""
+    lines = [f"# chatchat-policybert tune — {run.kb}", "",
+             f"- root: `{run.root}`", f"- start model: `{run.start}`", f"- began {run.state['began']}, report {_now()}",
+             f"- decision: **{'installed' if gate['install'] else 'refused'}**"
+             + ("" if gate["install"] else ": " + "; ".join(gate["reasons"])), ""]
+    results = []
+    for label, data in gate["sets"].items():
+        lines += [f"## {label}: {data['questions']} questions (`{data['file']}`), top_k {data['top_k']}", "",
+                  f"| path | {' | '.join(SHOWN)} |", "|---|" + "---|" * len(SHOWN)]
+        for name, metrics in data["rows"].items():
+            lines.append(f"| {name} | " + " | ".join(f"{metrics[k]:.3f}" for k in SHOWN) + " |")
+            results.append(RunResult(f"{label}: {name}", metrics))
+        mrr = next(d for d in data["deltas"] if d["metric"] == f"MRR@{MRR_K}")
+        lines += ["", f"after − before, MRR@{MRR_K}: {mrr['delta']:+.4f} (95% CI [{mrr['low']:+.4f}, {mrr['high']:+.4f}], "
+                      "paired bootstrap, 1000 resamples)", ""]
+    if calibration is not None:
+        lines += ["## Calibration of the candidate's ensemble (dev pairs)", "", calibration["table"], ""]
+    lines += ["## Commands", "", "```", *run.state["commands"], "```", "", "## Time per step", "",
+              "| step | seconds |", "|---|---|",
+              *(f"| {name} | {record['seconds']:.1f} |" for name, record in run.state["steps"].items()), ""]
+    report = run.out / "report.md"
+    with atomic_path(report) as tmp:
+        tmp.write_text("\n".join(lines), encoding="utf-8")
+    plot_recall(results, KS, run.out / "report.png")
+    return report
+
+
+# ----------------------------------------------------------------------------- the command
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="chatchat-policybert tune", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--root", type=Path, default=None,
+                        help="Chatchat data root (default: $CHATCHAT_ROOT, else the current directory)")
+    parser.add_argument("--kb", help="knowledge base to tune on (default: DEFAULT_KNOWLEDGE_BASE)")
+    parser.add_argument("--llm", nargs="?", const=pairs_stage.DEFAULT_LLM_URL, metavar="URL",
+                        help="also train on questions this OpenAI-compatible endpoint writes per chunk "
+                             f"(bare --llm: {pairs_stage.DEFAULT_LLM_URL}, the deployment's Ollama)")
+    parser.add_argument("--llm-model", help="chat model of --llm (default: the root's DEFAULT_LLM_MODEL)")
+    parser.add_argument("--questions", type=Path,
+                        help="your labelled questions for the gate, the evaluation's JSONL "
+                             '({"id", "question", "doc_title", "evidence"}; doc_title = a KB file name without suffix)')
+    parser.add_argument("--device", default="auto", help="training device: auto (a GPU where there is one), cpu, cuda, …")
+    parser.add_argument("--out", type=Path, help="run folder (default: ROOT/policybert_tune/KB); re-running continues it")
+    parser.add_argument("--pairs-args", default="",
+                        help="flags for training.pairs, e.g. '--dev-ratio 0.2 --ict-per-chunk 2' (default: its defaults)")
+    parser.add_argument("--contrastive-args", default="",
+                        help="flags for training.contrastive overriding the recipe's defaults, e.g. '--epochs 2'")
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    from chatchat_policybert.cli import default_root
+
+    args.root = (args.root or default_root()).resolve()
+    args.kb = args.kb or default_kb(args.root)
+    if not content_dir(args.root, args.kb).is_dir():
+        raise InputError(f"--kb {args.kb}: no knowledge base folder {content_dir(args.root, args.kb)}")
+    if kb_settings(args.root).vs_type != "faiss":
+        raise InputError(f"{args.root}: tune supports DEFAULT_VS_TYPE faiss (its candidate root would share the pg "
+                         "database with the deployment)")
+    if args.questions is not None and not args.questions.is_file():
+        raise InputError(f"--questions {args.questions}: file not found")
+    if args.llm and not args.llm_model:
+        args.llm_model = str(load_yaml(args.root / "model_settings.yaml").get("DEFAULT_LLM_MODEL") or "")
+        if not args.llm_model:
+            raise InputError("--llm: the root names no DEFAULT_LLM_MODEL; pass --llm-model")
+    # Bad --pairs-args / --contrastive-args are refused before any work.
+    pairs_stage.check_config(parse_config(pairs_stage.PairsConfig, ["--out", "unused", *shlex.split(args.pairs_args)],
+                                          "chatchat-policybert tune --pairs-args", "training.pairs' flags"))
+    train_config(Path("unused"), args.device, args.contrastive_args)
+    args.out = (args.out or tune_dir(args.root, args.kb)).resolve()
+    run = Run(args)
+    print(f"tune {args.kb} in {args.root}: start model {run.start}; run folder {args.out}")
+    try:
+        return run_steps(run)
+    except KeyboardInterrupt:
+        print(f"tune: interrupted; the same command continues from {args.out}", file=sys.stderr)
+        return EXIT_INTERRUPTED
+    except OSError as exc:  # a full disk, a folder removed under it: one line, and the run folder to continue from
+        raise InputError(f"tune stopped: {exc}; the same command continues from {args.out}") from None
+
+
+def run_steps(run: Run) -> int:
+    """The six steps of the module docstring; each skips the work its results in the run folder show done."""
+    args = run.args
+    with run.step("pairs"):
+        pairs_dir, pairs_key = step_pairs(run)
+    dev = pairs_dir / "dev.jsonl"
+    with run.step("train"):
+        final, key = step_train(run, pairs_dir, pairs_key)
+    with run.step("candidate"):
+        candidate = step_candidate(run, final, key, dev)
+    question_sets = {"dev pairs": dev, **({"questions": args.questions.resolve()} if args.questions else {})}
+    with run.step("gate"):
+        gate = step_gate(run, candidate, key, question_sets)
+    if gate["install"]:
+        with run.step("install"):
+            step_install(run, final, candidate, key)
+    calibration_file = run.out / "candidate" / key / CALIBRATION
+    with run.step("report"):
+        report = write_report(run, gate, json.loads(calibration_file.read_text(encoding="utf-8")))
+    run.state["finished"] = True
+    run.save()
+    print(f"report: {report} and {report.with_suffix('.png')}")
+    if not gate["install"]:
+        print(f"tune: refused, the deployment is unchanged: {'; '.join(gate['reasons'])}", file=sys.stderr)
+        return EXIT_WORSE
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(run_cli(main))
