@@ -118,7 +118,7 @@ class RetrievalAblationConfig:
     num_hidden_layers: int = field(default=4, metadata={"help": "start: character layers"})
     num_attention_heads: int = field(default=4, metadata={"help": "start: attention heads"})
     intermediate_size: int = field(default=512, metadata={"help": "start: feed-forward size"})
-    max_position_embeddings: int = field(default=256, metadata={"help": "start: positions (a 250-character chunk whole)"})
+    max_position_embeddings: int = field(default=256, metadata={"help": "start: positions (see training.init_scratch)"})
     start_steps: int = field(default=1500, metadata={"help": "start: MLM+NSP pre-training steps"})
     start_lr: float = field(default=1e-3, metadata={"help": "start: pre-training learning rate (from scratch)"})
     start_batch_size: int = field(default=32, metadata={"help": "start: sentence pairs per pre-training step"})

@@ -30,11 +30,13 @@ from training.loop import parse_config, require_positive
 
 @dataclass
 class ScratchConfig:
-    """The shape of the start model. The defaults are what the retrieval ablation pre-trains in ~30 min on 2 cores.
+    """The shape of the start model: what the retrieval ablation pre-trains in about 30 min on 2 cores.
 
-    256 positions (not 128) so that a Chatchat chunk (250 characters by default) is read whole by
-    every stage, not cut to its first 128 tokens; hidden 128 × 4 layers is the largest shape whose
-    MLM+NSP pre-training leaves chance within that budget (docs/training.md).
+    256 positions, twice the earlier recipe's 128: a query is read whole and a Chatchat chunk (at
+    most 500 characters) up to its first 254; 512 would read every chunk whole at about twice the
+    cost per passage, and MLM+NSP sentence pairs (about 110 tokens) would still leave the upper
+    positions almost untrained. Hidden 128 × 4 layers is the shape whose pre-training left chance
+    within that budget in the measured recipe (docs/training.md).
     """
 
     out: Path = field(metadata={"help": "output model directory (replaced atomically)"})
