@@ -103,7 +103,10 @@ def _stale_index(store) -> str | None:
     if store.index.ntotal == 0:
         return "the FAISS index is empty"
     text = store.docstore.search(store.index_to_docstore_id[0]).page_content
-    fresh = np.asarray(store.embedding_function.embed_documents([text])[0], dtype=np.float32)
+    try:
+        fresh = np.asarray(store.embedding_function.embed_documents([text])[0], dtype=np.float32)
+    except Exception as exc:  # the hook's stand-in for a model that did not load raises its reason
+        return f"the configured model does not embed ({exc})"
     stored = store.index.reconstruct(0)
     cosine = float(fresh @ stored / (np.linalg.norm(fresh) * np.linalg.norm(stored)))
     return None if cosine > 0.999 else f"its vectors were not made by the configured model (cosine {cosine:.3f})"
