@@ -11,7 +11,7 @@ from typing import Literal, get_args
 
 from huggingface_hub.dataclasses import strict
 from huggingface_hub.errors import StrictDataclassError
-from transformers import BertConfig
+from transformers import AutoConfig, BertConfig
 
 FusionType = Literal["none", "gate", "attn"]
 LateFusion = Literal["add", "none"]
@@ -66,5 +66,7 @@ class PolicyBertConfig(BertConfig):
                 f"num_word_layers must be in 1..num_hidden_layers ({self.num_hidden_layers}), got {self.num_word_layers}"
             )
 
+
+AutoConfig.register(PolicyBertConfig.model_type, PolicyBertConfig)
 
 __all__ = ["CONFIG_ERRORS", "FUSION_TYPES", "LATE_FUSIONS", "PolicyBertConfig"]

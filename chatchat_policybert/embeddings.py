@@ -11,6 +11,7 @@ import logging
 import os
 import threading
 from collections.abc import Mapping
+from typing import Any
 
 import numpy as np
 import torch
@@ -19,12 +20,12 @@ from langchain_core.embeddings import Embeddings
 from .dtypes import DTYPE_NAMES
 from .loading import load_policybert
 from .modeling import ClsOnlyLayer
+from .settings import EmbeddingOptions
 from .tokenization import check_texts
 
 logger = logging.getLogger(__name__)
 
 DTYPES = {name: getattr(torch, name) for name in DTYPE_NAMES}
-LONG_TEXT_MODES = ("truncate", "window")
 BF16_CPU_FLAGS = {"amx_bf16", "avx512_bf16"}
 
 
@@ -82,37 +83,24 @@ class PolicyBertEmbeddings(Embeddings):
     model directory's (``training.contrastive --query-instruction`` saves it), else bge's.
     """
 
-    def __init__(
-        self,
-        model_name_or_path: str | os.PathLike,
-        device: str = "cpu",
-        dtype: str = "float32",
-        batch_size: int = 32,
-        max_length: int = 512,
-        query_instruction: str | None = None,
-        long_text: str = "truncate",
-        batch_tokens: int = 4096,
-    ):
-        if dtype == "auto":
-            dtype = auto_dtype(device)
-        if dtype not in DTYPES:
-            raise ValueError(f"dtype must be 'auto' or one of {sorted(DTYPES)}, got {dtype!r}")
-        if long_text not in LONG_TEXT_MODES:
-            raise ValueError(f"long_text must be one of {LONG_TEXT_MODES}, got {long_text!r}")
-        if batch_size < 1:
-            raise ValueError(f"batch_size must be >= 1, got {batch_size}")
-        if batch_tokens < 1:
-            raise ValueError(f"batch_tokens must be >= 1, got {batch_tokens}")
+    def __init__(self, model_name_or_path: str | os.PathLike, **options: Any):
+        """``options``: the fields of :class:`~chatchat_policybert.settings.EmbeddingOptions`, where each is
+        declared once with its default and limits; a bad one is a ``SettingsError`` (a ``ValueError``)."""
+        checked = EmbeddingOptions.checked(**options)
+        device = checked.device
+        dtype = auto_dtype(device) if checked.dtype == "auto" else checked.dtype
         self.model, self.tokenizer = load_policybert(model_name_or_path, device=device)
         # Only the last layer's [CLS] state is read: that layer computes that row alone.
         self.model.encoder.layer[-1] = ClsOnlyLayer(self.model.encoder.layer[-1])
         self.device = torch.device(device)
         self.dtype = dtype
-        self.batch_size = batch_size
-        self.batch_tokens = batch_tokens
-        self.max_length = token_limit(self.model, max_length)
-        self.query_instruction = self.tokenizer.query_prompt if query_instruction is None else query_instruction
-        self.long_text = long_text
+        self.batch_size = checked.batch_size
+        self.batch_tokens = checked.batch_tokens
+        self.max_length = token_limit(self.model, checked.max_length)
+        self.query_instruction = checked.query_instruction
+        if self.query_instruction is None:
+            self.query_instruction = self.tokenizer.query_prompt
+        self.long_text = checked.long_text
         self.dimension = self.model.config.hidden_size
         # One model serves Chatchat's worker threads; the tokenizer's Rust core is not re-entrant.
         self._lock = threading.Lock()

@@ -1,4 +1,4 @@
-"""Atomic writes: a file or directory appears complete or not at all.
+"""Atomic writes: a file or directory appears complete or not at all; and the one JSON file reader.
 
 Every writer of a model directory, a corpus, a metrics file or a checkpoint goes through
 :func:`atomic_path` (JSON and JSON-lines files through :func:`write_json` / :func:`write_jsonl`),
@@ -15,6 +15,9 @@ import tempfile
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
+
+from .errors import InputError
 
 
 @contextmanager
@@ -49,3 +52,11 @@ def write_jsonl(rows: Iterable[object], path: str | os.PathLike) -> None:
     with atomic_path(path) as tmp, tmp.open("w", encoding="utf-8") as handle:
         for row in rows:
             handle.write(json.dumps(row, ensure_ascii=False) + "\n")
+
+
+def read_json(file: Path, error: type[InputError] = InputError) -> Any:
+    """The content of a JSON file; ``error`` naming the file where it is not UTF-8 JSON."""
+    try:
+        return json.loads(file.read_text(encoding="utf-8"))
+    except (json.JSONDecodeError, UnicodeDecodeError) as err:
+        raise error(f"{file}: not valid JSON ({err})") from None

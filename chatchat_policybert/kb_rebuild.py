@@ -43,6 +43,7 @@ from typing import Any, Iterator, Protocol
 
 from .chatchat_root import index_size, kb_root
 from .errors import InputError
+from .patches import WRAPPED_MARK
 from .pg_store import PgStaging
 
 STAGING_SUFFIX = ".rebuilding"
@@ -53,7 +54,7 @@ LOCK_FILE = ".policybert-rebuild.lock"  # in the knowledge base's folder, beside
 def patch_migrate(migrate: ModuleType) -> None:
     """Replace `migrate.folder2db` by the transactional version (idempotent)."""
     original = migrate.folder2db
-    if getattr(original, "__policybert_wrapped__", False):
+    if getattr(original, WRAPPED_MARK, False):
         return
     signature = inspect.signature(original)
 
@@ -68,7 +69,7 @@ def patch_migrate(migrate: ModuleType) -> None:
             return original(*args, **kwargs)
         return _rebuild_all(migrate, original, params)
 
-    folder2db.__policybert_wrapped__ = True
+    setattr(folder2db, WRAPPED_MARK, True)
     migrate.folder2db = folder2db
 
 

@@ -24,18 +24,18 @@ import torch
 from safetensors import SafetensorError
 from transformers import BertConfig, BertModel, PreTrainedModel
 
-from .errors import InputError
-from .files import atomic_path
-from .lexicon import LEXICON_FILE
 from .configuration_policybert import CONFIG_ERRORS, PolicyBertConfig
+from .errors import InputError
+from .files import atomic_path, read_json
+from .lexicon import LEXICON_FILE
 from .modeling import PolicyBertModel
 from .tokenization import PolicyBertTokenizer
 
 WEIGHT_FILES = ("model.safetensors", "pytorch_model.bin")
 TOKENIZER_FILES = ("tokenizer.json", "vocab.txt")
 SUPPORTED_TYPES = ("policybert", "bert")
-# Files whose ``auto_map`` would make transformers import Python code shipped in the directory.
-REMOTE_CODE_FILES = ("config.json", "tokenizer_config.json")
+# Beside config.json, the file whose ``auto_map`` would make transformers import Python code shipped in the directory.
+TOKENIZER_CONFIG = "tokenizer_config.json"
 # Rows an embedding may have beyond the tokenizer's vocabulary: checkpoints pad their embedding to a
 # multiple of 64 or 128 for speed, so unused rows up to that are normal; more means the wrong tokenizer.
 MAX_UNUSED_VOCAB_ROWS = 127
@@ -80,14 +80,19 @@ def resolve_model_dir(name_or_path: str | os.PathLike) -> Path:
 
 
 def read_config(path: Path) -> dict:
-    """``config.json`` of a model directory, checked to be JSON of a supported ``model_type``."""
+    """``config.json`` of a model directory, checked to be JSON of a supported ``model_type`` and valid values."""
+    return parse_config(path)[0]
+
+
+def parse_config(path: Path, **overrides) -> tuple[dict, BertConfig]:
+    """``config.json`` read once: its JSON and the checked config object (``overrides`` applied, e.g. ``num_labels``).
+
+    Loading hands the object to the tokenizer and to ``from_pretrained``, so the file is parsed once per load.
+    """
     config_file = path / "config.json"
     if not config_file.is_file():
         raise ModelDirError(f"{path}: no config.json (expected a PolicyBERT or BERT model directory)")
-    try:
-        config = json.loads(config_file.read_text(encoding="utf-8"))
-    except (json.JSONDecodeError, UnicodeDecodeError) as err:
-        raise ModelDirError(f"{config_file}: not valid JSON ({err})") from None
+    config = read_json(config_file, ModelDirError)
     if not isinstance(config, dict):
         raise ModelDirError(f"{config_file}: expected a JSON object, got {type(config).__name__}")
     if config.get("model_type") not in SUPPORTED_TYPES:
@@ -101,10 +106,10 @@ def read_config(path: Path) -> dict:
     # errors later, as a traceback from inside from_pretrained.
     config_class = PolicyBertConfig if config["model_type"] == "policybert" else BertConfig
     try:
-        config_class(**{k: v for k, v in config.items() if k != "model_type"})
+        checked = config_class.from_dict({k: v for k, v in config.items() if k != "model_type"}, **overrides)
     except CONFIG_ERRORS as err:
         raise ModelDirError(f"{config_file}: {' '.join(str(err).split())}") from None
-    return config
+    return config, checked
 
 
 def _numbers(value: object, field: str = "") -> Iterator[tuple[str, float]]:
@@ -136,21 +141,18 @@ def check_finite(model: torch.nn.Module, path: Path) -> None:
                 )
 
 
-def refuse_remote_code(path: Path) -> None:
+def refuse_remote_code(path: Path, config: dict) -> None:
     """Refuse a directory that asks transformers to run its own Python (``auto_map``).
 
     PolicyBERT and BERT need no custom code; a directory that maps a class to a ``.py`` file in it
     is either not ours or tampered with, and transformers would import that file (after a y/N
     prompt that a careless "y" answers). Loading also passes ``trust_remote_code=False``.
+    ``config`` is ``config.json`` as the loader has read it; ``tokenizer_config.json`` is read here.
     """
-    for name in REMOTE_CODE_FILES:
-        file = path / name
-        if not file.is_file():
-            continue
-        try:
-            content = json.loads(file.read_text(encoding="utf-8"))
-        except (json.JSONDecodeError, UnicodeDecodeError) as err:
-            raise ModelDirError(f"{file}: not valid JSON ({err})") from None
+    contents = {path / "config.json": config}
+    if (path / TOKENIZER_CONFIG).is_file():
+        contents[path / TOKENIZER_CONFIG] = read_json(path / TOKENIZER_CONFIG, ModelDirError)
+    for file, content in contents.items():
         if isinstance(content, dict) and "auto_map" in content:
             raise ModelDirError(
                 f"{file}: has auto_map (custom Python code in the directory); PolicyBERT never runs a model "
@@ -235,12 +237,12 @@ def load_model_dir(
     the directory's ``model_type``. A tensor the class has and the checkpoint lacks is refused
     unless its name starts with one of ``allow_missing`` — the heads the calling stage creates
     (e.g. ``("cls.",)`` for pre-training, ``("classifier.",)`` for fine-tuning), which are then
-    freshly initialised. ``model_kwargs`` go to ``from_pretrained`` (e.g. ``num_labels``).
+    freshly initialised. ``model_kwargs`` override config values (e.g. ``num_labels``).
     Training stages call ``.train()`` themselves.
     """
     path = resolve_model_dir(name_or_path)
-    config = read_config(path)
-    refuse_remote_code(path)
+    config, checked = parse_config(path, **model_kwargs)
+    refuse_remote_code(path, config)
     if model_class is not None and model_class.config_class.model_type != config["model_type"]:
         raise ModelDirError(
             f"{path / 'config.json'}: model_type {config['model_type']!r}, but {model_class.__name__} "
@@ -257,7 +259,7 @@ def load_model_dir(
     if is_policybert and not (path / LEXICON_FILE).is_file():
         raise ModelDirError(f"{path}: no {LEXICON_FILE} (a PolicyBERT directory carries its lexicon)")
     try:
-        tokenizer = PolicyBertTokenizer.from_pretrained(path)
+        tokenizer = PolicyBertTokenizer.from_pretrained(path, checked)
     except InputError as err:  # the lexicon or the query instruction's file
         raise ModelDirError(str(err)) from None
     except (ValueError, OSError) as err:
@@ -271,7 +273,7 @@ def load_model_dir(
         model_class = PolicyBertModel if config["model_type"] == "policybert" else BertModel
     try:
         model, info = model_class.from_pretrained(
-            path, dtype=torch.float32, output_loading_info=True, trust_remote_code=False, **model_kwargs
+            path, config=checked, dtype=torch.float32, output_loading_info=True, trust_remote_code=False
         )
     except (RuntimeError, ValueError, OSError, SafetensorError) as err:
         raise ModelDirError(f"{path}: weights do not fit config.json: {str(err).strip().splitlines()[0]}") from None

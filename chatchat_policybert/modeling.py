@@ -32,7 +32,6 @@ from torch import nn
 from torch.nn import CrossEntropyLoss
 from torch.nn import functional as F
 from transformers import (
-    AutoConfig,
     AutoModel,
     AutoModelForPreTraining,
     AutoModelForSequenceClassification,
@@ -587,7 +586,6 @@ class PolicyBertForSequenceClassification(PolicyBertPreTrainedModel):
         return SequenceClassifierOutput(loss=loss, logits=logits)
 
 
-AutoConfig.register(PolicyBertConfig.model_type, PolicyBertConfig)
 AutoModel.register(PolicyBertConfig, PolicyBertModel)
 AutoModelForPreTraining.register(PolicyBertConfig, PolicyBertForPreTraining)
 AutoModelForSequenceClassification.register(PolicyBertConfig, PolicyBertForSequenceClassification)

@@ -49,6 +49,7 @@ from starlette.exceptions import HTTPException
 from uvicorn.protocols.http.h11_impl import H11Protocol
 
 from .errors import InputError
+from .settings import EmbeddingOptions
 from .tokenization import PolicyBertTokenizer, check_texts
 
 logger = logging.getLogger(__name__)
@@ -97,7 +98,7 @@ class ServerLimits:
     max_input_tokens: int = 8192
     max_request_tokens: int = 300_000
     max_batch: int = 32
-    batch_tokens: int = 4096
+    batch_tokens: int = EmbeddingOptions.model_fields["batch_tokens"].default
     max_wait_s: float = 0.005
     read_timeout_s: float = 10.0
 

@@ -34,9 +34,43 @@ from .errors import InputError
 
 PLATFORM_KEY = "local_embeddings"
 DEFAULT_CLASS = "chatchat_policybert.embeddings:PolicyBertEmbeddings"
+LONG_TEXT_MODES = ("truncate", "window")
 
 
-class LocalEmbeddingsConfig(BaseModel):
+class EmbeddingOptions(BaseModel):
+    """How ``PolicyBertEmbeddings`` embeds: the one declaration of its options, their defaults and limits.
+
+    ``PolicyBertEmbeddings`` takes these as keyword arguments and validates them here; a
+    platform's `local_embeddings` block is these plus the class and the model path.
+    """
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    device: str = "cpu"
+    """torch device, e.g. cpu or cuda:0."""
+    dtype: Literal[*DTYPE_CHOICES] = "float32"
+    """Compute dtype: float32 gives the same vectors everywhere; auto is bfloat16 where the hardware has it."""
+    batch_size: int = Field(32, ge=1, le=4096)
+    """Texts per forward pass at most."""
+    batch_tokens: int = Field(4096, ge=1)
+    """Padded tokens per forward pass at most: caps memory when batch_size is raised."""
+    max_length: int = Field(512, ge=8, le=8192)
+    """Tokens per text (capped at the model's positions); longer texts are handled as ``long_text`` says."""
+    query_instruction: str | None = None
+    """Prefix of every query; None takes the model directory's instruction, else bge's."""
+    long_text: Literal[*LONG_TEXT_MODES] = "truncate"
+    """Texts over max_length: cut with a warning (``truncate``), or embedded as windows whose mean is the vector."""
+
+    @classmethod
+    def checked(cls, **options: Any) -> "EmbeddingOptions":
+        """The options validated; a bad one is a SettingsError (a ValueError) naming each offending option."""
+        try:
+            return cls(**options)
+        except ValidationError as exc:
+            raise SettingsError(f"invalid embedding options ({_problems(exc, 'options')})") from None
+
+
+class LocalEmbeddingsConfig(EmbeddingOptions):
     """Validated `local_embeddings` block; unknown keys are rejected so typos surface."""
 
     model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True, protected_namespaces=())
@@ -44,16 +78,6 @@ class LocalEmbeddingsConfig(BaseModel):
     class_path: str = Field(DEFAULT_CLASS, alias="class")
     """`module:Class` (or `module.Class`) of a LangChain `Embeddings` taking `model_name_or_path`."""
     model_path: str
-    device: str = "cpu"
-    dtype: Literal[*DTYPE_CHOICES] = "float32"
-    batch_size: int = Field(32, ge=1, le=4096)
-    batch_tokens: int = Field(4096, ge=1)
-    """Padded tokens per forward pass at most: caps memory when batch_size is raised."""
-    max_length: int = Field(512, ge=8, le=8192)
-    query_instruction: str | None = None
-    """None keeps the class default (for PolicyBertEmbeddings: the model directory's instruction, else bge's)."""
-    long_text: Literal["truncate", "window"] | None = None
-    """Texts over max_length: cut with a warning, or embedded as windows; None keeps the class default."""
 
     @field_validator("model_path", "class_path")
     @classmethod
@@ -68,19 +92,13 @@ class LocalEmbeddingsConfig(BaseModel):
         return path if path.is_absolute() else (root / path)
 
     def constructor_kwargs(self, root: Path) -> dict[str, Any]:
-        """Keyword arguments for the embeddings class; unset optional keys are left to its defaults."""
-        kwargs: dict[str, Any] = {
-            "model_name_or_path": str(self.resolved_model_path(root)),
-            "device": self.device,
-            "dtype": self.dtype,
-            "batch_size": self.batch_size,
-            "batch_tokens": self.batch_tokens,
-            "max_length": self.max_length,
-        }
-        for key in ("query_instruction", "long_text"):
-            if getattr(self, key) is not None:
-                kwargs[key] = getattr(self, key)
-        return kwargs
+        """Keyword arguments for the embeddings class: the model path and the options the block sets.
+
+        Options the block leaves out are left to the class, whose defaults (for
+        ``PolicyBertEmbeddings``) are the ones declared in :class:`EmbeddingOptions`.
+        """
+        options = self.model_dump(include=set(EmbeddingOptions.model_fields), exclude_unset=True)
+        return {"model_name_or_path": str(self.resolved_model_path(root)), **options}
 
 
 class LocalPlatform(NamedTuple):
@@ -117,8 +135,12 @@ def _validated_block(platform: dict[str, Any], key: str, model: type[B]) -> B | 
     try:
         return model.model_validate(raw)
     except ValidationError as exc:
-        problems = "; ".join(f"{'.'.join(str(p) for p in err['loc']) or key}: {err['msg']}" for err in exc.errors())
-        raise SettingsError(f"platform '{name}': invalid '{key}' ({problems})") from None
+        raise SettingsError(f"platform '{name}': invalid '{key}' ({_problems(exc, key)})") from None
+
+
+def _problems(exc: ValidationError, whole: str) -> str:
+    """Each failed field as ``name: message``, on one line; ``whole`` names a failure of the block itself."""
+    return "; ".join(f"{'.'.join(str(p) for p in err['loc']) or whole}: {err['msg']}" for err in exc.errors())
 
 
 def round_trip_yaml() -> Any:

@@ -13,9 +13,9 @@ from typing import Iterable
 import torch
 from transformers import BertConfig, BertModel, PreTrainedModel
 
+from .configuration_policybert import PolicyBertConfig
 from .lexicon import Lexicon
 from .loading import save_model_dir
-from .configuration_policybert import PolicyBertConfig
 from .modeling import PolicyBertModel
 from .tokenization import PolicyBertTokenizer, build_char_tokenizer
 

@@ -21,9 +21,11 @@ from typing import Iterable
 import numpy as np
 import torch
 from tokenizers import Encoding
-from transformers import AutoTokenizer, BatchEncoding, BertTokenizerFast, PreTrainedTokenizerFast
+from transformers import AutoTokenizer, BatchEncoding, BertTokenizerFast, PreTrainedConfig, PreTrainedTokenizerFast
 
+from .configuration_policybert import PolicyBertConfig
 from .errors import InputError
+from .files import read_json
 from .lexicon import LEXICON_FILE, Lexicon
 
 SPECIAL_TOKENS = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
@@ -42,10 +44,7 @@ def read_query_instruction(path: Path) -> str | None:
     file = path / PROMPTS_FILE
     if not file.is_file():
         return None
-    try:
-        content = json.loads(file.read_text(encoding="utf-8"))
-    except (json.JSONDecodeError, UnicodeDecodeError) as err:
-        raise InputError(f"{file}: not valid JSON ({err})") from None
+    content = read_json(file)
     prompts = content.get("prompts") if isinstance(content, dict) else None
     instruction = prompts.get("query") if isinstance(prompts, dict) else None
     if instruction is not None and not isinstance(instruction, str):
@@ -96,8 +95,8 @@ class PolicyBertTokenizer:
         self,
         tokenizer: PreTrainedTokenizerFast,
         lexicon: Lexicon | None = None,
-        max_words: int = 40,
-        max_words_span: int = 128,
+        max_words: int = PolicyBertConfig.max_words,
+        max_words_span: int = PolicyBertConfig.max_words_span,
         query_instruction: str | None = None,
     ):
         if not tokenizer.is_fast:
@@ -124,17 +123,23 @@ class PolicyBertTokenizer:
         return max(self.max_words, -(-self.max_words * num_tokens // self.max_words_span))
 
     @classmethod
-    def from_pretrained(cls, path: str | os.PathLike) -> "PolicyBertTokenizer":
-        """Load the tokenizer files, ``lexicon.txt``, the query instruction and the k_w settings of ``config.json`` from a model dir."""
+    def from_pretrained(cls, path: str | os.PathLike, config: PreTrainedConfig | None = None) -> "PolicyBertTokenizer":
+        """Load the tokenizer files, ``lexicon.txt``, the query instruction and the k_w settings from a model dir.
+
+        ``config`` is the directory's (the loader passes the one it has read; without it
+        ``config.json`` is read here, once, for the k_w settings and transformers' tokenizer
+        lookup alike); a plain BERT config has no k_w settings and gets :class:`PolicyBertConfig`'s defaults.
+        """
         path = Path(path)
-        config = json.loads((path / "config.json").read_text(encoding="utf-8")) if (path / "config.json").is_file() else {}
+        if config is None:
+            config = PreTrainedConfig.from_pretrained(path) if (path / "config.json").is_file() else PreTrainedConfig()
         lexicon = Lexicon.load(path / LEXICON_FILE) if (path / LEXICON_FILE).is_file() else None
         return cls(
             # Never import Python from a model directory (see loading.refuse_remote_code).
-            AutoTokenizer.from_pretrained(path, trust_remote_code=False),
+            AutoTokenizer.from_pretrained(path, config=config, trust_remote_code=False),
             lexicon,
-            max_words=config.get("max_words", 40),
-            max_words_span=config.get("max_words_span", 128),
+            max_words=getattr(config, "max_words", PolicyBertConfig.max_words),
+            max_words_span=getattr(config, "max_words_span", PolicyBertConfig.max_words_span),
             query_instruction=read_query_instruction(path),
         )
 

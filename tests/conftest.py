@@ -8,15 +8,14 @@ copied before a test edits them.
 
 from __future__ import annotations
 
-import csv
 import re
-import sys
 from pathlib import Path
 
 import pytest
 import torch
 from transformers import BertTokenizerFast
 
+from chatchat_policybert.corpus import PolicyDocument, read_policies
 from chatchat_policybert.data import CORPUS_CSV, DATA_DIR, LEXICON
 from chatchat_policybert.lexicon import Lexicon
 from chatchat_policybert.testing import (
@@ -27,6 +26,12 @@ from chatchat_policybert.testing import (
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 FUSIONS = ("none", "gate", "attn")
+# A test is slow when it starts Chatchat, uvicorn, a venv, PostgreSQL or torchrun: through one of
+# these fixtures (each starts one, or builds a Chatchat root with `chatchat init` and `kb -r`), under
+# one of these markers, or itself, and then it carries @pytest.mark.slow. `pytest -m "not slow"` is
+# the fast loop of docs/tests.md.
+SLOW_FIXTURES = frozenset({"deployment", "calibrated_root", "base_root", "built", "fresh_venv", "live_url"})
+SLOW_MARKERS = ("pg", "distributed", "webui")
 
 
 @pytest.fixture(scope="session")
@@ -51,20 +56,9 @@ def reference_lexicon(reference_lexicon_path) -> Lexicon:
 
 
 @pytest.fixture(scope="session")
-def policy_documents() -> list[dict]:
-    """The first 8 distinct, non-trivial documents of ``Policys_cleaned.csv`` (dict rows)."""
-    csv.field_size_limit(sys.maxsize)
-    path = CORPUS_CSV
-    docs, seen = [], set()
-    with path.open(encoding="utf-8", newline="") as f:
-        for row in csv.DictReader(f):
-            text = (row.get("contentText") or "").strip()
-            if len(text) < 300 or text in seen:
-                continue
-            seen.add(text)
-            docs.append(row)
-            if len(docs) == 8:
-                break
+def policy_documents() -> list[PolicyDocument]:
+    """The first 8 distinct documents of ``Policys_cleaned.csv`` with at least 300 characters, as the runtime reads them."""
+    docs = [d for d in read_policies(CORPUS_CSV) if len(d.content) >= 300][:8]
     assert len(docs) == 8, "expected at least 8 distinct documents in the policy corpus"
     return docs
 
@@ -74,7 +68,7 @@ def policy_sentences(policy_documents) -> list[str]:
     """Real sentences (8..150 characters, split on 。！？；), deduplicated, in corpus order."""
     out, seen = [], set()
     for doc in policy_documents:
-        for sentence in re.split(r"(?<=[。！？；])", doc["contentText"]):
+        for sentence in re.split(r"(?<=[。！？；])", doc.content):
             sentence = sentence.strip()
             if 8 <= len(sentence) <= 150 and sentence not in seen:
                 seen.add(sentence)
@@ -85,7 +79,7 @@ def policy_sentences(policy_documents) -> list[str]:
 
 def _fixture_texts(policy_documents, reference_lexicon) -> list[str]:
     """The fixture documents, every lexicon word and ASCII: test texts never hit [UNK]."""
-    return [d["contentText"] for d in policy_documents] + list(reference_lexicon.words) + [
+    return [d.content for d in policy_documents] + list(reference_lexicon.words) + [
         "abcdefghijklmnopqrstuvwxyz0123456789"
     ]
 
@@ -159,3 +153,11 @@ def _options_without_help(help_text: str) -> list[str]:
 def options_without_help():
     """``--help on every command``: the options of a help text that say nothing about themselves."""
     return _options_without_help
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Mark ``slow`` every test that starts one of the slow processes (see :data:`SLOW_FIXTURES`)."""
+    for item in items:
+        fixtures = SLOW_FIXTURES.intersection(getattr(item, "fixturenames", ()))
+        if fixtures or any(item.get_closest_marker(marker) for marker in SLOW_MARKERS):
+            item.add_marker(pytest.mark.slow)

@@ -1,7 +1,9 @@
 """Offline pipeline that turns policy documents into PolicyBERT weights.
 
-Stages, each ``python -m training.<stage> --help``:
+Stages, in the order of the recipe, each ``python -m training.<stage> --help`` (their one numbering):
 
+0. ``init_scratch`` — a character-only BERT from scratch, the stand-in for bge where bge's weights
+   cannot be had (a plain BERT directory that ``pretrain``, ``contrastive`` and ``merge_bge --bge`` take).
 1. ``corpus``   — clean documents, drop duplicates, split into sentences (``corpus.jsonl``).
 2. ``build_lexicon`` — segment the corpus (HanLP, or jieba on request) into a ``word,count`` lexicon.
 3. ``policysm`` — PolicySM-1/-2 sentence-pair TSVs from comma sub-clauses.

@@ -1,4 +1,4 @@
-"""Stage 2: the policy lexicon — segment the corpus, keep frequent content words, write ``word,count``.
+"""The policy lexicon — segment the corpus, keep frequent content words, write ``word,count``.
 
 As in the thesis the corpus is segmented with HanLP 2.x; stopwords are dropped and words of 2–5
 characters without punctuation seen at least ``--min-count`` (10) times are kept, most frequent

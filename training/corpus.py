@@ -1,4 +1,4 @@
-"""Stage 1: policy documents → cleaned, de-duplicated sentences (``corpus.jsonl``).
+"""Policy documents → cleaned, de-duplicated sentences (``corpus.jsonl``).
 
 Cleaning follows the thesis: line breaks inside a paragraph become spaces, punctuation is unified
 to full width, control characters and extraction garbage go, table rows, URLs, page footers and

@@ -1,4 +1,4 @@
-"""Stage 5: NSP fine-tuning — PolicySM sentence pairs as two-class sequence classification.
+"""NSP fine-tuning — PolicySM sentence pairs as two-class sequence classification.
 
 Each pair is encoded as ``[CLS] A [SEP] B [SEP]`` with segment ids, attention mask and the matched
 lexicon words (in text order, as at inference), and classified from the pooled output. Defaults are

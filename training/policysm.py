@@ -1,4 +1,4 @@
-"""Stage 3: the PolicySM-1 and PolicySM-2 sentence-pair datasets (label 1 = B follows A).
+"""The PolicySM-1 and PolicySM-2 sentence-pair datasets (label 1 = B follows A).
 
 Positives P are adjacent comma sub-clauses of one sentence. PolicySM-1 adds |P| negatives: 20 %
 are positives in swapped order, 80 % random pairs of clauses from anywhere in the corpus that are

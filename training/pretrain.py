@@ -1,4 +1,4 @@
-"""Stage 4: MLM with whole-word masking over lexicon words + NSP, resumable.
+"""MLM with whole-word masking over lexicon words + NSP, resumable.
 
 Masking picks 15 % of the real tokens of each pair in units: a lexicon word matched in the text is
 one unit (all its characters are predicted, or none), every other character is a unit of its own.

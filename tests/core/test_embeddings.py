@@ -11,8 +11,10 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from langchain_core.embeddings import Embeddings
 
+from chatchat_policybert.chatchat_hook import load_embeddings
 from chatchat_policybert.embeddings import PolicyBertEmbeddings
 from chatchat_policybert.loading import ModelDirError, load_policybert, save_model_dir
+from chatchat_policybert.settings import EmbeddingOptions, LocalEmbeddingsConfig, SettingsError
 from chatchat_policybert.tokenization import DEFAULT_QUERY_INSTRUCTION, PROMPTS_FILE
 
 KINDS = (None, "none", "gate", "attn")
@@ -159,3 +161,19 @@ def test_property_batch_invariance(embeddings, texts):
         alone = np.asarray(embeddings.embed_documents([text])[0])
         assert np.abs(alone - together[i]).max() <= 1e-5
         assert np.abs(alone - reversed_[i]).max() <= 1e-5
+
+
+def test_the_class_and_a_settings_block_share_one_declaration_of_the_options(tiny_model_dir, tmp_path):
+    """A `local_embeddings` block that sets only the model runs with the class's defaults, which are
+    :class:`EmbeddingOptions`'; options the block sets are passed on, the others left to the class."""
+    model_dir = tiny_model_dir("gate")
+    declared = EmbeddingOptions()
+    for embeddings in (PolicyBertEmbeddings(model_dir), load_embeddings(LocalEmbeddingsConfig(model_path=str(model_dir)), tmp_path, "pb")):
+        assert (embeddings.dtype, embeddings.batch_size, embeddings.batch_tokens, embeddings.long_text) == (
+            declared.dtype, declared.batch_size, declared.batch_tokens, declared.long_text
+        )
+        assert embeddings.max_length == min(declared.max_length, embeddings.model.config.max_position_embeddings)
+    block = LocalEmbeddingsConfig(model_path="m", batch_size=8, long_text="window")
+    assert block.constructor_kwargs(tmp_path) == {"model_name_or_path": str(tmp_path / "m"), "batch_size": 8, "long_text": "window"}
+    with pytest.raises(SettingsError, match=r"invalid embedding options \(batch_size: Input should be greater than or equal to 1\)"):
+        PolicyBertEmbeddings(model_dir, batch_size=0)

@@ -14,9 +14,9 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
+from chatchat_policybert.configuration_policybert import FUSION_TYPES
 from chatchat_policybert.embeddings import PolicyBertEmbeddings, cls_vectors
 from chatchat_policybert.loading import load_policybert
-from chatchat_policybert.configuration_policybert import FUSION_TYPES
 from chatchat_policybert.modeling import PolicyBertModel
 from chatchat_policybert.testing import build_tiny_bert, build_tiny_policybert
 from training.merge_bge import main as merge_main
@@ -27,7 +27,7 @@ IDENTITY_TOL = 1e-5
 @pytest.fixture(scope="module")
 def texts(policy_documents) -> list[str]:
     """Policy paragraphs: many lexicon words each, several overlapping, some repeated."""
-    return [d["contentText"][:300] for d in policy_documents[:6]]
+    return [d.content[:300] for d in policy_documents[:6]]
 
 
 @pytest.fixture(scope="module")

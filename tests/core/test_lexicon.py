@@ -219,7 +219,7 @@ def test_nested_words_example(reference_lexicon):
 
 
 def test_matching_is_deterministic(reference_lexicon, reference_lexicon_path, policy_documents):
-    text = policy_documents[0]["contentText"][:3000]
+    text = policy_documents[0].content[:3000]
     first = reference_lexicon.match(text)
     assert first == reference_lexicon.match(text)
     assert first == Lexicon.load(reference_lexicon_path).match(text)

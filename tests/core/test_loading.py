@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import builtins
+import io
 import json
+import os
 import shutil
 from pathlib import Path
 
@@ -11,8 +14,8 @@ import torch
 from safetensors.torch import load_file, save_file
 from transformers import BertModel
 
-from chatchat_policybert.loading import ModelDirError, load_model_dir, load_policybert, save_model_dir
 from chatchat_policybert.configuration_policybert import PolicyBertConfig
+from chatchat_policybert.loading import ModelDirError, load_model_dir, load_policybert, save_model_dir
 from chatchat_policybert.modeling import (
     PolicyBertForPreTraining,
     PolicyBertForSequenceClassification,
@@ -227,7 +230,7 @@ def save_char_tokenizer(path: Path, texts: list[str]) -> int:
 def test_tokenizer_larger_than_embedding_is_refused(policy_dir, policy_documents, reference_lexicon):
     """Ids past vocab_size would only fail on the first rare character, mid-request."""
     rows = json.loads((policy_dir / "config.json").read_text(encoding="utf-8"))["vocab_size"]
-    texts = [d["contentText"] for d in policy_documents] + list(reference_lexicon.words)
+    texts = [d.content for d in policy_documents] + list(reference_lexicon.words)
     size = save_char_tokenizer(policy_dir, texts + ["abcdefghijklmnopqrstuvwxyz0123456789", "龘靐齉爩鱻麤"])
     assert size > rows
     with pytest.raises(ModelDirError) as err:
@@ -390,3 +393,18 @@ def test_bad_lexicon_line_in_a_model_dir_names_the_file_and_line(policy_dir, lin
         load_policybert(policy_dir)
     message = one_line(err)
     assert "lexicon.txt:5: " in message and fragment in message, message[:300]
+
+
+def test_config_json_is_read_once_per_load(tiny_model_dir, monkeypatch):
+    """The loader parses config.json once and hands it on: the tokenizer and from_pretrained read no copy."""
+    opened: list[str] = []
+    real_open = io.open
+
+    def counting_open(file, *args, **kwargs):
+        opened.append(Path(file).name if isinstance(file, (str, os.PathLike)) else "")
+        return real_open(file, *args, **kwargs)
+
+    monkeypatch.setattr(io, "open", counting_open)
+    monkeypatch.setattr(builtins, "open", counting_open)
+    load_policybert(tiny_model_dir("attn"))
+    assert opened.count("config.json") == 1, opened

@@ -14,6 +14,7 @@ from chatchat_policybert.modeling import (
     PolicyBertModel,
     merge_repeated_words,
 )
+from chatchat_policybert.testing import tiny_config
 from chatchat_policybert.tokenization import PolicyBertTokenizer
 
 FUSIONS = ("none", "gate", "attn")
@@ -261,26 +262,18 @@ def test_fusions_compute_their_formulas(fusion_models, padded_texts):
 # --------------------------------------------------------------------------- 2. the gate
 
 
-def tiny_config(char_tokenizer, **overrides) -> PolicyBertConfig:
-    base = dict(
-        vocab_size=len(char_tokenizer),
-        hidden_size=32,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        intermediate_size=64,
-        word_vocab_size=3000,
-        num_word_layers=2,
-        fusion_type="gate",
+def policy_config(char_tokenizer, **overrides) -> PolicyBertConfig:
+    """The shared tiny BERT shape (``testing.tiny_config``) with a gated word stream of 2 layers."""
+    return PolicyBertConfig(
+        **tiny_config(len(char_tokenizer), **{"word_vocab_size": 3000, "num_word_layers": 2, "fusion_type": "gate", **overrides})
     )
-    base.update(overrides)
-    return PolicyBertConfig(**base)
 
 
 @pytest.mark.parametrize("model_class", [PolicyBertModel, PolicyBertForPreTraining, PolicyBertForSequenceClassification])
 def test_fresh_gate_bias_is_gate_bias_init(char_tokenizer, reference_lexicon, model_class):
     for bias_init in (5.0, 2.5):
         torch.manual_seed(0)
-        model = model_class(tiny_config(char_tokenizer, word_vocab_size=len(reference_lexicon), gate_bias_init=bias_init))
+        model = model_class(policy_config(char_tokenizer, word_vocab_size=len(reference_lexicon), gate_bias_init=bias_init))
         base = model if isinstance(model, PolicyBertModel) else model.bert
         assert len(base.fusions) == 2
         for fusion in base.fusions:
@@ -290,7 +283,7 @@ def test_fresh_gate_bias_is_gate_bias_init(char_tokenizer, reference_lexicon, mo
 
 def test_fresh_gate_activations_near_sigmoid5(char_tokenizer, reference_lexicon, policy_sentences):
     torch.manual_seed(0)
-    model = PolicyBertModel(tiny_config(char_tokenizer, word_vocab_size=len(reference_lexicon))).eval()
+    model = PolicyBertModel(policy_config(char_tokenizer, word_vocab_size=len(reference_lexicon))).eval()
     tokenizer = PolicyBertTokenizer(char_tokenizer, reference_lexicon)
     enc = tokenizer(policy_sentences[:6])
     captured = []
@@ -325,7 +318,7 @@ def test_trained_gate_bias_survives_save_and_reload(char_tokenizer, reference_le
     from chatchat_policybert.loading import load_policybert, save_model_dir
 
     torch.manual_seed(0)
-    config = tiny_config(char_tokenizer, word_vocab_size=len(reference_lexicon), num_word_layers=1)
+    config = policy_config(char_tokenizer, word_vocab_size=len(reference_lexicon), num_word_layers=1)
     model = PolicyBertModel(config)
     tokenizer = PolicyBertTokenizer(char_tokenizer, reference_lexicon)
     enc = tokenizer(policy_sentences[:4])
@@ -367,7 +360,7 @@ def pretraining_batch(tokenizer: PolicyBertTokenizer, sentences: list[str]) -> d
 @pytest.mark.parametrize("fusion", FUSIONS)
 def test_gradient_reaches_word_stream_and_fusion(char_tokenizer, reference_lexicon, policy_sentences, fusion):
     torch.manual_seed(0)
-    config = tiny_config(
+    config = policy_config(
         char_tokenizer, word_vocab_size=len(reference_lexicon), num_hidden_layers=3, num_word_layers=2, fusion_type=fusion
     )
     model = PolicyBertForPreTraining(config).train()
@@ -407,7 +400,7 @@ def test_gradient_reaches_word_stream_and_fusion(char_tokenizer, reference_lexic
 
 def test_mlm_decoder_is_tied_to_char_embeddings(char_tokenizer, reference_lexicon, policy_sentences, tmp_path):
     torch.manual_seed(0)
-    model = PolicyBertForPreTraining(tiny_config(char_tokenizer, word_vocab_size=len(reference_lexicon)))
+    model = PolicyBertForPreTraining(policy_config(char_tokenizer, word_vocab_size=len(reference_lexicon)))
     embeddings = model.bert.embeddings.word_embeddings.weight
     assert model.get_output_embeddings().weight is embeddings
     assert model.cls.predictions.decoder.weight.data_ptr() == embeddings.data_ptr()
@@ -435,7 +428,7 @@ def test_mlm_decoder_is_tied_to_char_embeddings(char_tokenizer, reference_lexico
 @pytest.mark.parametrize("fusion", FUSIONS)
 def test_classifier_masks_and_segments_reach_the_model(char_tokenizer, reference_lexicon, policy_sentences, fusion):
     torch.manual_seed(0)
-    config = tiny_config(char_tokenizer, word_vocab_size=len(reference_lexicon), fusion_type=fusion, num_labels=2)
+    config = policy_config(char_tokenizer, word_vocab_size=len(reference_lexicon), fusion_type=fusion, num_labels=2)
     model = PolicyBertForSequenceClassification(config).eval()
     tokenizer = PolicyBertTokenizer(char_tokenizer, reference_lexicon)
     a, b = policy_sentences[20:23], policy_sentences[30:33]

@@ -10,12 +10,12 @@ import torch
 from safetensors.torch import load_file
 from transformers import AutoConfig, AutoModel, AutoModelForPreTraining, AutoModelForSequenceClassification
 
+from chatchat_policybert.configuration_policybert import PolicyBertConfig
 from chatchat_policybert.embeddings import PolicyBertEmbeddings
 from chatchat_policybert.loading import load_policybert, save_model_dir
-from chatchat_policybert.configuration_policybert import PolicyBertConfig
 from chatchat_policybert.modeling import (
-    PolicyBertForPreTraining,
     PolicyBertEncoder,
+    PolicyBertForPreTraining,
     PolicyBertForSequenceClassification,
     PolicyBertModel,
 )

@@ -122,7 +122,7 @@ def test_word_budget_formula():
 
 def test_budget_scales_with_length_and_cuts(char_tokenizer, reference_lexicon, policy_documents):
     tokenizer = PolicyBertTokenizer(char_tokenizer, reference_lexicon, max_words=3, max_words_span=16)
-    text = policy_documents[0]["contentText"][:200]
+    text = policy_documents[0].content[:200]
     short = text[:20]
     for t in (short, text):
         enc = tokenizer(t, return_word_spans=True)
@@ -148,7 +148,7 @@ def test_budget_larger_than_matches_keeps_all(char_tokenizer, reference_lexicon,
 
 def test_shuffle_words_seeded(char_tokenizer, reference_lexicon, policy_documents):
     tokenizer = PolicyBertTokenizer(char_tokenizer, reference_lexicon, max_words=5, max_words_span=64)
-    texts = [policy_documents[0]["contentText"][:120], policy_documents[1]["contentText"][:90]]
+    texts = [policy_documents[0].content[:120], policy_documents[1].content[:90]]
     a = tokenizer(texts, shuffle_words=True, seed=7, return_word_spans=True)
     b = tokenizer(texts, shuffle_words=True, seed=7)
     c = tokenizer(texts, shuffle_words=True, seed=8)
@@ -221,7 +221,7 @@ def test_unknown_token_hides_inner_words(char_tokenizer):
 
 
 def test_truncation_drops_words_past_the_cut(tokenizer, policy_documents):
-    text = policy_documents[0]["contentText"][:400]
+    text = policy_documents[0].content[:400]
     enc = tokenizer(text, max_length=32, return_word_spans=True)
     assert enc["input_ids"].shape[1] == 32
     for _, first, last in enc["word_spans"][0]:

@@ -14,7 +14,7 @@ from chatchat_policybert.tokenization import PolicyBertTokenizer
 
 
 def long_text(policy_documents, chars: int) -> str:
-    text = "".join(d["contentText"] for d in policy_documents)
+    text = "".join(d.content for d in policy_documents)
     return (text * (chars // len(text) + 1))[:chars]
 
 

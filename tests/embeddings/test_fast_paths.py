@@ -18,7 +18,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from chatchat_policybert.embeddings import BF16_CPU_FLAGS, PolicyBertEmbeddings, auto_dtype, cpu_flags
+from chatchat_policybert.embeddings import PolicyBertEmbeddings, auto_dtype, cpu_flags
 from chatchat_policybert.loading import load_policybert, save_model_dir
 
 MODELS = (None, "none", "gate", "attn")
@@ -28,7 +28,7 @@ TOP_K = 5
 @pytest.fixture(scope="module")
 def corpus(policy_documents) -> list[str]:
     """Chunks of 20 to 700 characters (the longest are truncated at 512 tokens), as a KB holds."""
-    text = "".join("".join(doc["contentText"].split()) for doc in policy_documents)
+    text = "".join("".join(doc.content.split()) for doc in policy_documents)
     lengths = [20, 700, 60, 150, 300, 35, 450, 90] * 6
     starts = np.cumsum([0, *lengths[:-1]])
     return [text[s : s + n] for s, n in zip(starts, lengths)]
@@ -148,9 +148,15 @@ def test_cpu_flags_reads_cpuinfo(tmp_path):
     assert cpu_flags(tmp_path / "missing") == set()
 
 
-def test_auto_is_resolved_from_this_machine(tiny_model_dir):
-    """``dtype="auto"`` picks what this CPU's flags say, and the embeddings report it."""
-    expected = "bfloat16" if cpu_flags() & BF16_CPU_FLAGS else "float32"
+def test_auto_is_what_this_cpu_multiplies_natively(tiny_model_dir):
+    """On the machine the test runs on, ``auto`` agrees with the CPU itself, not with the code's own reading.
+
+    ``auto_dtype`` reads the kernel's flags in /proc/cpuinfo; torch asks the CPU (CPUID, through
+    its cpuinfo library) whether it has AVX-512-BF16 or AMX. Both must say the same, and the
+    embeddings must run in what they say.
+    """
+    native = torch.cpu._is_avx512_bf16_supported() or torch.cpu._is_amx_tile_supported()
+    expected = "bfloat16" if native else "float32"
     assert auto_dtype("cpu") == expected
     assert PolicyBertEmbeddings(tiny_model_dir("attn"), dtype="auto").dtype == expected
 

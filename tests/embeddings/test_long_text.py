@@ -51,5 +51,5 @@ def test_window_mode_is_the_normalised_mean_of_window_vectors(model_dir, caplog)
 
 
 def test_unknown_mode_is_refused(model_dir):
-    with pytest.raises(ValueError, match="long_text must be one of"):
+    with pytest.raises(ValueError, match="long_text: Input should be 'truncate' or 'window'"):
         PolicyBertEmbeddings(model_dir, long_text="drop")

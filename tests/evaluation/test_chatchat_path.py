@@ -42,7 +42,7 @@ QUERIES = ["数据出境需要安全评估吗", "个人信息被泄露怎么办"
 def built(tmp_path_factory, policy_documents, reference_lexicon):
     """(root, kb, corpus, model dir, chunks) of a root built the way `chatchat_policybert.evaluation.evaluate` builds one."""
     tmp = tmp_path_factory.mktemp("eval_root")
-    rows = [(d["title"], d["contentText"][:MAX_CHARS]) for d in policy_documents[:N_DOCUMENTS]]
+    rows = [(d.title, d.content[:MAX_CHARS]) for d in policy_documents[:N_DOCUMENTS]]
     corpus = load_corpus(write_csv(tmp / "policies.csv", rows))
     model = build_tiny_policybert(tmp / "model", [text for _, text in rows] + QUERIES + ["为这个句子生成表示以用于检索相关文章："],
                                   reference_lexicon)

@@ -42,7 +42,7 @@ def test_paired_bootstrap_interval():
 def setup(tmp_path_factory, policy_documents, reference_lexicon):
     """(root, corpus CSV, questions JSONL, PolicyBERT dir, BERT dir): two random models that rank differently."""
     tmp = tmp_path_factory.mktemp("gate")
-    rows = [(d["title"], d["contentText"][:MAX_CHARS]) for d in policy_documents[:N_DOCUMENTS]]
+    rows = [(d.title, d.content[:MAX_CHARS]) for d in policy_documents[:N_DOCUMENTS]]
     corpus_csv = write_csv(tmp / "policies.csv", rows)
     corpus = load_corpus(corpus_csv)
     docs = [d for d in corpus.documents if d.group in set(corpus.kb_files.values())]

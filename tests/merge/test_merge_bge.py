@@ -228,10 +228,10 @@ def test_alpha_sweep_keeps_the_best_on_dev_questions(tmp_path, bge_dir, lexicon_
     with corpus.open("w", encoding="utf-8", newline="") as handle:
         writer = csv.writer(handle)
         writer.writerow(["title", "pubtime", "channel", "describes", "contentText"])
-        writer.writerows([d["title"], "2024-01-01", "dev", "", d["contentText"][:500]] for d in docs)
+        writer.writerows([d.title, "2024-01-01", "dev", "", d.content[:500]] for d in docs)
     questions = tmp_path / "dev.jsonl"
-    questions.write_text("".join(json.dumps({"id": f"q{i}", "question": d["contentText"][50:80], "doc_title": d["title"],
-                                             "evidence": d["contentText"][50:110]}, ensure_ascii=False) + "\n"
+    questions.write_text("".join(json.dumps({"id": f"q{i}", "question": d.content[50:80], "doc_title": d.title,
+                                             "evidence": d.content[50:110]}, ensure_ascii=False) + "\n"
                                  for i, d in enumerate(docs)), encoding="utf-8")  # fmt: skip
     alphas = ["0", "0.5", "1"]
     out = tmp_path / "best"

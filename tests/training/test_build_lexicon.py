@@ -1,4 +1,4 @@
-"""Stage 2: the lexicon from real sentences (jieba), its filters, overlap, and the HanLP failure path."""
+"""training.build_lexicon: the lexicon from real sentences (jieba), its filters, overlap, and the HanLP failure path."""
 
 from __future__ import annotations
 

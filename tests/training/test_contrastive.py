@@ -56,7 +56,7 @@ def pairs(policy_documents, tmp_path_factory) -> dict[str, Path]:
     out = tmp_path_factory.mktemp("pairs")
     lines: dict[str, list[dict]] = {"train": [], "dev": []}
     for doc in policy_documents:
-        passages = chunks(doc["contentText"])
+        passages = chunks(doc.content)
         for j, passage in enumerate(passages):
             start = rng.randrange(CHUNK - QUERY)
             others = passages[:j] + passages[j + 1 :]

@@ -1,4 +1,4 @@
-"""Stage 1 on real rows of the policy corpus: cleaning, de-duplication, sentence split, errors."""
+"""training.corpus on real rows of the policy corpus: cleaning, de-duplication, sentence split, errors."""
 
 from __future__ import annotations
 

@@ -37,7 +37,7 @@ def pairs(policy_documents, tmp_path_factory) -> dict[str, Path]:
     out = tmp_path_factory.mktemp("export-pairs")
     lines: dict[str, list[str]] = {"train": [], "dev": []}
     for doc in policy_documents:
-        text = "".join(doc["contentText"].split())
+        text = "".join(doc.content.split())
         chunks = [text[i : i + 60] for i in range(0, 360, 60)]
         for j, chunk in enumerate(chunks):
             line = {"query": chunk[10:30], "pos": [chunk], "neg": [chunks[j - 1], chunks[j - 2]]}

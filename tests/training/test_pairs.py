@@ -58,9 +58,9 @@ def split(source: str, title: str, text: str) -> list[Chunk]:
 @pytest.fixture(scope="module")
 def chunks(policy_documents) -> list[Chunk]:
     """Five policies, an identical copy of the first under another name, and a fourth that quotes the first."""
-    texts = [" ".join(d["contentText"].split())[:DOC_CHARS] for d in policy_documents[:5]]
+    texts = [" ".join(d.content.split())[:DOC_CHARS] for d in policy_documents[:5]]
     texts[3] = texts[3][:600] + texts[0][QUOTE] + texts[3][600:]
-    titles = [" ".join(d["title"].split()) for d in policy_documents[:5]]
+    titles = [" ".join(d.title.split()) for d in policy_documents[:5]]
     out = []
     for n, (title, text) in enumerate(zip(titles, texts)):
         out += split(f"doc{n}.md", title, text)

@@ -1,4 +1,4 @@
-"""Stage 3: exact PolicySM-1/-2 counts and ratios, where every pair comes from, no leakage, seeding."""
+"""training.policysm: exact PolicySM-1/-2 counts and ratios, where every pair comes from, no leakage, seeding."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Stage 4: whole-word masking, NSP pairs, held-out split, learning, and exact resume."""
+"""training.pretrain: whole-word masking, NSP pairs, held-out split, learning, and exact resume."""
 
 from __future__ import annotations
 
