@@ -88,9 +88,3 @@ def server(deployment: Deployment):
     finally:
         stop_group(process)
         log.close()
-
-
-
-
-def pytest_configure(config: pytest.Config) -> None:
-    config.addinivalue_line("markers", "webui: drives the Chatchat WebUI in headless Chromium (slow; needs chromium)")

@@ -340,6 +340,7 @@ def test_long_words_are_capped_and_sliced_by_characters(embeddings):
     assert sum(map(len, calls)) == 16
 
 
+@pytest.mark.slow  # a real uvicorn (served)
 def test_abandoned_request_stops_between_model_calls(embeddings, texts):
     """Item 3: a client that disconnects while its request runs costs at most the model call under way."""
     limits = ServerLimits(max_batch=1, read_timeout_s=5.0)

@@ -17,6 +17,7 @@ from chatchat_deploy import BIN, free_port, stop_group
 from chatchat_policybert.server import SHUTDOWN_GRACE_S
 
 SERVE = [str(BIN / "chatchat-policybert"), "serve"]
+pytestmark = pytest.mark.slow  # every test runs `serve` (uvicorn) in a process of its own
 
 
 def test_truncated_weights_are_one_line_not_a_traceback(tiny_model, tmp_path):
