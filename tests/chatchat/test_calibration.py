@@ -25,6 +25,8 @@ from chatchat_policybert.calibration import (
     fuse,
     write_calibration,
 )
+from chatchat_policybert.chatchat_root import content_dir
+from chatchat_policybert.errors import InputError
 from chatchat_policybert.evaluation.dataset import load_corpus
 from chatchat_policybert.evaluation.evaluate import evaluate_retriever
 from chatchat_policybert.evaluation.knowledge_base import prepare_root
@@ -38,14 +40,14 @@ MAX_CHARS = 1200
 QUERY_INSTRUCTION = "为这个句子生成表示以用于检索相关文章："
 
 
-def write_folder(folder: Path, documents: list[dict]) -> Path:
+def write_folder(folder: Path, documents: list) -> Path:
     folder.mkdir(parents=True)
     for i, doc in enumerate(documents):
         (folder / f"policy{i}.md").write_text(doc["contentText"][:MAX_CHARS], encoding="utf-8")
     return folder
 
 
-def build_root(tmp: Path, policy_documents: list[dict], reference_lexicon) -> tuple[Path, str, Path]:
+def build_root(tmp: Path, policy_documents: list, reference_lexicon) -> tuple[Path, str, Path]:
     """(root, kb, model): `chatchat init` → `setup` → `kb -r` of the first documents with a perturbed random tiny PolicyBERT."""
     documents = policy_documents[:N_DOCUMENTS]
     corpus = load_corpus(write_folder(tmp / "docs", documents))
@@ -150,3 +152,26 @@ def test_doctor_warns_when_the_threshold_moved_and_names_a_broken_block():
     assert [level for level, _ in describe(hybrid, 0.5)] == ["OK"]
     assert [level for level, _ in describe(hybrid, 0.2929)] == ["OK", "WARN"]
     assert "Chatchat's weights BM25 0.5 / dense 0.5, not calibrated" in describe(None, 0.2929)[0][1]
+
+
+def test_labelled_questions_in_the_evaluation_format_calibrate_too(calibrated_root, tmp_path):
+    import json
+
+    root, kb, _, _ = calibrated_root
+    lines = []
+    for i in range(N_DOCUMENTS):
+        text = (content_dir(root, kb) / f"policy{i}.md").read_text(encoding="utf-8")
+        lines.append({"id": f"q{i}", "question": text[40:70], "doc_title": f"policy{i}", "evidence": text[40:90]})
+    questions = tmp_path / "questions.jsonl"
+    questions.write_text("".join(json.dumps(line, ensure_ascii=False) + "\n" for line in lines), encoding="utf-8")
+    queries, chunks = dev_queries(questions, root, kb)
+    assert [q.qid for q in queries] == [f"q{i}" for i in range(N_DOCUMENTS)]
+    assert all(len(q.gains) == 1 for q in queries) and {c.source for c in chunks} == {f"policy{i}.md" for i in range(N_DOCUMENTS)}
+    calibration = calibrate_root(root, kb, questions, tmp_path)
+    mrr = {name: row.metrics["MRR@10"] for name, row in calibration.rows.items()}
+    assert calibration.questions == N_DOCUMENTS and mrr["calibrated"] >= max(mrr["bm25"], mrr["dense"], mrr["hybrid 0.5"])
+
+    wrong = tmp_path / "wrong.jsonl"
+    wrong.write_text('{"query": 1}\n', encoding="utf-8")
+    with pytest.raises(InputError, match=r"wrong.jsonl: expected dev pairs"):
+        dev_queries(wrong, root, kb)
