@@ -43,7 +43,7 @@ QUERY_INSTRUCTION = "为这个句子生成表示以用于检索相关文章："
 def write_folder(folder: Path, documents: list) -> Path:
     folder.mkdir(parents=True)
     for i, doc in enumerate(documents):
-        (folder / f"policy{i}.md").write_text(doc["contentText"][:MAX_CHARS], encoding="utf-8")
+        (folder / f"policy{i}.md").write_text(doc.content[:MAX_CHARS], encoding="utf-8")
     return folder
 
 
@@ -51,7 +51,7 @@ def build_root(tmp: Path, policy_documents: list, reference_lexicon) -> tuple[Pa
     """(root, kb, model): `chatchat init` → `setup` → `kb -r` of the first documents with a perturbed random tiny PolicyBERT."""
     documents = policy_documents[:N_DOCUMENTS]
     corpus = load_corpus(write_folder(tmp / "docs", documents))
-    texts = [d["contentText"][:MAX_CHARS] for d in documents] + [QUERY_INSTRUCTION]
+    texts = [d.content[:MAX_CHARS] for d in documents] + [QUERY_INSTRUCTION]
     model = build_tiny_policybert(tmp / "model", texts, reference_lexicon, perturb=True)
     root = tmp / "root"
     return root, prepare_root(root, corpus, model, build_index=True), model
