@@ -25,7 +25,8 @@ from chatchat_policybert.data import CORPUS_CSV, LEXICON
 from chatchat_policybert.errors import InputError, run_cli
 from chatchat_policybert.files import write_json
 from chatchat_policybert.lexicon import Lexicon, LexiconError
-from chatchat_policybert.modeling import PolicyBertConfig, PolicyBertForPreTraining, PolicyBertForSequenceClassification
+from chatchat_policybert.configuration_policybert import PolicyBertConfig
+from chatchat_policybert.modeling import PolicyBertForPreTraining, PolicyBertForSequenceClassification
 from chatchat_policybert.tokenization import PolicyBertTokenizer, build_char_tokenizer
 from training import ablate_retrieval
 from training.corpus import build_corpus, load_documents

@@ -13,7 +13,8 @@ learning rate, temperature and seeds:
 - levers, one change each from ``attn``: ``attn-slr-low`` / ``attn-slr-high`` (the scales' rate
   ÷10 / ×10), ``attn-warm`` (the first 30 % of the steps with frozen characters, then joint),
   ``attn-2wl`` (two word layers), ``attn-early`` (no fusion past the word layers), ``attn-kblex``
-  (a lexicon built from the corpus itself by ``training.build_lexicon`` instead of ``--lexicon``).
+  (a lexicon built from the corpus itself by ``training.build_lexicon`` instead of ``--lexicon``),
+  ``attn-open`` (``merge_bge --init thesis``: the word stream fully open from the first step).
 
 Each arm is scored on the dev split of held-out documents (``training.contrastive``'s own ranking
 of the dev pool, and BM25 on that pool) and on ``--questions`` over the corpus's Chatchat chunks,
@@ -80,6 +81,8 @@ class Arm:
     """None: ``--num-word-layers``."""
     late_fusion: str | None = None
     """None: the model's default (word states added to every layer past the word stream)."""
+    init: str = "bge"
+    """``merge_bge --init``: bge (s = 0, the start's vectors exactly) or thesis (s = 1: the word stream open from step 0)."""
     kb_lexicon: bool = False
     """The word stream over a lexicon built from the knowledge base itself (``training.build_lexicon``, jieba)."""
 
@@ -97,6 +100,7 @@ ARMS = {
     "attn-2wl": Arm("attn", num_word_layers=2),
     "attn-early": Arm("attn", late_fusion="none"),
     "attn-kblex": Arm("attn", kb_lexicon=True),
+    "attn-open": Arm("attn", init="thesis"),
 }
 DEFAULT_ARMS = ["base", "base+ft", "none", "gate", "attn", "attn-freeze"]
 COMPETITOR = "base+ft"
@@ -203,10 +207,10 @@ def kb_lexicon(cfg: RetrievalAblationConfig) -> Path:
 
 
 def fused_model(cfg: RetrievalAblationConfig, arm: Arm, start: Path, seed: int, out: Path) -> Path:
-    """``merge_bge --init bge`` from the start: the arm's word stream, embedding exactly as the start."""
+    """``merge_bge`` from the start: the arm's word stream (``--init bge``: embedding exactly as the start)."""
     if not out.is_dir():
         lexicon = kb_lexicon(cfg) if arm.kb_lexicon else cfg.lexicon
-        argv = ["--bge", str(start), "--lexicon", str(lexicon), "--fusion", arm.fusion, "--seed", str(seed),
+        argv = ["--bge", str(start), "--lexicon", str(lexicon), "--fusion", arm.fusion, "--seed", str(seed), "--init", arm.init,
                 "--num-word-layers", str(arm.num_word_layers or cfg.num_word_layers), "--out", str(out)]  # fmt: skip
         merge_bge.main(argv)
         if arm.late_fusion is not None:

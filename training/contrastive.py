@@ -1,4 +1,4 @@
-"""Stage 6: contrastive training of the embedding model (InfoNCE, bge's fine-tuning recipe).
+"""Contrastive training of the embedding model (InfoNCE, bge's fine-tuning recipe).
 
 Each training example is a query with one positive passage and ``--train-group-size - 1`` hard
 negatives drawn from its FlagEmbedding-format line (``{"query": str, "pos": [str], "neg": [str]}``,

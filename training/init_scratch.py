@@ -1,4 +1,4 @@
-"""Stage 0: a character-only BERT from scratch, the stand-in for bge where bge's weights cannot be had.
+"""A character-only BERT from scratch, the stand-in for bge where bge's weights cannot be had.
 
 The output is a plain BERT directory (``model_type: bert``: ``config.json``, ``model.safetensors``,
 a BERT tokenizer), the same kind of directory as ``BAAI/bge-base-zh-v1.5``, so every stage that

@@ -73,6 +73,7 @@ def test_every_arm_runs_and_differs_in_what_it_trains(tmp_path, small_csv, refer
     assert steps(warm / "warm") + steps(warm / "joint") == 3
     assert json.loads((out / "runs" / "attn-2wl-seed0" / "merged" / "config.json").read_text())["num_word_layers"] == 2
     assert json.loads((out / "runs" / "attn-early-seed0" / "merged" / "config.json").read_text())["late_fusion"] == "none"
+    assert json.loads((out / "runs" / "attn-open-seed0" / "merged" / "config.json").read_text())["fusion_scale_init"] == 1.0
 
     # Resumable: a second invocation with another seed runs only what is new; the untrained start has no seed.
     stamps = {p: p.stat().st_mtime_ns for p in (out / "runs").glob("*/result.json")}

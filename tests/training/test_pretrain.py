@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import shutil
 from collections import Counter
 
 import pytest
@@ -174,5 +175,11 @@ def test_resume_without_checkpoint_and_wrong_model_are_clear(tiny_model_dir, cor
     argv = ["--corpus", str(corpus_dir / "corpus.jsonl"), "--out", str(tmp_path), "--device", "cpu"]
     with pytest.raises(InputError, match="no checkpoint to resume from"):
         stage.main([*argv, "--model", str(tiny_model_dir("none")), "--resume"])
-    with pytest.raises(InputError, match="model_type 'bert'"):
-        stage.main([*argv, "--model", str(tiny_model_dir(None))])
+    # A plain BERT (bge, training.init_scratch) is a start too (tests/training/test_init_scratch.py); a model of
+    # another kind is one clear error.
+    other = tmp_path / "roberta"
+    shutil.copytree(tiny_model_dir(None), other)
+    config = json.loads((other / "config.json").read_text(encoding="utf-8"))
+    (other / "config.json").write_text(json.dumps({**config, "model_type": "roberta"}), encoding="utf-8")
+    with pytest.raises(InputError, match="model_type 'roberta' is not one of"):
+        stage.main([*argv, "--model", str(other)])
