@@ -79,8 +79,8 @@ class Arm:
     """Share of the steps trained with frozen characters before joint training (same total steps)."""
     num_word_layers: int | None = None
     """None: ``--num-word-layers``."""
-    late_fusion: str | None = None
-    """None: the model's default (word states added to every layer past the word stream)."""
+    late_fusion: str = "add"
+    """``merge_bge --late-fusion``: add the last word state to every layer past the word stream (ZEN), or none."""
     init: str = "bge"
     """``merge_bge --init``: bge (s = 0, the start's vectors exactly) or thesis (s = 1: the word stream open from step 0)."""
     kb_lexicon: bool = False
@@ -210,14 +210,9 @@ def fused_model(cfg: RetrievalAblationConfig, arm: Arm, start: Path, seed: int, 
     """``merge_bge`` from the start: the arm's word stream (``--init bge``: embedding exactly as the start)."""
     if not out.is_dir():
         lexicon = kb_lexicon(cfg) if arm.kb_lexicon else cfg.lexicon
-        argv = ["--bge", str(start), "--lexicon", str(lexicon), "--fusion", arm.fusion, "--seed", str(seed), "--init", arm.init,
-                "--num-word-layers", str(arm.num_word_layers or cfg.num_word_layers), "--out", str(out)]  # fmt: skip
-        merge_bge.main(argv)
-        if arm.late_fusion is not None:
-            config_file = out / "config.json"
-            config = json.loads(config_file.read_text(encoding="utf-8"))
-            config["late_fusion"] = arm.late_fusion
-            write_json(config, config_file)
+        merge_bge.main(["--bge", str(start), "--lexicon", str(lexicon), "--fusion", arm.fusion, "--seed", str(seed),
+                        "--init", arm.init, "--num-word-layers", str(arm.num_word_layers or cfg.num_word_layers),
+                        "--late-fusion", arm.late_fusion, "--out", str(out)])  # fmt: skip
     return out
 
 

@@ -42,7 +42,7 @@ import torch
 from safetensors.torch import load_file
 from transformers import AutoTokenizer
 
-from chatchat_policybert.configuration_policybert import CONFIG_ERRORS, FUSION_TYPES, PolicyBertConfig
+from chatchat_policybert.configuration_policybert import CONFIG_ERRORS, FUSION_TYPES, LATE_FUSIONS, PolicyBertConfig
 from chatchat_policybert.errors import InputError, run_cli
 from chatchat_policybert.lexicon import Lexicon, LexiconError, normalize_word
 from chatchat_policybert.loading import ModelDirError, load_model_dir, read_config, resolve_model_dir, save_model_dir
@@ -72,6 +72,8 @@ class MergeConfig:
     lexicon: Path | None = field(default=None, metadata={"help": "word,count lexicon file (build mode)"})
     fusion: Literal[FUSION_TYPES] = field(default="attn", metadata={"help": "fusion of word into character states"})
     num_word_layers: int = field(default=6, metadata={"help": "word-stream layers (ZEN: 6)"})
+    late_fusion: Literal[LATE_FUSIONS] = field(
+        default="add", metadata={"help": "character layers past the word stream: add its last state (ZEN) or none"})
     max_words: int = field(default=40, metadata={"help": "k_w, matched words kept per 128 characters"})
     init: Literal[tuple(INITS)] = field(
         default="bge", metadata={"help": "bge: fusion scales 0, the model starts as exactly bge; thesis: scales 1, "
@@ -167,6 +169,7 @@ def build_from_bge(args: MergeConfig) -> tuple[PolicyBertModel, PolicyBertTokeni
             num_word_layers=args.num_word_layers,
             max_words=args.max_words,
             fusion_type=args.fusion,
+            late_fusion=args.late_fusion,
             architectures=["PolicyBertModel"],
             **INITS[args.init],
         )
