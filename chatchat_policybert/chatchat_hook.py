@@ -34,6 +34,8 @@ import os
 import sys
 from types import ModuleType
 
+from .patches import WRAPPED_MARK
+
 TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing
 if TYPE_CHECKING:
     from pathlib import Path
@@ -47,7 +49,6 @@ MIGRATE_MODULE = "chatchat.server.knowledge_base.migrate"
 ENSEMBLE_MODULE = "chatchat.server.file_rag.retrievers.ensemble"
 DISABLE_ENV = "CHATCHAT_POLICYBERT_HOOK"
 BM25_CACHE_ENV = "CHATCHAT_POLICYBERT_BM25_CACHE"
-_WRAPPED_MARK = "__policybert_wrapped__"
 
 _lock = _thread.allocate_lock()
 _instances: dict[tuple, object] = {}
@@ -136,7 +137,7 @@ class _PatchingLoader:
 def patch_module(utils: ModuleType) -> None:
     """Replace `utils.get_Embeddings` by a wrapper that serves `local_embeddings` platforms."""
     original = utils.get_Embeddings
-    if getattr(original, _WRAPPED_MARK, False):
+    if getattr(original, WRAPPED_MARK, False):
         return
 
     @functools.wraps(original)
@@ -147,7 +148,7 @@ def patch_module(utils: ModuleType) -> None:
             return original(embed_model=embed_model, local_wrap=local_wrap)
         return _get_instance(utils, name, *found)
 
-    setattr(get_Embeddings, _WRAPPED_MARK, True)
+    setattr(get_Embeddings, WRAPPED_MARK, True)
     utils.get_Embeddings = get_Embeddings
 
 

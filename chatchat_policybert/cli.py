@@ -41,7 +41,7 @@ from .chatchat_root import (
 from .dtypes import DTYPE_CHOICES
 from .errors import InputError, run_cli
 from .rollback import run_rollback
-from .settings import PLATFORM_KEY, SettingsError, find_local_model, load_yaml, parse_hybrid, round_trip_yaml
+from .settings import PLATFORM_KEY, EmbeddingOptions, SettingsError, find_local_model, load_yaml, parse_hybrid, round_trip_yaml
 
 SETTINGS_FILES = ("model_settings.yaml", "kb_settings.yaml")
 PTH_NAME = "chatchat_policybert_hook.pth"
@@ -503,7 +503,7 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--max-body-mb", type=float, default=8.0, help="request body size before 413")
     serve.add_argument("--max-input-tokens", type=int, default=8192, help="tokens per input before 413")
     serve.add_argument("--max-request-tokens", type=int, default=300_000, help="tokens per request before 413")
-    serve.add_argument("--batch-tokens", type=int, default=4096,
+    serve.add_argument("--batch-tokens", type=int, default=EmbeddingOptions.model_fields["batch_tokens"].default,
                        help="tokens per model call; requests take turns in slices of this size")
     serve.add_argument("--read-timeout", type=float, default=10.0,
                        help="seconds a client may take to send its request headers, and again its body (408)")

@@ -33,9 +33,9 @@ from typing import Any
 import numpy as np
 from rank_bm25 import BM25Okapi
 
+from chatchat_policybert.patches import WRAPPED_MARK
 from chatchat_policybert.settings import CHATCHAT_WEIGHTS
 
-WRAPPED_MARK = "__policybert_wrapped__"
 _logged: set[str] = set()
 
 
