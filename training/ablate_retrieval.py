@@ -117,12 +117,7 @@ class RetrievalAblationConfig:
     start: Path | None = field(default=None, metadata={"help": "a pre-trained plain BERT to start from (e.g. bge); None: build OUT/start"})
     arms: list[str] = field(default_factory=lambda: list(DEFAULT_ARMS), metadata={"help": f"arms to run, of {', '.join(ARMS)}"})
     seeds: list[int] = field(default_factory=lambda: [0, 1, 2], metadata={"help": "one run per trained arm and seed"})
-    # The start (used only when --start is not given).
-    hidden_size: int = field(default=128, metadata={"help": "start: hidden size"})
-    num_hidden_layers: int = field(default=4, metadata={"help": "start: character layers"})
-    num_attention_heads: int = field(default=4, metadata={"help": "start: attention heads"})
-    intermediate_size: int = field(default=512, metadata={"help": "start: feed-forward size"})
-    max_position_embeddings: int = field(default=256, metadata={"help": "start: positions (see training.init_scratch)"})
+    # The start (used only when --start is not given): its shape is init_scratch's flags (ScratchShape).
     start_steps: int = field(default=1500, metadata={"help": "start: MLM+NSP pre-training steps"})
     start_lr: float = field(default=1e-3, metadata={"help": "start: pre-training learning rate (from scratch)"})
     start_batch_size: int = field(default=32, metadata={"help": "start: sentence pairs per pre-training step"})
@@ -161,7 +156,7 @@ def corpus_file(cfg: RetrievalAblationConfig) -> Path:
     return out / "corpus.jsonl"
 
 
-def build_start(cfg: RetrievalAblationConfig) -> Path:
+def build_start(cfg: RetrievalAblationConfig, shape: init_scratch.ScratchShape) -> Path:
     """The pre-trained character-only start, built once: ``OUT/start/scratch`` then ``OUT/start/pretrain/final``.
 
     An interrupted pre-training resumes from its checkpoint.
@@ -173,14 +168,11 @@ def build_start(cfg: RetrievalAblationConfig) -> Path:
         return final
     scratch = cfg.out / "start" / "scratch"
     if not scratch.is_dir():
-        init_scratch.init_scratch(init_scratch.ScratchConfig(
-            out=scratch, corpus=cfg.corpus, hidden_size=cfg.hidden_size, num_hidden_layers=cfg.num_hidden_layers,
-            num_attention_heads=cfg.num_attention_heads, intermediate_size=cfg.intermediate_size,
-            max_position_embeddings=cfg.max_position_embeddings))  # fmt: skip
+        init_scratch.init_scratch(init_scratch.ScratchInputs(out=scratch, corpus=cfg.corpus), shape)
     run = cfg.out / "start" / "pretrain"
     pre = pretrain.PretrainConfig(
         out=run, resume=(run / "checkpoint.pt").is_file(), lr=cfg.start_lr, batch_size=cfg.start_batch_size,
-        max_length=cfg.max_position_embeddings, max_steps=cfg.start_steps, warmup_proportion=0.06,
+        max_length=shape.max_position_embeddings, max_steps=cfg.start_steps, warmup_proportion=0.06,
         checkpoint_every=max(1, cfg.start_steps // 8), device=cfg.device, seed=0)  # fmt: skip
     torch.manual_seed(pre.seed)
     model, tokenizer = pretrain.load_start_model(scratch)
@@ -474,11 +466,12 @@ def plot(table: dict, bm25: dict[str, float], path: Path) -> None:
 
 
 def main(argv: list[str] | None = None) -> None:
-    cfg = parse_config(RetrievalAblationConfig, argv, "python -m training.ablate --task retrieval", __doc__.split("\n\n")[0])
+    cfg, shape = parse_config(RetrievalAblationConfig, argv, "python -m training.ablate --task retrieval",
+                              __doc__.split("\n\n")[0], extra=(init_scratch.ScratchShape,))  # fmt: skip
     cfg.out.mkdir(parents=True, exist_ok=True)
     torch.set_num_threads(cfg.threads)
     began = time.time()
-    start = build_start(cfg)
+    start = build_start(cfg, shape)
     data = build_pairs(cfg)
     scorer = QuestionScorer(cfg)
     results = []
@@ -500,8 +493,8 @@ def main(argv: list[str] | None = None) -> None:
     text += (f"\nmean ± sd over seeds {cfg.seeds}; Δ: paired bootstrap (1000) over questions of the seed-averaged MRR@10 "
              f"vs {COMPETITOR}, 95 % interval; speed: embedding time of the start ÷ the arm's, same run; "
              f"{(time.time() - began) / 60:.1f} min this invocation\n")  # fmt: skip
-    write_json({"config": {k: str(v) for k, v in asdict(cfg).items()}, "table": table, "bm25": bm25, "speed": speed,
-                "coverage": coverage, "runs": results}, cfg.out / "results.json")  # fmt: skip
+    write_json({"config": {k: str(v) for k, v in asdict(cfg).items()}, "start_shape": asdict(shape), "table": table,
+                "bm25": bm25, "speed": speed, "coverage": coverage, "runs": results}, cfg.out / "results.json")  # fmt: skip
     (cfg.out / "results.md").write_text(text, encoding="utf-8")
     plot(table, bm25, cfg.out / "results.png")
     print(text)
