@@ -41,7 +41,6 @@ from pathlib import Path
 
 import numpy as np
 import torch
-from safetensors import safe_open
 
 from chatchat_policybert.data import CORPUS_CSV, LEXICON, QUESTIONS, STOPWORDS
 from chatchat_policybert.embeddings import PolicyBertEmbeddings
@@ -208,13 +207,24 @@ def fused_model(cfg: RetrievalAblationConfig, arm: Arm, start: Path, seed: int, 
     return out
 
 
-def train_arm(cfg: RetrievalAblationConfig, arm: Arm, model_dir: Path, seed: int, run_dir: Path, data: Path) -> tuple[Path, dict]:
+@dataclass(frozen=True)
+class Pairs:
+    """``training.pairs``' train and dev examples, read once and shared by every arm."""
+
+    train: list[contrastive.Example]
+    dev: list[contrastive.Example]
+
+    @classmethod
+    def read(cls, folder: Path, train_group_size: int) -> "Pairs":
+        return cls(contrastive.read_examples(folder / "train.jsonl", train_group_size - 1),
+                   contrastive.read_examples(folder / "dev.jsonl", 0))  # fmt: skip
+
+
+def train_arm(cfg: RetrievalAblationConfig, arm: Arm, model_dir: Path, seed: int, run_dir: Path, data: Pairs) -> tuple[Path, dict]:
     """Contrastive training of ``model_dir`` with the shared budget (two phases for ``word_warmup``).
 
     Returns the trained model and its dev scores, the loop's own last ``held_out`` record.
     """
-    train = contrastive.read_examples(data / "train.jsonl", cfg.train_group_size - 1)
-    dev = contrastive.read_examples(data / "dev.jsonl", 0)
     warm = round(cfg.steps * arm.word_warmup)
     phases = [("warm", warm, True), ("joint", cfg.steps - warm, False)] if warm else [("train", cfg.steps, arm.freeze_chars)]
     for name, steps, freeze in phases:
@@ -228,24 +238,23 @@ def train_arm(cfg: RetrievalAblationConfig, arm: Arm, model_dir: Path, seed: int
             freeze_chars=freeze, seed=seed, device=cfg.device, checkpoint_every=max(1, steps // 4),
             fusion_scale_lr=cfg.fusion_scale_lr * arm.scale_lr_factor if arm.fusion else None)  # fmt: skip
         model, tokenizer = contrastive.load_start_model(model_dir)
-        contrastive.contrastive(model, tokenizer, train, dev, settings)
+        contrastive.contrastive(model, tokenizer, data.train, data.dev, settings)
         model_dir = save_model_dir(model, tokenizer, out / "final")
     return model_dir, json.loads((model_dir.parent / "metrics.json").read_text(encoding="utf-8"))[-1]["held_out"]
 
 
-def dev_scores(cfg: RetrievalAblationConfig, model_dir: Path, data: Path) -> dict:
+def dev_scores(cfg: RetrievalAblationConfig, model_dir: Path, data: Pairs) -> dict:
     """``training.contrastive``'s own dev ranking (every dev pos and neg, per query) of ``model_dir``."""
-    dev = contrastive.read_examples(data / "dev.jsonl", 0)
     model, tokenizer = contrastive.load_start_model(model_dir)
     settings = contrastive.ContrastiveConfig(out=cfg.out, temperature=cfg.temperature, max_length=cfg.max_length)
-    task = contrastive.ContrastiveTask(tokenizer, [], dev, settings, cfg.max_length)
+    task = contrastive.ContrastiveTask(tokenizer, [], data.dev, settings, cfg.max_length)
     with torch.no_grad():
         return task.evaluate(model.to(cfg.device))
 
 
-def dev_bm25(data: Path) -> float:
+def dev_bm25(data: Pairs) -> float:
     """BM25's MRR@10 on the same dev pool and queries as :func:`dev_scores` (no instruction: BM25 reads words)."""
-    dev = contrastive.read_examples(data / "dev.jsonl", 0)
+    dev = data.dev
     pool = list(dict.fromkeys(text for e in dev for text in (*e.pos, *e.neg)))
     position = {text: i for i, text in enumerate(pool)}
     bm25 = Bm25([Chunk(str(i), text, str(i)) for i, text in enumerate(pool)], depth=10)
@@ -292,29 +301,24 @@ class QuestionScorer:
         return json.loads(out.read_text(encoding="utf-8"))["results"]
 
 
-def fusion_scales(model_dir: Path) -> list[float]:
-    """The trained ``s`` of every fused layer (empty for a model without a word stream)."""
-    with safe_open(str(model_dir / "model.safetensors"), "pt") as weights:
-        name = next((k for k in weights.keys() if k.endswith("fusion_scales")), None)
-        return [] if name is None else [round(float(v), 4) for v in weights.get_tensor(name)]
+def word_stream(model_dir: Path, texts: list[str], max_length: int) -> tuple[list[float], list[float]]:
+    """The trained fusion scales ``s`` and, per character layer, ‖H − H_chars‖ / ‖H_chars‖; both empty without words.
 
-
-def word_stream_change(model_dir: Path, texts: list[str], max_length: int) -> list[float]:
-    """Per character layer, ‖H − H_chars‖ / ‖H_chars‖ over the texts' real tokens: H with the word stream, H_chars without.
-
-    Without its word inputs PolicyBERT is exactly its character encoder, so the ratio is how far
-    the trained word stream moves what the model computes (0 at ``--init bge``); empty without words.
+    The ratio is over the texts' real tokens, H with the word stream and H_chars without: without
+    its word inputs PolicyBERT is exactly its character encoder, so the ratio is how far the trained
+    word stream moves what the model computes (0 at ``--init bge``).
     """
     model, tokenizer = contrastive.load_start_model(model_dir)
     if tokenizer.lexicon is None:
-        return []
+        return [], []
+    scales = [round(float(v), 4) for v in model.fusion_scales.detach()]
     batch = dict(tokenizer(texts, max_length=max_length))
     chars_only = {k: v for k, v in batch.items() if not k.startswith("word")}
     mask = batch["attention_mask"].bool()
     with torch.no_grad():
         fused = model(**batch, output_hidden_states=True).hidden_states[1:]
         plain = model(**chars_only, output_hidden_states=True).hidden_states[1:]
-    return [round(float((f - p)[mask].norm() / p[mask].norm()), 4) for f, p in zip(fused, plain)]
+    return scales, [round(float((f - p)[mask].norm() / p[mask].norm()), 4) for f, p in zip(fused, plain)]
 
 
 def word_coverage(lexicon: Lexicon, scorer: QuestionScorer) -> dict[str, float]:
@@ -337,7 +341,7 @@ def word_coverage(lexicon: Lexicon, scorer: QuestionScorer) -> dict[str, float]:
     }
 
 
-def run_arm(cfg: RetrievalAblationConfig, name: str, seed: int, start: Path, data: Path, scorer: QuestionScorer) -> dict:
+def run_arm(cfg: RetrievalAblationConfig, name: str, seed: int, start: Path, data: Pairs, scorer: QuestionScorer) -> dict:
     """One arm and seed, end to end; its ``result.json`` makes a re-run skip it."""
     arm = ARMS[name]
     run_dir = cfg.out / "runs" / f"{name}-seed{seed}"
@@ -352,10 +356,10 @@ def run_arm(cfg: RetrievalAblationConfig, name: str, seed: int, start: Path, dat
         dev = dev_scores(cfg, model_dir, data)
     train_minutes = (time.time() - began) / 60
     questions = scorer.score(name, model_dir, run_dir / "questions.json")
+    scales, change = word_stream(model_dir, [c.text for c in scorer.chunks[:64]], cfg.max_length)
     result = {
         "arm": name, "seed": seed, "model": str(model_dir), "settings": asdict(arm), "train_minutes": round(train_minutes, 2),
-        "dev": dev, "fusion_scales": fusion_scales(model_dir),
-        "word_change": word_stream_change(model_dir, [c.text for c in scorer.chunks[:64]], cfg.max_length),
+        "dev": dev, "fusion_scales": scales, "word_change": change,
         "questions": {retriever: {"metrics": r["metrics"], MRR: [q[MRR] for q in r["queries"]]}
                       for retriever, r in questions.items()},
     }  # fmt: skip
@@ -363,8 +367,17 @@ def run_arm(cfg: RetrievalAblationConfig, name: str, seed: int, start: Path, dat
     return result
 
 
-def embedding_speed(models: dict[str, Path], texts: list[str], device: str, reps: int = 3) -> dict[str, float]:
-    """Each model's time to embed ``texts`` relative to the first model's (interleaved repetitions, best of ``reps``)."""
+def embedding_speed(models: dict[str, Path], texts: list[str], device: str, cache: Path, reps: int = 3) -> dict[str, float]:
+    """Each model's time to embed ``texts`` relative to the first model's (interleaved repetitions, best of ``reps``).
+
+    Kept in ``cache`` for the same models, so that re-tabling a finished ablation does not measure
+    again; delete it to measure afresh (on a quiet machine: the ratios are only as good as the run).
+    """
+    key = {name: str(path) for name, path in models.items()}
+    if cache.is_file():
+        saved = json.loads(cache.read_text(encoding="utf-8"))
+        if saved["models"] == key:
+            return saved["speed"]
     loaded = {name: PolicyBertEmbeddings(path, device=device) for name, path in models.items()}
     best = {name: float("inf") for name in models}
     for _ in range(reps):
@@ -373,7 +386,9 @@ def embedding_speed(models: dict[str, Path], texts: list[str], device: str, reps
             embeddings.embed_documents(texts)
             best[name] = min(best[name], time.perf_counter() - began)
     first = best[next(iter(models))]
-    return {name: round(first / seconds, 3) for name, seconds in best.items()}
+    speed = {name: round(first / seconds, 3) for name, seconds in best.items()}
+    write_json({"models": key, "speed": speed}, cache)
+    return speed
 
 
 def _row_key(retriever: str) -> str:
@@ -472,7 +487,7 @@ def main(argv: list[str] | None = None) -> None:
     torch.set_num_threads(cfg.threads)
     began = time.time()
     start = build_start(cfg, shape)
-    data = build_pairs(cfg)
+    data = Pairs.read(build_pairs(cfg), cfg.train_group_size)
     scorer = QuestionScorer(cfg)
     results = []
     for seed in cfg.seeds:
@@ -485,7 +500,7 @@ def main(argv: list[str] | None = None) -> None:
     bm25 = {"dev": round(dev_bm25(data), 4), "questions": round(scorer.bm25.metrics[MRR], 4)}
     with_words = {name: Path(r["model"]) for name, r in first.items()}
     texts = [chunk.text for chunk in scorer.chunks[:SPEED_TEXTS]]
-    speed = embedding_speed({"start": start, **with_words}, texts, cfg.device)
+    speed = embedding_speed({"start": start, **with_words}, texts, cfg.device, cfg.out / "speed.json")
     coverage = {"--lexicon": word_coverage(Lexicon.load(cfg.lexicon), scorer)}
     if any(ARMS[name].kb_lexicon for name in cfg.arms):
         coverage["KB lexicon"] = word_coverage(Lexicon.load(kb_lexicon(cfg)), scorer)
