@@ -23,22 +23,24 @@ import sys
 import time
 from pathlib import Path
 
-from chatchat_policybert.calibration import KS, Candidates, Fused, calibrate_root
-from chatchat_policybert.data import CORPUS_CSV, LEXICON, QUESTIONS
-from chatchat_policybert.evaluation.dataset import load_corpus, load_questions
-from chatchat_policybert.evaluation.evaluate import compare_runs, evaluate_retriever
-from chatchat_policybert.evaluation.knowledge_base import load_chunks, prepare_root
-from chatchat_policybert.files import write_json
-from chatchat_policybert.lexicon import Lexicon
-from chatchat_policybert.testing import build_tiny_policybert
-from training import pairs
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the checkout: tests.support and training
+from chatchat_policybert.calibration import KS, Candidates, Fused, calibrate_root  # noqa: E402
+from chatchat_policybert.data import CORPUS_CSV, LEXICON, QUESTIONS  # noqa: E402
+from chatchat_policybert.evaluation.dataset import load_corpus, load_questions  # noqa: E402
+from chatchat_policybert.evaluation.evaluate import compare_runs, evaluate_retriever  # noqa: E402
+from chatchat_policybert.evaluation.knowledge_base import load_chunks, prepare_root  # noqa: E402
+from chatchat_policybert.files import write_json  # noqa: E402
+from chatchat_policybert.lexicon import Lexicon  # noqa: E402
+from chatchat_policybert.tokenization import DEFAULT_QUERY_INSTRUCTION  # noqa: E402
+from tests.support.tiny_models import build_tiny_policybert  # noqa: E402
+from training import pairs  # noqa: E402
 
 
 def tiny_model(out: Path) -> Path:
     """The evaluation's tiny random-weight PolicyBERT (docs/evaluation.md's command)."""
     csv.field_size_limit(1 << 30)
     with CORPUS_CSV.open(encoding="utf-8") as handle:
-        texts = [r["contentText"] + r["title"] for r in csv.DictReader(handle)] + ["为这个句子生成表示以用于检索相关文章："]
+        texts = [r["contentText"] + r["title"] for r in csv.DictReader(handle)] + [DEFAULT_QUERY_INSTRUCTION]
     return build_tiny_policybert(out, texts, Lexicon.load(LEXICON))
 
 

@@ -72,10 +72,11 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--json", type=Path, help="also write the results here")
     args = parser.parse_args(argv)
     from chatchat_policybert.embeddings import PolicyBertEmbeddings
+    from chatchat_policybert.tokenization import DEFAULT_QUERY_INSTRUCTION
 
     texts = corpus_chunks(args.chars, args.chunks)
     with tempfile.TemporaryDirectory(prefix="bench-identity-") as tmp:
-        dirs = build(Path(tmp), texts + ["为这个句子生成表示以用于检索相关文章："], args.fusion)
+        dirs = build(Path(tmp), texts + [DEFAULT_QUERY_INSTRUCTION], args.fusion)
         models = {name: PolicyBertEmbeddings(path, device=args.device, dtype="float32") for name, path in dirs.items()}
         seconds: dict[str, list[float]] = {name: [] for name in models}
         vectors = {name: np.asarray(model.embed_documents(texts[:2])) for name, model in models.items()}  # warm-up

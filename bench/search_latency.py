@@ -41,7 +41,8 @@ from kb_rebuild import scratch_dir  # noqa: E402
 
 sys.path.insert(0, str(REPO))
 from chatchat_policybert.chatchat_hook import BM25_CACHE_ENV  # noqa: E402
-from chatchat_policybert.chatchat_root import default_kb, faiss_indexes, kb_root, run_chatchat  # noqa: E402
+from chatchat_policybert.chatchat_process import run_chatchat  # noqa: E402
+from chatchat_policybert.chatchat_root import default_kb, faiss_indexes, kb_root  # noqa: E402
 from chatchat_policybert.data import CORPUS_CSV, LEXICON, QUESTIONS  # noqa: E402
 from chatchat_policybert.evaluation.dataset import load_corpus, load_questions  # noqa: E402
 from chatchat_policybert.evaluation.knowledge_base import Chunk, load_chunks, prepare_root  # noqa: E402
@@ -60,7 +61,7 @@ add_kb_to_db(kb_name=sys.argv[2], kb_info="synthetic copies of " + sys.argv[1], 
 def build_root(work: Path) -> Path:
     """A root with the whole corpus in its default KB, indexed by a tiny random PolicyBERT; reused when already built."""
     from chatchat_policybert.lexicon import Lexicon
-    from chatchat_policybert.testing import build_tiny_policybert
+    from tests.support.tiny_models import build_tiny_policybert
 
     root = work / "root"
     if (root / "kb_settings.yaml").is_file() and faiss_indexes(root, default_kb(root)):

@@ -34,7 +34,7 @@ from embed import REPO, build_models, corpus_chunks, machine_line  # noqa: E402 
 sys.path.insert(0, str(REPO))
 from chatchat_policybert.data import LEXICON  # noqa: E402
 from chatchat_policybert.lexicon import Lexicon  # noqa: E402
-from chatchat_policybert.testing import build_tiny_policybert  # noqa: E402
+from tests.support.tiny_models import build_tiny_policybert  # noqa: E402
 
 SERVE = [str(Path(sys.executable).parent / "chatchat-policybert"), "serve"]
 TARGET_P95_S = 1.0

@@ -8,7 +8,7 @@ One random-weight PolicyBERT (the tests' tiny one, or bench/embed.py's bge-base-
 `--size base`: speed does not depend on the weights, and the metrics of random weights say
 nothing about a trained model's quality, only that both stores return the same kind of thing).
 Two Chatchat roots that differ only by `chatchat-policybert setup --vs`: faiss (one index file)
-and pg (a throw-away PostgreSQL + pgvector cluster on loopback, :mod:`chatchat_policybert.pg_cluster`).
+and pg (a throw-away PostgreSQL + pgvector cluster on loopback, :mod:`tests.support.pg_cluster`).
 
 1. `chatchat kb -r -n WeiMingPolicies` of the whole shipped corpus per root, timed as
    bench/kb_rebuild.py times it (whole command; peak RSS of the embedding process); with
@@ -16,7 +16,9 @@ and pg (a throw-away PostgreSQL + pgvector cluster on loopback, :mod:`chatchat_p
 2. `chatchat-policybert eval --chatchat-root ROOT --retrievers chatchat` per root: the shipped
    questions through Chatchat's own `search_docs` at the root's SCORE_THRESHOLD (cosine >= 0.5
    on both stores); p50/p95 are `search_docs`'s own time per query, measured in the worker.
-   FAISS runs Chatchat's BM25 + dense ensemble, pg dense only.
+   Both stores run the plugin's BM25 + dense ensemble (pg: :mod:`chatchat_policybert.pg_search`);
+   `CHATCHAT_POLICYBERT_BM25_CACHE=0` measures Chatchat's own search instead (pg: dense only, at
+   most 5 hits, a new store per search).
 """
 
 from __future__ import annotations
@@ -28,15 +30,16 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from embed import machine_line  # noqa: E402 - bench/ is not a package
+from embed import REPO, machine_line  # noqa: E402 - bench/ is not a package
 from kb_rebuild import build_model_dirs, prepare_root, run_rebuilds, scratch_dir  # noqa: E402
 
+sys.path.insert(0, str(REPO))  # the checkout: tests.support
 from chatchat_policybert.corpus import read_policies  # noqa: E402
 from chatchat_policybert.data import CORPUS_CSV  # noqa: E402
 from chatchat_policybert.demo import KB_NAME  # noqa: E402
 from chatchat_policybert.evaluation.evaluate import main as evaluate  # noqa: E402
 from chatchat_policybert.configuration_policybert import FUSION_TYPES  # noqa: E402
-from chatchat_policybert.pg_cluster import PgCluster  # noqa: E402
+from tests.support.pg_cluster import PgCluster  # noqa: E402
 
 STORES = ("faiss", "pg")
 METRICS = ("R@1", "R@5", "MRR@10", "nDCG@10", "hit@5", "chunks", "p50 ms", "p95 ms")

@@ -14,7 +14,10 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
+from .errors import InputError
+
 MIN_CONTENT_CHARS = 200
+COLUMNS = ("title", "contentText")
 
 
 @dataclass(frozen=True)
@@ -36,22 +39,41 @@ class PolicyDocument:
         return f"# {self.title}\n\n{meta}\n\n{self.content}\n" if meta else f"# {self.title}\n\n{self.content}\n"
 
 
-def read_policies(csv_path: Path) -> list[PolicyDocument]:
-    """The distinct, non-trivial documents of `Policys_cleaned.csv`, in file order."""
+def read_policy_rows(csv_path: Path) -> list[dict[str, str | None]]:
+    """Every data row of a policy CSV (the columns of :data:`COLUMNS` at least), in file order.
+
+    The evaluation needs all of them (its documents are numbered by row) and the knowledge base
+    only the distinct ones (:func:`distinct_policies`): both come from this one read.
+    """
     csv.field_size_limit(1 << 30)
+    with Path(csv_path).open(encoding="utf-8", newline="") as handle:
+        reader = csv.DictReader(handle)
+        missing = set(COLUMNS) - set(reader.fieldnames or [])
+        if missing:
+            raise InputError(f"{csv_path}: missing column(s) {', '.join(sorted(missing))}")
+        return list(reader)
+
+
+def distinct_policies(rows: list[dict[str, str | None]], csv_path: Path) -> list[PolicyDocument]:
+    """The distinct, non-trivial documents among ``rows`` (read from ``csv_path``), in file order."""
     seen: set[str] = set()
     documents: list[PolicyDocument] = []
-    with csv_path.open(encoding="utf-8", newline="") as handle:
-        for row in csv.DictReader(handle):
-            content = (row.get("contentText") or "").strip()
-            if len(content) < MIN_CONTENT_CHARS or content in seen:
-                continue
-            seen.add(content)
-            title = " ".join((row.get("title") or "").split()) or content[:30]
-            documents.append(PolicyDocument(title, (row.get("pubtime") or "").strip(), (row.get("channel") or "").strip(), content))
+    for row in rows:
+        content = (row.get("contentText") or "").strip()
+        if len(content) < MIN_CONTENT_CHARS or content in seen:
+            continue
+        seen.add(content)
+        title = " ".join((row.get("title") or "").split()) or content[:30]
+        pubtime, channel = ((row.get(column) or "").strip() for column in ("pubtime", "channel"))
+        documents.append(PolicyDocument(title, pubtime, channel, content))
     if not documents:
-        raise ValueError(f"{csv_path}: no policy document with at least {MIN_CONTENT_CHARS} characters of contentText")
+        raise InputError(f"{csv_path}: no policy document with at least {MIN_CONTENT_CHARS} characters of contentText")
     return documents
+
+
+def read_policies(csv_path: Path) -> list[PolicyDocument]:
+    """The distinct, non-trivial documents of `Policys_cleaned.csv`, in file order."""
+    return distinct_policies(read_policy_rows(csv_path), csv_path)
 
 
 def export_policies(documents: list[PolicyDocument], content_dir: Path) -> list[Path]:

@@ -7,28 +7,33 @@ tensors are missing — here that is an error, because it would silently change 
 
 :func:`load_model_dir` is the one loader of runtime and training: every stage (pre-training,
 fine-tuning, merging, serving) gets the same refusals, and a stage that creates a head names it
-in ``allow_missing`` instead of switching the check off.
+in ``allow_missing`` instead of switching the check off. A stage's output also holds its task head
+(``modeling.TASK_HEADS``), which a class without that head drops by name; any other tensor the
+checkpoint has and the class lacks is refused too.
 """
 
 from __future__ import annotations
 
 import json
+import logging
 import math
 import os
 import re
 import struct
 from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import torch
 from safetensors import SafetensorError
-from transformers import BertConfig, BertModel, PreTrainedModel
+from transformers import BertConfig, BertModel, PreTrainedModel, modeling_utils
+from transformers.utils.loading_report import log_state_dict_report
 
 from .configuration_policybert import CONFIG_ERRORS, PolicyBertConfig
 from .errors import InputError
 from .files import atomic_path, read_json
 from .lexicon import LEXICON_FILE
-from .modeling import PolicyBertModel
+from .modeling import TASK_HEADS, PolicyBertModel
 from .tokenization import PolicyBertTokenizer
 
 WEIGHT_FILES = ("model.safetensors", "pytorch_model.bin")
@@ -223,6 +228,62 @@ def _check_lexicon(path: Path, config: dict, tokenizer: PolicyBertTokenizer) -> 
         )
 
 
+@contextmanager
+def _checked_here() -> Iterator[None]:
+    """Keep transformers' warnings about missing and unexpected tensors unprinted while loading.
+
+    Those are its load report (a table of missing, unexpected and mismatched tensors) and the tying
+    step's "checkpoint seem corrupted" for a tied head absent from the checkpoint (which stays in the
+    missing keys). :func:`load_model_dir` checks the same lists itself: each entry is refused with
+    one line, or accepted by name (``allow_missing``, :data:`TASK_HEADS`), so they would only repeat,
+    as warnings, what was decided deliberately. Other transformers messages still print.
+    """
+
+    def not_the_report(record: logging.LogRecord) -> bool:
+        if record.funcName == log_state_dict_report.__name__:
+            return False
+        return not (record.funcName == PreTrainedModel.tie_weights.__name__
+                    and "absent from the checkpoint" in record.getMessage())
+
+    report_logger = logging.getLogger(modeling_utils.__name__)
+    report_logger.addFilter(not_the_report)
+    try:
+        yield
+    finally:
+        report_logger.removeFilter(not_the_report)
+
+
+def _check_loading_info(
+    path: Path, model_class: type[PreTrainedModel], info: dict, allow_missing: tuple[str, ...]
+) -> None:
+    """Refuse a checkpoint that does not fill ``model_class`` exactly (the heads allowed by name aside).
+
+    Missing: a tensor the class has and the checkpoint lacks would be random. Wrong shape: the
+    config does not describe these weights. Unexpected: a tensor with no place in the class (a
+    layer more than the config's, a renamed module) means the directory is not what its config says.
+    """
+    encoder = f"{model_class.base_model_prefix}."  # "pooler." allows a training class's "bert.pooler." too
+    missing = sorted(k for k in info["missing_keys"]
+                     if not (k.startswith(allow_missing) or k.removeprefix(encoder).startswith(allow_missing)))
+    mismatched = sorted(info["mismatched_keys"])  # (name, shape in the checkpoint, shape by the config)
+    if missing or mismatched:
+        if missing:
+            example = missing[0]
+        else:
+            name, checkpoint, model = mismatched[0]
+            example = f"{name}: {list(checkpoint)} in the weights, {list(model)} by config.json"
+        raise ModelDirError(
+            f"{path}: weights do not fit config.json ({len(missing) + len(mismatched)} tensors missing or of the "
+            f"wrong shape, e.g. {example})"
+        )
+    unexpected = sorted(k for k in info["unexpected_keys"] if not k.startswith(TASK_HEADS))
+    if unexpected:
+        raise ModelDirError(
+            f"{path}: {len(unexpected)} tensors in the weights have no place in {model_class.__name__} "
+            f"(e.g. {unexpected[0]}): the weights do not belong to this config.json"
+        )
+
+
 def load_model_dir(
     name_or_path: str | os.PathLike,
     model_class: type[PreTrainedModel] | None = None,
@@ -235,10 +296,12 @@ def load_model_dir(
     ``model_class`` defaults to :class:`PolicyBertModel` or :class:`BertModel` by ``model_type``;
     a training class (``PolicyBertForPreTraining``, ``...ForSequenceClassification``) must match
     the directory's ``model_type``. A tensor the class has and the checkpoint lacks is refused
-    unless its name starts with one of ``allow_missing`` — the heads the calling stage creates
-    (e.g. ``("cls.",)`` for pre-training, ``("classifier.",)`` for fine-tuning), which are then
-    freshly initialised. ``model_kwargs`` override config values (e.g. ``num_labels``).
-    Training stages call ``.train()`` themselves.
+    unless its name (in the model, or in its encoder) starts with one of ``allow_missing`` — the
+    heads the calling stage creates (e.g. ``("cls.",)`` for pre-training, ``("classifier.",)`` for
+    fine-tuning, ``"pooler."``), which are then freshly initialised. A tensor the checkpoint has
+    and the class lacks is refused unless it belongs to a task head (:data:`TASK_HEADS`), which is
+    dropped. ``model_kwargs`` override config values (e.g. ``num_labels``). Training stages call
+    ``.train()`` themselves.
     """
     path = resolve_model_dir(name_or_path)
     config, checked = parse_config(path, **model_kwargs)
@@ -272,18 +335,16 @@ def load_model_dir(
     if model_class is None:
         model_class = PolicyBertModel if config["model_type"] == "policybert" else BertModel
     try:
-        model, info = model_class.from_pretrained(
-            path, config=checked, dtype=torch.float32, output_loading_info=True, trust_remote_code=False
-        )
+        # ignore_mismatched_sizes: a wrong shape comes back in the loading info, refused below with its
+        # name and shapes, instead of as an error pointing at the report that is not printed.
+        with _checked_here():
+            model, info = model_class.from_pretrained(
+                path, config=checked, dtype=torch.float32, output_loading_info=True, trust_remote_code=False,
+                ignore_mismatched_sizes=True,
+            )
     except (RuntimeError, ValueError, OSError, SafetensorError) as err:
         raise ModelDirError(f"{path}: weights do not fit config.json: {str(err).strip().splitlines()[0]}") from None
-    missing = [k for k in info["missing_keys"] if not k.startswith(allow_missing)]
-    if missing or info.get("mismatched_keys"):
-        problem = missing or [k if isinstance(k, str) else k[0] for k in info["mismatched_keys"]]
-        raise ModelDirError(
-            f"{path}: weights do not fit config.json ({len(problem)} tensors missing or of the wrong shape, "
-            f"e.g. {problem[0]})"
-        )
+    _check_loading_info(path, model_class, info, allow_missing)
     check_finite(model, path)
     return model.to(device).eval(), tokenizer
 

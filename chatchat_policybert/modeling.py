@@ -25,6 +25,7 @@ compute its [CLS] row alone (:class:`ClsOnlyLayer`, used by ``PolicyBertEmbeddin
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 
 import torch
@@ -64,9 +65,15 @@ __all__ = [
     "PolicyBertForPreTraining",
     "PolicyBertForSequenceClassification",
     "PolicyBertModel",
+    "TASK_HEADS",
     "coverage_groups",
     "merge_repeated_words",
 ]
+
+# The training stages' task heads, by the name prefix they have in a saved directory: pre-training's
+# (``cls.``, BERT's MLM + NSP) and fine-tuning's (``classifier.``). A stage's output also holds its
+# head, which the encoder (embedding, the next stage's start) does not use: loading it drops them.
+TASK_HEADS = ("cls.", "classifier.")
 
 class PolicyBertWordEmbeddings(nn.Module):
     """ZEN's word embeddings: a lookup, LayerNorm and dropout; words carry no position."""
@@ -418,9 +425,9 @@ class PolicyBertPreTrainedModel(PreTrainedModel):
 class PolicyBertModel(PolicyBertPreTrainedModel):
     """The fused encoder. With ``word_ids=None`` (or ``word_vocab_size=0``) it is exactly a ``BertModel``."""
 
-    # A pre-trained or fine-tuned directory also holds its task head, which the encoder (embedding,
-    # the next stage's start) does not use: loading it is expected, not a report to print.
-    _keys_to_ignore_on_load_unexpected = [r"^cls\.", r"^classifier\."]
+    # A pre-trained or fine-tuned directory also holds its task head (TASK_HEADS): dropping it is
+    # expected, not a report to print.
+    _keys_to_ignore_on_load_unexpected = [rf"^{re.escape(head)}" for head in TASK_HEADS]
 
     def __init__(self, config: PolicyBertConfig, add_pooling_layer: bool = True):
         super().__init__(config)

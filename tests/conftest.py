@@ -2,7 +2,7 @@
 
 Everything here is download-free. The data is the package's own (``chatchat_policybert.data``),
 so a clone with nothing beside it runs the suite. Tiny models (hidden 32, 2 layers) come from
-``chatchat_policybert.testing``, are built once per session in ``tmp_path_factory`` and must be
+``tests.support.tiny_models``, are built once per session in ``tmp_path_factory`` and must be
 copied before a test edits them.
 """
 
@@ -18,11 +18,8 @@ from transformers import BertTokenizerFast
 from chatchat_policybert.corpus import PolicyDocument, read_policies
 from chatchat_policybert.data import CORPUS_CSV, DATA_DIR, LEXICON
 from chatchat_policybert.lexicon import Lexicon
-from chatchat_policybert.testing import (
-    build_char_tokenizer,
-    build_tiny_bert,
-    build_tiny_policybert,
-)
+from chatchat_policybert.tokenization import build_char_tokenizer
+from tests.support.tiny_models import build_tiny_bert, build_tiny_policybert
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 FUSIONS = ("none", "gate", "attn")
@@ -99,7 +96,7 @@ def tiny_model_dir(tmp_path_factory, policy_documents, reference_lexicon):
     ``fusion=None`` builds a plain ``BertModel`` dir (no lexicon). Otherwise a PolicyBERT dir
     with ``lexicon`` (default: the reference lexicon), 1 word layer over 2 character layers
     unless overridden. ``perturb=True`` moves every parameter off its init value (see
-    ``chatchat_policybert.testing``). All share the :func:`char_tokenizer` vocabulary.
+    ``tests.support.tiny_models``). All share the :func:`char_tokenizer` vocabulary.
     Directories are shared: copy before modifying.
     """
     texts = _fixture_texts(policy_documents, reference_lexicon)

@@ -13,7 +13,6 @@ the policy corpus holds exact duplicates under the same title and either copy an
 
 from __future__ import annotations
 
-import csv
 import hashlib
 import json
 import re
@@ -23,7 +22,7 @@ from difflib import get_close_matches
 from pathlib import Path
 from typing import Any
 
-from chatchat_policybert.corpus import export_policies, read_policies
+from chatchat_policybert.corpus import PolicyDocument, distinct_policies, export_policies, read_policy_rows
 from chatchat_policybert.errors import InputError
 
 FOLDER_SUFFIXES = (".md", ".txt")
@@ -61,12 +60,14 @@ class Corpus:
     """KB content file name → document group; chunks are mapped to documents through it."""
     source: Path | None = None
     layout: str = "csv"
+    policies: list[PolicyDocument] = field(default_factory=list)
+    """The csv layout's KB documents, exported as read with the rows (the CSV is read once)."""
 
     def write_kb(self, content_dir: Path) -> None:
         """Writes the KB content files (the same ones ``kb_files`` names) into ``content_dir``."""
         content_dir.mkdir(parents=True, exist_ok=True)
         if self.layout == "csv":
-            export_policies(read_policies(self.source), content_dir)
+            export_policies(self.policies, content_dir)
         elif self.layout == "folder":
             for name in self.kb_files:
                 target = content_dir / name
@@ -117,25 +118,17 @@ def _not_utf8(path: Path, err: UnicodeDecodeError) -> InputError:
 
 
 def _load_csv(path: Path) -> Corpus:
-    csv.field_size_limit(1 << 30)
     try:
-        with path.open(encoding="utf-8", newline="") as handle:
-            reader = csv.DictReader(handle)
-            missing = {"title", "contentText"} - set(reader.fieldnames or [])
-            if missing:
-                raise InputError(f"{path}: missing column(s) {', '.join(sorted(missing))}")
-            documents = [
-                EvalDocument(i, str(i), normalize_title(row["title"] or ""), row["contentText"] or "")
-                for i, row in enumerate(reader)
-            ]
+        rows = read_policy_rows(path)
     except UnicodeDecodeError as err:
         raise _not_utf8(path, err) from None
-    try:
-        policies = read_policies(path)
-    except ValueError as exc:
-        raise InputError(str(exc)) from None
+    documents = [
+        EvalDocument(i, str(i), normalize_title(row["title"] or ""), row["contentText"] or "")
+        for i, row in enumerate(rows)
+    ]
+    policies = distinct_policies(rows, path)
     kb_files = {policy.file_name: text_group(policy.content) for policy in policies}
-    return Corpus(documents, kb_files, path, "csv")
+    return Corpus(documents, kb_files, path, "csv", policies)
 
 
 def _load_folder(path: Path) -> Corpus:

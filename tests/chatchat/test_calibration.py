@@ -32,12 +32,12 @@ from chatchat_policybert.evaluation.evaluate import evaluate_retriever
 from chatchat_policybert.evaluation.knowledge_base import prepare_root
 from chatchat_policybert.evaluation.retrievers import ChatchatEnsemble, ChatchatSearch
 from chatchat_policybert.settings import HybridConfig, SettingsError, parse_hybrid
-from chatchat_policybert.testing import build_tiny_policybert
+from chatchat_policybert.tokenization import DEFAULT_QUERY_INSTRUCTION
+from tests.support.tiny_models import build_tiny_policybert
 from training import pairs
 
 N_DOCUMENTS = 6
 MAX_CHARS = 1200
-QUERY_INSTRUCTION = "为这个句子生成表示以用于检索相关文章："
 
 
 def write_folder(folder: Path, documents: list) -> Path:
@@ -51,7 +51,7 @@ def build_root(tmp: Path, policy_documents: list, reference_lexicon) -> tuple[Pa
     """(root, kb, model): `chatchat init` → `setup` → `kb -r` of the first documents with a perturbed random tiny PolicyBERT."""
     documents = policy_documents[:N_DOCUMENTS]
     corpus = load_corpus(write_folder(tmp / "docs", documents))
-    texts = [d.content[:MAX_CHARS] for d in documents] + [QUERY_INSTRUCTION]
+    texts = [d.content[:MAX_CHARS] for d in documents] + [DEFAULT_QUERY_INSTRUCTION]
     model = build_tiny_policybert(tmp / "model", texts, reference_lexicon, perturb=True)
     root = tmp / "root"
     return root, prepare_root(root, corpus, model, build_index=True), model

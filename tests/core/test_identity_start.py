@@ -18,7 +18,7 @@ from chatchat_policybert.configuration_policybert import FUSION_TYPES
 from chatchat_policybert.embeddings import PolicyBertEmbeddings, cls_vectors
 from chatchat_policybert.loading import load_policybert
 from chatchat_policybert.modeling import PolicyBertModel
-from chatchat_policybert.testing import build_tiny_bert, build_tiny_policybert
+from tests.support.tiny_models import build_tiny_bert, build_tiny_policybert
 from training.merge_bge import main as merge_main
 
 IDENTITY_TOL = 1e-5

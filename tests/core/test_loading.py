@@ -5,6 +5,7 @@ from __future__ import annotations
 import builtins
 import io
 import json
+import logging
 import os
 import shutil
 from pathlib import Path
@@ -12,16 +13,16 @@ from pathlib import Path
 import pytest
 import torch
 from safetensors.torch import load_file, save_file
-from transformers import BertModel
+from transformers import BertForPreTraining, BertForSequenceClassification, BertModel
 
 from chatchat_policybert.configuration_policybert import PolicyBertConfig
-from chatchat_policybert.loading import ModelDirError, load_model_dir, load_policybert, save_model_dir
+from chatchat_policybert.loading import ModelDirError, load_model_dir, load_policybert, parse_config, save_model_dir
 from chatchat_policybert.modeling import (
     PolicyBertForPreTraining,
     PolicyBertForSequenceClassification,
     PolicyBertModel,
 )
-from chatchat_policybert.testing import build_char_tokenizer
+from chatchat_policybert.tokenization import build_char_tokenizer
 
 
 @pytest.fixture
@@ -138,8 +139,11 @@ def test_hidden_size_mismatch(policy_dir):
 def test_vocab_size_mismatch(bert_dir):
     config = json.loads((bert_dir / "config.json").read_text(encoding="utf-8"))
     edit_config(bert_dir, vocab_size=config["vocab_size"] + 7)
-    with pytest.raises(ModelDirError, match="weights do not fit config.json"):
+    with pytest.raises(ModelDirError, match="weights do not fit config.json") as err:
         load_policybert(bert_dir)
+    rows, hidden = config["vocab_size"], config["hidden_size"]
+    shapes = f"[{rows}, {hidden}] in the weights, [{rows + 7}, {hidden}] by config.json"
+    assert f"embeddings.word_embeddings.weight: {shapes}" in one_line(err)
 
 
 def test_weights_of_another_model_are_refused(policy_dir, tiny_model_dir):
@@ -327,6 +331,84 @@ def test_a_stage_output_loads_as_the_encoder_without_unexpected_keys(tmp_path, h
     assert info["unexpected_keys"] == set() and info["missing_keys"] == set()
     for name, tensor in encoder.state_dict().items():
         assert torch.equal(tensor, saved.bert.state_dict()[name]), name
+
+
+class TransformersWarnings(logging.Handler):
+    """Every warning transformers logs (its loggers do not propagate to the root, where caplog listens)."""
+
+    def __init__(self) -> None:
+        super().__init__(logging.WARNING)
+        self.messages: list[str] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.messages.append(record.getMessage())
+
+
+@pytest.fixture
+def transformers_warnings():
+    handler = TransformersWarnings()
+    logging.getLogger("transformers").addHandler(handler)
+    yield handler.messages
+    logging.getLogger("transformers").removeHandler(handler)
+
+
+# (class a stage saved, class loaded from its directory (None: the encoder, as served), heads the loader creates)
+STAGE_HANDOVERS = [
+    (BertForPreTraining, None, ()),  # training.pretrain of a plain BERT, served or merged
+    (BertForSequenceClassification, None, ()),
+    (BertForPreTraining, BertForSequenceClassification, ("classifier.",)),
+    (BertModel, BertForPreTraining, ("cls.",)),  # training.init_scratch's start, pre-trained
+    (PolicyBertForPreTraining, None, ()),
+    (PolicyBertForSequenceClassification, None, ()),
+    (PolicyBertForPreTraining, PolicyBertForSequenceClassification, ("classifier.",)),  # training.finetune
+    (PolicyBertModel, PolicyBertForPreTraining, ("cls.",)),
+]
+
+
+@pytest.mark.parametrize("saved_class, loaded_class, allow_missing", STAGE_HANDOVERS,
+                         ids=lambda c: getattr(c, "__name__", str(c)))
+def test_a_stage_output_loads_quietly_into_every_class(
+    policy_dir, bert_dir, transformers_warnings, saved_class, loaded_class, allow_missing
+):
+    """The task head a directory carries is dropped, the one a stage creates is allowed, by name: no
+    transformers load report (its UNEXPECTED/MISSING table) is printed, and every encoder weight loads."""
+    path = policy_dir if saved_class.config_class.model_type == "policybert" else bert_dir
+    _, config = parse_config(path)
+    torch.manual_seed(0)
+    saved = saved_class(config)
+    saved.save_pretrained(path)
+    model, _ = load_model_dir(path, loaded_class, allow_missing=allow_missing)
+    assert transformers_warnings == []
+    encoder = getattr(model, "bert", model).state_dict()
+    expected = getattr(saved, "bert", saved).state_dict()
+    assert encoder.keys() == expected.keys()
+    for name, tensor in encoder.items():
+        assert torch.equal(tensor, expected[name]), name
+
+
+@pytest.mark.parametrize("model_class", [PolicyBertForSequenceClassification, PolicyBertForPreTraining])
+def test_a_pooler_the_directory_lacks_is_allowed_by_its_encoder_name(policy_dir, model_class):
+    """Fine-tuning and pre-training allow "pooler.": in their classes the pooler is "bert.pooler."."""
+    _, config = parse_config(policy_dir)
+    PolicyBertModel(config, add_pooling_layer=False).save_pretrained(policy_dir)
+    model, _ = load_model_dir(policy_dir, model_class, allow_missing=("classifier.", "cls.", "pooler."), num_labels=2)
+    assert model.bert.pooler is not None
+    with pytest.raises(ModelDirError, match=r"e\.g\. bert\.pooler\.dense\.bias"):
+        load_model_dir(policy_dir, model_class, allow_missing=("classifier.", "cls."), num_labels=2)
+
+
+@pytest.mark.parametrize("kind, extra", [("bert", "encoder.layer.2.output.dense.bias"),
+                                         ("policybert", "word_encoder.1.output.dense.bias")])
+def test_a_tensor_with_no_place_in_the_encoder_is_refused(policy_dir, bert_dir, transformers_warnings, kind, extra):
+    """Only the task heads are dropped: a layer more than config.json describes is refused, naming it."""
+    path = policy_dir if kind == "policybert" else bert_dir
+    weights = load_file(path / "model.safetensors")
+    weights[extra] = torch.zeros(32)
+    save_file(weights, path / "model.safetensors", metadata={"format": "pt"})
+    with pytest.raises(ModelDirError, match="1 tensors in the weights have no place in") as err:
+        load_policybert(path)
+    assert extra in one_line(err) and ("PolicyBertModel" if kind == "policybert" else "BertModel") in one_line(err)
+    assert transformers_warnings == []
 
 
 # --- issue #23: a directory that would serve garbage is refused -------------------------------

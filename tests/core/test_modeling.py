@@ -14,7 +14,7 @@ from chatchat_policybert.modeling import (
     PolicyBertModel,
     merge_repeated_words,
 )
-from chatchat_policybert.testing import tiny_config
+from tests.support.tiny_models import tiny_config
 from chatchat_policybert.tokenization import PolicyBertTokenizer
 
 FUSIONS = ("none", "gate", "attn")

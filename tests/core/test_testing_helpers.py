@@ -1,4 +1,5 @@
-"""chatchat_policybert.testing: the download-free tiny models other tests, benchmarks and the demo use."""
+"""tests.support.tiny_models (the download-free tiny models other tests and the benchmarks use) and the
+character tokenizer they are built with."""
 
 from __future__ import annotations
 
@@ -8,7 +9,8 @@ from transformers import BertModel
 from chatchat_policybert.lexicon import Lexicon
 from chatchat_policybert.loading import load_policybert
 from chatchat_policybert.modeling import PolicyBertModel
-from chatchat_policybert.testing import build_char_tokenizer, build_tiny_bert, build_tiny_policybert
+from chatchat_policybert.tokenization import build_char_tokenizer
+from tests.support.tiny_models import build_tiny_bert, build_tiny_policybert
 
 TEXTS = ["数据安全是国家安全的重要组成部分。", "推进5G和IPv6规模部署，促进数字经济发展"]
 

@@ -9,7 +9,7 @@ import pytest
 
 from chatchat_policybert.embeddings import PolicyBertEmbeddings
 from chatchat_policybert.lexicon import Lexicon
-from chatchat_policybert.testing import build_tiny_policybert
+from tests.support.tiny_models import build_tiny_policybert
 
 LONG = "国家数据局统筹推进数字中国建设，促进数据要素市场化配置。" * 4  # 112 characters
 SHORT = "加强个人信息保护。"

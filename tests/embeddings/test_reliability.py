@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 
 from chatchat_policybert.embeddings import PolicyBertEmbeddings
 from chatchat_policybert.lexicon import Lexicon
-from chatchat_policybert.testing import build_tiny_bert, build_tiny_policybert
+from tests.support.tiny_models import build_tiny_bert, build_tiny_policybert
 
 REPO = Path(__file__).resolve().parents[2]
 WORDS = ["数据", "数据安全", "安全", "个人信息", "保护", "数字经济", "要素", "市场"]

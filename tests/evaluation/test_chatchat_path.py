@@ -28,7 +28,8 @@ from chatchat_policybert.evaluation.retrievers import (
     ChatchatEnsemble,
     ChatchatSearch,
 )
-from chatchat_policybert.testing import build_tiny_policybert
+from chatchat_policybert.tokenization import DEFAULT_QUERY_INSTRUCTION
+from tests.support.tiny_models import build_tiny_policybert
 
 from .test_eval_data import write_csv, write_jsonl
 
@@ -44,7 +45,7 @@ def built(tmp_path_factory, policy_documents, reference_lexicon):
     tmp = tmp_path_factory.mktemp("eval_root")
     rows = [(d.title, d.content[:MAX_CHARS]) for d in policy_documents[:N_DOCUMENTS]]
     corpus = load_corpus(write_csv(tmp / "policies.csv", rows))
-    model = build_tiny_policybert(tmp / "model", [text for _, text in rows] + QUERIES + ["为这个句子生成表示以用于检索相关文章："],
+    model = build_tiny_policybert(tmp / "model", [text for _, text in rows] + QUERIES + [DEFAULT_QUERY_INSTRUCTION],
                                   reference_lexicon)
     root = tmp / "root"
     kb = prepare_root(root, corpus, model, build_index=True)

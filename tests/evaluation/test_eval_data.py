@@ -51,6 +51,30 @@ def test_csv_corpus_groups_duplicates_and_keeps_only_exported_documents(corpus, 
     assert sorted(p.name for p in (tmp_path / "content").iterdir()) == sorted(corpus.kb_files)
 
 
+def test_csv_corpus_documents_and_kb_come_from_one_read(tmp_path):
+    """The KB files are exported from the rows load_corpus read: a CSV rewritten afterwards changes nothing."""
+    path = write_csv(tmp_path / "policies.csv", [("数据出境安全评估办法", LONG_A), ("个人信息保护法", LONG_B)])
+    corpus = load_corpus(path)
+    write_csv(path, [("另一份文件", LONG_B + "附则。")])
+    corpus.write_kb(tmp_path / "content")
+    written = {p.name: p.read_text(encoding="utf-8") for p in (tmp_path / "content").iterdir()}
+    assert sorted(written) == sorted(corpus.kb_files)
+    assert sorted(corpus.kb_files.values()) == sorted(text_group(text) for text in (LONG_A, LONG_B))
+    assert any(LONG_A in text for text in written.values()) and not any("附则" in text for text in written.values())
+
+
+@pytest.mark.parametrize("header", ["title,body", "name,contentText"])
+def test_csv_without_the_policy_columns_is_one_clear_error(tmp_path, header):
+    from chatchat_policybert.corpus import read_policies
+
+    path = tmp_path / "policies.csv"
+    path.write_text(f"{header}\n甲,{LONG_A}\n", encoding="utf-8")
+    missing = "contentText" if "title" in header else "title"
+    for read in (load_corpus, read_policies):
+        with pytest.raises(InputError, match=rf"^{path}: missing column\(s\) {missing}$"):
+            read(path)
+
+
 def test_questions_resolve_titles_and_duplicates(corpus, tmp_path):
     path = write_jsonl(tmp_path / "q.jsonl", [
         {"id": 1, "question": "评估过期前多久要重新申请？", "doc_title": "数据出境 安全评估办法", "evidence": "60个工作日前重新申报评估"},

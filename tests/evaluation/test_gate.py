@@ -16,7 +16,8 @@ from chatchat_policybert.evaluation.dataset import load_corpus
 from chatchat_policybert.evaluation.evaluate import EXIT_WORSE, main
 from chatchat_policybert.evaluation.knowledge_base import prepare_root
 from chatchat_policybert.evaluation.metrics import paired_bootstrap_interval
-from chatchat_policybert.testing import build_tiny_bert, build_tiny_policybert
+from chatchat_policybert.tokenization import DEFAULT_QUERY_INSTRUCTION
+from tests.support.tiny_models import build_tiny_bert, build_tiny_policybert
 
 from .test_eval_data import write_csv, write_jsonl
 
@@ -50,7 +51,7 @@ def setup(tmp_path_factory, policy_documents, reference_lexicon):
         {"id": f"q{i}", "question": doc.text[100:130], "doc_title": doc.title, "evidence": doc.text[100:160]}
         for i, doc in enumerate(docs)
     ])  # fmt: skip
-    texts = [text for _, text in rows] + ["为这个句子生成表示以用于检索相关文章："]
+    texts = [text for _, text in rows] + [DEFAULT_QUERY_INSTRUCTION]
     candidate = build_tiny_policybert(tmp / "candidate", texts, reference_lexicon, perturb=True)
     baseline = build_tiny_bert(tmp / "baseline", texts, seed=5, perturb=True)
     root = tmp / "root"

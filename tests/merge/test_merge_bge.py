@@ -17,7 +17,7 @@ from chatchat_policybert.errors import run_cli as run_main
 from chatchat_policybert.lexicon import Lexicon
 from chatchat_policybert.loading import load_policybert
 from chatchat_policybert.modeling import PolicyBertModel
-from chatchat_policybert.testing import build_tiny_bert, tiny_config
+from tests.support.tiny_models import build_tiny_bert, tiny_config
 from training.merge_bge import main as merge_main
 
 REPO = Path(__file__).resolve().parents[2]

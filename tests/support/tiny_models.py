@@ -1,4 +1,4 @@
-"""Small, download-free models for tests, benchmarks and the offline demo.
+"""Small, download-free model directories for the tests and the benchmarks.
 
 Nothing here reaches the Hugging Face hub: the character vocabulary is built from the texts
 given, and weights are random (seeded) unless the caller trains them.
@@ -13,13 +13,13 @@ from typing import Iterable
 import torch
 from transformers import BertConfig, BertModel, PreTrainedModel
 
-from .configuration_policybert import PolicyBertConfig
-from .lexicon import Lexicon
-from .loading import save_model_dir
-from .modeling import PolicyBertModel
-from .tokenization import PolicyBertTokenizer, build_char_tokenizer
+from chatchat_policybert.configuration_policybert import PolicyBertConfig
+from chatchat_policybert.lexicon import Lexicon
+from chatchat_policybert.loading import save_model_dir
+from chatchat_policybert.modeling import PolicyBertModel
+from chatchat_policybert.tokenization import PolicyBertTokenizer, build_char_tokenizer
 
-__all__ = ["build_char_tokenizer", "build_tiny_bert", "build_tiny_policybert", "tiny_config"]
+__all__ = ["build_tiny_bert", "build_tiny_policybert", "tiny_config"]
 
 
 def tiny_config(vocab_size: int, **overrides) -> dict:

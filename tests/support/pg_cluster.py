@@ -23,7 +23,7 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
-from .errors import InputError
+from chatchat_policybert.errors import InputError
 
 DATABASE = "policybert"
 SUPERUSER = "postgres"
