@@ -37,9 +37,8 @@ from embed import REPO, build_models, machine_line  # noqa: E402 - bench/ is not
 sys.path.insert(0, str(REPO))
 from chatchat_policybert import cli  # noqa: E402
 from chatchat_policybert.corpus import PolicyDocument, export_policies, read_policies  # noqa: E402
-from chatchat_policybert.chatchat_root import (  # noqa: E402
-    chatchat_command, chatchat_env, content_dir, kb_root, pg_uri, stored_vectors, vs_type,
-)
+from chatchat_policybert.chatchat_process import chatchat_command, chatchat_env  # noqa: E402
+from chatchat_policybert.chatchat_root import content_dir, kb_root, pg_uri, stored_vectors, vs_type  # noqa: E402
 from chatchat_policybert.data import CORPUS_CSV, LEXICON  # noqa: E402
 from chatchat_policybert.demo import KB_NAME, run_step  # noqa: E402
 from chatchat_policybert.configuration_policybert import FUSION_TYPES  # noqa: E402

@@ -41,7 +41,8 @@ from kb_rebuild import scratch_dir  # noqa: E402
 
 sys.path.insert(0, str(REPO))
 from chatchat_policybert.chatchat_hook import BM25_CACHE_ENV  # noqa: E402
-from chatchat_policybert.chatchat_root import default_kb, faiss_indexes, kb_root, run_chatchat  # noqa: E402
+from chatchat_policybert.chatchat_process import run_chatchat  # noqa: E402
+from chatchat_policybert.chatchat_root import default_kb, faiss_indexes, kb_root  # noqa: E402
 from chatchat_policybert.data import CORPUS_CSV, LEXICON, QUESTIONS  # noqa: E402
 from chatchat_policybert.evaluation.dataset import load_corpus, load_questions  # noqa: E402
 from chatchat_policybert.evaluation.knowledge_base import Chunk, load_chunks, prepare_root  # noqa: E402

@@ -30,12 +30,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from chatchat_policybert.chatchat_root import (
-    ChatchatWorker,
-    content_dir,
-    kb_settings,
-    score_threshold_for,
-)
+from chatchat_policybert.chatchat_process import ChatchatWorker
+from chatchat_policybert.chatchat_root import content_dir, kb_settings
+from chatchat_policybert.score_threshold import score_threshold_for
 from chatchat_policybert.errors import InputError
 from chatchat_policybert.evaluation.dataset import Query, load_corpus, load_questions
 from chatchat_policybert.evaluation.evaluate import MRR_K, RunResult, evaluate_retriever

@@ -1,6 +1,6 @@
 """Runs Chatchat's own chunking, search and RAG answer inside a child process bound to one CHATCHAT_ROOT.
 
-Started by :mod:`chatchat_policybert.chatchat_root` (``call_worker``, ``ChatchatWorker``), which
+Started by :mod:`chatchat_policybert.chatchat_process` (``call_worker``, ``ChatchatWorker``), which
 explains why a child process. Results are printed as one line ``@@chatchat@@ <json>`` each
 (Chatchat prints freely to stdout too).
 
@@ -28,7 +28,7 @@ import sys
 import time
 from pathlib import Path
 
-from chatchat_policybert.chatchat_root import WORKER_MARK
+from chatchat_policybert.chatchat_process import WORKER_MARK
 
 
 def _emit(obj: object) -> None:

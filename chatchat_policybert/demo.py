@@ -21,8 +21,10 @@ import urllib.request
 from pathlib import Path
 from typing import Sequence
 
-from . import cli
-from .chatchat_root import ChatchatWorker, chatchat_command, content_dir, index_size, run_chatchat, vector_store_dir
+from .chatchat_process import ChatchatWorker, chatchat_command, run_chatchat
+from .chatchat_root import content_dir, index_size, vector_store_dir
+from .cli import main as cli_main
+from .cli.doctor import llm_reachable
 from .corpus import PolicyDocument, export_policies, read_policies
 from .data import CORPUS_CSV, LEXICON
 from .errors import InputError, run_cli
@@ -99,7 +101,7 @@ def run_step(title: str, args: list[str], root: Path) -> None:
 
 
 def ollama_answers(url: str) -> bool:
-    return cli._llm_reachable(url) is None
+    return llm_reachable(url) is None
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -125,7 +127,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     model = args.model.resolve() if args.model else obtain_model(root / "models" / "policybert", args.lexicon, args.corpus)
 
     run_step("init", ["init"], root)
-    if cli.main(["setup", "--root", str(root), "--model", str(model), "--ollama-url", args.ollama_url, "--no-check"]):
+    if cli_main(["setup", "--root", str(root), "--model", str(model), "--ollama-url", args.ollama_url, "--no-check"]):
         return 1
     content = content_dir(root, KB_NAME)
     export_policies(documents, content)

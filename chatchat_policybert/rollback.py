@@ -21,13 +21,8 @@ import json
 import shutil
 from pathlib import Path
 
-from chatchat_policybert.chatchat_root import (
-    chatchat_command,
-    default_kb,
-    kb_root,
-    run_chatchat,
-    vector_store_dir,
-)
+from chatchat_policybert.chatchat_process import chatchat_command, run_chatchat
+from chatchat_policybert.chatchat_root import default_kb, kb_root, vector_store_dir
 from chatchat_policybert.errors import InputError
 from chatchat_policybert.files import atomic_path, write_json
 from chatchat_policybert.settings import find_local_model, load_yaml

@@ -57,14 +57,8 @@ from chatchat_policybert.calibration import (
     update_settings,
     write_calibration,
 )
-from chatchat_policybert.chatchat_root import (
-    chatchat_command,
-    content_dir,
-    default_kb,
-    kb_settings,
-    run_chatchat,
-    vector_store_dir,
-)
+from chatchat_policybert.chatchat_process import chatchat_command, run_chatchat
+from chatchat_policybert.chatchat_root import content_dir, default_kb, kb_settings, vector_store_dir
 from chatchat_policybert.embeddings import token_limit
 from chatchat_policybert.errors import InputError, run_cli
 from chatchat_policybert.evaluation.evaluate import (
@@ -92,6 +86,7 @@ from chatchat_policybert.settings import HYBRID_KEY, load_yaml
 from training import pairs as pairs_stage
 from training.contrastive import ContrastiveConfig, ContrastiveTask, contrastive, load_start_model, read_examples
 from training.loop import CHECKPOINT, parse_config, pick_device
+from training.pairs.config import DEFAULT_LLM_URL, PairsConfig, check_config
 
 STEPS = ("pairs", "train", "candidate", "gate", "install", "report")
 CHUNKING_KEYS = ("TEXT_SPLITTER_NAME", "CHUNK_SIZE", "OVERLAP_SIZE", "ZH_TITLE_ENHANCE")
@@ -387,9 +382,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--root", type=Path, default=None,
                         help="Chatchat data root (default: $CHATCHAT_ROOT, else the current directory)")
     parser.add_argument("--kb", help="knowledge base to tune on (default: DEFAULT_KNOWLEDGE_BASE)")
-    parser.add_argument("--llm", nargs="?", const=pairs_stage.DEFAULT_LLM_URL, metavar="URL",
+    parser.add_argument("--llm", nargs="?", const=DEFAULT_LLM_URL, metavar="URL",
                         help="also train on questions this OpenAI-compatible endpoint writes per chunk "
-                             f"(bare --llm: {pairs_stage.DEFAULT_LLM_URL}, the deployment's Ollama)")
+                             f"(bare --llm: {DEFAULT_LLM_URL}, the deployment's Ollama)")
     parser.add_argument("--llm-model", help="chat model of --llm (default: the root's DEFAULT_LLM_MODEL)")
     parser.add_argument("--questions", type=Path,
                         help="your labelled questions for the gate, the evaluation's JSONL "
@@ -405,7 +400,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    from chatchat_policybert.cli import default_root
+    from chatchat_policybert.cli.common import default_root
 
     args.root = (args.root or default_root()).resolve()
     args.kb = args.kb or default_kb(args.root)
@@ -421,7 +416,7 @@ def main(argv: list[str] | None = None) -> int:
         if not args.llm_model:
             raise InputError("--llm: the root names no DEFAULT_LLM_MODEL; pass --llm-model")
     # Bad --pairs-args / --contrastive-args are refused before any work.
-    pairs_stage.check_config(parse_config(pairs_stage.PairsConfig, ["--out", "unused", *shlex.split(args.pairs_args)],
+    check_config(parse_config(PairsConfig, ["--out", "unused", *shlex.split(args.pairs_args)],
                                           "chatchat-policybert tune --pairs-args", "training.pairs' flags"))
     train_config(Path("unused"), args.device, args.contrastive_args)
     args.out = (args.out or tune_dir(args.root, args.kb)).resolve()

@@ -208,9 +208,16 @@ def parse_model(spec: str) -> tuple[str, Path]:
 
 
 def build_parser() -> argparse.ArgumentParser:
+    """The parser of ``chatchat-policybert eval`` on its own (for :func:`main`)."""
     parser = argparse.ArgumentParser(
         prog="chatchat-policybert eval", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
+    add_arguments(parser)
+    return parser
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """The evaluation's flags, on its own parser or on the ``eval`` subcommand of ``chatchat-policybert``."""
     data = parser.add_argument_group("data (--corpus with --questions, or --beir; default: the shipped policy set)")
     data.add_argument("--corpus", type=Path, help="policy CSV (title, contentText) or folder of .md/.txt files "
                                                   "(default: the shipped policy corpus)")
@@ -248,7 +255,6 @@ def build_parser() -> argparse.ArgumentParser:
     output.add_argument("--ks", default="1,5,10", help="cut-offs for Recall@k and passage hit@k")
     output.add_argument("--out", type=Path, help="write metrics and per-query rankings as JSON")
     output.add_argument("--plot", type=Path, help="write a PNG bar chart of Recall@k per retriever (needs matplotlib)")
-    return parser
 
 
 def _retriever_kinds(spec: str | None, have_model: bool, have_root: bool) -> list[str]:
@@ -319,7 +325,12 @@ def _run(args: argparse.Namespace, root: Path, corpus: Corpus, queries: list[Que
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    """Parse ``argv`` (default: the process's) and :func:`run` it."""
+    return run(build_parser().parse_args(argv), argv)
+
+
+def run(args: argparse.Namespace, argv: list[str] | None = None) -> int:
+    """Evaluate as the parsed flags say; ``argv`` is recorded in ``--out`` (default: the process's command line)."""
     try:
         ks = sorted({int(k) for k in args.ks.split(",") if k.strip()})
     except ValueError:

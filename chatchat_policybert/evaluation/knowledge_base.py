@@ -15,15 +15,8 @@ from pathlib import Path
 
 import numpy as np
 
-from chatchat_policybert.chatchat_root import (
-    LOG_TAIL,
-    call_worker,
-    chatchat_command,
-    content_dir,
-    default_kb,
-    faiss_indexes,
-    run_chatchat,
-)
+from chatchat_policybert.chatchat_process import LOG_TAIL, call_worker, chatchat_command, run_chatchat
+from chatchat_policybert.chatchat_root import content_dir, default_kb, faiss_indexes
 from chatchat_policybert.errors import InputError
 from chatchat_policybert.evaluation.dataset import Corpus, text_group
 

@@ -22,7 +22,7 @@ from typing import Protocol
 import numpy as np
 from tqdm import tqdm
 
-from chatchat_policybert.chatchat_root import ChatchatWorker
+from chatchat_policybert.chatchat_process import ChatchatWorker
 from chatchat_policybert.ensemble_cache import PostingsBM25Okapi
 from chatchat_policybert.errors import InputError
 from chatchat_policybert.evaluation.knowledge_base import Chunk

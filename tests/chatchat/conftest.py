@@ -25,7 +25,7 @@ from chatchat_deploy import (
 )
 from ollama_standin import OllamaStandIn
 
-from chatchat_policybert.chatchat_root import chatchat_env
+from chatchat_policybert.chatchat_process import chatchat_env
 from chatchat_policybert.corpus import PolicyDocument, read_policies
 
 

@@ -12,7 +12,8 @@ import yaml
 from chatchat_deploy import BIN, Deployment, run
 from test_kb_swap import files, write_index
 
-from chatchat_policybert.cli import main, threshold_cosine
+from chatchat_policybert.cli import main
+from chatchat_policybert.score_threshold import cosine_cut
 from chatchat_policybert.kb_rebuild import RETIRED_SUFFIX, recover_swap
 from chatchat_policybert.settings import SettingsError, find_local_model, parse_config
 
@@ -54,11 +55,11 @@ def test_every_command_explains_every_option(command, capsys, options_without_he
     assert text.startswith("usage: chatchat-policybert") and options_without_help(text) == []
 
 
-def test_threshold_cosine_matches_chatchat_rule():
-    assert threshold_cosine(0.293) == pytest.approx(0.5, abs=1e-3)
-    assert threshold_cosine(2.0) > 1.0  # Chatchat's default: no vector hit can pass
+def test_faiss_cosine_cut_matches_chatchat_rule():
+    assert cosine_cut(0.293, "faiss") == pytest.approx(0.5, abs=1e-3)
+    assert cosine_cut(2.0, "faiss") > 1.0  # Chatchat's default: no vector hit can pass
     for cos in (0.2, 0.5, 0.9):  # 1 - d²/√2 with d² = 2 - 2·cos, at the threshold itself
-        assert threshold_cosine(1 - (2 - 2 * cos) / math.sqrt(2)) == pytest.approx(cos)
+        assert cosine_cut(1 - (2 - 2 * cos) / math.sqrt(2), "faiss") == pytest.approx(cos)
 
 
 def test_setup_merges_settings_and_keeps_comments(tmp_path: Path, tiny_model: Path):
@@ -77,7 +78,7 @@ def test_setup_merges_settings_and_keeps_comments(tmp_path: Path, tiny_model: Pa
     local = find_local_model(settings, None)
     assert Path(local.config.model_path) == tiny_model.resolve()
     kb = yaml.safe_load((root / "kb_settings.yaml").read_text(encoding="utf-8"))
-    assert kb["DEFAULT_KNOWLEDGE_BASE"] == "WeiMingPolicies" and 0 < threshold_cosine(kb["SCORE_THRESHOLD"]) < 1
+    assert kb["DEFAULT_KNOWLEDGE_BASE"] == "WeiMingPolicies" and 0 < cosine_cut(kb["SCORE_THRESHOLD"], "faiss") < 1
     assert kb["CHUNK_SIZE"] <= 750 and kb["VECTOR_SEARCH_TOP_K"] == 5
     assert (root / "data" / "knowledge_base" / "WeiMingPolicies" / "content").is_dir()
 

@@ -22,7 +22,7 @@ from chatchat_policybert.data import CORPUS_CSV, QUESTIONS
 from chatchat_policybert.ensemble_cache import PostingsBM25Okapi
 
 BM25_ONLY_THRESHOLD = 1.5
-"""Needs cosine >= 1.35 (``cli.threshold_cosine``): FAISS returns nothing, the ensemble is BM25's ranking."""
+"""Needs cosine >= 1.35 (``score_threshold.cosine_cut``): FAISS returns nothing, the ensemble is BM25's ranking."""
 
 COMPARE_SCRIPT = f"""
 import json, sys

@@ -111,7 +111,7 @@ def test_console_script_and_packaged_settings(fresh_venv: Path, deployment: Depl
         result = run([str(fresh_venv / "bin" / "chatchat-policybert"), *args], deployment.env, timeout=60)
         assert result.returncode == 0 and "usage:" in result.stdout, result.stderr
     where = run([str(fresh_venv / "bin" / "python"), "-c",
-                 "from chatchat_policybert.cli import shipped_settings_dir; print(shipped_settings_dir())"],
+                 "from chatchat_policybert.cli.setup import shipped_settings_dir; print(shipped_settings_dir())"],
                 deployment.env, timeout=60)
     assert Path(where.stdout.strip()).is_relative_to(site_packages(fresh_venv))
 

@@ -25,7 +25,8 @@ from ollama_standin import REPLY, OllamaStandIn
 from test_kb_rebuild import load_index
 from test_kb_rebuild_failures import Root, make_root, rebuild
 
-from chatchat_policybert.chatchat_root import ChatchatWorker, cosine_cut, score_threshold_for
+from chatchat_policybert.chatchat_process import ChatchatWorker
+from chatchat_policybert.score_threshold import cosine_cut, score_threshold_for
 from chatchat_policybert.embeddings import PolicyBertEmbeddings
 from chatchat_policybert.errors import InputError
 from tests.support.pg_cluster import PgCluster

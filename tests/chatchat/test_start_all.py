@@ -17,7 +17,7 @@ from chatchat_deploy import KB_NAME, Deployment
 from langchain_community.retrievers import BM25Retriever
 from ollama_standin import REPLY
 
-from chatchat_policybert.cli import threshold_cosine
+from chatchat_policybert.score_threshold import cosine_cut
 from chatchat_policybert.embeddings import PolicyBertEmbeddings
 
 TOP_K = 5
@@ -63,7 +63,7 @@ def shipped_threshold(deployment: Deployment) -> float:
 def test_search_docs_hits_come_from_faiss(server, policies):
     deployment, _ = server
     threshold = shipped_threshold(deployment)
-    assert 0.0 <= threshold_cosine(threshold) <= 1.0
+    assert 0.0 <= cosine_cut(threshold, "faiss") <= 1.0
     retrievers = Retrievers(deployment)
     # A query whose best FAISS passage BM25 does not find, with few passages in both lists, so
     # that the ensemble's reciprocal-rank fusion must rank that passage in its top k.

@@ -19,23 +19,11 @@ from chatchat_policybert.errors import InputError, run_cli
 from chatchat_policybert.evaluation.dataset import load_corpus, text_group
 from chatchat_policybert.evaluation.knowledge_base import Chunk, load_chunks
 from chatchat_policybert.evaluation.retrievers import Bm25
-from training.pairs import (
-    FILL_DRAWS,
-    SHARED_RUN,
-    LlmQuestions,
-    Miner,
-    Pair,
-    PairsConfig,
-    Pool,
-    build_pairs,
-    conflicts,
-    heading_pairs,
-    inverse_cloze,
-    main,
-    parse_questions,
-    random_order,
-    shared_runs,
-)
+from training.pairs import build_pairs, main
+from training.pairs.config import PairsConfig
+from training.pairs.llm import LlmQuestions, parse_questions
+from training.pairs.negatives import FILL_DRAWS, SHARED_RUN, Miner, Pool, conflicts, random_order, shared_runs
+from training.pairs.queries import Pair, heading_pairs, inverse_cloze
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "chatchat"))  # the stand-in lives with the Chatchat tests
 from ollama_standin import OllamaStandIn  # noqa: E402

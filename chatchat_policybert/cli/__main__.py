@@ -1,0 +1,7 @@
+"""``python -m chatchat_policybert.cli``: the console script, run by a given interpreter (tune and eval start setup so)."""
+
+import sys
+
+from . import main
+
+sys.exit(main())

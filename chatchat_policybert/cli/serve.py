@@ -1,0 +1,94 @@
+"""``chatchat-policybert serve``: the configured model as an OpenAI-compatible ``/v1/embeddings``."""
+
+from __future__ import annotations
+
+import argparse
+import math
+import os
+import sys
+from pathlib import Path
+from typing import Any
+
+from ..errors import InputError
+from ..settings import EmbeddingOptions, find_local_model, load_yaml
+from .common import add_root_argument
+
+
+def register(commands: Any) -> None:
+    """Add ``serve`` and its flags to the subcommands of the main parser."""
+    serve = commands.add_parser("serve", help="serve the model as an OpenAI-compatible /v1/embeddings")
+    add_root_argument(serve)
+    serve.add_argument("--model-name", help="embed model name to serve (default: DEFAULT_EMBEDDING_MODEL of the root)")
+    serve.add_argument("--model-path", type=Path, help="serve this model directory instead of the root's settings")
+    serve.add_argument("--device", help="torch device with --model-path (default cpu)")
+    serve.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1: loopback only; set an API key before using another)")
+    serve.add_argument("--port", type=int, default=9998, help="port to listen on (default 9998)")
+    serve.add_argument("--max-batch", type=int, default=32, help="texts per model call across concurrent requests")
+    serve.add_argument("--max-wait-ms", type=float, default=5.0, help="how long a request waits for others to batch with")
+    serve.add_argument("--max-inputs", type=int, default=2048, help="inputs per request before 413")
+    serve.add_argument("--max-body-mb", type=float, default=8.0, help="request body size before 413")
+    serve.add_argument("--max-input-tokens", type=int, default=8192, help="tokens per input before 413")
+    serve.add_argument("--max-request-tokens", type=int, default=300_000, help="tokens per request before 413")
+    serve.add_argument("--batch-tokens", type=int, default=EmbeddingOptions.model_fields["batch_tokens"].default,
+                       help="tokens per model call; requests take turns in slices of this size")
+    serve.add_argument("--read-timeout", type=float, default=10.0,
+                       help="seconds a client may take to send its request headers, and again its body (408)")
+    serve.add_argument("--api-key", help="require 'Authorization: Bearer KEY' (default: $POLICYBERT_API_KEY, "
+                                         "which keeps the key out of the process list)")
+    serve.set_defaults(func=run_serve)
+
+
+def run_serve(args: argparse.Namespace) -> int:
+    """Serve the configured model as an OpenAI-compatible /v1/embeddings (see docs/deployment.md)."""
+    import uvicorn
+
+    from ..chatchat_hook import load_embeddings
+    from ..server import (API_KEY_ENV, SHUTDOWN_GRACE_S, ServerLimits, create_app, header_timeout_protocol,
+                         is_loopback, thread_local_counter)
+    from ..settings import LocalEmbeddingsConfig
+    from ..tokenization import PolicyBertTokenizer
+
+    # Every flag is checked before the model loads: a typo costs no loading time.
+    if not 0 < args.port <= 65535:
+        raise InputError(f"--port {args.port}: expected a TCP port, 1..65535")
+    if not math.isfinite(args.max_body_mb):
+        raise InputError(f"--max-body-mb {args.max_body_mb}: expected a finite number of MiB")
+    limits = ServerLimits(
+        max_body_bytes=int(args.max_body_mb * 1024 * 1024),
+        max_inputs=args.max_inputs,
+        max_input_tokens=args.max_input_tokens,
+        max_request_tokens=args.max_request_tokens,
+        max_batch=args.max_batch,
+        batch_tokens=args.batch_tokens,
+        max_wait_s=args.max_wait_ms / 1000.0,
+        read_timeout_s=args.read_timeout,
+    )
+    if args.model_path is not None:
+        config = LocalEmbeddingsConfig(model_path=str(args.model_path.resolve()), device=args.device or "cpu")
+        platform, name = "command line", args.model_name or "policybert"
+    else:
+        local = find_local_model(load_yaml(args.root / "model_settings.yaml"), args.model_name)
+        config, platform = local.config, local.platform_name
+        name = args.model_name or local.embed_models[0]
+    try:
+        embeddings = load_embeddings(config, args.root, platform)
+    except RuntimeError as exc:  # load_embeddings wraps the loader's one-line ModelDirError
+        if isinstance(exc.__cause__, InputError):
+            raise InputError(str(exc.__cause__)) from None
+        raise
+    tokenizer = getattr(embeddings, "tokenizer", None)
+    if not isinstance(tokenizer, PolicyBertTokenizer):
+        raise InputError(f"serve needs PolicyBertEmbeddings (its tokenizer counts tokens); {platform} configures "
+                         f"{type(embeddings).__name__}")
+    api_key = args.api_key or os.environ.get(API_KEY_ENV) or None
+    if api_key is None and not is_loopback(args.host):
+        print(f"WARNING: serving on {args.host}, reachable from other machines, WITHOUT an API key: anyone who can "
+              f"reach this port can use the model; set {API_KEY_ENV} (or --api-key) or bind 127.0.0.1",
+              file=sys.stderr, flush=True)
+    dimension = len(embeddings.embed_documents(["维度"])[0])
+    app = create_app(embeddings.embed_documents, thread_local_counter(tokenizer), name, dimension, limits, api_key)
+    print(f"serving '{name}' (dimension {dimension}) at http://{args.host}:{args.port}/v1/embeddings"
+          f"{' (API key required)' if api_key else ''}", flush=True)
+    uvicorn.run(app, host=args.host, port=args.port, log_level="warning", timeout_keep_alive=5,
+                timeout_graceful_shutdown=SHUTDOWN_GRACE_S, http=header_timeout_protocol(limits))
+    return 0

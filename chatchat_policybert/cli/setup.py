@@ -1,0 +1,179 @@
+"""``chatchat-policybert setup``: merge the shipped settings into a root that ``chatchat init`` prepared.
+
+It points the PolicyBERT platform at ``--model``, creates the default knowledge base folder, then
+runs the doctor's checks (:mod:`chatchat_policybert.cli.doctor`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+from pathlib import Path
+from typing import Any
+
+from ..chatchat_root import VS_TYPES, content_dir, default_kb
+from ..dtypes import DTYPE_CHOICES
+from ..errors import InputError
+from ..score_threshold import TARGET_COSINE, score_threshold_for
+from ..settings import PLATFORM_KEY, SettingsError, round_trip_yaml
+from .common import add_root_argument
+from .doctor import DENSE_ONLY_NOTE, diagnose, report
+
+SETTINGS_FILES = ("model_settings.yaml", "kb_settings.yaml")
+
+
+def register(commands: Any) -> None:
+    """Add ``setup`` and its flags to the subcommands of the main parser."""
+    setup = commands.add_parser("setup", help="merge the PolicyBERT settings into a Chatchat root and check it",
+                                description=run_setup.__doc__)
+    add_root_argument(setup)
+    setup.add_argument("--model", type=Path, help="PolicyBERT (or BERT/bge) model directory to use")
+    setup.add_argument("--device", help="torch device for the model, e.g. cpu or cuda:0")
+    setup.add_argument("--dtype", choices=DTYPE_CHOICES, help="compute dtype (float32: the same vectors everywhere; auto: bfloat16 where the CPU/GPU has it)")
+    setup.add_argument("--ollama-url", help="Ollama OpenAI-compatible base URL (default http://127.0.0.1:11434/v1)")
+    setup.add_argument("--vs", choices=VS_TYPES,
+                       help="vector store to use, with the SCORE_THRESHOLD keeping cosine >= 0.5 in it (default: the "
+                            "shipped faiss). faiss: one index file per knowledge base, dense + BM25 retrieval; "
+                            "pg: PostgreSQL + pgvector (needs --pg-uri and the [pg] extra), dense-only retrieval")
+    setup.add_argument("--pg-uri", help="with --vs pg: Chatchat's kbs_config.pg.connection_uri, "
+                                        "postgresql+psycopg2://USER:PASSWORD@HOST:PORT/DATABASE")
+    setup.add_argument("--settings-dir", type=Path, default=None,
+                       help="folder with the model_settings.yaml/kb_settings.yaml to merge (default: the shipped ones)")
+    setup.add_argument("--keep-other-platforms", action="store_true",
+                       help="keep existing MODEL_PLATFORMS entries whose names the shipped file does not use")
+    setup.add_argument("--no-check", action="store_true", help="skip the doctor's checks after merging")
+    setup.add_argument("--calibrate", type=Path, metavar="FILE",
+                       help="after `chatchat kb -r` with this model: choose the FAISS ensemble's BM25/dense weights and "
+                            "SCORE_THRESHOLD on these held-out questions (training.pairs' dev.jsonl, or the evaluation's "
+                            "JSONL questions) so the RAG path is at least as good there as BM25 or dense alone; records "
+                            "them and their metrics in the settings (without it, setup keeps Chatchat's 0.5/0.5)")
+    setup.add_argument("--kb", help="with --calibrate: the knowledge base to calibrate on (default: DEFAULT_KNOWLEDGE_BASE)")
+    setup.set_defaults(func=run_setup)
+
+
+def shipped_settings_dir() -> Path:
+    """Where the shipped YAML files are: packaged copies in a wheel, the repository root otherwise."""
+    package = Path(__file__).resolve().parents[1]
+    packaged = package / "chatchat_settings"
+    if (packaged / SETTINGS_FILES[0]).is_file():
+        return packaged
+    return package.parent
+
+
+def merge_settings(target: Any, shipped: Any, keep_other_platforms: bool) -> None:
+    """Write `shipped` keys into `target` (ruamel maps, comments kept).
+
+    Mappings merge key by key; `MODEL_PLATFORMS` is replaced by the shipped list, plus, with
+    `keep_other_platforms`, the existing platforms whose names it does not use.
+    """
+    for key, value in shipped.items():
+        if key == "MODEL_PLATFORMS" and keep_other_platforms:
+            names = {p.get("platform_name") for p in value}
+            kept = [p for p in target.get(key) or [] if p.get("platform_name") not in names]
+            value.extend(kept)
+            target[key] = value
+        elif isinstance(value, dict) and isinstance(target.get(key), dict):
+            merge_settings(target[key], value, keep_other_platforms)
+        else:
+            target[key] = value
+
+
+def _policybert_block(model_settings: Any) -> Any:
+    for platform in model_settings.get("MODEL_PLATFORMS") or []:
+        if PLATFORM_KEY in platform:
+            return platform[PLATFORM_KEY]
+    raise SettingsError(f"the shipped model_settings.yaml has no platform with '{PLATFORM_KEY}'")
+
+
+def run_setup(args: argparse.Namespace) -> int:
+    """Merge the shipped settings into a root prepared by `chatchat init`, then check it."""
+    root: Path = args.root
+    missing = [name for name in SETTINGS_FILES if not (root / name).is_file()]
+    if missing:
+        raise InputError(f"{root} has no {', '.join(missing)}: run `CHATCHAT_ROOT={root} chatchat init` first")
+    if args.kb is not None and args.calibrate is None:
+        raise InputError("--kb only applies with --calibrate")
+    if args.calibrate is not None and not args.calibrate.is_file():
+        raise InputError(f"{args.calibrate}: question file not found")
+    if args.pg_uri is not None and args.vs != "pg":
+        raise InputError("--pg-uri is only used with --vs pg")
+    if args.vs == "pg":
+        from ..pg_store import validate_uri
+
+        if args.pg_uri is None:
+            raise InputError("--vs pg needs --pg-uri postgresql+psycopg2://USER:PASSWORD@HOST:PORT/DATABASE")
+        validate_uri(args.pg_uri)
+    yaml = round_trip_yaml()
+    source = args.settings_dir or shipped_settings_dir()
+    for name in SETTINGS_FILES:
+        shipped = yaml.load((source / name).read_text(encoding="utf-8"))
+        if name == "model_settings.yaml":
+            block = _policybert_block(shipped)
+            if args.model is not None:
+                block["model_path"] = str(args.model.resolve())
+            for key in ("device", "dtype"):
+                if getattr(args, key):
+                    block[key] = getattr(args, key)
+            if args.ollama_url:
+                for platform in shipped["MODEL_PLATFORMS"]:
+                    if platform.get("platform_type") == "ollama":
+                        platform["api_base_url"] = args.ollama_url
+        elif args.vs is not None:
+            _choose_store(shipped, args.vs, args.pg_uri)
+        path = root / name
+        current = yaml.load(path.read_text(encoding="utf-8")) or {}
+        merge_settings(current, shipped, args.keep_other_platforms)
+        with path.open("w", encoding="utf-8") as handle:
+            yaml.dump(current, handle)
+        print(f"OK    merged {source / name} into {path}")
+    _link_nltk_data(root)
+    kb_dir = content_dir(root, default_kb(root))
+    kb_dir.mkdir(parents=True, exist_ok=True)
+    print(f"OK    knowledge base folder {kb_dir} (put documents here, then `chatchat kb -r -n {kb_dir.parent.name}`)")
+    if args.calibrate is not None:
+        calibrate_setup(root, args.kb or default_kb(root), args.calibrate)
+    if args.no_check:
+        return 0
+    return report(diagnose(root, load_model=True))
+
+
+def calibrate_setup(root: Path, kb: str, questions: Path) -> None:
+    """``setup --calibrate``: choose the ensemble's weights and threshold on ``questions`` and record them."""
+    from ..calibration import calibrate_root, write_calibration
+
+    calibration = calibrate_root(root, kb, questions, root / "logs")
+    print(calibration.table())
+    write_calibration(root, calibration)
+    chosen = calibration.chosen
+    print(f"OK    calibrated the FAISS ensemble on {calibration.questions} questions of {questions}: "
+          f"{chosen.label} (written to model_settings.yaml and kb_settings.yaml)")
+
+
+def _choose_store(kb_settings: Any, store: str, uri: str | None) -> None:
+    """Point the kb_settings to merge at ``store``, with the threshold keeping cosine >= TARGET_COSINE there.
+
+    The threshold is rounded up at the 4th decimal, so the cut stays at (not below) the target.
+    """
+    kb_settings["DEFAULT_VS_TYPE"] = store
+    kb_settings["SCORE_THRESHOLD"] = math.ceil(score_threshold_for(TARGET_COSINE, store) * 1e4) / 1e4
+    if uri is not None:
+        kb_settings["kbs_config"] = {store: {"connection_uri": uri}}
+    if store == "pg":
+        print(f"NOTE  {DENSE_ONLY_NOTE}")
+
+
+def _link_nltk_data(root: Path) -> None:
+    """Offline, unstructured's loaders need NLTK data: link Chatchat's shipped copy into the root.
+
+    Chatchat adds `$CHATCHAT_ROOT/data/nltk_data` to NLTK's path but `chatchat init` leaves it empty.
+    """
+    try:
+        import chatchat
+    except ImportError:
+        return
+    shipped = Path(chatchat.__file__).resolve().parent / "data" / "nltk_data"
+    target = root / "data" / "nltk_data"
+    if shipped.is_dir() and target.is_dir() and not any(target.iterdir()):
+        for child in shipped.iterdir():
+            (target / child.name).symlink_to(child, target_is_directory=child.is_dir())
+        print(f"OK    linked Chatchat's NLTK data into {target}")
