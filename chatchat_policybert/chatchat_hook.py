@@ -25,7 +25,8 @@ of the environment. Set CHATCHAT_POLICYBERT_HOOK=0 to disable it.
 from __future__ import annotations
 
 # Start-up cost matters here (every interpreter of the environment imports this module):
-# only modules Python has already loaded; importlib.abc, typing and pathlib alone cost ~20 ms.
+# only modules Python has already loaded (importlib.abc, typing and pathlib alone would cost more
+# than the hook's whole start-up, docs/deployment.md).
 import _thread
 import functools
 import importlib

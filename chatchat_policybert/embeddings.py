@@ -42,9 +42,8 @@ def auto_dtype(device: str, flags: set[str] | None = None) -> str:
     """The fastest accurate compute dtype for ``device``: bfloat16 where the hardware multiplies it natively.
 
     On a CPU that means AMX or AVX-512-BF16 (``flags``, default :func:`cpu_flags`); elsewhere
-    bfloat16 is emulated, about 100x slower than float32 on an AVX2-only EPYC, so float32 is
-    chosen. (Dynamic int8 was measured too: 1.45x faster on AVX2 but min cosine 0.9989 against
-    float32 even with random weights, below the 0.999 bar, so it is not offered.)
+    bfloat16 is emulated, far slower than float32, so float32 is chosen. Dynamic int8 is not
+    offered: its vectors drift from float32's beyond the 0.999 cosine bar (docs/speed.md).
     """
     if device.startswith("cuda"):
         return "bfloat16" if torch.cuda.is_available() and torch.cuda.is_bf16_supported() else "float32"

@@ -43,7 +43,7 @@ class PostingsBM25Okapi(BM25Okapi):
     """rank_bm25's ``BM25Okapi`` whose ``get_scores`` reads postings instead of every document's counts.
 
     Why: the parent looks every question token up in every document's dict (a Python loop over the
-    whole KB per token: ~0.3 s a question at 100k chunks). The postings give the very same
+    whole KB per token, so a question's cost grows with the KB; docs/speed.md). The postings give the very same
     ``q_freq`` array and the same numpy expression follows, so scores, and with them the order
     ``get_top_n`` picks (ties included), are bit-identical (tested).
     """

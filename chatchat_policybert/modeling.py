@@ -272,10 +272,10 @@ class ClsOnlyLayer(nn.Module):
     attention weights ``p`` sum to 1, ``sum_j p_j (x_j W_v + b_v) = (sum_j p_j x_j) W_v + b_v``.
     So each head folds its query into the key weights, scores the raw states, mixes the raw
     states and projects the one mixture: about ``2 * heads * L * hidden`` multiply-adds where
-    the key and value projections take ``2 * L * hidden**2`` (1.6 % of it at bge-base size),
-    and the query, output projection and feed-forward run over one row instead of L. For
-    250-character chunks at bge-base size the layer costs ~1 % of a full one, with the same
-    [CLS] state up to float rounding. The output has sequence length 1. Inference only: no
+    the key and value projections take ``2 * L * hidden**2`` (a fraction ``heads / hidden`` of
+    it), and the query, output projection and feed-forward run over one row instead of L, with
+    the same [CLS] state up to float rounding (its cost: docs/speed.md). The output has
+    sequence length 1. Inference only: no
     dropout. It holds the layer's own submodules under their own names, so its ``state_dict``
     keys are the ``BertLayer``'s and a model saved from ``PolicyBertEmbeddings`` reloads as the
     full model.

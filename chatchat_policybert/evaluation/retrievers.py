@@ -46,8 +46,8 @@ class Bm25:
         jieba.setLogLevel(60)
         self.name, self.depth = name, depth
         # Chatchat's BM25Retriever.from_texts scorer (jieba's search tokens, BM25Okapi), with the same
-        # scores read from postings (under a millisecond a query at the shipped KB instead of ~30 ms;
-        # training.pairs asks one per pair).
+        # scores read from postings, whose cost does not grow with the KB per query token
+        # (training.pairs asks one query per pair).
         self._tokenize = jieba.lcut_for_search
         self._bm25 = PostingsBM25Okapi([self._tokenize(c.text) for c in chunks])
 
