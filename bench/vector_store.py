@@ -16,7 +16,9 @@ and pg (a throw-away PostgreSQL + pgvector cluster on loopback, :mod:`tests.supp
 2. `chatchat-policybert eval --chatchat-root ROOT --retrievers chatchat` per root: the shipped
    questions through Chatchat's own `search_docs` at the root's SCORE_THRESHOLD (cosine >= 0.5
    on both stores); p50/p95 are `search_docs`'s own time per query, measured in the worker.
-   FAISS runs Chatchat's BM25 + dense ensemble, pg dense only.
+   Both stores run the plugin's BM25 + dense ensemble (pg: :mod:`chatchat_policybert.pg_search`);
+   `CHATCHAT_POLICYBERT_BM25_CACHE=0` measures Chatchat's own search instead (pg: dense only, at
+   most 5 hits, a new store per search).
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Choose the FAISS ensemble's BM25/dense weights and SCORE_THRESHOLD on held-out questions.
+"""Choose the BM25 + vector ensemble's weights and SCORE_THRESHOLD on held-out questions (FAISS or pg store).
 
 Why: Chatchat fuses BM25 and the vectors with fixed weights 0.5/0.5 (weighted reciprocal-rank
 fusion), so with a dense model weaker than BM25 the RAG tab retrieves worse than BM25 alone —
@@ -50,7 +50,7 @@ COSINE_CUTS = (0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9)
 NO_VECTORS = 2.0
 """The largest SCORE_THRESHOLD Chatchat's API accepts: no vector hit passes (BM25 alone)."""
 LOOSEST = 0.0
-"""The smallest SCORE_THRESHOLD Chatchat's API accepts (FAISS: cosine >= 0.29)."""
+"""The smallest SCORE_THRESHOLD Chatchat's API accepts (FAISS: cosine >= 0.29; pg: cosine >= 0)."""
 METRICS_KEPT = ("R@1", "R@5", f"MRR@{MRR_K}", f"nDCG@{MRR_K}")
 KS = [1, 5, 10]
 ROWS = ("bm25", "dense", "hybrid 0.5", "calibrated")
@@ -69,17 +69,22 @@ class Setting:
         return f"bm25 {self.bm25_weight:g} / dense {self.dense_weight:g}, thr {self.threshold:g}"
 
 
-def threshold_grid(current: float) -> list[float]:
-    """SCORE_THRESHOLDs tried: the root's, the loosest, one per cosine cut of FAISS (rounded up: never looser), none."""
-    cuts = [math.ceil(score_threshold_for(c, "faiss") * 1e4) / 1e4 for c in COSINE_CUTS]
+def ensemble_label(store: str) -> str:
+    """How ``doctor`` and ``setup`` name the ensemble of a store (``faiss``/``pg``)."""
+    return "FAISS ensemble" if store == "faiss" else f"{store} ensemble"
+
+
+def threshold_grid(current: float, store: str) -> list[float]:
+    """SCORE_THRESHOLDs tried: the root's, the loosest, one per cosine cut in ``store`` (rounded up: never looser), none."""
+    cuts = [math.ceil(score_threshold_for(c, store) * 1e4) / 1e4 for c in COSINE_CUTS]
     return list(dict.fromkeys([current, LOOSEST, *cuts, NO_VECTORS]))
 
 
-def setting_grid(current: float) -> list[Setting]:
+def setting_grid(current: float, store: str) -> list[Setting]:
     """Chatchat's own setting first (ties keep it), then every weight at every threshold."""
     weights = [round(i / WEIGHT_STEPS, 4) for i in range(WEIGHT_STEPS + 1)]
     grid = [Setting(*CHATCHAT_WEIGHTS, current)]
-    grid += [Setting(w, round(1 - w, 4), t) for t in threshold_grid(current) for w in weights]
+    grid += [Setting(w, round(1 - w, 4), t) for t in threshold_grid(current, store) for w in weights]
     return list(dict.fromkeys(grid))
 
 
@@ -221,6 +226,7 @@ class Calibration:
     settings: dict[str, Setting]
     questions: int
     top_k: int
+    store: str = "faiss"
     source: str = ""
     kb: str = ""
     date: str = field(default_factory=lambda: datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"))
@@ -248,10 +254,11 @@ def mean_mrr(retriever: Fused, queries: list[Query], chunks: list[Chunk]) -> flo
     return total / len(queries)
 
 
-def calibrate(candidates: Candidates, queries: list[Query], chunks: list[Chunk], current: float) -> Calibration:
+def calibrate(candidates: Candidates, queries: list[Query], chunks: list[Chunk], current: float,
+              store: str) -> Calibration:
     """The grid point with the highest MRR@10 (the earliest on ties) and the four rows of the table."""
     best, best_score = None, -1.0
-    grid = setting_grid(current)
+    grid = setting_grid(current, store)
     for setting in grid:
         score = mean_mrr(Fused("grid", candidates, chunks, setting), queries, chunks)
         if score > best_score:
@@ -264,18 +271,18 @@ def calibrate(candidates: Candidates, queries: list[Query], chunks: list[Chunk],
     }
     rows = {name: evaluate_retriever(Fused(name, candidates, chunks, s), queries, chunks, KS)
             for name, s in references.items()}
-    return Calibration(best, rows, references, len(queries), candidates.top_k)
+    return Calibration(best, rows, references, len(queries), candidates.top_k, store)
 
 
 def calibrate_root(root: Path, kb: str, questions: Path, log_dir: Path) -> Calibration:
-    """Calibrates a built FAISS knowledge base of ``root`` on ``questions`` (nothing is written)."""
+    """Calibrates a built knowledge base of ``root`` (FAISS or pg: the plugin gives both the ensemble) on ``questions``.
+
+    Nothing is written.
+    """
     settings = kb_settings(root)
-    if settings.vs_type != "faiss":
-        raise InputError(f"{root}: DEFAULT_VS_TYPE is {settings.vs_type}; the BM25 + vector ensemble and its "
-                         "calibration exist only for faiss (Chatchat retrieves dense-only on pg)")
     queries, chunks = dev_queries(questions, root, kb)
     with Candidates(root, kb, chunks, log_dir / "calibration_worker.log") as candidates:
-        calibration = calibrate(candidates, queries, chunks, settings.score_threshold)
+        calibration = calibrate(candidates, queries, chunks, settings.score_threshold, settings.vs_type)
     calibration.source, calibration.kb = str(Path(questions).resolve()), kb
     return calibration
 
@@ -332,12 +339,12 @@ def _dump(yaml: Any, data: Any, path: Path) -> None:
         yaml.dump(data, handle)
 
 
-def describe(hybrid: Any, configured_threshold: float) -> list[tuple[str, str]]:
+def describe(hybrid: Any, configured_threshold: float, store: str = "faiss") -> list[tuple[str, str]]:
     """``doctor``'s lines for a platform's ``hybrid`` block (a :class:`~chatchat_policybert.settings.HybridConfig` or None)."""
     if hybrid is None:
-        return [("OK", f"FAISS ensemble: Chatchat's weights BM25 {CHATCHAT_WEIGHTS[0]:g} / dense {CHATCHAT_WEIGHTS[1]:g}, "
+        return [("OK", f"{ensemble_label(store)}: Chatchat's weights BM25 {CHATCHAT_WEIGHTS[0]:g} / dense {CHATCHAT_WEIGHTS[1]:g}, "
                        f"not calibrated (`chatchat-policybert setup --calibrate DEV.jsonl` after `chatchat kb -r`)")]
-    lines = [("OK", f"FAISS ensemble: weights BM25 {hybrid.bm25_weight:g} / dense {hybrid.dense_weight:g}, "
+    lines = [("OK", f"{ensemble_label(store)}: weights BM25 {hybrid.bm25_weight:g} / dense {hybrid.dense_weight:g}, "
                     f"SCORE_THRESHOLD {configured_threshold:g}")]
     info = hybrid.calibration or {}
     metrics = info.get("metrics") or {}

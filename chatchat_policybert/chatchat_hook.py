@@ -8,8 +8,10 @@ reach them. `chatchat_policybert_hook.pth` (installed at the root of site-packag
 place, which wraps `chatchat.server.utils.get_Embeddings` the moment that module has run,
 before anything can import the name. It also makes `kb -r` transactional for FAISS
 (`chatchat_policybert.kb_rebuild`), by wrapping `migrate.folder2db` the same way, and keeps the
-FAISS ensemble's BM25 index between questions (`chatchat_policybert.ensemble_cache`; set
-CHATCHAT_POLICYBERT_BM25_CACHE=0 for Chatchat's rebuild-per-question, e.g. to compare).
+FAISS ensemble's BM25 index between questions (`chatchat_policybert.ensemble_cache`), and gives
+the pg store one store object per knowledge base and the same BM25 + vector ensemble
+(`chatchat_policybert.pg_search`); set CHATCHAT_POLICYBERT_BM25_CACHE=0 for Chatchat's own search
+on both stores (BM25 rebuilt per question on FAISS, dense-only on pg), e.g. to compare.
 
 The wrapper serves embed models whose platform entry has a `local_embeddings` block (see
 `chatchat_policybert.settings`) and delegates everything else to Chatchat unchanged. One
@@ -48,6 +50,7 @@ if TYPE_CHECKING:
 UTILS_MODULE = "chatchat.server.utils"
 MIGRATE_MODULE = "chatchat.server.knowledge_base.migrate"
 ENSEMBLE_MODULE = "chatchat.server.file_rag.retrievers.ensemble"
+PG_MODULE = "chatchat.server.knowledge_base.kb_service.pg_kb_service"
 DISABLE_ENV = "CHATCHAT_POLICYBERT_HOOK"
 BM25_CACHE_ENV = "CHATCHAT_POLICYBERT_BM25_CACHE"
 
@@ -91,9 +94,18 @@ def _patch_ensemble(module: ModuleType) -> None:
     patch_ensemble(module)
 
 
+def _patch_pg(module: ModuleType) -> None:
+    if switched_off(BM25_CACHE_ENV):
+        return
+    from chatchat_policybert.pg_search import patch_pg
+
+    patch_pg(module)
+
+
 def _patchers() -> dict[str, object]:
     """Module name -> function that patches it right after it executes."""
-    return {UTILS_MODULE: patch_module, MIGRATE_MODULE: _patch_migrate, ENSEMBLE_MODULE: _patch_ensemble}
+    return {UTILS_MODULE: patch_module, MIGRATE_MODULE: _patch_migrate, ENSEMBLE_MODULE: _patch_ensemble,
+            PG_MODULE: _patch_pg}
 
 
 class _ChatchatFinder:

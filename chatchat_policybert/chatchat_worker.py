@@ -9,7 +9,7 @@ explains why a child process. Results are printed as one line ``@@chatchat@@ <js
   object per stdin line and answers each with the hits of Chatchat's ``search_docs``; with
   ``"llm": NAME`` in the request it also answers the question with Chatchat's RAG prompt over those
   hits (the WebUI's RAG对话 chain, no streaming).
-- ``candidates`` (FAISS) answers ``{"query"}`` lines with the two lists the FAISS ensemble fuses,
+- ``candidates`` answers ``{"query"}`` lines with the two lists the ensemble (FAISS or pg) fuses,
   made by the same objects ``search_docs`` uses: the BM25 half's ``top_k`` hits and the vector
   store's ``top_k`` hits with the relevance score its SCORE_THRESHOLD is compared with. The
   calibration (:mod:`chatchat_policybert.calibration`) fuses them for every weight and threshold
@@ -112,27 +112,53 @@ def _stale_index(store) -> str | None:
     return None if cosine > 0.999 else f"its vectors were not made by the configured model (cosine {cosine:.3f})"
 
 
+def _stale_collection(store) -> str | None:
+    """:func:`_stale_index` for a pg store: one stored row embedded again must give its stored vector back."""
+    import numpy as np
+
+    with store._make_session() as session:
+        collection = store.get_collection(session)
+        row = None if collection is None else session.query(store.EmbeddingStore).filter(
+            store.EmbeddingStore.collection_id == collection.uuid).first()
+        if row is None:
+            return "the pg collection is empty"
+        text, stored = row.document, np.asarray(row.embedding, dtype=np.float32)
+    try:
+        fresh = np.asarray(store.embedding_function.embed_documents([text])[0], dtype=np.float32)
+    except Exception as exc:  # the hook's stand-in for a model that did not load raises its reason
+        return f"the configured model does not embed ({exc})"
+    cosine = float(fresh @ stored / (np.linalg.norm(fresh) * np.linalg.norm(stored)))
+    return None if cosine > 0.999 else f"its vectors were not made by the configured model (cosine {cosine:.3f})"
+
+
 def candidates(kb: str, top_k: int | None) -> None:
-    """Answers request lines with the BM25 and FAISS lists of the plugin's ensemble, before fusion and threshold."""
+    """Answers request lines with the BM25 and vector lists of the plugin's ensemble, before fusion and threshold."""
+    from contextlib import nullcontext
+
     from chatchat.server.knowledge_base.kb_service.base import KBServiceFactory
     from chatchat.settings import Settings
 
-    from chatchat_policybert.ensemble_cache import cached_bm25
+    from chatchat_policybert import ensemble_cache, pg_search
 
     top_k = top_k or Settings.kb_settings.VECTOR_SEARCH_TOP_K
     service = KBServiceFactory.get_service_by_name(kb)
-    if service is None or service.vs_type() != "faiss":
-        _emit({"error": f"knowledge base {kb} is not a FAISS knowledge base of this root"})
+    if service is None or service.vs_type() not in ("faiss", "pg"):
+        _emit({"error": f"knowledge base {kb} is not a FAISS or pg knowledge base of this root"})
         return
-    with service.load_vector_store().acquire() as store:
-        stale = _stale_index(store)
+    if service.vs_type() == "faiss":
+        acquire, stale_check, cached_bm25 = (lambda: service.load_vector_store().acquire(), _stale_index,
+                                             ensemble_cache.cached_bm25)
+    else:  # the store the plugin keeps for the knowledge base, as its pg search uses it
+        acquire, stale_check, cached_bm25 = lambda: nullcontext(service.pg_vector), _stale_collection, pg_search.cached_bm25
+    with acquire() as store:
+        stale = stale_check(store)
     if stale:
         _emit({"error": f"knowledge base {kb}: {stale}; run `chatchat kb -r -n {kb}` first"})
         return
     _emit({"ready": True, "top_k": top_k})
     for line in sys.stdin:
         query = json.loads(line)["query"]
-        with service.load_vector_store().acquire() as store:
+        with acquire() as store:
             bm25 = cached_bm25(store).copy(update={"k": top_k}).invoke(query)
             # What as_retriever(search_type="similarity_score_threshold") asks, with no threshold yet.
             dense = store.similarity_search_with_relevance_scores(query, k=top_k)

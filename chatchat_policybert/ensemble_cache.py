@@ -101,25 +101,34 @@ def cached_bm25(vectorstore: Any) -> Any:
         current = _indexes.get(vectorstore)
     if current is not None and current.snapshot == snapshot:
         return current.retriever
+    retriever, tokens = build_bm25(snapshot, current.tokens if current is not None else {})
+    with _indexes_lock:
+        _indexes[vectorstore] = _Bm25Index(snapshot, retriever, tokens)
+    return retriever
+
+
+def build_bm25(documents: list[tuple[str, Any]], known: dict[str, tuple[str, list[str]]]) -> tuple[Any, dict[str, tuple[str, list[str]]]]:
+    """A BM25 retriever over ``documents`` ((id, Document) pairs, in BM25's order) and the tokens per id it used.
+
+    Only chunks whose id and text are not in ``known`` (the previous build's tokens) are tokenised.
+    Shared by the FAISS ensemble and the pg one (:mod:`chatchat_policybert.pg_search`).
+    """
     import jieba
     from langchain_community.retrievers import BM25Retriever
     from langchain_core.documents import Document
 
-    known = current.tokens if current is not None else {}
     tokens = {}
-    for doc_id, doc in snapshot:
+    for doc_id, doc in documents:
         kept = known.get(doc_id)
         tokens[doc_id] = kept if kept is not None and kept[0] == doc.page_content else (
             doc.page_content, jieba.lcut_for_search(doc.page_content))
     # What BM25Retriever.from_documents does, from the kept tokens instead of tokenising again.
     retriever = BM25Retriever(
-        vectorizer=PostingsBM25Okapi([tokens[doc_id][1] for doc_id, _ in snapshot]),
-        docs=[Document(page_content=doc.page_content, metadata=doc.metadata) for _, doc in snapshot],
+        vectorizer=PostingsBM25Okapi([tokens[doc_id][1] for doc_id, _ in documents]),
+        docs=[Document(page_content=doc.page_content, metadata=doc.metadata) for _, doc in documents],
         preprocess_func=jieba.lcut_for_search,
     )
-    with _indexes_lock:
-        _indexes[vectorstore] = _Bm25Index(snapshot, retriever, tokens)
-    return retriever
+    return retriever, tokens
 
 
 def hybrid_weights(vectorstore: Any) -> tuple[float, float]:
@@ -143,9 +152,22 @@ def hybrid_weights(vectorstore: Any) -> tuple[float, float]:
     except SettingsError as exc:
         if str(exc) not in _logged:
             _logged.add(str(exc))
-            logger.error(f"{exc}: the FAISS ensemble uses Chatchat's weights {CHATCHAT_WEIGHTS}")
+            logger.error(f"{exc}: the BM25 + vector ensemble uses Chatchat's weights {CHATCHAT_WEIGHTS}")
         return CHATCHAT_WEIGHTS
     return CHATCHAT_WEIGHTS if hybrid is None else hybrid.weights
+
+
+def ensemble(vectorstore: Any, bm25: Any, top_k: int, score_threshold: int | float) -> Any:
+    """Chatchat's fusion of ``bm25`` (a cached retriever, copied, not changed) and ``vectorstore``'s hits at
+    ``score_threshold``, ``top_k`` from each, with :func:`hybrid_weights`: the FAISS ensemble and the pg one."""
+    from langchain.retrievers import EnsembleRetriever
+
+    dense = vectorstore.as_retriever(
+        search_type="similarity_score_threshold",
+        search_kwargs={"score_threshold": score_threshold, "k": top_k},
+    )
+    weights = list(hybrid_weights(vectorstore))
+    return EnsembleRetriever(retrievers=[bm25.copy(update={"k": top_k}), dense], weights=weights)
 
 
 def patch_ensemble(module: ModuleType) -> None:
@@ -158,18 +180,10 @@ def patch_ensemble(module: ModuleType) -> None:
     original = service.from_vectorstore
     if getattr(original, WRAPPED_MARK, False):
         return
-    from langchain.retrievers import EnsembleRetriever
 
     @functools.wraps(original)
     def from_vectorstore(vectorstore: Any, top_k: int, score_threshold: int | float) -> Any:
-        faiss_retriever = vectorstore.as_retriever(
-            search_type="similarity_score_threshold",
-            search_kwargs={"score_threshold": score_threshold, "k": top_k},
-        )
-        bm25_retriever = cached_bm25(vectorstore).copy(update={"k": top_k})
-        weights = list(hybrid_weights(vectorstore))
-        ensemble = EnsembleRetriever(retrievers=[bm25_retriever, faiss_retriever], weights=weights)
-        return service(retriever=ensemble, top_k=top_k)
+        return service(retriever=ensemble(vectorstore, cached_bm25(vectorstore), top_k, score_threshold), top_k=top_k)
 
     setattr(from_vectorstore, WRAPPED_MARK, True)
     service.from_vectorstore = staticmethod(from_vectorstore)

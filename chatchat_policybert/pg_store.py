@@ -20,6 +20,7 @@ import this module in processes that may not use the `pg` store at all.
 
 from __future__ import annotations
 
+import copy
 from contextlib import contextmanager
 from typing import Any, Iterator
 
@@ -193,6 +194,8 @@ class PgStaging:
         def load_pg_vector(self) -> None:
             original_load(self)
             if self.kb_name == kb_name:
+                # A copy: the store original_load gives may be the one kept for searches (pg_search).
+                self.pg_vector = copy.copy(self.pg_vector)
                 self.pg_vector.collection_name = staging
                 self.pg_vector.create_collection()
 

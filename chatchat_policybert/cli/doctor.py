@@ -20,7 +20,8 @@ from ..settings import SettingsError, find_local_model, load_yaml, parse_hybrid
 from .common import add_root_argument
 
 PTH_NAME = "chatchat_policybert_hook.pth"
-DENSE_ONLY_NOTE = "on pg Chatchat retrieves dense-only (its BM25 half exists only for FAISS)"
+PG_HYBRID_NOTE = ("on pg the plugin gives Chatchat's pg search the FAISS ensemble (BM25 + vectors, the platform's "
+                  "`hybrid` weights); without the plugin's hook Chatchat retrieves dense-only there")
 
 
 def register(commands: Any) -> None:
@@ -129,14 +130,14 @@ def diagnose(root: Path, load_model: bool) -> list[Finding]:
         add("OK", f"SCORE_THRESHOLD {threshold} keeps {label} hits with cosine >= {cosine:.2f}")
 
     findings.extend(_check_interrupted_swaps(root))
-    if store == "faiss" and local is not None:
-        findings.extend(_check_hybrid(model_settings, local.platform_name, threshold))
+    if local is not None:
+        findings.extend(_check_hybrid(model_settings, local.platform_name, threshold, store))
     if store == "faiss":
         findings.extend(_check_kb(root, settings, str(model_settings.get("DEFAULT_EMBEDDING_MODEL", "")), None))
         return findings
     from ..pg_store import check_configured, check_server, connected
 
-    add("OK", f"vector store pg: {DENSE_ONLY_NOTE}")
+    add("OK", f"vector store pg: {PG_HYBRID_NOTE}")
     unusable = check_configured(settings.pg_uri)
     if unusable:
         findings.extend(Finding(level, message) for level, message in unusable)
@@ -149,8 +150,8 @@ def diagnose(root: Path, load_model: bool) -> list[Finding]:
     return findings
 
 
-def _check_hybrid(model_settings: dict[str, Any], platform_name: str, threshold: float) -> list[Finding]:
-    """The FAISS ensemble's weights, threshold and the dev metrics they were chosen on (the platform's ``hybrid``)."""
+def _check_hybrid(model_settings: dict[str, Any], platform_name: str, threshold: float, store: str) -> list[Finding]:
+    """The ensemble's weights, threshold and the dev metrics they were chosen on (the platform's ``hybrid``)."""
     from ..calibration import describe
 
     platform = next(p for p in model_settings.get("MODEL_PLATFORMS") or [] if p.get("platform_name") == platform_name)
@@ -158,7 +159,7 @@ def _check_hybrid(model_settings: dict[str, Any], platform_name: str, threshold:
         hybrid = parse_hybrid(platform)
     except SettingsError as exc:
         return [Finding("ERROR", f"{exc}: the ensemble falls back to Chatchat's 0.5/0.5")]
-    return [Finding(level, message) for level, message in describe(hybrid, threshold)]
+    return [Finding(level, message) for level, message in describe(hybrid, threshold, store)]
 
 
 def _check_model(local: Any, root: Path) -> list[Finding]:

@@ -17,7 +17,7 @@ from ..errors import InputError
 from ..score_threshold import TARGET_COSINE, score_threshold_for
 from ..settings import PLATFORM_KEY, SettingsError, round_trip_yaml
 from .common import add_root_argument
-from .doctor import DENSE_ONLY_NOTE, diagnose, report
+from .doctor import PG_HYBRID_NOTE, diagnose, report
 
 SETTINGS_FILES = ("model_settings.yaml", "kb_settings.yaml")
 
@@ -34,7 +34,7 @@ def register(commands: Any) -> None:
     setup.add_argument("--vs", choices=VS_TYPES,
                        help="vector store to use, with the SCORE_THRESHOLD keeping cosine >= 0.5 in it (default: the "
                             "shipped faiss). faiss: one index file per knowledge base, dense + BM25 retrieval; "
-                            "pg: PostgreSQL + pgvector (needs --pg-uri and the [pg] extra), dense-only retrieval")
+                            "pg: PostgreSQL + pgvector (needs --pg-uri and the [pg] extra); both get the BM25 + vector ensemble")
     setup.add_argument("--pg-uri", help="with --vs pg: Chatchat's kbs_config.pg.connection_uri, "
                                         "postgresql+psycopg2://USER:PASSWORD@HOST:PORT/DATABASE")
     setup.add_argument("--settings-dir", type=Path, default=None,
@@ -139,13 +139,13 @@ def run_setup(args: argparse.Namespace) -> int:
 
 def calibrate_setup(root: Path, kb: str, questions: Path) -> None:
     """``setup --calibrate``: choose the ensemble's weights and threshold on ``questions`` and record them."""
-    from ..calibration import calibrate_root, write_calibration
+    from ..calibration import calibrate_root, ensemble_label, write_calibration
 
     calibration = calibrate_root(root, kb, questions, root / "logs")
     print(calibration.table())
     write_calibration(root, calibration)
     chosen = calibration.chosen
-    print(f"OK    calibrated the FAISS ensemble on {calibration.questions} questions of {questions}: "
+    print(f"OK    calibrated the {ensemble_label(calibration.store)} on {calibration.questions} questions of {questions}: "
           f"{chosen.label} (written to model_settings.yaml and kb_settings.yaml)")
 
 
@@ -159,7 +159,7 @@ def _choose_store(kb_settings: Any, store: str, uri: str | None) -> None:
     if uri is not None:
         kb_settings["kbs_config"] = {store: {"connection_uri": uri}}
     if store == "pg":
-        print(f"NOTE  {DENSE_ONLY_NOTE}")
+        print(f"NOTE  {PG_HYBRID_NOTE}")
 
 
 def _link_nltk_data(root: Path) -> None:

@@ -11,6 +11,7 @@ import json
 import os
 import shutil
 import subprocess
+import textwrap
 from collections import Counter
 from pathlib import Path
 from typing import Iterator
@@ -25,12 +26,17 @@ from ollama_standin import REPLY, OllamaStandIn
 from test_kb_rebuild import load_index
 from test_kb_rebuild_failures import Root, make_root, rebuild
 
+from chatchat_policybert.calibration import Candidates, Setting, calibrate_root, fuse
+from chatchat_policybert.chatchat_hook import BM25_CACHE_ENV
 from chatchat_policybert.chatchat_process import ChatchatWorker
 from chatchat_policybert.score_threshold import cosine_cut, score_threshold_for
 from chatchat_policybert.embeddings import PolicyBertEmbeddings
 from chatchat_policybert.errors import InputError
 from tests.support.pg_cluster import PgCluster
+from chatchat_policybert.evaluation.knowledge_base import load_chunks
+from chatchat_policybert.evaluation.retrievers import ChatchatSearch
 from chatchat_policybert.pg_store import COLLECTIONS, EMBEDDINGS, collection_size
+from training import pairs
 
 pytestmark = pytest.mark.pg
 TOP_K = 5
@@ -56,7 +62,7 @@ def pg_root(tmp_path_factory, deployment: Deployment, cluster: PgCluster, standi
     setup = run([str(BIN / "chatchat-policybert"), "setup", "--root", str(root.path), "--model", str(deployment.model_dir),
                  "--ollama-url", standin.url, "--vs", "pg", "--pg-uri", cluster.uri, "--no-check"], root.env)
     assert setup.returncode == 0, setup.stdout + setup.stderr
-    assert "dense-only" in setup.stdout
+    assert "BM25 + vectors" in setup.stdout
     log = rebuild(root)
     assert collection_size(cluster.uri, KB_NAME), log[-5000:]  # kb -r exits 0 even when it stored nothing
     assert deployment.vector_store.is_dir(), "the pg copy's kb -r reached the shared FAISS deployment"
@@ -104,8 +110,13 @@ def test_kb_rebuild_stores_policybert_vectors_of_chatchat_chunks(pg_root: Root, 
     assert collection_names(cluster.uri) == [KB_NAME]
 
 
-def test_search_docs_keeps_the_top_k_above_the_pg_cosine_cut(pg_root: Root, cluster: PgCluster,
+def test_search_docs_keeps_the_top_k_above_the_pg_cosine_cut(pg_root: Root, cluster: PgCluster, monkeypatch,
                                                              deployment: Deployment, standin: OllamaStandIn):
+    """Chatchat's own pg search (the plugin's search switched off): dense only, its threshold is the pg cosine cut.
+
+    The plugin's ensemble applies the same cut to its dense half (test_the_pg_ensemble_is_the_fusion_of_its_two_halves).
+    """
+    monkeypatch.setenv(BM25_CACHE_ENV, "0")
     rows = collection(cluster.uri)
     texts = [text for _, text, _ in rows]
     vectors = np.asarray([json.loads(vector) for _, _, vector in rows])
@@ -130,7 +141,8 @@ def test_doctor_reports_server_extension_cut_and_collection(pg_root: Root):
     result = run([str(BIN / "chatchat-policybert"), "doctor", "--root", str(pg_root.path), "--no-load"], pg_root.env)
     assert result.returncode == 0, result.stdout
     for expected in ("OK    PostgreSQL 15", "OK    pgvector 0.8.0 is created in the database",
-                     "keeps pg hits with cosine >= 0.50", "dense-only",
+                     "keeps pg hits with cosine >= 0.50", "BM25 + vectors",
+                     "pg ensemble: Chatchat's weights BM25 0.5 / dense 0.5, not calibrated",
                      f"OK    knowledge base '{KB_NAME}' has {len(pg_root.db_rows()[1])} vectors in pg"):
         assert expected in result.stdout, result.stdout
 
@@ -191,6 +203,172 @@ def test_second_rebuild_replaces_the_collection(pg_root: Root, cluster: PgCluste
     assert [row[1:] for row in sorted(after, key=lambda r: r[1:])] == [row[1:] for row in sorted(before, key=lambda r: r[1:])]
     assert not {row[0] for row in before} & {row[0] for row in after}, "new rows, old ones gone"
     assert collection_names(cluster.uri) == [KB_NAME] and collection_size(cluster.uri, KB_NAME) == len(before)
+
+
+PROBE = textwrap.dedent("""
+    import json, sys
+    from chatchat.server.knowledge_base.kb_doc_api import search_docs
+    from chatchat.server.knowledge_base.kb_service.base import KBServiceFactory
+
+    request = json.loads(sys.argv[1])
+    stores = [KBServiceFactory.get_service_by_name(request["kb"]).pg_vector]
+    hits = []
+    for query in request["queries"]:
+        docs = search_docs(query=query, knowledge_base_name=request["kb"], top_k=request["top_k"],
+                           score_threshold=request["threshold"], file_name="", metadata={})
+        hits.append([d["page_content"] for d in docs])
+        stores.append(KBServiceFactory.get_service_by_name(request["kb"]).pg_vector)
+    print("@@probe@@" + json.dumps({"stores": len({id(s) for s in stores}), "hits": hits}, ensure_ascii=False))
+""")
+
+
+def probe(root: Root, queries: list[str], top_k: int, threshold: float, plugin: bool = True) -> dict:
+    """Chatchat's search_docs in a fresh process of ``root`` (the plugin's pg search, or Chatchat's own):
+    how many distinct pg store objects its services held across the searches, and each search's hit texts."""
+    env = {**root.env, BM25_CACHE_ENV: "1" if plugin else "0"}
+    request = json.dumps({"kb": KB_NAME, "queries": queries, "top_k": top_k, "threshold": threshold}, ensure_ascii=False)
+    result = run([str(BIN / "python"), "-c", PROBE, request], env)
+    line = next((line for line in result.stdout.splitlines() if line.startswith("@@probe@@")), None)
+    assert line is not None, result.stdout[-3000:] + result.stderr[-3000:]
+    return json.loads(line[len("@@probe@@"):])
+
+
+def unique_probes(texts: list[str], n: int, length: int = 16) -> dict[str, str]:
+    """Up to ``n`` queries, each a run of ``length`` characters found in exactly one chunk -> that chunk's text."""
+    found = {}
+    for text in sorted(set(texts)):
+        for start in range(0, max(1, len(text) - length), length * 4):
+            query = text[start:start + length].strip()
+            if len(query) == length and sum(query in t for t in set(texts)) == 1:
+                found[query] = text
+                break
+        if len(found) == n:
+            break
+    return found
+
+
+def test_one_pg_store_per_kb_serves_every_search_and_top_k_is_honoured(pg_root: Root, cluster: PgCluster):
+    queries = ["数据要素市场化配置改革", "公共数据授权运营", "数字经济发展规划"]
+    assert len(collection(cluster.uri)) > 8
+    plugin = probe(pg_root, queries, top_k=8, threshold=0.0)
+    assert plugin["stores"] == 1, "every service of the KB, before and after each search, held the same store"
+    assert [len(hits) for hits in plugin["hits"]] == [8, 8, 8]
+    chatchat = probe(pg_root, queries, top_k=8, threshold=0.0, plugin=False)
+    assert chatchat["stores"] == len(queries) + 1, "Chatchat builds a store per service"
+    assert max(len(hits) for hits in chatchat["hits"]) <= 5, "Chatchat's pg search stops at 5 hits"
+
+
+EMPTY_KB_PROBE = textwrap.dedent("""
+    import json
+    from chatchat.server.knowledge_base.kb_api import create_kb, delete_kb
+    from chatchat.server.knowledge_base.kb_doc_api import search_docs
+
+    created = create_kb(knowledge_base_name="empty_kb", vector_store_type="pg", kb_info="", embed_model="policybert")
+    try:
+        hits = search_docs(query="数据要素", knowledge_base_name="empty_kb", top_k=5, score_threshold=0.0,
+                           file_name="", metadata={})
+    finally:
+        deleted = delete_kb("empty_kb")
+    print("@@probe@@" + json.dumps({"created": created.code, "hits": hits, "deleted": deleted.code}))
+""")
+
+
+def test_an_empty_pg_knowledge_base_answers_with_no_hits(pg_root: Root, cluster: PgCluster):
+    """A knowledge base created through Chatchat's API but not filled yet: no hits, no error (BM25 has nothing to index)."""
+    result = run([str(BIN / "python"), "-c", EMPTY_KB_PROBE], pg_root.env)
+    line = next((line for line in result.stdout.splitlines() if line.startswith("@@probe@@")), None)
+    assert line is not None, result.stdout[-3000:] + result.stderr[-3000:]
+    assert json.loads(line[len("@@probe@@"):]) == {"created": 200, "hits": [], "deleted": 200}
+    assert collection_names(cluster.uri) == [KB_NAME]
+
+
+def test_the_pg_hybrid_finds_bm25_matches_the_dense_search_misses(pg_root: Root, cluster: PgCluster):
+    texts = [text for _, text, _ in collection(cluster.uri)]
+    probes = unique_probes(texts, 12)
+    assert len(probes) == 12
+    queries = list(probes)
+    hybrid = probe(pg_root, queries, top_k=TOP_K, threshold=0.0)["hits"]
+    dense = probe(pg_root, queries, top_k=TOP_K, threshold=0.0, plugin=False)["hits"]
+    found = [q for q, hits in zip(queries, hybrid) if probes[q] in hits]
+    found_dense = [q for q, hits in zip(queries, dense) if probes[q] in hits]
+    assert len(found) > len(found_dense), (found, found_dense)
+    assert set(found) - set(found_dense), "the hybrid finds exact-wording chunks the vectors alone miss"
+
+
+def set_hybrid(root: Root, bm25_weight: float, dense_weight: float) -> None:
+    path = root.path / "model_settings.yaml"
+    settings = yaml.safe_load(path.read_text(encoding="utf-8"))
+    platform = next(p for p in settings["MODEL_PLATFORMS"] if "local_embeddings" in p)
+    platform["hybrid"] = {"bm25_weight": bm25_weight, "dense_weight": dense_weight}
+    path.write_text(yaml.safe_dump(settings, allow_unicode=True), encoding="utf-8")
+
+
+@pytest.fixture
+def restored_settings(pg_root: Root) -> Iterator[None]:
+    """The pg root's settings files as they were before the test."""
+    files = {name: (pg_root.path / name).read_text(encoding="utf-8") for name in ("model_settings.yaml", "kb_settings.yaml")}
+    yield
+    for name, text in files.items():
+        (pg_root.path / name).write_text(text, encoding="utf-8")
+
+
+def test_the_pg_ensemble_is_the_fusion_of_its_two_halves(pg_root: Root, cluster: PgCluster, restored_settings):
+    """search_docs on pg = the calibration's fusion of the BM25 and pgvector lists, at every weight and pg threshold."""
+    chunks = load_chunks(pg_root.path, KB_NAME, None)
+    texts = [text[:12] for text in sorted({c.text for c in chunks})[:6]] + ["数据要素市场化配置改革", "公共数据授权运营"]
+    with Candidates(pg_root.path, KB_NAME, chunks, pg_root.path / "logs" / "candidates.log") as candidates:
+        lists = {text: candidates.get(text) for text in texts}
+        top_k = candidates.top_k
+    thresholds = [0.0, score_threshold_for(0.5, "pg"), score_threshold_for(0.9, "pg"), 2.0]
+    compared = set()
+    for weights in ((0.5, 0.5), (0.9, 0.1), (0.1, 0.9)):
+        set_hybrid(pg_root, *weights)
+        with ChatchatSearch(pg_root.path, KB_NAME, chunks, top_k, pg_root.path / "logs" / "search.log") as search:
+            for threshold in thresholds:
+                for text in texts:
+                    expected = fuse(*lists[text], chunks, Setting(*weights, threshold), top_k)
+                    got = search.search(text, threshold)[0]
+                    assert got == expected, (weights, threshold, text)
+                    compared.add((weights, tuple(got)))
+    assert len({ranking for _, ranking in compared}) > len(texts), "the weights and thresholds change the hits"
+
+
+def test_setup_calibrate_works_on_pg(pg_root: Root, tmp_path: Path, restored_settings, deployment: Deployment,
+                                     cluster: PgCluster, standin: OllamaStandIn):
+    pairs.main(["--chatchat-root", str(pg_root.path), "--out", str(tmp_path / "pairs"), "--dev-ratio", "0.5",
+                "--negatives", "3", "--ict-per-chunk", "3"])
+    dev = tmp_path / "pairs" / "dev.jsonl"
+    calibration = calibrate_root(pg_root.path, KB_NAME, dev, tmp_path)
+    mrr = {name: row.metrics["MRR@10"] for name, row in calibration.rows.items()}
+    assert mrr["calibrated"] >= max(mrr["bm25"], mrr["dense"], mrr["hybrid 0.5"])
+    done = run([str(BIN / "chatchat-policybert"), "setup", "--root", str(pg_root.path), "--model", str(deployment.model_dir),
+                "--ollama-url", standin.url, "--vs", "pg", "--pg-uri", cluster.uri, "--calibrate", str(dev), "--no-check"],
+               pg_root.env, timeout=600)
+    assert done.returncode == 0 and "OK    calibrated the pg ensemble" in done.stdout, done.stdout + done.stderr
+    doctor = run([str(BIN / "chatchat-policybert"), "doctor", "--root", str(pg_root.path), "--no-load"], pg_root.env)
+    chosen = calibration.chosen
+    assert (f"pg ensemble: weights BM25 {chosen.bm25_weight:g} / dense {chosen.dense_weight:g}, "
+            f"SCORE_THRESHOLD {chosen.threshold:g}") in doctor.stdout, doctor.stdout
+
+
+def test_the_pg_bm25_index_follows_a_rebuild(pg_root: Root, cluster: PgCluster):
+    """A running search process (as `chatchat start` keeps one) finds a file added by a later `kb -r` by its words."""
+    added = pg_root.path / "data" / "knowledge_base" / KB_NAME / "content" / "zz_added.md"
+    wording = "鲲鹏翡翠试验区澜沧码头管理暂行办法"
+    with ChatchatWorker(pg_root.path, "search", "--kb", KB_NAME, "--top-k", str(TOP_K),
+                        log_path=pg_root.path / "follow.log") as worker:
+        assert not any(wording in text for _, text in worker.ask({"query": wording, "threshold": 2.0})["hits"])
+        added.write_text(f"# {wording}\n\n第一条 {wording}自发布之日起施行。\n", encoding="utf-8")
+        try:
+            rebuild(pg_root)
+            # Threshold 2.0: no vector hit passes on pg, so what comes back is the BM25 half alone.
+            hits = worker.ask({"query": wording, "threshold": 2.0})["hits"]
+        finally:
+            added.unlink()
+            rebuild(pg_root)
+        assert hits and wording in hits[0][1] and hits[0][0].endswith("zz_added.md"), hits
+        after = worker.ask({"query": wording, "threshold": 2.0})["hits"]
+    assert not any(wording in text for _, text in after), "the file's chunks left the index with the file"
 
 
 @pytest.fixture(scope="module")
