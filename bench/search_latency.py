@@ -8,17 +8,19 @@ Without ``--root`` a Chatchat root is built as `chatchat-policybert eval` builds
 PolicyBERT (embedding a question costs next to nothing, so the times are Chatchat's retrieval),
 the whole shipped corpus in WeiMingPolicies, `chatchat kb -r`. Larger knowledge bases are
 synthetic: scale s copies every chunk of the built KB s times (vectors and docstore entries, fresh
-ids) into a KB of its own, registered in Chatchat's database. Each KB is searched with the shipped
-questions by the evaluation's Chatchat worker (``ChatchatSearch``: the API's ``search_docs`` in
-one process, timed in the child around the call, top_k 5 at the root's SCORE_THRESHOLD), with
-CHATCHAT_POLICYBERT_BM25_CACHE=0 (Chatchat 0.3.1.3's code: BM25 rebuilt per question; only up to
-``--stock-max-scale``, it costs seconds to minutes a question) and with the plugin's cache. Each
-worker's first question loads the vector store, jieba and the model, and for the cache builds the
-index: it is reported apart (the cache's build does the tokenising Chatchat's own path repeats
-on every question), p50/p95 are over the questions after it. Both workers' hits are compared
+ids) into a KB of its own, registered in Chatchat's database, with the BM25 index saved beside the
+vectors as `kb -r` saves it. Each KB is searched with the shipped questions by the evaluation's
+Chatchat worker (``ChatchatSearch``: the API's ``search_docs`` in one process, timed in the child
+around the call, top_k 5 at the root's SCORE_THRESHOLD), with CHATCHAT_POLICYBERT_BM25_CACHE=0
+(Chatchat 0.3.1.3's code: BM25 rebuilt per question; only up to ``--stock-max-scale``, it costs
+seconds to minutes a question) and with the plugin's cache. Each worker's first question imports
+torch and loads the model, the vector store and jieba, and for the cache reads the saved BM25
+index (or builds it where none matches): it is reported apart, with the BM25 part taken from the
+worker's log; p50/p95/max are over the questions after it. Both workers' hits are compared
 question by question. Workers run torch with ``--torch-threads`` (default 1): on a busy machine
 multi-threaded torch makes even the tiny model's query embedding slow and noisy, in both paths.
-Target (reported, not asserted): cached p50 <= 100 ms at scale 1.
+Targets (reported, not asserted) at the largest scale: cached p95 <= 100 ms, and the first
+question reads the saved BM25 index in <= 2 s.
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ from __future__ import annotations
 import argparse
 import os
 import pickle
+import re
 import statistics
 import sys
 import uuid
@@ -44,12 +47,14 @@ from chatchat_policybert.chatchat_hook import BM25_CACHE_ENV  # noqa: E402
 from chatchat_policybert.chatchat_process import run_chatchat  # noqa: E402
 from chatchat_policybert.chatchat_root import default_kb, faiss_indexes, kb_root  # noqa: E402
 from chatchat_policybert.data import CORPUS_CSV, LEXICON, QUESTIONS  # noqa: E402
+from chatchat_policybert.ensemble_cache import save_index  # noqa: E402
 from chatchat_policybert.evaluation.dataset import load_corpus, load_questions  # noqa: E402
 from chatchat_policybert.evaluation.knowledge_base import Chunk, load_chunks, prepare_root  # noqa: E402
 from chatchat_policybert.evaluation.metrics import percentile  # noqa: E402
 from chatchat_policybert.evaluation.retrievers import ChatchatSearch  # noqa: E402
 
 TARGET_MS = 100.0
+TARGET_FIRST_BM25_S = 2.0
 REGISTER_SCRIPT = """
 import sys
 from chatchat.server.db.repository.knowledge_base_repository import add_kb_to_db, load_kb_from_db
@@ -98,16 +103,27 @@ def scaled_kb(root: Path, kb: str, scale: int) -> str:
         faiss.write_index(copy, str(target / "index.faiss"))
         with (target / "index.pkl").open("wb") as handle:
             pickle.dump((InMemoryDocstore(entries), dict(enumerate(ids))), handle)
+        save_index(entries, target)  # the BM25 index `kb -r` saves beside the vectors
     run_chatchat([sys.executable, "-c", REGISTER_SCRIPT, kb, name], root, f"registering {name}")
     return name
 
 
-def search_all(root: Path, kb: str, chunks: list[Chunk], questions: list[str], cached: bool) -> list[tuple[list[int], float]]:
-    """(hits, seconds) per question from one Chatchat worker; the first is the warm-up."""
+def search_all(root: Path, kb: str, chunks: list[Chunk], questions: list[str], cached: bool) -> tuple[list[tuple[list[int], float]], str]:
+    """(hits, seconds) per question from one Chatchat worker (the first is the warm-up), and the worker's log."""
     label = "cached" if cached else "chatchat"
+    log = root / "logs" / f"search_latency_{kb}_{label}.log"
     # workers started inside inherit this process's environment (``chatchat_env``)
-    with patch.dict(os.environ, {BM25_CACHE_ENV: "1" if cached else "0"}), ChatchatSearch(root, kb, chunks, 5, root / "logs" / f"search_latency_{kb}_{label}.log") as worker:
-        return [worker.search(q, None) for q in tqdm(questions, desc=f"{kb} {label}", unit="question")]
+    with patch.dict(os.environ, {BM25_CACHE_ENV: "1" if cached else "0"}), ChatchatSearch(root, kb, chunks, 5, log) as worker:
+        answers = [worker.search(q, None) for q in tqdm(questions, desc=f"{kb} {label}", unit="question")]
+    return answers, log.read_text(encoding="utf-8")
+
+
+def bm25_at_first_question(log: str) -> str:
+    """What the cache's log says the first question did for BM25: read the saved index, or build it, and how long it took."""
+    found = re.search(r"BM25 index of [\d,]+ chunks (read from|built \((\d+) tokenised\)) .*?in ([\d.]+) s", log)
+    if found is None:
+        return "?"
+    return f"read {found[3]} s" if found[1] == "read from" else f"built {found[3]} s ({int(found[2]):,} tokenised)"
 
 
 def load_line() -> str:
@@ -146,12 +162,13 @@ def main() -> None:
         rows = []
         for scale in args.scales:
             name = scaled_kb(root, kb, scale)
-            cached = search_all(root, name, chunks, questions, cached=True)
+            cached, log = search_all(root, name, chunks, questions, cached=True)
             steady_s = [s for _, s in cached[1:]]
-            row = [f"{len(chunks) * scale:,}", f"{cached[0][1]:.1f}", len(steady_s),
-                   f"{percentile_ms(steady_s, 50):.1f}", f"{percentile_ms(steady_s, 95):.1f}"]
+            row = [f"{len(chunks) * scale:,}", f"{cached[0][1]:.1f}", bm25_at_first_question(log), len(steady_s),
+                   f"{percentile_ms(steady_s, 50):.1f}", f"{percentile_ms(steady_s, 95):.1f}",
+                   f"{1000 * max(steady_s):.1f}"]
             if scale <= args.stock_max_scale:
-                stock = search_all(root, name, chunks, questions[: args.stock_questions + 1], cached=False)
+                stock, _ = search_all(root, name, chunks, questions[: args.stock_questions + 1], cached=False)
                 stock_s = [s for _, s in stock[1:]]
                 same = sum(s[0] == c[0] for s, c in zip(stock, cached))
                 row += [len(stock_s), f"{percentile_ms(stock_s, 50):,.0f}", f"{percentile_ms(stock_s, 95):,.0f}",
@@ -159,18 +176,17 @@ def main() -> None:
             else:
                 row += ["not run"] + ["—"] * 4
             rows.append(row)
-            if scale == 1:
-                target = f"cached p50 <= {TARGET_MS:g} ms at scale 1: {'met' if float(row[3]) <= TARGET_MS else 'missed'}"
+            last_p95, last_bm25 = percentile_ms(steady_s, 95), row[2]
 
     print(f"\n{machine_line('cpu', args.torch_threads)}; {start_load} at the start, {load_line()} at the end")
     print(f"command: python bench/search_latency.py {' '.join(sys.argv[1:])}\n")
-    print("| chunks | cached: 1st question s | cached n | cached p50 ms | cached p95 ms "
+    print("| chunks | cached: 1st question s | of which BM25 | cached n | cached p50 ms | cached p95 ms | cached max ms "
           "| Chatchat n | Chatchat p50 ms | Chatchat p95 ms | p50 speed-up | same hits |")
-    print("|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+    print("|---:|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
     for row in rows:
         print("| " + " | ".join(map(str, row)) + " |")
-    if 1 in args.scales:
-        print(f"\n{target}")
+    print(f"\nat {rows[-1][0]} chunks: cached p95 <= {TARGET_MS:g} ms {'met' if last_p95 <= TARGET_MS else 'missed'}; "
+          f"BM25 at the first question: {last_bm25} (target: read, <= {TARGET_FIRST_BM25_S:g} s)")
 
 
 if __name__ == "__main__":

@@ -14,61 +14,36 @@ Chatchat's fixed 0.5/0.5 without one); only the BM25 index is kept, one per vect
 built from. Every change Chatchat makes to a FAISS knowledge base (``kb -r``, a file added,
 deleted or updated through the API or the WebUI) adds or removes docstore entries — Chatchat
 deletes and re-adds, it never edits a stored Document — so the cached index is reused only while
-the docstore's ``(id, Document)`` pairs are the very same as when it was built. That comparison
-is one list comparison by identity (milliseconds at 100k chunks), never a timestamp. On a change
-only the new chunks are tokenised again: tokens are kept per docstore id. Scoring a question reads
-an inverted index (:class:`PostingsBM25Okapi`) instead of every chunk's counts, with the same
-arithmetic, so a question's cost barely grows with the KB.
+the docstore holds the very same ids and Document objects, in the same order, as when it was
+built: two list comparisons by identity that create no object per chunk, never a timestamp. On a
+change only the new chunks are tokenised again (:func:`chatchat_policybert.bm25_index.build`).
+
+`kb -r` saves the index beside the vectors (:func:`save_index`, called by
+:mod:`chatchat_policybert.kb_rebuild` in its staging folder), and the first question of a new
+process reads it instead of tokenising the knowledge base, when its fingerprint matches the
+docstore (:func:`chatchat_policybert.bm25_index.load`); an index built while serving is saved
+there too. The index lives in numpy arrays (:class:`~chatchat_policybert.bm25_index.PostingsBM25Okapi`),
+not in Python objects per chunk, so Python's garbage collector has nothing of it to walk.
 """
 
 from __future__ import annotations
 
 import functools
+import operator
 import threading
+import time
 import weakref
 from dataclasses import dataclass
+from pathlib import Path
 from types import ModuleType
 from typing import Any
 
-import numpy as np
-from rank_bm25 import BM25Okapi
-
+from chatchat_policybert import bm25_index
+from chatchat_policybert.bm25_index import BM25_FILE, ChunkIndex, PostingsBM25Okapi, SavedIndexUnusable
 from chatchat_policybert.patches import WRAPPED_MARK
 from chatchat_policybert.settings import CHATCHAT_WEIGHTS
 
 _logged: set[str] = set()
-
-
-class PostingsBM25Okapi(BM25Okapi):
-    """rank_bm25's ``BM25Okapi`` whose ``get_scores`` reads postings instead of every document's counts.
-
-    Why: the parent looks every question token up in every document's dict (a Python loop over the
-    whole KB per token, so a question's cost grows with the KB; docs/speed.md). The postings give the very same
-    ``q_freq`` array and the same numpy expression follows, so scores, and with them the order
-    ``get_top_n`` picks (ties included), are bit-identical (tested).
-    """
-
-    def __init__(self, corpus: list[list[str]]) -> None:
-        super().__init__(corpus)
-        postings: dict[str, tuple[list[int], list[int]]] = {}
-        for i, frequencies in enumerate(self.doc_freqs):
-            for word, count in frequencies.items():
-                docs, counts = postings.setdefault(word, ([], []))
-                docs.append(i)
-                counts.append(count)
-        self._postings = {w: (np.array(d, dtype=np.int32), np.array(c, dtype=np.int32)) for w, (d, c) in postings.items()}
-        # The document-length term of every score, the same for every question token.
-        self._length_norm = self.k1 * (1 - self.b + self.b * np.array(self.doc_len) / self.avgdl)
-
-    def get_scores(self, query: list[str]) -> np.ndarray:
-        score = np.zeros(self.corpus_size)
-        for q in query:
-            q_freq = np.zeros(self.corpus_size, dtype=np.int64)  # the parent's np.array of Python ints
-            found = self._postings.get(q)
-            if found is not None:
-                q_freq[found[0]] = found[1]
-            score += (self.idf.get(q) or 0) * (q_freq * (self.k1 + 1) / (q_freq + self._length_norm))
-        return score
 
 
 @dataclass(frozen=True)
@@ -79,10 +54,11 @@ class _Bm25Index:
     never a new snapshot with an old retriever.
     """
 
-    snapshot: list[tuple[str, Any]]
+    ids: list[str]
+    docs: list[Any]
+    """The docstore's Documents in docstore order: the snapshot (compared by identity) and BM25's documents."""
+    chunks: ChunkIndex
     retriever: Any
-    tokens: dict[str, tuple[str, list[str]]]
-    """docstore id -> (text, jieba tokens), reused by the next rebuild for unchanged chunks."""
 
 
 _indexes: weakref.WeakKeyDictionary[Any, _Bm25Index] = weakref.WeakKeyDictionary()
@@ -93,42 +69,106 @@ def cached_bm25(vectorstore: Any) -> Any:
     """The BM25 retriever over ``vectorstore``'s docstore, as Chatchat builds it, rebuilt only on change.
 
     Documents enter BM25 in docstore order, as in Chatchat, so scores and tie order are the same.
-    Callers must not change the returned retriever (``k`` included): copy it, as
-    :func:`patch_ensemble` does.
+    A store of Chatchat's knowledge-base pool with no index in this process yet reads the one
+    saved beside it (`kb -r` writes it, :func:`save_index`) when it was built from the same chunks;
+    an index built here is saved there for the next process. Callers must not change the returned
+    retriever (``k`` included): copy it, as :func:`patch_ensemble` does.
     """
-    snapshot = list(vectorstore.docstore._dict.items())
+    docstore = vectorstore.docstore._dict
+    ids, docs = list(docstore), list(docstore.values())
     with _indexes_lock:
         current = _indexes.get(vectorstore)
-    if current is not None and current.snapshot == snapshot:
+    if current is not None and _same(current.docs, docs) and current.ids == ids:
         return current.retriever
-    retriever, tokens = build_bm25(snapshot, current.tokens if current is not None else {})
+    from chatchat.server.utils import logger
+
+    start = time.perf_counter()
+    folder = _pool_folder(vectorstore)
+    texts = [doc.page_content for doc in docs]
+    chunks = _read_saved(folder / BM25_FILE, ids, texts, logger) if current is None and folder is not None else None
+    if chunks is not None:
+        logger.info(f"BM25 index of {len(ids)} chunks read from {folder / BM25_FILE} "
+                    f"in {time.perf_counter() - start:.2f} s")
+    else:
+        before = bm25_index.tokenised_chunks()
+        chunks = bm25_index.build(ids, texts, current.chunks if current is not None else None)
+        saved = folder is not None and _save(chunks, folder / BM25_FILE, logger)
+        logger.info(f"BM25 index of {len(ids)} chunks built ({bm25_index.tokenised_chunks() - before} tokenised) in "
+                    f"{time.perf_counter() - start:.2f} s" + (f", saved to {folder / BM25_FILE}" if saved else ""))
+    retriever = bm25_retriever(chunks.bm25, docs)
     with _indexes_lock:
-        _indexes[vectorstore] = _Bm25Index(snapshot, retriever, tokens)
+        _indexes[vectorstore] = _Bm25Index(ids, docs, chunks, retriever)
     return retriever
 
 
-def build_bm25(documents: list[tuple[str, Any]], known: dict[str, tuple[str, list[str]]]) -> tuple[Any, dict[str, tuple[str, list[str]]]]:
-    """A BM25 retriever over ``documents`` ((id, Document) pairs, in BM25's order) and the tokens per id it used.
+def _same(kept: list[Any], now: list[Any]) -> bool:
+    """Whether two lists hold the very same objects in the same order (no per-item object is created)."""
+    return len(kept) == len(now) and all(map(operator.is_, kept, now))
 
-    Only chunks whose id and text are not in ``known`` (the previous build's tokens) are tokenised.
-    Shared by the FAISS ensemble and the pg one (:mod:`chatchat_policybert.pg_search`).
-    """
+
+def bm25_retriever(bm25: PostingsBM25Okapi, docs: list[Any]) -> Any:
+    """LangChain's ``BM25Retriever`` over ``docs`` scored by ``bm25``, as ``BM25Retriever.from_documents`` with
+    Chatchat's jieba preprocessing builds it, minus the per-Document copies (``construct``: no validation
+    copying every chunk; the FAISS half of the ensemble returns the docstore's own Documents too)."""
     import jieba
     from langchain_community.retrievers import BM25Retriever
-    from langchain_core.documents import Document
 
-    tokens = {}
-    for doc_id, doc in documents:
-        kept = known.get(doc_id)
-        tokens[doc_id] = kept if kept is not None and kept[0] == doc.page_content else (
-            doc.page_content, jieba.lcut_for_search(doc.page_content))
-    # What BM25Retriever.from_documents does, from the kept tokens instead of tokenising again.
-    retriever = BM25Retriever(
-        vectorizer=PostingsBM25Okapi([tokens[doc_id][1] for doc_id, _ in documents]),
-        docs=[Document(page_content=doc.page_content, metadata=doc.metadata) for _, doc in documents],
-        preprocess_func=jieba.lcut_for_search,
-    )
-    return retriever, tokens
+    return BM25Retriever.construct(vectorizer=bm25, docs=docs, preprocess_func=jieba.lcut_for_search)
+
+
+def build_bm25(documents: list[tuple[str, Any]], previous: ChunkIndex | None) -> tuple[Any, ChunkIndex]:
+    """A BM25 retriever over ``documents`` ((id, Document) pairs, in BM25's order) and the index it used.
+
+    Only chunks whose id and text are not in ``previous`` (the last build) are tokenised.
+    Shared by the FAISS ensemble and the pg one (:mod:`chatchat_policybert.pg_search`).
+    """
+    chunks = bm25_index.build([i for i, _ in documents], [d.page_content for _, d in documents], previous)
+    return bm25_retriever(chunks.bm25, [d for _, d in documents]), chunks
+
+
+def save_index(docstore: dict[str, Any], folder: Path) -> None:
+    """Build the BM25 index of a FAISS docstore's ``{id: Document}`` and save it in the vector store ``folder``.
+
+    `kb -r` calls it on its staging folder, so that the swap puts vectors and BM25 in place together.
+    """
+    if docstore:  # an empty knowledge base has nothing for BM25 to count (rank_bm25 divides by the chunk count)
+        bm25_index.build(list(docstore), [doc.page_content for doc in docstore.values()]).save(folder / BM25_FILE)
+
+
+def _read_saved(path: Path, ids: list[str], texts: list[str], logger: Any) -> ChunkIndex | None:
+    """The index saved at ``path`` if built from these chunks; one that is not is logged (a warning) and not used."""
+    try:
+        return bm25_index.load(path, ids, texts)
+    except FileNotFoundError:
+        return None
+    except SavedIndexUnusable as exc:
+        logger.warning(f"saved BM25 index {path} not used ({exc}): tokenising the {len(ids)} chunks again")
+        return None
+
+
+def _save(chunks: ChunkIndex, path: Path, logger: Any) -> bool:
+    """Save an index built while serving, for the next process; a failure only costs that process a build."""
+    try:
+        chunks.save(path)
+    except OSError as exc:
+        logger.warning(f"BM25 index not saved to {path}: {exc}")
+        return False
+    return True
+
+
+def _pool_folder(vectorstore: Any) -> Path | None:
+    """The folder of ``vectorstore`` if it is a knowledge base's store in Chatchat's ``kb_faiss_pool``, else None.
+
+    The pool is keyed by (knowledge base, vector name), which Chatchat's ``get_vs_path`` turns into
+    the folder it loads from and saves to; temporary stores (file chat) are not in it.
+    """
+    from chatchat.server.knowledge_base.kb_cache.faiss_cache import kb_faiss_pool
+    from chatchat.server.knowledge_base.utils import get_vs_path
+
+    for key, item in list(kb_faiss_pool._cache.items()):
+        if item.obj is vectorstore:
+            return Path(get_vs_path(*key))
+    return None
 
 
 def hybrid_weights(vectorstore: Any) -> tuple[float, float]:

@@ -11,7 +11,8 @@ staging collection, see :mod:`chatchat_policybert.pg_store`):
 1. the embed model is loaded and tried on a text first; if that fails nothing is touched;
 2. each knowledge base is rebuilt into a staging vector store (`<name>.rebuilding`) that
    Chatchat's own code fills, while the saved index stays where it was;
-3. only a staging index holding every chunk Chatchat offered it replaces the old one, in one
+3. only a staging index holding every chunk Chatchat offered it, with the BM25 index of its chunks
+   saved beside it (FAISS; :mod:`chatchat_policybert.ensemble_cache`), replaces the old pair, in one
    atomic step (:func:`swap_index`); an empty index is a valid result when the content yields no
    chunks (so deleted documents do not stay searchable). On any failure the staging folder is
    removed, the knowledge base's file rows are put back, and the error is logged and re-raised.
@@ -41,6 +42,7 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any, Iterator, Protocol
 
+from .chatchat_hook import BM25_CACHE_ENV, switched_off
 from .chatchat_root import index_size, kb_root
 from .errors import InputError
 from .patches import WRAPPED_MARK
@@ -240,7 +242,12 @@ class FaissStaging:
 
     @contextmanager
     def redirect(self) -> Iterator[None]:
-        """Make Chatchat's FAISS service for the knowledge base read and write the staging folder."""
+        """Make Chatchat's FAISS service for the knowledge base read and write the staging folder.
+
+        Once Chatchat has filled it, the store's BM25 index is saved there too
+        (:func:`chatchat_policybert.ensemble_cache.save_index`), so that the swap puts vectors and
+        BM25 in place together and a killed rebuild leaves the old pair.
+        """
         from chatchat.server.knowledge_base.kb_cache.faiss_cache import kb_faiss_pool
 
         service, kb_name, staging_name = self.service, self.kb_name, self.staging.name
@@ -254,6 +261,12 @@ class FaissStaging:
         service.do_init = do_init
         try:
             yield
+            filled = kb_faiss_pool.get((kb_name, staging_name))
+            if filled is not None and not switched_off(BM25_CACHE_ENV):
+                from chatchat_policybert.ensemble_cache import save_index
+
+                with filled.acquire() as store:
+                    save_index(store.docstore._dict, self.staging)
         finally:
             service.do_init = original_init
             kb_faiss_pool.pop((kb_name, staging_name))

@@ -34,10 +34,13 @@ import threading
 import weakref
 from dataclasses import dataclass
 from types import ModuleType
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from chatchat_policybert.patches import WRAPPED_MARK
 from chatchat_policybert.pg_store import COLLECTIONS, EMBEDDINGS
+
+if TYPE_CHECKING:
+    from chatchat_policybert.bm25_index import ChunkIndex
 
 MODEL_SETTINGS = "model_settings.yaml"
 
@@ -63,7 +66,7 @@ class _PgBm25:
 
     fingerprint: tuple
     retriever: Any
-    tokens: dict[str, tuple[str, list[str]]]
+    tokens: ChunkIndex
 
 
 _indexes: weakref.WeakKeyDictionary[Any, _PgBm25] = weakref.WeakKeyDictionary()
@@ -148,7 +151,7 @@ def cached_bm25(store: Any) -> Any | None:
     if not rows:  # a knowledge base created but not filled yet: BM25 has nothing to index (rank_bm25 divides by 0)
         return None
     documents = [(row_id, Document(page_content=text or "", metadata=metadata or {})) for row_id, text, metadata in rows]
-    retriever, tokens = build_bm25(documents, current.tokens if current is not None else {})
+    retriever, tokens = build_bm25(documents, current.tokens if current is not None else None)
     with _indexes_lock:
         _indexes[store] = _PgBm25(fingerprint, retriever, tokens)
     return retriever

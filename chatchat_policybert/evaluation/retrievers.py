@@ -23,7 +23,7 @@ import numpy as np
 from tqdm import tqdm
 
 from chatchat_policybert.chatchat_process import ChatchatWorker
-from chatchat_policybert.ensemble_cache import PostingsBM25Okapi
+from chatchat_policybert.bm25_index import PostingsBM25Okapi
 from chatchat_policybert.errors import InputError
 from chatchat_policybert.evaluation.knowledge_base import Chunk
 from chatchat_policybert.evaluation.metrics import rank_by_score, reciprocal_rank_fusion
@@ -49,7 +49,7 @@ class Bm25:
         # scores read from postings, whose cost does not grow with the KB per query token
         # (training.pairs asks one query per pair).
         self._tokenize = jieba.lcut_for_search
-        self._bm25 = PostingsBM25Okapi([self._tokenize(c.text) for c in chunks])
+        self._bm25 = PostingsBM25Okapi.from_tokens([self._tokenize(c.text) for c in chunks])
 
     def scores(self, query: str) -> np.ndarray:
         """Every chunk's BM25 score for ``query``, in chunk order."""

@@ -13,13 +13,15 @@ import subprocess
 import uuid
 
 import numpy as np
+import pytest
 import requests
 from chatchat_deploy import BIN, EMBED_MODEL, KB_NAME, Deployment
 from rank_bm25 import BM25Okapi
 
+from chatchat_policybert.bm25_index import BM25_FILE, PostingsBM25Okapi
+from chatchat_policybert.chatchat_hook import BM25_CACHE_ENV
 from chatchat_policybert.corpus import read_policies
 from chatchat_policybert.data import CORPUS_CSV, QUESTIONS
-from chatchat_policybert.ensemble_cache import PostingsBM25Okapi
 
 BM25_ONLY_THRESHOLD = 1.5
 """Needs cosine >= 1.35 (``score_threshold.cosine_cut``): FAISS returns nothing, the ensemble is BM25's ranking."""
@@ -64,7 +66,7 @@ def test_postings_bm25_scores_bit_identical_to_rank_bm25():
     texts = [d.content[i:i + 250] for d in read_policies(CORPUS_CSV)[:60] for i in range(0, len(d.content), 250)]
     texts += texts[:20]  # duplicate chunks: tied scores, where only the same array gives the same order
     corpus = [jieba.lcut_for_search(t) for t in texts]
-    reference, postings = BM25Okapi(corpus), PostingsBM25Okapi(corpus)
+    reference, postings = BM25Okapi(corpus), PostingsBM25Okapi.from_tokens(corpus)
     queries = [jieba.lcut_for_search(q) for q in shipped_questions()] + [["不在语料里的词", "数据", "数据"]]
     for query in queries:
         expected = reference.get_scores(query)
@@ -129,3 +131,83 @@ def test_api_changes_reach_the_next_question(server, policies):
         assert not any(second in hit for hit in search(api, kb, second))
     finally:
         requests.post(f"{api}/knowledge_base/delete_knowledge_base", timeout=60, json=kb)
+
+
+# --- issue #22: the BM25 index saved by `kb -r` -----------------------------------------------------
+
+FIRST_QUESTION_SCRIPT = f"""
+import json, sys
+import jieba
+import numpy as np
+from chatchat.server.knowledge_base.kb_doc_api import search_docs
+from chatchat.server.knowledge_base.kb_service.base import KBServiceFactory
+from chatchat_policybert import bm25_index
+from chatchat_policybert.ensemble_cache import build_bm25, cached_bm25
+
+questions = json.load(sys.stdin)
+first = search_docs(query=questions[0], knowledge_base_name="{KB_NAME}", top_k=5, score_threshold=2.0,
+                    file_name="", metadata={{}})
+tokenised = bm25_index.tokenised_chunks()
+with KBServiceFactory.get_service_by_name("{KB_NAME}").load_vector_store().acquire() as vs:
+    served = cached_bm25(vs)
+    fresh, _ = build_bm25(list(vs.docstore._dict.items()), None)
+    chunks = len(vs.docstore._dict)
+queries = [jieba.lcut_for_search(q) for q in questions]
+print(json.dumps({{
+    "tokenised_by_first_question": tokenised,
+    "first_hits": len(first),
+    "chunks": chunks,
+    "same_scores": all(np.array_equal(served.vectorizer.get_scores(q), fresh.vectorizer.get_scores(q))
+                       for q in queries),
+    "hits": [[[d.page_content for d in r.copy(update={{"k": 5}}).invoke(q)] for r in (served, fresh)]
+             for q in questions],
+}}, ensure_ascii=False))
+"""
+
+ADD_FILE_SCRIPT = f"""
+from chatchat.server.knowledge_base.kb_service.base import KBServiceFactory
+from chatchat.server.knowledge_base.utils import KnowledgeFile
+KBServiceFactory.get_service_by_name("{KB_NAME}").add_doc(KnowledgeFile("extra.md", "{KB_NAME}"))
+"""
+
+
+def first_question(env: dict[str, str]) -> tuple[dict, str]:
+    """A new Chatchat process's first ``search_docs``, then its BM25 retriever against one built from scratch."""
+    result = subprocess.run([str(BIN / "python"), "-c", FIRST_QUESTION_SCRIPT], env=env,
+                            input=json.dumps(shipped_questions()), capture_output=True, text=True, timeout=600)
+    assert result.returncode == 0, result.stderr[-3000:]
+    found = json.loads(result.stdout.strip().splitlines()[-1])
+    assert found["first_hits"] == 5 and found["chunks"] >= 10
+    assert found["same_scores"]
+    for served, fresh in found["hits"]:
+        assert served == fresh and len(served) == 5
+    return found, result.stdout + result.stderr
+
+
+def test_kb_r_saves_bm25_and_a_new_process_reads_it_without_tokenising(deployment: Deployment):
+    assert (deployment.vector_store / BM25_FILE).is_file()
+    found, log = first_question(deployment.env)
+    assert found["tokenised_by_first_question"] == 0
+    assert f"BM25 index of {found['chunks']} chunks read from" in log and "not used" not in log
+
+
+@pytest.mark.parametrize("damage", ["stale", "truncated"])
+def test_unusable_saved_bm25_is_rebuilt_with_one_warning_and_saved_again(deployment: Deployment, tmp_path, damage: str):
+    root = deployment.copy_root(tmp_path / "root")
+    env = {**deployment.env, "CHATCHAT_ROOT": str(root)}
+    saved = root / deployment.vector_store.relative_to(deployment.root) / BM25_FILE
+    if damage == "stale":  # a file added with the plugin's cache off: Chatchat re-saves the vectors, not BM25
+        (root / deployment.content_dir.relative_to(deployment.root) / "extra.md").write_text(
+            "# 新政策\n\n鲲鹏湾深海牧场专项补贴的申报条件和标准。\n", encoding="utf-8")
+        added = subprocess.run([str(BIN / "python"), "-c", ADD_FILE_SCRIPT], env={**env, BM25_CACHE_ENV: "0"},
+                               capture_output=True, text=True, timeout=600)
+        assert added.returncode == 0, added.stderr[-3000:]
+        reason = "built from other chunks"
+    else:
+        saved.write_bytes(saved.read_bytes()[:-1000])
+        reason = "unreadable"
+    found, log = first_question(env)
+    assert found["tokenised_by_first_question"] == found["chunks"]
+    assert log.count(f"saved BM25 index {saved} not used") == 1 and reason in log
+    found, log = first_question(env)  # the rebuild was saved for the next process
+    assert found["tokenised_by_first_question"] == 0 and "not used" not in log

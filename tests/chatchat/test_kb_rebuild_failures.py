@@ -21,6 +21,8 @@ import pytest
 import yaml
 from chatchat_deploy import BIN, KB_NAME, Deployment, run, stop_group
 
+from chatchat_policybert.bm25_index import BM25_FILE
+
 EMBEDDINGS_MODULE = '''
 import os
 import time
@@ -133,6 +135,7 @@ def test_model_failing_mid_rebuild_restores_index_and_rows(root: Root):
 
 def test_killed_rebuild_keeps_index(root: Root):
     before, vectors = root.fingerprint(), len(root.db_rows()[1])
+    assert {"index.faiss", "index.pkl", BM25_FILE} <= set(before)  # the pair kb -r swaps: vectors and BM25
     root.set_embeddings(**{"class": "test_embeddings_classes:StallingEmbeddings"})
     process = subprocess.Popen([str(BIN / "chatchat"), "kb", "-r", "-n", KB_NAME], env=root.env,
                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)

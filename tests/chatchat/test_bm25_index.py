@@ -1,0 +1,90 @@
+"""The BM25 index in arrays: an incremental build and a saved-and-read index score as rank_bm25 on the same chunks.
+
+Reference: rank_bm25's ``BM25Okapi`` (Chatchat's scorer) built from scratch over the chunks the index
+claims to hold; scores compared bit for bit. A file that does not belong to the chunks, or is damaged,
+is refused, never read.
+"""
+
+from __future__ import annotations
+
+import json
+
+import jieba
+import numpy as np
+import pytest
+from rank_bm25 import BM25Okapi
+
+from chatchat_policybert import bm25_index
+from chatchat_policybert.bm25_index import BM25_FILE, SavedIndexUnusable, build, load
+from chatchat_policybert.corpus import read_policies
+from chatchat_policybert.data import CORPUS_CSV, QUESTIONS
+
+
+@pytest.fixture(scope="module")
+def chunks() -> list[tuple[str, str]]:
+    """(id, text) of real policy chunks, with duplicate texts under other ids (tied scores)."""
+    texts = [d.content[i:i + 250] for d in read_policies(CORPUS_CSV)[:40] for i in range(0, len(d.content), 250)]
+    texts += texts[:15]
+    return [(f"id{n}", text) for n, text in enumerate(texts)]
+
+
+@pytest.fixture(scope="module")
+def queries() -> list[list[str]]:
+    lines = QUESTIONS.read_text(encoding="utf-8").splitlines()
+    questions = [json.loads(line)["question"] for line in lines if line.strip()]
+    return [jieba.lcut_for_search(q) for q in questions] + [["不在语料里的词"]]
+
+
+def assert_scores_as_rank_bm25(index: bm25_index.ChunkIndex, queries: list[list[str]]) -> None:
+    reference = BM25Okapi([jieba.lcut_for_search(text) for text in index.texts])
+    for query in queries:
+        assert np.array_equal(index.bm25.get_scores(query), reference.get_scores(query))
+        assert index.bm25.get_top_n(query, index.ids, n=10) == reference.get_top_n(query, index.ids, n=10)
+
+
+def test_incremental_build_tokenises_only_new_chunks_and_scores_as_a_fresh_one(chunks, queries):
+    first = build([i for i, _ in chunks], [t for _, t in chunks])
+    # A KB that lost some files and gained others (Chatchat deletes and re-adds): new order, new words.
+    kept = chunks[30:] + chunks[5:20]
+    added = [(f"new{n}", f"新增政策第{n}条：深海牧场与冰川观测站的补贴标准。") for n in range(7)]
+    changed = [("id25", "同一个编号下的新文本：人才公寓申报")]
+    now = kept[:10] + added + kept[10:] + changed
+    before = bm25_index.tokenised_chunks()
+    second = build([i for i, _ in now], [t for _, t in now], first)
+    assert bm25_index.tokenised_chunks() - before == len(added) + len(changed)
+    assert second.bm25.counts.words != first.bm25.counts.words  # words of dropped chunks are gone
+    assert_scores_as_rank_bm25(second, queries)
+
+
+def test_saved_index_reads_back_for_its_chunks_only(tmp_path, chunks, queries):
+    ids, texts = [i for i, _ in chunks], [t for _, t in chunks]
+    path = tmp_path / BM25_FILE
+    build(ids, texts).save(path)
+    before = bm25_index.tokenised_chunks()
+    loaded = load(path, ids, texts)
+    assert bm25_index.tokenised_chunks() == before
+    assert_scores_as_rank_bm25(loaded, queries)
+
+    other_texts = texts[:-1] + [texts[-1] + "。"]
+    for other_ids, other in ((ids, other_texts), (ids[::-1], texts[::-1]), (ids[:-1], texts[:-1])):
+        with pytest.raises(SavedIndexUnusable, match="built from other chunks"):
+            load(path, other_ids, other)
+    with pytest.raises(FileNotFoundError):
+        load(tmp_path / "none.npz", ids, texts)
+
+
+@pytest.mark.parametrize("damage", ["truncated", "flipped byte", "not a zip"])
+def test_damaged_file_is_refused(tmp_path, chunks, damage):
+    ids, texts = [i for i, _ in chunks], [t for _, t in chunks]
+    path = tmp_path / BM25_FILE
+    build(ids, texts).save(path)
+    data = bytearray(path.read_bytes())
+    if damage == "truncated":
+        data = data[: len(data) // 2]
+    elif damage == "flipped byte":  # in the arrays' data, past the header
+        data[len(data) * 2 // 3] ^= 0x40
+    else:
+        data = b"not an index" + data[12:]
+    path.write_bytes(bytes(data))
+    with pytest.raises(SavedIndexUnusable, match="unreadable"):
+        load(path, ids, texts)
