@@ -210,14 +210,14 @@ class ChunkIndex:
         The metadata also holds the format, the tokeniser and a CRC-32 of every array (safetensors
         checks the layout, not the bytes), which :func:`load` compares before using anything.
         """
-        from safetensors.numpy import save_file
+        from safetensors.numpy import save
 
         arrays = {name: np.ascontiguousarray(array) for name, array in self.bm25.arrays().items()}
         metadata = {"format": str(FORMAT), "tokenizer": tokenizer_name(),
                     "fingerprint": fingerprint(self.ids, self.texts).hex(),
                     "crc32": json.dumps({name: zlib.crc32(array) for name, array in arrays.items()})}
         with atomic_path(path) as tmp:
-            save_file(arrays, str(tmp), metadata=metadata)
+            tmp.write_bytes(save(arrays, metadata=metadata))  # Python's open: the umask's mode, as Chatchat's files
 
 
 _tokenised = 0
