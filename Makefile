@@ -4,7 +4,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 PIP := $(BIN)/pip install --quiet --disable-pip-version-check --constraint constraints.txt
 
-.PHONY: setup test demo bench ablate clean
+.PHONY: setup lint test demo bench ablate clean
 
 setup: $(VENV)/.installed
 
@@ -17,7 +17,12 @@ $(VENV)/.installed: setup.cfg setup.py pyproject.toml constraints.txt
 	$(PIP) --editable '.[dev]'
 	touch $@
 
+# ruff, configured in pyproject.toml: the linter, then the formatter's check (`ruff format .` formats).
+lint: setup
+	$(BIN)/ruff check . && $(BIN)/ruff format --check .
+
 test: setup
+	$(BIN)/ruff check . && $(BIN)/ruff format --check .
 	$(BIN)/python -m pytest -q
 
 # CHATCHAT_ROOT defaults to ./chatchat-root; pass MODEL=DIR to use a trained PolicyBERT.

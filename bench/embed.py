@@ -35,7 +35,9 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 from chatchat_policybert.data import CORPUS_CSV, LEXICON  # noqa: E402 - bench/ runs from a checkout
 
-BGE_BASE = dict(hidden_size=768, num_hidden_layers=12, num_attention_heads=12, intermediate_size=3072, max_position_embeddings=512)
+BGE_BASE = dict(
+    hidden_size=768, num_hidden_layers=12, num_attention_heads=12, intermediate_size=3072, max_position_embeddings=512
+)
 # The lighter word sides the retrieval ablation weighs against the thesis's six word layers (attn fusion):
 # one word layer whose last state is added to every later layer (ZEN's late fusion), or to none.
 LIGHT = {"attn-1wl": dict(num_word_layers=1), "attn-1wl-early": dict(num_word_layers=1, late_fusion="none")}
@@ -49,13 +51,16 @@ def corpus_chunks(chars: int, count: int) -> list[str]:
     return [text[i * chars : (i + 1) * chars] for i in range(count)]
 
 
-def build_models(root: Path, texts: list[str], names: tuple[str, ...] = ("plain", "none", "gate", "attn")) -> dict[str, Path]:
-    """bge-base-sized model dirs with random weights: ``plain`` BERT, PolicyBERT per fusion and per ``LIGHT`` variant in ``names``."""
+def build_models(
+    root: Path, texts: list[str], names: tuple[str, ...] = ("plain", "none", "gate", "attn")
+) -> dict[str, Path]:
+    """bge-base-sized model dirs with random weights: ``plain`` BERT, PolicyBERT per fusion and per ``LIGHT`` variant in
+    ``names``."""
     from transformers import BertConfig, BertModel
 
+    from chatchat_policybert.configuration_policybert import FUSION_TYPES, PolicyBertConfig
     from chatchat_policybert.lexicon import Lexicon
     from chatchat_policybert.loading import save_model_dir
-    from chatchat_policybert.configuration_policybert import FUSION_TYPES, PolicyBertConfig
     from chatchat_policybert.modeling import PolicyBertModel
     from chatchat_policybert.tokenization import PolicyBertTokenizer, build_char_tokenizer
 
@@ -64,12 +69,18 @@ def build_models(root: Path, texts: list[str], names: tuple[str, ...] = ("plain"
     torch.manual_seed(0)
     dirs = {}
     if "plain" in names:
-        dirs["plain"] = save_model_dir(BertModel(BertConfig(vocab_size=len(tokenizer), **BGE_BASE)), PolicyBertTokenizer(tokenizer), root / "plain")
+        dirs["plain"] = save_model_dir(
+            BertModel(BertConfig(vocab_size=len(tokenizer), **BGE_BASE)), PolicyBertTokenizer(tokenizer), root / "plain"
+        )
     for fusion in (f for f in FUSION_TYPES if f in names):
-        config = PolicyBertConfig(vocab_size=len(tokenizer), word_vocab_size=len(lexicon), num_word_layers=6, fusion_type=fusion, **BGE_BASE)
+        config = PolicyBertConfig(
+            vocab_size=len(tokenizer), word_vocab_size=len(lexicon), num_word_layers=6, fusion_type=fusion, **BGE_BASE
+        )
         dirs[fusion] = save_model_dir(PolicyBertModel(config), PolicyBertTokenizer(tokenizer, lexicon), root / fusion)
     for name in (n for n in LIGHT if n in names):
-        config = PolicyBertConfig(vocab_size=len(tokenizer), word_vocab_size=len(lexicon), fusion_type="attn", **LIGHT[name], **BGE_BASE)
+        config = PolicyBertConfig(
+            vocab_size=len(tokenizer), word_vocab_size=len(lexicon), fusion_type="attn", **LIGHT[name], **BGE_BASE
+        )
         dirs[name] = save_model_dir(PolicyBertModel(config), PolicyBertTokenizer(tokenizer, lexicon), root / name)
     return dirs
 
@@ -93,7 +104,9 @@ def encoder_flops(config, tokens: np.ndarray, words: np.ndarray, groups: np.ndar
 
     flops = layers(config.num_hidden_layers, L)
     if cls_only:
-        flops += float(np.sum(4 * config.num_attention_heads * L * h - 4 * h)) + layers(1, np.ones_like(L)) - layers(1, L)
+        flops += (
+            float(np.sum(4 * config.num_attention_heads * L * h - 4 * h)) + layers(1, np.ones_like(L)) - layers(1, L)
+        )
     if getattr(config, "word_vocab_size", 0):
         k = config.num_word_layers
         flops += layers(k, W)
@@ -118,24 +131,34 @@ def full_forward_vectors(model, tokenizer, texts: list[str], batch_size: int, de
     from chatchat_policybert.embeddings import cls_vectors
 
     with torch.inference_mode():
-        return np.concatenate([cls_vectors(model, tokenizer(texts[i : i + batch_size]).to(device)).cpu().numpy()
-                               for i in range(0, len(texts), batch_size)])
+        return np.concatenate(
+            [
+                cls_vectors(model, tokenizer(texts[i : i + batch_size]).to(device)).cpu().numpy()
+                for i in range(0, len(texts), batch_size)
+            ]
+        )
 
 
-def worker(conn, kind: str, model_dir: str, dtype: str, device: str, batch_size: int, batch_tokens: int, threads: int) -> None:
+def worker(
+    conn, kind: str, model_dir: str, dtype: str, device: str, batch_size: int, batch_tokens: int, threads: int
+) -> None:
     """Load one contender, then embed whatever the parent sends, reporting seconds and peak RSS."""
     torch.set_num_threads(threads)
     if kind == "st":
         from sentence_transformers import SentenceTransformer, models
 
-        model = SentenceTransformer(modules=[models.Transformer(model_dir), models.Pooling(768, "cls"), models.Normalize()], device=device)
+        model = SentenceTransformer(
+            modules=[models.Transformer(model_dir), models.Pooling(768, "cls"), models.Normalize()], device=device
+        )
         if dtype != "float32":
             model.to(getattr(torch, dtype))
         encode = lambda texts: model.encode(texts, batch_size=batch_size, convert_to_numpy=True)  # noqa: E731
     else:
         from chatchat_policybert.embeddings import PolicyBertEmbeddings
 
-        model = PolicyBertEmbeddings(model_dir, device=device, dtype=dtype, batch_size=batch_size, batch_tokens=batch_tokens)
+        model = PolicyBertEmbeddings(
+            model_dir, device=device, dtype=dtype, batch_size=batch_size, batch_tokens=batch_tokens
+        )
         encode = lambda texts: np.asarray(model.embed_documents(texts), dtype=np.float32)  # noqa: E731
     conn.send("ready")
     while (texts := conn.recv()) is not None:
@@ -160,10 +183,17 @@ def matmul_peak(dtype: torch.dtype, device: str, size: int = 2048, reps: int = 3
 
 def machine_line(device: str, threads: int) -> str:
     """Date, CPU (or GPU) model, cores and torch version: the line a README table is quoted with."""
-    cpu = next((line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
-                if line.startswith("model name")), "unknown CPU")
+    cpu = next(
+        (
+            line.split(":", 1)[1].strip()
+            for line in Path("/proc/cpuinfo").read_text().splitlines()
+            if line.startswith("model name")
+        ),
+        "unknown CPU",
+    )
     gpu = f", {torch.cuda.get_device_name(device)}" if device.startswith("cuda") else ""
-    return f"{time.strftime('%Y-%m-%d')}, {cpu}, {len(os.sched_getaffinity(0))} cores{gpu}, torch {torch.__version__} ({threads} threads)"
+    cores = len(os.sched_getaffinity(0))
+    return f"{time.strftime('%Y-%m-%d')}, {cpu}, {cores} cores{gpu}, torch {torch.__version__} ({threads} threads)"
 
 
 def main() -> None:
@@ -171,22 +201,36 @@ def main() -> None:
     parser.add_argument("--chars", default="64,250,750", help="chunk lengths in characters, comma-separated")
     parser.add_argument("--chunks", type=int, default=128, help="chunks per length")
     parser.add_argument("--batch-size", type=int, default=32, help="texts per forward pass (both libraries)")
-    parser.add_argument("--batch-tokens", type=int, default=4096, help="PolicyBertEmbeddings' padded-token budget per forward pass")
+    parser.add_argument(
+        "--batch-tokens", type=int, default=4096, help="PolicyBertEmbeddings' padded-token budget per forward pass"
+    )
     parser.add_argument("--device", default="cpu", help="torch device, e.g. cuda when a GPU is present")
     parser.add_argument("--reps", type=int, default=3, help="repetitions (median reported)")
-    parser.add_argument("--threads", type=int, default=torch.get_num_threads(), help="torch threads per process (default: all cores)")
-    parser.add_argument("--fast-dtype", default=None, help="dtype of the 'fast' rows of both libraries, e.g. float16 on a GPU "
-                        "(default: auto, bfloat16 only where the hardware has it); the reference is sentence-transformers in it")
-    parser.add_argument("--force-bf16", action="store_true", help="run sentence-transformers-bf16 even where bf16 is emulated")
-    parser.add_argument("--models", default="plain,none,gate,attn", help="PolicyBertEmbeddings contenders, comma-separated "
-                        "(plain, none, gate, attn, attn-1wl, attn-1wl-early); sentence-transformers always runs on plain")
+    parser.add_argument(
+        "--threads", type=int, default=torch.get_num_threads(), help="torch threads per process (default: all cores)"
+    )
+    parser.add_argument(
+        "--fast-dtype",
+        default=None,
+        help="dtype of the 'fast' rows of both libraries, e.g. float16 on a GPU "
+        "(default: auto, bfloat16 only where the hardware has it); the reference is sentence-transformers in it",
+    )
+    parser.add_argument(
+        "--force-bf16", action="store_true", help="run sentence-transformers-bf16 even where bf16 is emulated"
+    )
+    parser.add_argument(
+        "--models",
+        default="plain,none,gate,attn",
+        help="PolicyBertEmbeddings contenders, comma-separated "
+        "(plain, none, gate, attn, attn-1wl, attn-1wl-early); sentence-transformers always runs on plain",
+    )
     parser.add_argument("--json", type=Path, help="also write the results here")
     args = parser.parse_args()
 
     sys.path.insert(0, str(REPO))
+    from chatchat_policybert.configuration_policybert import FUSION_TYPES
     from chatchat_policybert.embeddings import auto_dtype
     from chatchat_policybert.loading import load_policybert
-    from chatchat_policybert.configuration_policybert import FUSION_TYPES
     from chatchat_policybert.modeling import coverage_groups, merge_repeated_words
 
     if args.device.startswith("cuda") and not torch.cuda.is_available():
@@ -198,11 +242,15 @@ def main() -> None:
     reference_name = f"st-{fast} (plain)"
     lengths = [int(c) for c in args.chars.split(",")]
     chunk_sets = {n: corpus_chunks(n, args.chunks) for n in lengths}
-    peak = {"float32": matmul_peak(torch.float32, args.device),
-            "bfloat16": matmul_peak(torch.bfloat16, args.device, size=2048 if with_half else 512)}
+    peak = {
+        "float32": matmul_peak(torch.float32, args.device),
+        "bfloat16": matmul_peak(torch.bfloat16, args.device, size=2048 if with_half else 512),
+    }
     print(machine_line(args.device, args.threads))
-    print(f"matmul peak: fp32 {peak['float32']:.1f} GFLOP/s, bf16 {peak['bfloat16']:.1f} GFLOP/s; "
-          f"fast dtype: {fast}; reference: {reference_name}")
+    print(
+        f"matmul peak: fp32 {peak['float32']:.1f} GFLOP/s, bf16 {peak['bfloat16']:.1f} GFLOP/s; "
+        f"fast dtype: {fast}; reference: {reference_name}"
+    )
     with tempfile.TemporaryDirectory() as scratch:
         models = tuple(args.models.split(","))
         if not set(models) <= {"plain", *FUSION_TYPES, *LIGHT}:
@@ -218,10 +266,15 @@ def main() -> None:
                 tokens[n][model] = batch["attention_mask"].sum(1).numpy()
                 words = groups = np.zeros_like(tokens[n][model])
                 if "word_ids" in batch:  # what inference runs: each distinct word once, attn over coverage groups
-                    ids, _, merged = merge_repeated_words(batch["word_ids"], batch["word_attention_mask"].bool(), batch["word_matching_matrix"])
+                    ids, _, merged = merge_repeated_words(
+                        batch["word_ids"], batch["word_attention_mask"].bool(), batch["word_matching_matrix"]
+                    )
                     words = (ids != 0).sum(1).numpy()
                     groups = torch.isfinite(coverage_groups(merged).log_counts).flatten(1).sum(1).numpy()
-                flops[n][model] = {cls_only: encoder_flops(net.config, tokens[n][model], words, groups, cls_only) for cls_only in (False, True)}
+                flops[n][model] = {
+                    cls_only: encoder_flops(net.config, tokens[n][model], words, groups, cls_only)
+                    for cls_only in (False, True)
+                }
                 full[n][model] = full_forward_vectors(net, tokenizer, chunks, args.batch_size, args.device)
             del net, tokenizer
         contenders = {"st-float32 (plain)": ("st", "plain", "float32")}
@@ -234,8 +287,20 @@ def main() -> None:
         procs = {}
         for name, (kind, model, dtype) in contenders.items():
             parent, child = ctx.Pipe()
-            proc = ctx.Process(target=worker, daemon=True, args=(
-                child, kind, str(dirs[model]), dtype, args.device, args.batch_size, args.batch_tokens, args.threads))
+            proc = ctx.Process(
+                target=worker,
+                daemon=True,
+                args=(
+                    child,
+                    kind,
+                    str(dirs[model]),
+                    dtype,
+                    args.device,
+                    args.batch_size,
+                    args.batch_tokens,
+                    args.threads,
+                ),
+            )
             proc.start()
             procs[name] = (parent, proc)
         for parent, _ in procs.values():
@@ -260,22 +325,46 @@ def main() -> None:
                 cosine_full = float(np.min(np.sum(vectors[name] * full[n][model], axis=1)))
                 st_twin = statistics.median(stats.get(f"st-{dtype} (plain)", [float("nan")]))
                 results.append(
-                    dict(chars=n, contender=name, chunks_per_s=len(chunks) / seconds, tokens_per_s=float(tokens[n][model].sum()) / seconds,
-                         gflops=gflops, frac_bf16_peak=gflops / peak["bfloat16"], frac_fp32_peak=gflops / peak["float32"],
-                         peak_rss_gib=rss[name], vs_reference=reference / seconds, vs_st_same_dtype=st_twin / seconds, min_cos_vs_fp32=cosine,
-                         min_cos_vs_full_fp32=cosine_full)
+                    dict(
+                        chars=n,
+                        contender=name,
+                        chunks_per_s=len(chunks) / seconds,
+                        tokens_per_s=float(tokens[n][model].sum()) / seconds,
+                        gflops=gflops,
+                        frac_bf16_peak=gflops / peak["bfloat16"],
+                        frac_fp32_peak=gflops / peak["float32"],
+                        peak_rss_gib=rss[name],
+                        vs_reference=reference / seconds,
+                        vs_st_same_dtype=st_twin / seconds,
+                        min_cos_vs_fp32=cosine,
+                        min_cos_vs_full_fp32=cosine_full,
+                    )
                 )
         for parent, proc in procs.values():
             parent.send(None)
             proc.join()
 
-    header = f"{'chars':>5} {'contender':<24} {'chunks/s':>9} {'tokens/s':>9} {'GFLOP/s':>8} {'%bf16pk':>8} {'%fp32pk':>8} {'RSS GiB':>8} {'×ref':>9} {'×st dtype':>9} {'min cos':>8} {'cos full':>8}"
+    header = (
+        f"{'chars':>5} {'contender':<24} {'chunks/s':>9} {'tokens/s':>9} {'GFLOP/s':>8} {'%bf16pk':>8} {'%fp32pk':>8} "
+        f"{'RSS GiB':>8} {'×ref':>9} {'×st dtype':>9} {'min cos':>8} {'cos full':>8}"
+    )
     print(header)
     for r in results:
-        print(f"{r['chars']:>5} {r['contender']:<24} {r['chunks_per_s']:>9.2f} {r['tokens_per_s']:>9.0f} {r['gflops']:>8.1f} "
-              f"{100 * r['frac_bf16_peak']:>7.0f}% {100 * r['frac_fp32_peak']:>7.0f}% {r['peak_rss_gib']:>8.2f} {r['vs_reference']:>9.2f} {r['vs_st_same_dtype']:>9.2f} {r['min_cos_vs_fp32']:>8.5f} {r['min_cos_vs_full_fp32']:>8.5f}")
+        print(
+            f"{r['chars']:>5} {r['contender']:<24} {r['chunks_per_s']:>9.2f} {r['tokens_per_s']:>9.0f} "
+            f"{r['gflops']:>8.1f} "
+            f"{100 * r['frac_bf16_peak']:>7.0f}% {100 * r['frac_fp32_peak']:>7.0f}% {r['peak_rss_gib']:>8.2f} "
+            f"{r['vs_reference']:>9.2f} {r['vs_st_same_dtype']:>9.2f} {r['min_cos_vs_fp32']:>8.5f} "
+            f"{r['min_cos_vs_full_fp32']:>8.5f}"
+        )
     if args.json:
-        args.json.write_text(json.dumps({"matmul_peak_gflops": peak, "fast_dtype": fast, "reference": reference_name, "results": results}, indent=1), encoding="utf-8")
+        args.json.write_text(
+            json.dumps(
+                {"matmul_peak_gflops": peak, "fast_dtype": fast, "reference": reference_name, "results": results},
+                indent=1,
+            ),
+            encoding="utf-8",
+        )
 
 
 if __name__ == "__main__":

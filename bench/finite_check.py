@@ -33,9 +33,11 @@ def main() -> None:
         start = time.perf_counter()
         check_finite(model, Path("bge-base-random"))
         times.append(time.perf_counter() - start)
-    print(f"{parameters / 1e6:.1f} M parameters, torch {torch.__version__}, {torch.get_num_threads()} threads: "
-          f"check_finite best {min(times) * 1000:.0f} ms, median {statistics.median(times) * 1000:.0f} ms "
-          f"({args.reps} repetitions)")
+    print(
+        f"{parameters / 1e6:.1f} M parameters, torch {torch.__version__}, {torch.get_num_threads()} threads: "
+        f"check_finite best {min(times) * 1000:.0f} ms, median {statistics.median(times) * 1000:.0f} ms "
+        f"({args.reps} repetitions)"
+    )
 
 
 if __name__ == "__main__":

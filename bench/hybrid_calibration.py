@@ -69,8 +69,10 @@ def main() -> None:
     questions_chunks = load_chunks(root, kb, corpus)
     queries = load_questions(QUESTIONS, corpus)
     with Candidates(root, kb, questions_chunks, args.work / "questions_worker.log") as candidates:
-        rows = {name: evaluate_retriever(Fused(name, candidates, questions_chunks, setting), queries, questions_chunks, KS)
-                for name, setting in calibration.settings.items()}
+        rows = {
+            name: evaluate_retriever(Fused(name, candidates, questions_chunks, setting), queries, questions_chunks, KS)
+            for name, setting in calibration.settings.items()
+        }
     better = max(("bm25", "dense"), key=lambda name: rows[name].metrics["MRR@10"])
     mrr = next(d for d in compare_runs(rows["calibrated"], rows[better]) if d.metric == "MRR@10")
     print(f"\nshipped questions ({len(queries)}), same settings:")
@@ -78,13 +80,22 @@ def main() -> None:
     for name, row in rows.items():
         m = row.metrics
         print(f"| {name} | {m['R@1']:.3f} | {m['R@5']:.3f} | {m['MRR@10']:.3f} | {m['nDCG@10']:.3f} |")
-    print(f"calibrated - {better}: MRR@10 {mrr.delta:+.3f}, 95% CI [{mrr.low:+.3f}, {mrr.high:+.3f}] (paired bootstrap)")
+    print(
+        f"calibrated - {better}: MRR@10 {mrr.delta:+.3f}, 95% CI [{mrr.low:+.3f}, {mrr.high:+.3f}] (paired bootstrap)"
+    )
     print(f"{time.perf_counter() - started:.0f} s")
     if args.json is not None:
-        write_json({"command_line": sys.argv, "model": str(model), "chosen": vars(calibration.chosen),
-                    "dev": {"file": str(dev), "questions": calibration.questions, "metrics": calibration.metrics()},
-                    "shipped_questions": {name: r.metrics for name, r in rows.items()},
-                    "calibrated_minus_better_single": {"row": better, **vars(mrr)}}, args.json)
+        write_json(
+            {
+                "command_line": sys.argv,
+                "model": str(model),
+                "chosen": vars(calibration.chosen),
+                "dev": {"file": str(dev), "questions": calibration.questions, "metrics": calibration.metrics()},
+                "shipped_questions": {name: r.metrics for name, r in rows.items()},
+                "calibrated_minus_better_single": {"row": better, **vars(mrr)},
+            },
+            args.json,
+        )
 
 
 if __name__ == "__main__":

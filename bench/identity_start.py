@@ -31,17 +31,18 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from embed import BGE_BASE, REPO, corpus_chunks, machine_line  # noqa: E402 - bench/ runs from a checkout
 
 sys.path.insert(0, str(REPO))
-from chatchat_policybert.data import LEXICON  # noqa: E402
 from chatchat_policybert.configuration_policybert import FUSION_TYPES  # noqa: E402
+from chatchat_policybert.data import LEXICON  # noqa: E402
 
 
 def build(root: Path, texts: list[str], fusion: str) -> dict[str, Path]:
-    """``plain`` BERT and the two PolicyBERT starts on the same character weights, as ``training.merge_bge`` sets them."""
+    """``plain`` BERT and the two PolicyBERT starts on the same character weights, as ``training.merge_bge`` sets
+    them."""
     from transformers import BertConfig, BertModel
 
+    from chatchat_policybert.configuration_policybert import PolicyBertConfig
     from chatchat_policybert.lexicon import Lexicon
     from chatchat_policybert.loading import save_model_dir
-    from chatchat_policybert.configuration_policybert import PolicyBertConfig
     from chatchat_policybert.modeling import PolicyBertModel
     from chatchat_policybert.tokenization import PolicyBertTokenizer, build_char_tokenizer
     from training.merge_bge import INITS
@@ -53,8 +54,14 @@ def build(root: Path, texts: list[str], fusion: str) -> dict[str, Path]:
     dirs = {"plain": save_model_dir(plain, PolicyBertTokenizer(tokenizer), root / "plain")}
     for init, values in INITS.items():
         torch.manual_seed(1)  # the same word stream and fusions for both starts
-        config = PolicyBertConfig(vocab_size=len(tokenizer), word_vocab_size=len(lexicon), num_word_layers=6,
-                                  fusion_type=fusion, **values, **BGE_BASE)  # fmt: skip
+        config = PolicyBertConfig(
+            vocab_size=len(tokenizer),
+            word_vocab_size=len(lexicon),
+            num_word_layers=6,
+            fusion_type=fusion,
+            **values,
+            **BGE_BASE,
+        )
         model = PolicyBertModel(config)
         missing, _ = model.load_state_dict(plain.state_dict(), strict=False)
         assert all(k.startswith(("word_", "fusion")) for k in missing), missing
@@ -86,17 +93,25 @@ def main(argv: list[str] | None = None) -> None:
                 vectors[name] = np.asarray(model.embed_documents(texts))
                 seconds[name].append(time.perf_counter() - start)
     plain = statistics.median(seconds["plain"])
-    rows = [{"model": name, "median_s": statistics.median(s), "x_plain": statistics.median(s) / plain,
-             "max_abs_diff_vs_plain": float(np.abs(vectors[name] - vectors["plain"]).max())}
-            for name, s in seconds.items()]  # fmt: skip
+    rows = [
+        {
+            "model": name,
+            "median_s": statistics.median(s),
+            "x_plain": statistics.median(s) / plain,
+            "max_abs_diff_vs_plain": float(np.abs(vectors[name] - vectors["plain"]).max()),
+        }
+        for name, s in seconds.items()
+    ]
     line = machine_line(args.device, torch.get_num_threads())
     print(f"{line}\n{args.chunks} chunks x {args.chars} chars, fusion {args.fusion}, median of {args.reps}, fp32")
     print(f"{'model':<12} {'median s':>9} {'x plain':>8} {'max |v - v_plain|':>18}")
     for r in rows:
         print(f"{r['model']:<12} {r['median_s']:>9.2f} {r['x_plain']:>8.3f} {r['max_abs_diff_vs_plain']:>18.2e}")
     if args.json is not None:
-        args.json.write_text(json.dumps({"machine": line, "args": {k: str(v) for k, v in vars(args).items()},
-                                         "rows": rows}, indent=1), encoding="utf-8")  # fmt: skip
+        args.json.write_text(
+            json.dumps({"machine": line, "args": {k: str(v) for k, v in vars(args).items()}, "rows": rows}, indent=1),
+            encoding="utf-8",
+        )
 
 
 if __name__ == "__main__":

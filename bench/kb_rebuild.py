@@ -27,21 +27,21 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Iterator, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Iterator, Sequence
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from embed import REPO, build_models, machine_line  # noqa: E402 - bench/ is not a package
 
 sys.path.insert(0, str(REPO))
 from chatchat_policybert import cli  # noqa: E402
-from chatchat_policybert.corpus import PolicyDocument, export_policies, read_policies  # noqa: E402
 from chatchat_policybert.chatchat_process import chatchat_command, chatchat_env  # noqa: E402
 from chatchat_policybert.chatchat_root import content_dir, kb_root, pg_uri, stored_vectors, vs_type  # noqa: E402
+from chatchat_policybert.configuration_policybert import FUSION_TYPES  # noqa: E402
+from chatchat_policybert.corpus import PolicyDocument, export_policies, read_policies  # noqa: E402
 from chatchat_policybert.data import CORPUS_CSV, LEXICON  # noqa: E402
 from chatchat_policybert.demo import KB_NAME, run_step  # noqa: E402
-from chatchat_policybert.configuration_policybert import FUSION_TYPES  # noqa: E402
 from chatchat_policybert.pg_store import drop_collection  # noqa: E402
 
 TIME_TARGET = 1.2
@@ -106,7 +106,9 @@ def timed_rebuild(root: Path) -> Rebuild:
     log = root / LOG_NAME
     with log.open("w", encoding="utf-8") as out:  # a file, not a pipe: nobody reads while wait4 blocks
         start = time.perf_counter()
-        process = subprocess.Popen(chatchat_command("kb", "-r", "-n", KB_NAME), env=env, stdout=out, stderr=subprocess.STDOUT)
+        process = subprocess.Popen(
+            chatchat_command("kb", "-r", "-n", KB_NAME), env=env, stdout=out, stderr=subprocess.STDOUT
+        )
         _, status, usage = os.wait4(process.pid, 0)
         seconds = time.perf_counter() - start
     process.returncode = os.waitstatus_to_exitcode(status)  # reaped by wait4: keep Popen consistent
@@ -137,25 +139,42 @@ def summarize(runs: dict[str, list[Rebuild]]) -> list[dict]:
     for name, rebuilds in runs.items():
         seconds = statistics.median(r.seconds for r in rebuilds)
         chunks = rebuilds[0].chunks
-        rows.append(dict(model=name, chunks=chunks, wall_s=seconds, chunks_per_s=chunks / seconds,
-                         peak_rss_gib=max(r.peak_rss_gib for r in rebuilds), vs_plain=seconds / plain,
-                         runs=[asdict(r) for r in rebuilds]))
+        rows.append(
+            dict(
+                model=name,
+                chunks=chunks,
+                wall_s=seconds,
+                chunks_per_s=chunks / seconds,
+                peak_rss_gib=max(r.peak_rss_gib for r in rebuilds),
+                vs_plain=seconds / plain,
+                runs=[asdict(r) for r in rebuilds],
+            )
+        )
     return rows
 
 
 def report(rows: list[dict], labels: dict[str, str], header: str) -> None:
     print(header)
-    print("wall s: the whole `chatchat kb -r` command, including start-up, model load and preflight; median of the repetitions")
+    print(
+        "wall s: the whole `chatchat kb -r` command, including start-up, model load and preflight; "
+        "median of the repetitions"
+    )
     width = max(len(label) for label in labels.values())
-    print(f"{'model':<{width}} | {'chunks':>6} | {'wall s':>8} | {'chunks/s':>8} | {'peak RSS GiB':>12} | {'× plain':>7}")
+    print(
+        f"{'model':<{width}} | {'chunks':>6} | {'wall s':>8} | {'chunks/s':>8} | {'peak RSS GiB':>12} | {'× plain':>7}"
+    )
     for r in rows:
-        print(f"{labels[r['model']]:<{width}} | {r['chunks']:>6} | {r['wall_s']:>8.1f} | {r['chunks_per_s']:>8.2f} | "
-              f"{r['peak_rss_gib']:>12.2f} | {r['vs_plain']:>7.2f}")
+        print(
+            f"{labels[r['model']]:<{width}} | {r['chunks']:>6} | {r['wall_s']:>8.1f} | {r['chunks_per_s']:>8.2f} | "
+            f"{r['peak_rss_gib']:>12.2f} | {r['vs_plain']:>7.2f}"
+        )
     ours = next(r for r in rows if r["model"] == "policybert")
     rss = max(r["peak_rss_gib"] for r in rows)
-    print(f"targets: PolicyBERT time {ours['vs_plain']:.2f}× plain (≤ {TIME_TARGET}×: "
-          f"{'met' if ours['vs_plain'] <= TIME_TARGET else 'missed'}); "
-          f"peak RSS {rss:.2f} GiB (≤ {RSS_TARGET_GIB:g} GiB: {'met' if rss <= RSS_TARGET_GIB else 'missed'})")
+    print(
+        f"targets: PolicyBERT time {ours['vs_plain']:.2f}× plain (≤ {TIME_TARGET}×: "
+        f"{'met' if ours['vs_plain'] <= TIME_TARGET else 'missed'}); "
+        f"peak RSS {rss:.2f} GiB (≤ {RSS_TARGET_GIB:g} GiB: {'met' if rss <= RSS_TARGET_GIB else 'missed'})"
+    )
 
 
 @contextlib.contextmanager
@@ -172,18 +191,25 @@ def scratch_dir(keep: Path | None) -> Iterator[Path]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--docs", type=int, default=0, help="only the first N policies of the corpus (0: all)")
-    parser.add_argument("--size", choices=["base", "tiny"], default="base", help="bge-base-sized models, or the tests' tiny ones")
+    parser.add_argument(
+        "--size", choices=["base", "tiny"], default="base", help="bge-base-sized models, or the tests' tiny ones"
+    )
     parser.add_argument("--fusion", choices=FUSION_TYPES, default="attn", help="PolicyBERT's fusion")
     parser.add_argument("--reps", type=int, default=1, help="rebuilds per model, alternating (median reported)")
     parser.add_argument("--json", type=Path, help="also write the results here")
-    parser.add_argument("--keep", type=Path, help="build models and Chatchat roots here and keep them (default: a temporary directory)")
+    parser.add_argument(
+        "--keep", type=Path, help="build models and Chatchat roots here and keep them (default: a temporary directory)"
+    )
     args = parser.parse_args()
 
     documents = read_policies(CORPUS_CSV)
     documents = documents[: args.docs] if args.docs else documents
     labels = {"plain": f"plain BERT ({args.size})", "policybert": f"PolicyBERT-{args.fusion} ({args.size})"}
     with scratch_dir(args.keep) as scratch:
-        print(f"[models] building {args.size}-sized plain BERT and PolicyBERT-{args.fusion} in {scratch / 'models'}", flush=True)
+        print(
+            f"[models] building {args.size}-sized plain BERT and PolicyBERT-{args.fusion} in {scratch / 'models'}",
+            flush=True,
+        )
         models = build_model_dirs(scratch / "models", args.size, args.fusion, [d.title + d.content for d in documents])
         roots = {name: scratch / f"root-{name}" for name in models}
         for name, root in roots.items():
@@ -192,13 +218,25 @@ def main() -> None:
 
     import torch
 
-    header = (f"{machine_line('cpu', torch.get_num_threads())}\n"
-              f"{len(documents)} policies, {args.reps} repetition(s), `chatchat kb -r -n {KB_NAME}` per model")
+    header = (
+        f"{machine_line('cpu', torch.get_num_threads())}\n"
+        f"{len(documents)} policies, {args.reps} repetition(s), `chatchat kb -r -n {KB_NAME}` per model"
+    )
     report(rows, labels, header)
     if args.json:
-        args.json.write_text(json.dumps({"header": header, "args": {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()},
-                                         "targets": {"vs_plain": TIME_TARGET, "peak_rss_gib": RSS_TARGET_GIB},
-                                         "results": rows}, indent=1, ensure_ascii=False), encoding="utf-8")
+        args.json.write_text(
+            json.dumps(
+                {
+                    "header": header,
+                    "args": {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()},
+                    "targets": {"vs_plain": TIME_TARGET, "peak_rss_gib": RSS_TARGET_GIB},
+                    "results": rows,
+                },
+                indent=1,
+                ensure_ascii=False,
+            ),
+            encoding="utf-8",
+        )
 
 
 if __name__ == "__main__":

@@ -39,11 +39,16 @@ def word_shapes(embeddings, texts: list[str]) -> str:
     from chatchat_policybert.modeling import coverage_groups, merge_repeated_words
 
     batch = embeddings.tokenizer(texts)
-    ids, _, merged = merge_repeated_words(batch["word_ids"], batch["word_attention_mask"].bool(), batch["word_matching_matrix"].float())
+    ids, _, merged = merge_repeated_words(
+        batch["word_ids"], batch["word_attention_mask"].bool(), batch["word_matching_matrix"].float()
+    )
     words = (ids != 0).sum(1)
     groups = torch.isfinite(coverage_groups(merged).log_counts).flatten(1).sum(1)
-    return (f"distinct words per text: mean {words.float().mean():.1f} (range {int(words.min())}-{int(words.max())}), "
-            f"padded to {ids.shape[1]} in a batch of {len(texts)}; coverage groups per text {int(groups.min())}-{int(groups.max())}")
+    return (
+        f"distinct words per text: mean {words.float().mean():.1f} (range {int(words.min())}-{int(words.max())}), "
+        f"padded to {ids.shape[1]} in a batch of {len(texts)}; "
+        f"coverage groups per text {int(groups.min())}-{int(groups.max())}"
+    )
 
 
 def operator_shares(embed: Callable[[], object], rows: int = 6) -> list[tuple[str, float]]:
@@ -63,12 +68,20 @@ def part_timers(model) -> Iterator[dict[str, float]]:
     from chatchat_policybert import modeling
 
     seconds: dict[str, float] = defaultdict(float)
-    parts = [("character layers", layer) for layer in model.encoder.layer[:-1]] + [("[CLS]-only last layer", model.encoder.layer[-1])]
-    parts += [("word layers", layer) for layer in model.word_encoder] + [("fusions", fusion) for fusion in model.fusions]
+    parts = [("character layers", layer) for layer in model.encoder.layer[:-1]] + [
+        ("[CLS]-only last layer", model.encoder.layer[-1])
+    ]
+    parts += [("word layers", layer) for layer in model.word_encoder] + [
+        ("fusions", fusion) for fusion in model.fusions
+    ]
     handles, started = [], {}
     for name, module in parts:
         handles.append(module.register_forward_pre_hook(lambda m, *_: started.__setitem__(m, time.perf_counter())))
-        handles.append(module.register_forward_hook(lambda m, *_, name=name: seconds.__setitem__(name, seconds[name] + time.perf_counter() - started[m])))
+        handles.append(
+            module.register_forward_hook(
+                lambda m, *_, name=name: seconds.__setitem__(name, seconds[name] + time.perf_counter() - started[m])
+            )
+        )
     originals = {name: getattr(modeling, name) for name in ("merge_repeated_words", "coverage_groups")}
 
     def timed(fn):
@@ -77,6 +90,7 @@ def part_timers(model) -> Iterator[dict[str, float]]:
             result = fn(*args)
             seconds["merging and grouping"] += time.perf_counter() - start
             return result
+
         return run
 
     for name, fn in originals.items():
@@ -94,13 +108,20 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--chars", type=int, default=250, help="chunk length in characters")
     parser.add_argument("--chunks", type=int, default=32, help="chunks per call")
-    parser.add_argument("--model", default="attn", choices=("none", "gate", "attn"), help="fusion of the PolicyBERT profiled")
-    parser.add_argument("--compare", default="", help=f"variants timed against eager, comma-separated: {', '.join(VARIANTS)}")
+    parser.add_argument(
+        "--model", default="attn", choices=("none", "gate", "attn"), help="fusion of the PolicyBERT profiled"
+    )
+    parser.add_argument(
+        "--compare", default="", help=f"variants timed against eager, comma-separated: {', '.join(VARIANTS)}"
+    )
     parser.add_argument("--reps", type=int, default=3, help="repetitions per variant in --compare (median reported)")
     args = parser.parse_args()
     variants = [v for v in args.compare.split(",") if v]
     if unknown := set(variants) - set(VARIANTS):
-        parser.error(f"--compare {args.compare}: unknown {', '.join(sorted(unknown))}; expected names among {', '.join(VARIANTS)}")
+        parser.error(
+            f"--compare {args.compare}: unknown {', '.join(sorted(unknown))}; "
+            f"expected names among {', '.join(VARIANTS)}"
+        )
 
     from chatchat_policybert.embeddings import PolicyBertEmbeddings
 
@@ -112,12 +133,18 @@ def main() -> None:
         embed = lambda: embeddings.embed_documents(texts)  # noqa: E731
         embed()  # warm-up
         print(word_shapes(embeddings, texts[: embeddings.batch_tokens // args.chars]))
-        print("operators (self CPU time): " + ", ".join(f"{name} {100 * share:.1f} %" for name, share in operator_shares(embed)))
+        print(
+            "operators (self CPU time): "
+            + ", ".join(f"{name} {100 * share:.1f} %" for name, share in operator_shares(embed))
+        )
         with part_timers(embeddings.model) as seconds:
             start = time.perf_counter()
             embed()
             total = time.perf_counter() - start
-        print("parts (wall time): " + ", ".join(f"{name} {100 * s / total:.1f} %" for name, s in sorted(seconds.items(), key=lambda x: -x[1])))
+        print(
+            "parts (wall time): "
+            + ", ".join(f"{name} {100 * s / total:.1f} %" for name, s in sorted(seconds.items(), key=lambda x: -x[1]))
+        )
         if not variants:
             return
         reference = np.asarray(embed())
@@ -147,8 +174,10 @@ def main() -> None:
         eager = statistics.median(times["eager"])
         for name in runs:
             cosine = float(np.min(np.sum(vectors[name] * reference, axis=1)))
-            print(f"{name:>10}: {args.chunks / statistics.median(times[name]):.2f} chunks/s, "
-                  f"{eager / statistics.median(times[name]):.2f}x eager, min cos to eager {cosine:.7f}")
+            print(
+                f"{name:>10}: {args.chunks / statistics.median(times[name]):.2f} chunks/s, "
+                f"{eager / statistics.median(times[name]):.2f}x eager, min cos to eager {cosine:.7f}"
+            )
 
 
 if __name__ == "__main__":

@@ -56,18 +56,29 @@ def main() -> None:
     for n, question in enumerate(questions):
         collections.done.clear()
         start = time.perf_counter()
-        search_docs(query=question, knowledge_base_name=args.kb, top_k=5,
-                    score_threshold=Settings.kb_settings.SCORE_THRESHOLD, file_name="", metadata={})
+        search_docs(
+            query=question,
+            knowledge_base_name=args.kb,
+            top_k=5,
+            score_threshold=Settings.kb_settings.SCORE_THRESHOLD,
+            file_name="",
+            metadata={},
+        )
         seconds = time.perf_counter() - start
         full = [f"{1000 * s:.0f}" for generation, s in collections.done if generation == 2]
-        print(f"question {n:2d}: {1000 * seconds:8.1f} ms, {len(collections.done):3d} collections, "
-              f"full ones (ms): {', '.join(full) or '-'}", flush=True)
+        print(
+            f"question {n:2d}: {1000 * seconds:8.1f} ms, {len(collections.done):3d} collections, "
+            f"full ones (ms): {', '.join(full) or '-'}",
+            flush=True,
+        )
         steady += [seconds] if n else []
     start = time.perf_counter()
     gc.collect()
-    print(f"after the first: {sum(s > 0.5 for s in steady)} of {len(steady)} questions over 0.5 s; "
-          f"{len(gc.get_objects()):,} objects tracked by the collector; "
-          f"a full collection now takes {1000 * (time.perf_counter() - start):.0f} ms")
+    print(
+        f"after the first: {sum(s > 0.5 for s in steady)} of {len(steady)} questions over 0.5 s; "
+        f"{len(gc.get_objects()):,} objects tracked by the collector; "
+        f"a full collection now takes {1000 * (time.perf_counter() - start):.0f} ms"
+    )
 
 
 if __name__ == "__main__":

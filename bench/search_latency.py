@@ -1,7 +1,8 @@
-"""Per-question retrieval latency of Chatchat's `search_docs` (FAISS ensemble): Chatchat's own vs the plugin's kept BM25.
+"""Per-question retrieval latency of Chatchat's `search_docs` (FAISS ensemble): Chatchat's own vs the
+plugin's kept BM25.
 
-    python bench/search_latency.py                                  # whole corpus x1, x10, x50 (2k, 21k, 105k chunks)
-    python bench/search_latency.py --keep /tmp/search_bench         # build the root there and keep it (reused next time)
+    python bench/search_latency.py                          # whole corpus x1, x10, x50 (2k, 21k, 105k chunks)
+    python bench/search_latency.py --keep /tmp/search_bench # build the root there and keep it (reused next time)
     python bench/search_latency.py --root ROOT --scales 1 --stock-queries 3
 
 Without ``--root`` a Chatchat root is built as `chatchat-policybert eval` builds one: a tiny random
@@ -59,12 +60,14 @@ REGISTER_SCRIPT = """
 import sys
 from chatchat.server.db.repository.knowledge_base_repository import add_kb_to_db, load_kb_from_db
 _, vs_type, embed_model = load_kb_from_db(sys.argv[1])
-add_kb_to_db(kb_name=sys.argv[2], kb_info="synthetic copies of " + sys.argv[1], vs_type=vs_type, embed_model=embed_model)
+add_kb_to_db(kb_name=sys.argv[2], kb_info="synthetic copies of " + sys.argv[1],
+             vs_type=vs_type, embed_model=embed_model)
 """
 
 
 def build_root(work: Path) -> Path:
-    """A root with the whole corpus in its default KB, indexed by a tiny random PolicyBERT; reused when already built."""
+    """A root with the whole corpus in its default KB, indexed by a tiny random PolicyBERT; reused when already
+    built."""
     from chatchat_policybert.lexicon import Lexicon
     from tests.support.tiny_models import build_tiny_policybert
 
@@ -97,7 +100,9 @@ def scaled_kb(root: Path, kb: str, scale: int) -> str:
         copy = faiss.IndexFlatL2(index.d)
         copy.add(np.tile(index.reconstruct_n(0, index.ntotal), (scale, 1)))
         ids = [uuid.uuid4().hex for _ in range(copy.ntotal)]
-        entries = {i: Document(page_content=d.page_content, metadata=dict(d.metadata)) for i, d in zip(ids, docs * scale)}
+        entries = {
+            i: Document(page_content=d.page_content, metadata=dict(d.metadata)) for i, d in zip(ids, docs * scale)
+        }
         target.mkdir(parents=True, exist_ok=True)
         (kb_root(root) / name / "content").mkdir(exist_ok=True)
         faiss.write_index(copy, str(target / "index.faiss"))
@@ -108,18 +113,24 @@ def scaled_kb(root: Path, kb: str, scale: int) -> str:
     return name
 
 
-def search_all(root: Path, kb: str, chunks: list[Chunk], questions: list[str], cached: bool) -> tuple[list[tuple[list[int], float]], str]:
+def search_all(
+    root: Path, kb: str, chunks: list[Chunk], questions: list[str], cached: bool
+) -> tuple[list[tuple[list[int], float]], str]:
     """(hits, seconds) per question from one Chatchat worker (the first is the warm-up), and the worker's log."""
     label = "cached" if cached else "chatchat"
     log = root / "logs" / f"search_latency_{kb}_{label}.log"
     # workers started inside inherit this process's environment (``chatchat_env``)
-    with patch.dict(os.environ, {BM25_CACHE_ENV: "1" if cached else "0"}), ChatchatSearch(root, kb, chunks, 5, log) as worker:
+    with (
+        patch.dict(os.environ, {BM25_CACHE_ENV: "1" if cached else "0"}),
+        ChatchatSearch(root, kb, chunks, 5, log) as worker,
+    ):
         answers = [worker.search(q, None) for q in tqdm(questions, desc=f"{kb} {label}", unit="question")]
     return answers, log.read_text(encoding="utf-8")
 
 
 def bm25_at_first_question(log: str) -> str:
-    """What the cache's log says the first question did for BM25: read the saved index, or build it, and how long it took."""
+    """What the cache's log says the first question did for BM25: read the saved index, or build it, and how long it
+    took."""
     found = re.search(r"BM25 index of [\d,]+ chunks (read from|built \((\d+) tokenised\)) .*?in ([\d.]+) s", log)
     if found is None:
         return "?"
@@ -141,10 +152,18 @@ def main() -> None:
     parser.add_argument("--keep", type=Path, help="build the root here and keep it (default: a temporary directory)")
     parser.add_argument("--scales", type=int, nargs="+", default=[1, 10, 50], help="copies of the KB's chunks per run")
     parser.add_argument("--questions", type=int, default=0, help="shipped questions for the cached path (0: all)")
-    parser.add_argument("--stock-questions", type=int, default=5,
-                        help="of those, how many Chatchat's own path answers after its warm-up question")
-    parser.add_argument("--stock-max-scale", type=int, default=1,
-                        help="run Chatchat's own path only up to this scale (seconds to minutes a question)")
+    parser.add_argument(
+        "--stock-questions",
+        type=int,
+        default=5,
+        help="of those, how many Chatchat's own path answers after its warm-up question",
+    )
+    parser.add_argument(
+        "--stock-max-scale",
+        type=int,
+        default=1,
+        help="run Chatchat's own path only up to this scale (seconds to minutes a question)",
+    )
     parser.add_argument("--torch-threads", type=int, default=1, help="OMP_NUM_THREADS of the Chatchat workers")
     args = parser.parse_args()
     if min(args.scales) < 1 or args.stock_questions < 1 or args.torch_threads < 1:
@@ -164,15 +183,26 @@ def main() -> None:
             name = scaled_kb(root, kb, scale)
             cached, log = search_all(root, name, chunks, questions, cached=True)
             steady_s = [s for _, s in cached[1:]]
-            row = [f"{len(chunks) * scale:,}", f"{cached[0][1]:.1f}", bm25_at_first_question(log), len(steady_s),
-                   f"{percentile_ms(steady_s, 50):.1f}", f"{percentile_ms(steady_s, 95):.1f}",
-                   f"{1000 * max(steady_s):.1f}"]
+            row = [
+                f"{len(chunks) * scale:,}",
+                f"{cached[0][1]:.1f}",
+                bm25_at_first_question(log),
+                len(steady_s),
+                f"{percentile_ms(steady_s, 50):.1f}",
+                f"{percentile_ms(steady_s, 95):.1f}",
+                f"{1000 * max(steady_s):.1f}",
+            ]
             if scale <= args.stock_max_scale:
                 stock, _ = search_all(root, name, chunks, questions[: args.stock_questions + 1], cached=False)
                 stock_s = [s for _, s in stock[1:]]
                 same = sum(s[0] == c[0] for s, c in zip(stock, cached))
-                row += [len(stock_s), f"{percentile_ms(stock_s, 50):,.0f}", f"{percentile_ms(stock_s, 95):,.0f}",
-                        f"{statistics.median(stock_s) / statistics.median(steady_s):,.0f}x", f"{same}/{len(stock)}"]
+                row += [
+                    len(stock_s),
+                    f"{percentile_ms(stock_s, 50):,.0f}",
+                    f"{percentile_ms(stock_s, 95):,.0f}",
+                    f"{statistics.median(stock_s) / statistics.median(steady_s):,.0f}x",
+                    f"{same}/{len(stock)}",
+                ]
             else:
                 row += ["not run"] + ["—"] * 4
             rows.append(row)
@@ -180,13 +210,17 @@ def main() -> None:
 
     print(f"\n{machine_line('cpu', args.torch_threads)}; {start_load} at the start, {load_line()} at the end")
     print(f"command: python bench/search_latency.py {' '.join(sys.argv[1:])}\n")
-    print("| chunks | cached: 1st question s | of which BM25 | cached n | cached p50 ms | cached p95 ms | cached max ms "
-          "| Chatchat n | Chatchat p50 ms | Chatchat p95 ms | p50 speed-up | same hits |")
+    print(
+        "| chunks | cached: 1st question s | of which BM25 | cached n | cached p50 ms | cached p95 ms | cached max ms "
+        "| Chatchat n | Chatchat p50 ms | Chatchat p95 ms | p50 speed-up | same hits |"
+    )
     print("|---:|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
     for row in rows:
         print("| " + " | ".join(map(str, row)) + " |")
-    print(f"\nat {rows[-1][0]} chunks: cached p95 <= {TARGET_MS:g} ms {'met' if last_p95 <= TARGET_MS else 'missed'}; "
-          f"BM25 at the first question: {last_bm25} (target: read, <= {TARGET_FIRST_BM25_S:g} s)")
+    print(
+        f"\nat {rows[-1][0]} chunks: cached p95 <= {TARGET_MS:g} ms {'met' if last_p95 <= TARGET_MS else 'missed'}; "
+        f"BM25 at the first question: {last_bm25} (target: read, <= {TARGET_FIRST_BM25_S:g} s)"
+    )
 
 
 if __name__ == "__main__":

@@ -51,8 +51,13 @@ def free_port() -> int:
 
 def start_server(model: Path, device: str, extra: list[str]) -> tuple[subprocess.Popen, str]:
     port = free_port()
-    process = subprocess.Popen([*SERVE, "--model-path", str(model), "--device", device, "--port", str(port), *extra],
-                               stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, start_new_session=True)
+    process = subprocess.Popen(
+        [*SERVE, "--model-path", str(model), "--device", device, "--port", str(port), *extra],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
     url = f"http://127.0.0.1:{port}"
     deadline = time.monotonic() + 300
     while time.monotonic() < deadline:
@@ -80,7 +85,9 @@ def light_latencies(url: str, seconds: float) -> list[float]:
 def heavy_client(url: str, inputs: list[str], stop: threading.Event, done: list[float]) -> None:
     while not stop.is_set():
         start = time.perf_counter()
-        requests.post(url + "/v1/embeddings", json={"model": "policybert", "input": inputs}, timeout=3600).raise_for_status()
+        requests.post(
+            url + "/v1/embeddings", json={"model": "policybert", "input": inputs}, timeout=3600
+        ).raise_for_status()
         done.append(time.perf_counter() - start)
 
 
@@ -117,13 +124,19 @@ def measure(model: Path, args: argparse.Namespace, inputs: list[str], scheduler:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--size", choices=("base", "tiny"), default="base", help="bge-base-sized or the tests' tiny model")
+    parser.add_argument(
+        "--size", choices=("base", "tiny"), default="base", help="bge-base-sized or the tests' tiny model"
+    )
     parser.add_argument("--model", type=Path, help="serve this model directory instead of building one")
     parser.add_argument("--device", default="cpu", help="torch device the served model runs on")
     parser.add_argument("--seconds", type=float, default=30.0, help="how long the light client measures per setting")
     parser.add_argument("--chars", type=int, default=500, help="characters per input of the heavy client's requests")
-    parser.add_argument("--max-request-tokens", type=int, default=300_000, help="the server's cap, and the heavy request size")
-    parser.add_argument("--batch-tokens", type=int, default=4096, help="the server's turn size in tokens (serve --batch-tokens)")
+    parser.add_argument(
+        "--max-request-tokens", type=int, default=300_000, help="the server's cap, and the heavy request size"
+    )
+    parser.add_argument(
+        "--batch-tokens", type=int, default=4096, help="the server's turn size in tokens (serve --batch-tokens)"
+    )
     parser.add_argument("--json", type=Path, help="also write the results here")
     args = parser.parse_args()
 
@@ -138,9 +151,14 @@ def main() -> None:
             model = build_models(Path(tmp), inputs + [LIGHT_TEXT], names=("attn",))["attn"]
         settings = {
             "idle": ([], False),
-            f"loaded, turns of {args.batch_tokens} tokens (shipped)": (["--batch-tokens", str(args.batch_tokens)], True),
+            f"loaded, turns of {args.batch_tokens} tokens (shipped)": (
+                ["--batch-tokens", str(args.batch_tokens)],
+                True,
+            ),
             "loaded, a whole request per model call (before #15)": (
-                ["--batch-tokens", str(10**9), "--max-batch", str(10**6)], True),
+                ["--batch-tokens", str(10**9), "--max-batch", str(10**6)],
+                True,
+            ),
         }
         results = {name: measure(model, args, inputs, flags, loaded) for name, (flags, loaded) in settings.items()}
     report = {

@@ -1,4 +1,5 @@
-"""FAISS vs pg (PostgreSQL + pgvector) as Chatchat's store: `kb -r` time and peak RSS, `search_docs` latency, retrieval metrics.
+"""FAISS vs pg (PostgreSQL + pgvector) as Chatchat's store: `kb -r` time and peak RSS, `search_docs` latency, retrieval
+metrics.
 
     python bench/vector_store.py                      # whole corpus, tiny PolicyBERT, 1 repetition
     python bench/vector_store.py --reps 3 --json bench/results/vector_store.json
@@ -34,11 +35,11 @@ from embed import REPO, machine_line  # noqa: E402 - bench/ is not a package
 from kb_rebuild import build_model_dirs, prepare_root, run_rebuilds, scratch_dir  # noqa: E402
 
 sys.path.insert(0, str(REPO))  # the checkout: tests.support
+from chatchat_policybert.configuration_policybert import FUSION_TYPES  # noqa: E402
 from chatchat_policybert.corpus import read_policies  # noqa: E402
 from chatchat_policybert.data import CORPUS_CSV  # noqa: E402
 from chatchat_policybert.demo import KB_NAME  # noqa: E402
 from chatchat_policybert.evaluation.evaluate import main as evaluate  # noqa: E402
-from chatchat_policybert.configuration_policybert import FUSION_TYPES  # noqa: E402
 from tests.support.pg_cluster import PgCluster  # noqa: E402
 
 STORES = ("faiss", "pg")
@@ -57,7 +58,9 @@ def evaluate_root(root: Path, limit: int | None) -> dict[str, float]:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--size", choices=["base", "tiny"], default="tiny", help="bge-base-sized model, or the tests' tiny one")
+    parser.add_argument(
+        "--size", choices=["base", "tiny"], default="tiny", help="bge-base-sized model, or the tests' tiny one"
+    )
     parser.add_argument("--fusion", choices=FUSION_TYPES, default="attn", help="PolicyBERT's fusion")
     parser.add_argument("--reps", type=int, default=1, help="rebuilds per store, alternating (median reported)")
     parser.add_argument("--limit", type=int, help="evaluate only the first N questions")
@@ -68,8 +71,9 @@ def main() -> None:
     documents = read_policies(CORPUS_CSV)
     with scratch_dir(args.keep) as scratch, PgCluster.start() as cluster:
         print(f"[models] building a {args.size}-sized PolicyBERT-{args.fusion} in {scratch / 'models'}", flush=True)
-        model = build_model_dirs(scratch / "models", args.size, args.fusion,
-                                 [d.title + d.content for d in documents], plain=False)["policybert"]
+        model = build_model_dirs(
+            scratch / "models", args.size, args.fusion, [d.title + d.content for d in documents], plain=False
+        )["policybert"]
         roots = {store: scratch / f"root-{store}" for store in STORES}
         for store, root in roots.items():
             prepare_root(root, model, documents, ["--vs", store] + (["--pg-uri", cluster.uri] if store == "pg" else []))
@@ -78,8 +82,10 @@ def main() -> None:
 
     import torch
 
-    header = (f"{machine_line('cpu', torch.get_num_threads())}\n{len(documents)} policies, PolicyBERT-{args.fusion} "
-              f"({args.size}, random weights), {args.reps} repetition(s) of `chatchat kb -r -n {KB_NAME}` per store")
+    header = (
+        f"{machine_line('cpu', torch.get_num_threads())}\n{len(documents)} policies, PolicyBERT-{args.fusion} "
+        f"({args.size}, random weights), {args.reps} repetition(s) of `chatchat kb -r -n {KB_NAME}` per store"
+    )
     faiss_s = statistics.median(r.seconds for r in runs["faiss"])
     rows = []
     print(header)
@@ -88,16 +94,33 @@ def main() -> None:
     for store in STORES:
         seconds = statistics.median(r.seconds for r in runs[store])
         rss = max(r.peak_rss_gib for r in runs[store])
-        row = dict(store=store, chunks=runs[store][0].chunks, wall_s=seconds, vs_faiss=seconds / faiss_s,
-                   peak_rss_gib=rss, metrics=metrics[store], runs=[vars(r) for r in runs[store]])
+        row = dict(
+            store=store,
+            chunks=runs[store][0].chunks,
+            wall_s=seconds,
+            vs_faiss=seconds / faiss_s,
+            peak_rss_gib=rss,
+            metrics=metrics[store],
+            runs=[vars(r) for r in runs[store]],
+        )
         rows.append(row)
-        values = " | ".join(f"{metrics[store][m]:.1f}" if m.endswith(("ms", "chunks")) else f"{metrics[store][m]:.3f}"
-                            for m in METRICS)
+        values = " | ".join(
+            f"{metrics[store][m]:.1f}" if m.endswith(("ms", "chunks")) else f"{metrics[store][m]:.3f}" for m in METRICS
+        )
         print(f"| {store} | {row['chunks']} | {seconds:.1f} | {row['vs_faiss']:.2f} | {rss:.2f} | {values} |")
     if args.json:
-        args.json.write_text(json.dumps({"header": header, "args": {k: str(v) if isinstance(v, Path) else v
-                                                                    for k, v in vars(args).items()},
-                                         "results": rows}, indent=1, ensure_ascii=False), encoding="utf-8")
+        args.json.write_text(
+            json.dumps(
+                {
+                    "header": header,
+                    "args": {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()},
+                    "results": rows,
+                },
+                indent=1,
+                ensure_ascii=False,
+            ),
+            encoding="utf-8",
+        )
 
 
 if __name__ == "__main__":

@@ -124,7 +124,8 @@ class PostingsBM25Okapi:
     epsilon = 0.25
 
     def __init__(self, counts: Bm25Counts, saved: dict[str, np.ndarray] | None = None) -> None:
-        """``saved``: the derived arrays (``doc_lengths``, ``idf``, ``posting_*``) from :meth:`arrays`, else computed."""
+        """``saved``: the derived arrays (``doc_lengths``, ``idf``, ``posting_*``) from :meth:`arrays`, else
+        computed."""
         self.counts = counts
         self.corpus_size = counts.chunks
         if saved is None:
@@ -136,8 +137,11 @@ class PostingsBM25Okapi:
         self.idf = saved.get("idf")
         if self.idf is None:
             self.idf = self._idf(np.bincount(counts.word_ids, minlength=len(counts.words)))
-        self.postings = ((saved["posting_offsets"], saved["posting_chunks"], saved["posting_counts"])
-                         if "posting_offsets" in saved else self._postings())
+        self.postings = (
+            (saved["posting_offsets"], saved["posting_chunks"], saved["posting_counts"])
+            if "posting_offsets" in saved
+            else self._postings()
+        )
         self._word_id = dict(zip(counts.words, range(len(counts.words))))
         # The document-length term of every score, the same for every question word.
         self._length_norm = self.k1 * (1 - self.b + self.b * self.doc_lengths / self.avgdl)
@@ -190,9 +194,14 @@ class PostingsBM25Okapi:
         return {
             "words": np.frombuffer(words, dtype=np.uint8),
             "word_lengths": np.array([len(w) for w in self.counts.words], dtype=np.int64),
-            "offsets": self.counts.offsets, "word_ids": self.counts.word_ids, "counts": self.counts.counts,
-            "doc_lengths": self.doc_lengths, "idf": self.idf, "posting_offsets": self.postings[0],
-            "posting_chunks": self.postings[1], "posting_counts": self.postings[2],
+            "offsets": self.counts.offsets,
+            "word_ids": self.counts.word_ids,
+            "counts": self.counts.counts,
+            "doc_lengths": self.doc_lengths,
+            "idf": self.idf,
+            "posting_offsets": self.postings[0],
+            "posting_chunks": self.postings[1],
+            "posting_counts": self.postings[2],
         }
 
 
@@ -213,9 +222,12 @@ class ChunkIndex:
         from safetensors.numpy import save
 
         arrays = {name: np.ascontiguousarray(array) for name, array in self.bm25.arrays().items()}
-        metadata = {"format": str(FORMAT), "tokenizer": tokenizer_name(),
-                    "fingerprint": fingerprint(self.ids, self.texts).hex(),
-                    "crc32": json.dumps({name: zlib.crc32(array) for name, array in arrays.items()})}
+        metadata = {
+            "format": str(FORMAT),
+            "tokenizer": tokenizer_name(),
+            "fingerprint": fingerprint(self.ids, self.texts).hex(),
+            "crc32": json.dumps({name: zlib.crc32(array) for name, array in arrays.items()}),
+        }
         with atomic_path(path) as tmp:
             tmp.write_bytes(save(arrays, metadata=metadata))  # Python's open: the umask's mode, as Chatchat's files
 
@@ -296,9 +308,17 @@ def _checked_counts(arrays: dict[str, np.ndarray]) -> Bm25Counts:
     ends = np.cumsum(lengths).tolist()
     words = [text[start:end] for start, end in zip([0, *ends[:-1]], ends)]
     entries = len(word_ids)
-    if (offsets.dtype != np.int64 or word_ids.dtype != np.int32 or counts.dtype != np.int32 or len(counts) != entries
-            or len(offsets) < 1 or offsets[0] != 0 or offsets[-1] != entries or (np.diff(offsets) < 0).any()
-            or (entries and (word_ids.min() < 0 or word_ids.max() >= len(words) or counts.min() < 1))):
+    if (
+        offsets.dtype != np.int64
+        or word_ids.dtype != np.int32
+        or counts.dtype != np.int32
+        or len(counts) != entries
+        or len(offsets) < 1
+        or offsets[0] != 0
+        or offsets[-1] != entries
+        or (np.diff(offsets) < 0).any()
+        or (entries and (word_ids.min() < 0 or word_ids.max() >= len(words) or counts.min() < 1))
+    ):
         raise SavedIndexUnusable("word counts damaged")
     return Bm25Counts(words, offsets, word_ids, counts)
 
@@ -308,11 +328,22 @@ def _check_derived(counts: Bm25Counts, arrays: dict[str, np.ndarray]) -> None:
     idf, lengths = arrays["idf"], arrays["doc_lengths"]
     offsets, chunks, posting_counts = arrays["posting_offsets"], arrays["posting_chunks"], arrays["posting_counts"]
     entries = len(counts.word_ids)
-    if (idf.dtype != np.float64 or idf.shape != (len(counts.words),) or not np.isfinite(idf).all()
-            or lengths.dtype != np.int64 or lengths.shape != (counts.chunks,)
-            or int(lengths.sum()) != int(counts.counts.sum())
-            or offsets.dtype != np.int64 or offsets.shape != (len(counts.words) + 1,) or chunks.dtype != np.int32
-            or posting_counts.dtype != np.int32 or len(chunks) != entries or len(posting_counts) != entries
-            or offsets[0] != 0 or offsets[-1] != entries or (np.diff(offsets) < 0).any()
-            or (entries and (chunks.min() < 0 or chunks.max() >= counts.chunks or posting_counts.min() < 1))):
+    if (
+        idf.dtype != np.float64
+        or idf.shape != (len(counts.words),)
+        or not np.isfinite(idf).all()
+        or lengths.dtype != np.int64
+        or lengths.shape != (counts.chunks,)
+        or int(lengths.sum()) != int(counts.counts.sum())
+        or offsets.dtype != np.int64
+        or offsets.shape != (len(counts.words) + 1,)
+        or chunks.dtype != np.int32
+        or posting_counts.dtype != np.int32
+        or len(chunks) != entries
+        or len(posting_counts) != entries
+        or offsets[0] != 0
+        or offsets[-1] != entries
+        or (np.diff(offsets) < 0).any()
+        or (entries and (chunks.min() < 0 or chunks.max() >= counts.chunks or posting_counts.min() < 1))
+    ):
         raise SavedIndexUnusable("postings damaged")

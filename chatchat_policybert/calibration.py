@@ -32,7 +32,6 @@ from typing import Any
 
 from chatchat_policybert.chatchat_process import ChatchatWorker
 from chatchat_policybert.chatchat_root import content_dir, kb_settings
-from chatchat_policybert.score_threshold import score_threshold_for
 from chatchat_policybert.errors import InputError
 from chatchat_policybert.evaluation.dataset import Query, load_corpus, load_questions
 from chatchat_policybert.evaluation.evaluate import MRR_K, RunResult, evaluate_retriever
@@ -40,6 +39,7 @@ from chatchat_policybert.evaluation.knowledge_base import Chunk, load_chunks
 from chatchat_policybert.evaluation.metrics import evidence_in_chunk, mrr_at_k, unique_in_order
 from chatchat_policybert.evaluation.retrievers import ChunkLocator
 from chatchat_policybert.files import atomic_path
+from chatchat_policybert.score_threshold import score_threshold_for
 from chatchat_policybert.settings import CHATCHAT_WEIGHTS, HYBRID_KEY, PLATFORM_KEY, SettingsError, round_trip_yaml
 
 RRF_C = 60
@@ -75,7 +75,8 @@ def ensemble_label(store: str) -> str:
 
 
 def threshold_grid(current: float, store: str) -> list[float]:
-    """SCORE_THRESHOLDs tried: the root's, the loosest, one per cosine cut in ``store`` (rounded up: never looser), none."""
+    """SCORE_THRESHOLDs tried: the root's, the loosest, one per cosine cut in ``store`` (rounded up: never looser),
+    none."""
     cuts = [math.ceil(score_threshold_for(c, store) * 1e4) / 1e4 for c in COSINE_CUTS]
     return list(dict.fromkeys([current, LOOSEST, *cuts, NO_VECTORS]))
 
@@ -100,8 +101,10 @@ def dev_queries(path: Path, root: Path, kb: str) -> tuple[list[Query], list[Chun
     if "question" in first and "doc_title" in first:
         corpus = load_corpus(content_dir(root, kb))
         return load_questions(path, corpus), load_chunks(root, kb, corpus)
-    raise InputError(f"{path}: expected dev pairs ({{\"query\", \"pos\", …}}, training.pairs' dev.jsonl) or questions "
-                     '({"id", "question", "doc_title", "evidence"}, the evaluation\'s JSONL)')
+    raise InputError(
+        f'{path}: expected dev pairs ({{"query", "pos", …}}, training.pairs\' dev.jsonl) or questions '
+        '({"id", "question", "doc_title", "evidence"}, the evaluation\'s JSONL)'
+    )
 
 
 def _first_object(path: Path) -> dict[str, Any]:
@@ -138,11 +141,13 @@ def pair_queries(path: Path, chunks: list[Chunk]) -> list[Query]:
             if not isinstance(query, str) or not isinstance(positive, str) or not query or not positive:
                 raise TypeError
         except (json.JSONDecodeError, KeyError, IndexError, TypeError):
-            raise InputError(f"{path}:{lineno}: expected {{\"query\": \"…\", \"pos\": [\"…\"], …}}") from None
+            raise InputError(f'{path}:{lineno}: expected {{"query": "…", "pos": ["…"], …}}') from None
         groups = {c.group for c in chunks if _holds(c.text, positive)}
         if not groups:
-            raise InputError(f"{path}:{lineno}: no chunk of the knowledge base holds this pair's passage: "
-                             "make the pairs from the KB as it is now (python -m training.pairs --chatchat-root …)")
+            raise InputError(
+                f"{path}:{lineno}: no chunk of the knowledge base holds this pair's passage: "
+                "make the pairs from the KB as it is now (python -m training.pairs --chatchat-root …)"
+            )
         queries.append(Query(f"dev-{lineno}", query, {g: 1.0 for g in groups}, positive))
     if not queries:
         raise InputError(f"{path}: no pairs in the file")
@@ -183,12 +188,16 @@ class Candidates:
         """(BM25 hits, FAISS hits with their relevance score) as chunk indices, best first."""
         if query not in self._known:
             answer = self._worker.ask({"query": query})
-            self._known[query] = ([self._locate(s, t) for s, t in answer["bm25"]],
-                                  [(self._locate(s, t), score) for s, t, score in answer["dense"]])
+            self._known[query] = (
+                [self._locate(s, t) for s, t in answer["bm25"]],
+                [(self._locate(s, t), score) for s, t, score in answer["dense"]],
+            )
         return self._known[query]
 
 
-def fuse(bm25: list[int], dense: list[tuple[int, float]], chunks: list[Chunk], setting: Setting, top_k: int) -> list[int]:
+def fuse(
+    bm25: list[int], dense: list[tuple[int, float]], chunks: list[Chunk], setting: Setting, top_k: int
+) -> list[int]:
     """What the plugin's ensemble returns for these two lists: LangChain's weighted RRF (``c`` = 60) over the FAISS
     hits whose relevance reaches the threshold, chunks with the same text counted as one, the first ``top_k``."""
     kept = [i for i, relevance in dense if relevance >= setting.threshold]
@@ -229,15 +238,17 @@ class Calibration:
     store: str = "faiss"
     source: str = ""
     kb: str = ""
-    date: str = field(default_factory=lambda: datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"))
+    date: str = field(default_factory=lambda: datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M UTC"))
 
     def metrics(self) -> dict[str, dict[str, float]]:
         return {name: {k: round(r.metrics[k], 4) for k in METRICS_KEPT} for name, r in self.rows.items()}
 
     def table(self) -> str:
         """A Markdown table: row, setting, metrics."""
-        lines = [f"| retriever ({self.questions} questions, top_k {self.top_k}) | setting | {' | '.join(METRICS_KEPT)} |",
-                 "|---|---|" + "---|" * len(METRICS_KEPT)]
+        lines = [
+            f"| retriever ({self.questions} questions, top_k {self.top_k}) | setting | {' | '.join(METRICS_KEPT)} |",
+            "|---|---|" + "---|" * len(METRICS_KEPT),
+        ]
         for name, values in self.metrics().items():
             cells = " | ".join(f"{values[k]:.3f}" for k in METRICS_KEPT)
             lines.append(f"| {name} | {self.settings[name].label} | {cells} |")
@@ -254,8 +265,9 @@ def mean_mrr(retriever: Fused, queries: list[Query], chunks: list[Chunk]) -> flo
     return total / len(queries)
 
 
-def calibrate(candidates: Candidates, queries: list[Query], chunks: list[Chunk], current: float,
-              store: str) -> Calibration:
+def calibrate(
+    candidates: Candidates, queries: list[Query], chunks: list[Chunk], current: float, store: str
+) -> Calibration:
     """The grid point with the highest MRR@10 (the earliest on ties) and the four rows of the table."""
     best, best_score = None, -1.0
     grid = setting_grid(current, store)
@@ -269,8 +281,10 @@ def calibrate(candidates: Candidates, queries: list[Query], chunks: list[Chunk],
         "hybrid 0.5": Setting(*CHATCHAT_WEIGHTS, current),
         "calibrated": best,
     }
-    rows = {name: evaluate_retriever(Fused(name, candidates, chunks, s), queries, chunks, KS)
-            for name, s in references.items()}
+    rows = {
+        name: evaluate_retriever(Fused(name, candidates, chunks, s), queries, chunks, KS)
+        for name, s in references.items()
+    }
     return Calibration(best, rows, references, len(queries), candidates.top_k, store)
 
 
@@ -294,8 +308,14 @@ def write_calibration(root: Path, calibration: Calibration) -> None:
         "bm25_weight": chosen.bm25_weight,
         "dense_weight": chosen.dense_weight,
         "score_threshold": chosen.threshold,
-        "calibration": {"source": calibration.source, "kb": calibration.kb, "questions": calibration.questions,
-                        "top_k": calibration.top_k, "date": calibration.date, "metrics": calibration.metrics()},
+        "calibration": {
+            "source": calibration.source,
+            "kb": calibration.kb,
+            "questions": calibration.questions,
+            "top_k": calibration.top_k,
+            "date": calibration.date,
+            "metrics": calibration.metrics(),
+        },
     }
     update_settings(root, hybrid=hybrid, threshold=chosen.threshold)
 
@@ -303,15 +323,22 @@ def write_calibration(root: Path, calibration: Calibration) -> None:
 def served_platform(model_settings: Any, path: Path) -> Any:
     """The platform entry (a mapping of the parsed file) whose ``local_embeddings`` serves DEFAULT_EMBEDDING_MODEL."""
     wanted = model_settings.get("DEFAULT_EMBEDDING_MODEL")
-    platform = next((p for p in model_settings.get("MODEL_PLATFORMS") or []
-                     if PLATFORM_KEY in p and wanted in (p.get("embed_models") or [])), None)
+    platform = next(
+        (
+            p
+            for p in model_settings.get("MODEL_PLATFORMS") or []
+            if PLATFORM_KEY in p and wanted in (p.get("embed_models") or [])
+        ),
+        None,
+    )
     if platform is None:
         raise SettingsError(f"{path}: no platform with '{PLATFORM_KEY}' serves DEFAULT_EMBEDDING_MODEL '{wanted}'")
     return platform
 
 
-def update_settings(root: Path, *, hybrid: dict[str, Any] | None = None, threshold: float | None = None,
-                    model_path: str | None = None) -> None:
+def update_settings(
+    root: Path, *, hybrid: dict[str, Any] | None = None, threshold: float | None = None, model_path: str | None = None
+) -> None:
     """Sets the served platform's ``hybrid`` block and ``local_embeddings.model_path``, and SCORE_THRESHOLD.
 
     Both files are rewritten atomically (comments kept), model settings first: a crash between
@@ -340,20 +367,42 @@ def _dump(yaml: Any, data: Any, path: Path) -> None:
 
 
 def describe(hybrid: Any, configured_threshold: float, store: str = "faiss") -> list[tuple[str, str]]:
-    """``doctor``'s lines for a platform's ``hybrid`` block (a :class:`~chatchat_policybert.settings.HybridConfig` or None)."""
+    """``doctor``'s lines for a platform's ``hybrid`` block (a :class:`~chatchat_policybert.settings.HybridConfig` or
+    None)."""
     if hybrid is None:
-        return [("OK", f"{ensemble_label(store)}: Chatchat's weights BM25 {CHATCHAT_WEIGHTS[0]:g} / dense {CHATCHAT_WEIGHTS[1]:g}, "
-                       f"not calibrated (`chatchat-policybert setup --calibrate DEV.jsonl` after `chatchat kb -r`)")]
-    lines = [("OK", f"{ensemble_label(store)}: weights BM25 {hybrid.bm25_weight:g} / dense {hybrid.dense_weight:g}, "
-                    f"SCORE_THRESHOLD {configured_threshold:g}")]
+        return [
+            (
+                "OK",
+                f"{ensemble_label(store)}: Chatchat's weights "
+                f"BM25 {CHATCHAT_WEIGHTS[0]:g} / dense {CHATCHAT_WEIGHTS[1]:g}, "
+                f"not calibrated (`chatchat-policybert setup --calibrate DEV.jsonl` after `chatchat kb -r`)",
+            )
+        ]
+    lines = [
+        (
+            "OK",
+            f"{ensemble_label(store)}: weights BM25 {hybrid.bm25_weight:g} / dense {hybrid.dense_weight:g}, "
+            f"SCORE_THRESHOLD {configured_threshold:g}",
+        )
+    ]
     info = hybrid.calibration or {}
     metrics = info.get("metrics") or {}
     if metrics:
         key = f"MRR@{MRR_K}"
         shown = ", ".join(f"{name} {values.get(key, float('nan')):.3f}" for name, values in metrics.items())
-        lines.append(("OK", f"calibrated {info.get('date', '?')} on {info.get('questions', '?')} questions of "
-                            f"{info.get('source', '?')} (KB {info.get('kb', '?')}, top_k {info.get('top_k', '?')}): {key} {shown}"))
+        lines.append(
+            (
+                "OK",
+                f"calibrated {info.get('date', '?')} on {info.get('questions', '?')} questions of "
+                f"{info.get('source', '?')} (KB {info.get('kb', '?')}, top_k {info.get('top_k', '?')}): {key} {shown}",
+            )
+        )
     if hybrid.score_threshold is not None and not math.isclose(hybrid.score_threshold, configured_threshold):
-        lines.append(("WARN", f"SCORE_THRESHOLD {configured_threshold:g} is not the {hybrid.score_threshold:g} the weights "
-                              "were calibrated with: calibrate again or set it back in kb_settings.yaml"))
+        lines.append(
+            (
+                "WARN",
+                f"SCORE_THRESHOLD {configured_threshold:g} is not the {hybrid.score_threshold:g} the weights "
+                "were calibrated with: calibrate again or set it back in kb_settings.yaml",
+            )
+        )
     return lines

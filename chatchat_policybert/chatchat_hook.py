@@ -104,8 +104,12 @@ def _patch_pg(module: ModuleType) -> None:
 
 def _patchers() -> dict[str, object]:
     """Module name -> function that patches it right after it executes."""
-    return {UTILS_MODULE: patch_module, MIGRATE_MODULE: _patch_migrate, ENSEMBLE_MODULE: _patch_ensemble,
-            PG_MODULE: _patch_pg}
+    return {
+        UTILS_MODULE: patch_module,
+        MIGRATE_MODULE: _patch_migrate,
+        ENSEMBLE_MODULE: _patch_ensemble,
+        PG_MODULE: _patch_pg,
+    }
 
 
 class _ChatchatFinder:
@@ -225,7 +229,9 @@ def load_embeddings(config: LocalEmbeddingsConfig, root: Path, platform_name: st
     try:
         return cls(**config.constructor_kwargs(root))
     except Exception as exc:
-        raise RuntimeError(f"loading '{model_dir}' with {config.class_path} failed: {type(exc).__name__}: {exc}") from exc
+        raise RuntimeError(
+            f"loading '{model_dir}' with {config.class_path} failed: {type(exc).__name__}: {exc}"
+        ) from exc
 
 
 def _import_class(class_path: str, where: str) -> object:

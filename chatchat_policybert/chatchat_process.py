@@ -23,7 +23,8 @@ WORKER_MARK = "@@chatchat@@ "
 
 
 def chatchat_env(root: Path) -> dict[str, str]:
-    """Environment of every Chatchat process: the root, Chatchat's bundled NLTK data (offline), no proxies for loopback."""
+    """Environment of every Chatchat process: the root, Chatchat's bundled NLTK data (offline), no proxies for
+    loopback."""
     import chatchat  # the package only: each child reads the settings of its own root
 
     env = {k: v for k, v in os.environ.items() if k.lower() not in {"http_proxy", "https_proxy", "all_proxy"}}
@@ -62,7 +63,7 @@ def call_worker(root: Path, mode: str, *args: str) -> dict[str, Any]:
     results = [line for line in log.splitlines() if line.startswith(WORKER_MARK)]
     if not results:
         raise InputError(f"chatchat_worker {mode} printed no result:\n{log[-LOG_TAIL:]}")
-    return json.loads(results[-1][len(WORKER_MARK):])
+    return json.loads(results[-1][len(WORKER_MARK) :])
 
 
 class ChatchatWorker:
@@ -73,8 +74,13 @@ class ChatchatWorker:
         self._log_path = log_path
         self._log = log_path.open("w", encoding="utf-8")
         self._process = subprocess.Popen(
-            worker_command(mode, *args), env=chatchat_env(root), stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-            stderr=self._log, text=True, encoding="utf-8",
+            worker_command(mode, *args),
+            env=chatchat_env(root),
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=self._log,
+            text=True,
+            encoding="utf-8",
         )
         self.ready: dict[str, Any] = self._read()
 
@@ -87,7 +93,7 @@ class ChatchatWorker:
     def _read(self) -> dict[str, Any]:
         for line in self._process.stdout:
             if line.startswith(WORKER_MARK):
-                return json.loads(line[len(WORKER_MARK):])
+                return json.loads(line[len(WORKER_MARK) :])
         self.close()
         raise InputError(f"the Chatchat worker exited:\n{self._log_path.read_text(encoding='utf-8')[-LOG_TAIL:]}")
 

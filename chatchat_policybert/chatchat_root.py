@@ -43,7 +43,8 @@ class KbSettings:
 
 
 def kb_settings(root: Path) -> KbSettings:
-    """The root's kb_settings.yaml, read once; no file: Chatchat's defaults; a value of the wrong type: a :class:`SettingsError`."""
+    """The root's kb_settings.yaml, read once; no file: Chatchat's defaults; a value of the wrong type: a
+    :class:`SettingsError`."""
     path = Path(root) / "kb_settings.yaml"
     data = _settings(root, path.name)
     kbs_config = data.get("kbs_config") or {}

@@ -81,8 +81,14 @@ def search(kb: str, top_k: int | None) -> None:
         request = json.loads(line)
         threshold = configured if request.get("threshold") is None else request["threshold"]
         start = time.perf_counter()
-        docs = search_docs(query=request["query"], knowledge_base_name=kb, top_k=top_k, score_threshold=threshold,
-                           file_name="", metadata={})
+        docs = search_docs(
+            query=request["query"],
+            knowledge_base_name=kb,
+            top_k=top_k,
+            score_threshold=threshold,
+            file_name="",
+            metadata={},
+        )
         seconds = time.perf_counter() - start
         # The API function returns DocumentWithVSId dicts, exactly what /knowledge_base/search_docs sends.
         answer = {"hits": [[d["metadata"].get("source", ""), d["page_content"]] for d in docs], "seconds": seconds}
@@ -118,8 +124,13 @@ def _stale_collection(store) -> str | None:
 
     with store._make_session() as session:
         collection = store.get_collection(session)
-        row = None if collection is None else session.query(store.EmbeddingStore).filter(
-            store.EmbeddingStore.collection_id == collection.uuid).first()
+        row = (
+            None
+            if collection is None
+            else session.query(store.EmbeddingStore)
+            .filter(store.EmbeddingStore.collection_id == collection.uuid)
+            .first()
+        )
         if row is None:
             return "the pg collection is empty"
         text, stored = row.document, np.asarray(row.embedding, dtype=np.float32)
@@ -146,10 +157,17 @@ def candidates(kb: str, top_k: int | None) -> None:
         _emit({"error": f"knowledge base {kb} is not a FAISS or pg knowledge base of this root"})
         return
     if service.vs_type() == "faiss":
-        acquire, stale_check, cached_bm25 = (lambda: service.load_vector_store().acquire(), _stale_index,
-                                             ensemble_cache.cached_bm25)
+        acquire, stale_check, cached_bm25 = (
+            lambda: service.load_vector_store().acquire(),
+            _stale_index,
+            ensemble_cache.cached_bm25,
+        )
     else:  # the store the plugin keeps for the knowledge base, as its pg search uses it
-        acquire, stale_check, cached_bm25 = lambda: nullcontext(service.pg_vector), _stale_collection, pg_search.cached_bm25
+        acquire, stale_check, cached_bm25 = (
+            lambda: nullcontext(service.pg_vector),
+            _stale_collection,
+            pg_search.cached_bm25,
+        )
     with acquire() as store:
         stale = stale_check(store)
     if stale:
@@ -162,16 +180,21 @@ def candidates(kb: str, top_k: int | None) -> None:
             bm25 = cached_bm25(store).copy(update={"k": top_k}).invoke(query)
             # What as_retriever(search_type="similarity_score_threshold") asks, with no threshold yet.
             dense = store.similarity_search_with_relevance_scores(query, k=top_k)
-        _emit({"bm25": [[d.metadata.get("source", ""), d.page_content] for d in bm25],
-               "dense": [[d.metadata.get("source", ""), d.page_content, float(score)] for d, score in dense]})
+        _emit(
+            {
+                "bm25": [[d.metadata.get("source", ""), d.page_content] for d in bm25],
+                "dense": [[d.metadata.get("source", ""), d.page_content, float(score)] for d, score in dense],
+            }
+        )
 
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("mode", choices=["chunks", "search", "candidates"])
     parser.add_argument("--kb", required=True, help="knowledge base name")
-    parser.add_argument("--top-k", type=int,
-                        help="search, candidates: chunks per query (default: the root's VECTOR_SEARCH_TOP_K)")
+    parser.add_argument(
+        "--top-k", type=int, help="search, candidates: chunks per query (default: the root's VECTOR_SEARCH_TOP_K)"
+    )
     args = parser.parse_args(argv)
     if "CHATCHAT_ROOT" not in os.environ:
         parser.error("set CHATCHAT_ROOT")

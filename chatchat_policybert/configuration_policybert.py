@@ -18,7 +18,8 @@ LateFusion = Literal["add", "none"]
 FUSION_TYPES: tuple[str, ...] = get_args(FusionType)
 LATE_FUSIONS: tuple[str, ...] = get_args(LateFusion)
 CONFIG_ERRORS = (ValueError, TypeError, StrictDataclassError)
-"""What building a config from bad values raises: ``@strict`` wraps type and validator failures in ``StrictDataclassError``."""
+"""What building a config from bad values raises: ``@strict`` wraps type and validator failures in
+``StrictDataclassError``."""
 
 
 @strict
@@ -63,7 +64,8 @@ class PolicyBertConfig(BertConfig):
                 raise ValueError(f"{name} must be an integer >= {least}, got {getattr(self, name)!r}")
         if self.word_vocab_size and not 0 < self.num_word_layers <= self.num_hidden_layers:
             raise ValueError(
-                f"num_word_layers must be in 1..num_hidden_layers ({self.num_hidden_layers}), got {self.num_word_layers}"
+                f"num_word_layers must be in 1..num_hidden_layers ({self.num_hidden_layers}), "
+                f"got {self.num_word_layers}"
             )
 
 

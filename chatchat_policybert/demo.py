@@ -18,8 +18,8 @@ import argparse
 import subprocess
 import sys
 import urllib.request
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Sequence
 
 from .chatchat_process import ChatchatWorker, chatchat_command, run_chatchat
 from .chatchat_root import content_dir, index_size, vector_store_dir
@@ -70,8 +70,21 @@ def obtain_model(out_dir: Path, lexicon: Path, corpus: Path) -> Path:
 
 def merge_args(bge: str | Path, lexicon: Path, out_dir: Path, *extra: str) -> list[str]:
     """``training.merge_bge`` with the identity start (``--init bge``): the model embeds exactly as ``bge``."""
-    return ["--bge", str(bge), "--zen", "none", "--lexicon", str(lexicon), "--fusion", "attn", "--init", "bge",
-            "--out", str(out_dir), *extra]  # fmt: skip
+    return [
+        "--bge",
+        str(bge),
+        "--zen",
+        "none",
+        "--lexicon",
+        str(lexicon),
+        "--fusion",
+        "attn",
+        "--init",
+        "bge",
+        "--out",
+        str(out_dir),
+        *extra,
+    ]
 
 
 def training_stage(stage: str, *args: str) -> bool:
@@ -87,9 +100,20 @@ def build_local_model(out_dir: Path, lexicon: Path, corpus: Path) -> Path:
     """
     print(f"[model] building a small local PolicyBERT in {out_dir} (random weights: pipeline check only)")
     scratch = out_dir.with_name(out_dir.name + "-scratch")
-    shape = ["--hidden-size", "32", "--num-hidden-layers", "2", "--intermediate-size", "64", "--max-position-embeddings", "512"]
-    if not (training_stage("init_scratch", "--out", str(scratch), "--corpus", str(corpus), *shape)
-            and training_stage("merge_bge", *merge_args(scratch, lexicon, out_dir, "--num-word-layers", "1"))):  # fmt: skip
+    shape = [
+        "--hidden-size",
+        "32",
+        "--num-hidden-layers",
+        "2",
+        "--intermediate-size",
+        "64",
+        "--max-position-embeddings",
+        "512",
+    ]
+    if not (
+        training_stage("init_scratch", "--out", str(scratch), "--corpus", str(corpus), *shape)
+        and training_stage("merge_bge", *merge_args(scratch, lexicon, out_dir, "--num-word-layers", "1"))
+    ):
         raise InputError("building the local model failed (see above)")
     return out_dir
 
@@ -109,7 +133,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--root", type=Path, required=True, help="Chatchat data root to create or update")
     parser.add_argument("--model", type=Path, help="PolicyBERT directory (default: ROOT/models/policybert, obtained)")
     parser.add_argument("--corpus", type=Path, default=CORPUS_CSV, help="policy CSV (default: the shipped corpus)")
-    parser.add_argument("--lexicon", type=Path, default=LEXICON, help="lexicon for a locally built model (default: the shipped one)")
+    parser.add_argument(
+        "--lexicon", type=Path, default=LEXICON, help="lexicon for a locally built model (default: the shipped one)"
+    )
     parser.add_argument("--docs", type=int, default=0, help="load only the first N policies (0: all)")
     parser.add_argument("--max-doc-chars", type=int, default=0, help="cut each policy to N characters (0: whole)")
     parser.add_argument("--question", action="append", help="sample question (repeatable)")
@@ -124,7 +150,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         documents = documents[: args.docs]
     if args.max_doc_chars:
         documents = [PolicyDocument(d.title, d.pubtime, d.channel, d.content[: args.max_doc_chars]) for d in documents]
-    model = args.model.resolve() if args.model else obtain_model(root / "models" / "policybert", args.lexicon, args.corpus)
+    model = (
+        args.model.resolve() if args.model else obtain_model(root / "models" / "policybert", args.lexicon, args.corpus)
+    )
 
     run_step("init", ["init"], root)
     if cli_main(["setup", "--root", str(root), "--model", str(model), "--ollama-url", args.ollama_url, "--no-check"]):
@@ -135,14 +163,18 @@ def main(argv: Sequence[str] | None = None) -> int:
     run_step("kb", ["kb", "-r", "-n", KB_NAME], root)
     vectors = index_size(vector_store_dir(root, KB_NAME, EMBED_MODEL))
     if vectors == 0:
-        print(f"[kb] FAILED: no FAISS index was written; run `chatchat-policybert doctor --root {root}`", file=sys.stderr)
+        print(
+            f"[kb] FAILED: no FAISS index was written; run `chatchat-policybert doctor --root {root}`", file=sys.stderr
+        )
         return 1
     print(f"[kb] {KB_NAME}: {vectors} chunks embedded by PolicyBERT")
 
     llm = args.llm if ollama_answers(args.ollama_url) else None
     questions = args.question or list(DEFAULT_QUESTIONS)
-    print(f"[search] Chatchat's knowledge-base search{' and RAG chat' if llm else ''} for {len(questions)} questions",
-          flush=True)
+    print(
+        f"[search] Chatchat's knowledge-base search{' and RAG chat' if llm else ''} for {len(questions)} questions",
+        flush=True,
+    )
     with ChatchatWorker(root, "search", "--kb", KB_NAME, log_path=root / "logs" / "demo_search.log") as worker:
         answers = [worker.ask({"query": q, "llm": llm if i == 0 else None}) for i, q in enumerate(questions)]
     for question, answer in zip(questions, answers):
@@ -152,8 +184,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     if llm:
         print(f"\nRAG answer from {llm} to “{questions[0]}”:\n{answers[0]['answer']}")
     else:
-        print(f"\nNo LLM answers at {args.ollama_url}: start Ollama (`ollama serve`, then `ollama pull {args.llm}`),"
-              f" then `CHATCHAT_ROOT={root} chatchat start -a` and use the WebUI's RAG对话 tab.")
+        print(
+            f"\nNo LLM answers at {args.ollama_url}: start Ollama (`ollama serve`, then `ollama pull {args.llm}`),"
+            f" then `CHATCHAT_ROOT={root} chatchat start -a` and use the WebUI's RAG对话 tab."
+        )
     return 0
 
 

@@ -113,7 +113,10 @@ class PolicyBertEmbeddings(Embeddings):
                 logger.warning(
                     "%d of %d texts are longer than %d tokens and were truncated (first: text %d); "
                     "use long_text='window' to embed them whole, or smaller chunks",
-                    len(cut), len(texts), self.max_length, cut[0],
+                    len(cut),
+                    len(texts),
+                    self.max_length,
+                    cut[0],
                 )
             windows = [[e, *e.overflowing] if self.long_text == "window" else [e] for e in encodings]
             owner = np.repeat(np.arange(len(texts)), [len(w) for w in windows]).astype(np.int64)

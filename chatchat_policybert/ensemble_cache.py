@@ -87,14 +87,17 @@ def cached_bm25(vectorstore: Any) -> Any:
     texts = [doc.page_content for doc in docs]
     chunks = _read_saved(folder / BM25_FILE, ids, texts, logger) if current is None and folder is not None else None
     if chunks is not None:
-        logger.info(f"BM25 index of {len(ids)} chunks read from {folder / BM25_FILE} "
-                    f"in {time.perf_counter() - start:.2f} s")
+        logger.info(
+            f"BM25 index of {len(ids)} chunks read from {folder / BM25_FILE} in {time.perf_counter() - start:.2f} s"
+        )
     else:
         before = bm25_index.tokenised_chunks()
         chunks = bm25_index.build(ids, texts, current.chunks if current is not None else None)
         saved = folder is not None and _save(chunks, folder / BM25_FILE, logger)
-        logger.info(f"BM25 index of {len(ids)} chunks built ({bm25_index.tokenised_chunks() - before} tokenised) in "
-                    f"{time.perf_counter() - start:.2f} s" + (f", saved to {folder / BM25_FILE}" if saved else ""))
+        logger.info(
+            f"BM25 index of {len(ids)} chunks built ({bm25_index.tokenised_chunks() - before} tokenised) in "
+            f"{time.perf_counter() - start:.2f} s" + (f", saved to {folder / BM25_FILE}" if saved else "")
+        )
     retriever = bm25_retriever(chunks.bm25, docs)
     with _indexes_lock:
         _indexes[vectorstore] = _Bm25Index(ids, docs, chunks, retriever)
@@ -172,7 +175,8 @@ def _pool_folder(vectorstore: Any) -> Path | None:
 
 
 def hybrid_weights(vectorstore: Any) -> tuple[float, float]:
-    """(BM25, dense) weights for a search of ``vectorstore``: its PolicyBERT platform's ``hybrid`` block, else Chatchat's 0.5/0.5.
+    """(BM25, dense) weights for a search of ``vectorstore``: its PolicyBERT platform's ``hybrid`` block, else
+    Chatchat's 0.5/0.5.
 
     Read from Chatchat's settings on every search (Chatchat's own platform lookup, one dict
     comprehension), so a calibration written while Chatchat runs applies from the next question

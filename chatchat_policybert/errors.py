@@ -26,7 +26,8 @@ class Interrupted(KeyboardInterrupt):
 
 
 def run_cli(main: Callable[[Sequence[str] | None], int | None], argv: Sequence[str] | None = None) -> int:
-    """Run a command's ``main``; an :class:`InputError` becomes ``error: …`` and exit status 2, Ctrl-C one line and 130."""
+    """Run a command's ``main``; an :class:`InputError` becomes ``error: …`` and exit status 2, Ctrl-C one line and
+    130."""
     try:
         return main(argv) or 0
     except InputError as exc:

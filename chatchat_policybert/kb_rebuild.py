@@ -37,10 +37,11 @@ import functools
 import inspect
 import os
 import shutil
+from collections.abc import Iterator
 from contextlib import AbstractContextManager, contextmanager
 from pathlib import Path
 from types import ModuleType
-from typing import Any, Iterator, Protocol
+from typing import Any, Protocol
 
 from .chatchat_hook import BM25_CACHE_ENV, switched_off
 from .chatchat_root import index_size, kb_root
@@ -82,8 +83,10 @@ def _rebuild_all(migrate: ModuleType, original: Any, params: dict) -> None:
     try:
         _preflight(embed_model)
     except Exception as exc:
-        logger.error(f"kb -r of {kb_names} not started, every existing index is unchanged: "
-                     f"embed model '{embed_model}' does not work: {exc}")
+        logger.error(
+            f"kb -r of {kb_names} not started, every existing index is unchanged: "
+            f"embed model '{embed_model}' does not work: {exc}"
+        )
         raise
     for kb_name in kb_names:
         if params["vs_type"] == "pg":
@@ -109,8 +112,9 @@ def rebuild_lock(kb_name: str, logger: Any) -> Iterator[None]:
         try:
             fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
-            logger.warning(f"kb -r of '{kb_name}': another kb -r of it is running ({path} is locked); "
-                           f"waiting for it to finish")
+            logger.warning(
+                f"kb -r of '{kb_name}': another kb -r of it is running ({path} is locked); waiting for it to finish"
+            )
             fcntl.flock(handle, fcntl.LOCK_EX)
         try:
             yield
@@ -195,8 +199,9 @@ def rebuild_kb(original: Any, params: dict, kb_name: str, staging: Staging, logg
     except BaseException as exc:
         staging.discard()
         _restore_rows(kb_name, rows)
-        logger.error(f"kb -r of '{kb_name}' failed, its previous {staging.where} is unchanged: "
-                     f"{type(exc).__name__}: {exc}")
+        logger.error(
+            f"kb -r of '{kb_name}' failed, its previous {staging.where} is unchanged: {type(exc).__name__}: {exc}"
+        )
         raise
     logger.info(f"kb -r of '{kb_name}': {vectors} vectors saved to {staging.where}")
 
@@ -363,6 +368,7 @@ def _snapshot_rows(kb_name: str) -> dict:
 
     kb_model, file_model, doc_model = _models()
     with session_scope() as session:
+
         def dump(model) -> list[dict]:
             columns = [c.name for c in model.__table__.columns]
             rows = session.query(model).filter(model.kb_name.ilike(kb_name)).all()

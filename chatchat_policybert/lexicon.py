@@ -12,9 +12,9 @@ import logging
 import os
 import re
 import unicodedata
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterable
 
 import ahocorasick
 import numpy as np
@@ -139,7 +139,7 @@ class Lexicon:
         return [WordMatch(*map(int, row)) for row in self.find(text)]
 
     @classmethod
-    def load(cls, path: str | os.PathLike) -> "Lexicon":
+    def load(cls, path: str | os.PathLike) -> Lexicon:
         """Read ``word,count`` lines (UTF-8). Blank lines are skipped; anything else malformed is an error."""
         path = Path(path)
         if not path.is_file():

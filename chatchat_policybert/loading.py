@@ -101,9 +101,7 @@ def parse_config(path: Path, **overrides) -> tuple[dict, BertConfig]:
     if not isinstance(config, dict):
         raise ModelDirError(f"{config_file}: expected a JSON object, got {type(config).__name__}")
     if config.get("model_type") not in SUPPORTED_TYPES:
-        raise ModelDirError(
-            f"{config_file}: model_type {config.get('model_type')!r} is not one of {SUPPORTED_TYPES}"
-        )
+        raise ModelDirError(f"{config_file}: model_type {config.get('model_type')!r} is not one of {SUPPORTED_TYPES}")
     for field, value in _numbers(config):
         if not math.isfinite(value):
             raise ModelDirError(f"{config_file}: {field} is {value}, expected a finite number")
@@ -242,8 +240,10 @@ def _checked_here() -> Iterator[None]:
     def not_the_report(record: logging.LogRecord) -> bool:
         if record.funcName == log_state_dict_report.__name__:
             return False
-        return not (record.funcName == PreTrainedModel.tie_weights.__name__
-                    and "absent from the checkpoint" in record.getMessage())
+        return not (
+            record.funcName == PreTrainedModel.tie_weights.__name__
+            and "absent from the checkpoint" in record.getMessage()
+        )
 
     report_logger = logging.getLogger(modeling_utils.__name__)
     report_logger.addFilter(not_the_report)
@@ -263,8 +263,11 @@ def _check_loading_info(
     layer more than the config's, a renamed module) means the directory is not what its config says.
     """
     encoder = f"{model_class.base_model_prefix}."  # "pooler." allows a training class's "bert.pooler." too
-    missing = sorted(k for k in info["missing_keys"]
-                     if not (k.startswith(allow_missing) or k.removeprefix(encoder).startswith(allow_missing)))
+    missing = sorted(
+        k
+        for k in info["missing_keys"]
+        if not (k.startswith(allow_missing) or k.removeprefix(encoder).startswith(allow_missing))
+    )
     mismatched = sorted(info["mismatched_keys"])  # (name, shape in the checkpoint, shape by the config)
     if missing or mismatched:
         if missing:
@@ -339,7 +342,11 @@ def load_model_dir(
         # name and shapes, instead of as an error pointing at the report that is not printed.
         with _checked_here():
             model, info = model_class.from_pretrained(
-                path, config=checked, dtype=torch.float32, output_loading_info=True, trust_remote_code=False,
+                path,
+                config=checked,
+                dtype=torch.float32,
+                output_loading_info=True,
+                trust_remote_code=False,
                 ignore_mismatched_sizes=True,
             )
     except (RuntimeError, ValueError, OSError, SafetensorError) as err:

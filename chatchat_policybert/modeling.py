@@ -75,6 +75,7 @@ __all__ = [
 # head, which the encoder (embedding, the next stage's start) does not use: loading it drops them.
 TASK_HEADS = ("cls.", "classifier.")
 
+
 class PolicyBertWordEmbeddings(nn.Module):
     """ZEN's word embeddings: a lookup, LayerNorm and dropout; words carry no position."""
 
@@ -202,7 +203,8 @@ class PolicyBertFusion(nn.Module):
         return chars + scale * change
 
     def attend(self, chars: torch.Tensor, words: torch.Tensor, keys: CoverageGroups) -> torch.Tensor:
-        """``LayerNorm(C + Dropout(MultiHead(C, M W, M W)))``: the attn fusion's ``Fuse``, keys on the coverage groups."""
+        """``LayerNorm(C + Dropout(MultiHead(C, M W, M W)))``: the attn fusion's ``Fuse``, keys on the coverage
+        groups."""
         attention = self.attention.self
         heads = (-1, attention.num_attention_heads, attention.attention_head_size)
         query = attention.query(chars).view(*chars.shape[:-1], *heads[1:]).transpose(1, 2)
@@ -212,15 +214,22 @@ class PolicyBertFusion(nn.Module):
         value = value.view(value.shape[0], *heads).transpose(1, 2)
         interface = ALL_ATTENTION_FUNCTIONS.get_interface(self.config._attn_implementation, eager_attention_forward)
         context, _ = interface(
-            attention, query, key, value, keys.log_counts.to(query.dtype),
-            dropout=attention.dropout.p if self.training else 0.0, scaling=attention.scaling,
+            attention,
+            query,
+            key,
+            value,
+            keys.log_counts.to(query.dtype),
+            dropout=attention.dropout.p if self.training else 0.0,
+            scaling=attention.scaling,
         )
         return self.attention.output(context.reshape(*chars.shape[:-1], -1).contiguous(), chars)
 
     def gate_values(self, chars: torch.Tensor, words: torch.Tensor, matching: torch.Tensor) -> torch.Tensor:
         """``sigmoid(Linear([C; M W]))`` per character and dimension (the gate fusion's g)."""
         weight, hidden = self.gate.weight, chars.shape[-1]
-        logits = F.linear(chars, weight[:, :hidden], self.gate.bias) + self._on_chars(words, matching, weight[:, hidden:])
+        logits = F.linear(chars, weight[:, :hidden], self.gate.bias) + self._on_chars(
+            words, matching, weight[:, hidden:]
+        )
         return torch.sigmoid(logits)
 
     @staticmethod
@@ -247,7 +256,9 @@ def merge_repeated_words(
     """
     batch, width = word_ids.shape
     example = torch.arange(batch, device=word_ids.device)[:, None].expand(batch, width)
-    unique, inverse, count = torch.unique((example << 32 | word_ids)[word_valid], return_inverse=True, return_counts=True)
+    unique, inverse, count = torch.unique(
+        (example << 32 | word_ids)[word_valid], return_inverse=True, return_counts=True
+    )
     owner = unique >> 32
     slot, most = _slots(owner, batch)
     ids = word_ids.new_zeros(batch, max(most, 1))  # no sentence has a word: one padding word, as the tokenizer gives
@@ -285,7 +296,9 @@ class ClsOnlyLayer(nn.Module):
         super().__init__()
         self.attention, self.intermediate, self.output = layer.attention, layer.intermediate, layer.output
 
-    def forward(self, hidden: torch.Tensor, attention_mask: torch.Tensor | None = None, *args, **kwargs) -> torch.Tensor:
+    def forward(
+        self, hidden: torch.Tensor, attention_mask: torch.Tensor | None = None, *args, **kwargs
+    ) -> torch.Tensor:
         """(batch, L, hidden) -> (batch, 1, hidden); ``attention_mask`` as ``BertLayer`` gets it
         (None, or boolean / additive of shape (batch, 1, queries or 1, L)); ``args``/``kwargs``
         take the decoder and cache arguments ``BertEncoder`` passes, which an encoder-only model

@@ -1,4 +1,5 @@
-"""Chatchat's `pg` store searched as the plugin searches FAISS: one store per knowledge base, ``top_k`` honoured, BM25 + vectors.
+"""Chatchat's `pg` store searched as the plugin searches FAISS: one store per knowledge base, ``top_k`` honoured, BM25 +
+vectors.
 
 Why: Chatchat 0.3.1.3 builds a ``PGKBService`` for every search, and its ``do_init`` builds a new
 LangChain ``PGVector``, whose constructor runs ``CREATE EXTENSION`` under an advisory lock, the
@@ -11,7 +12,8 @@ alone, where the same knowledge base on FAISS gets BM25 + vectors.
 ``PGKBService``:
 
 - ``_load_pg_vector`` keeps one ``PGVector`` per (knowledge base, embed model) in the process,
-  as Chatchat's ``kb_faiss_pool`` keeps one FAISS store (see :func:`store_for` for a changed model). The store reads its collection
+  as Chatchat's ``kb_faiss_pool`` keeps one FAISS store (see :func:`store_for` for a changed model).
+  The store reads its collection
   by name on every query, so a `kb -r` in another process (which swaps in a new collection,
   :mod:`chatchat_policybert.pg_store`) is seen from the next question.
 - ``do_drop_kb`` forgets the knowledge base's store before Chatchat drops it, so a knowledge base
@@ -47,7 +49,8 @@ MODEL_SETTINGS = "model_settings.yaml"
 
 @dataclass(frozen=True)
 class _KeptStore:
-    """A knowledge base's ``PGVector``, the embeddings object it was built with, and when the model settings last changed."""
+    """A knowledge base's ``PGVector``, the embeddings object it was built with, and when the model settings last
+    changed."""
 
     store: Any
     embeddings: Any
@@ -72,11 +75,15 @@ class _PgBm25:
 _indexes: weakref.WeakKeyDictionary[Any, _PgBm25] = weakref.WeakKeyDictionary()
 _indexes_lock = threading.Lock()
 
-FINGERPRINT = (f"SELECT c.uuid::text, count(e.uuid), coalesce(sum(hashtext(e.uuid::text)::bigint), 0) "
-               f"FROM {COLLECTIONS} c LEFT JOIN {EMBEDDINGS} e ON e.collection_id = c.uuid "
-               f"WHERE c.name = :name GROUP BY c.uuid ORDER BY c.uuid")
-ROWS = (f"SELECT e.uuid::text, e.document, e.cmetadata FROM {EMBEDDINGS} e JOIN {COLLECTIONS} c "
-        f"ON e.collection_id = c.uuid WHERE c.name = :name ORDER BY e.uuid")
+FINGERPRINT = (
+    f"SELECT c.uuid::text, count(e.uuid), coalesce(sum(hashtext(e.uuid::text)::bigint), 0) "
+    f"FROM {COLLECTIONS} c LEFT JOIN {EMBEDDINGS} e ON e.collection_id = c.uuid "
+    f"WHERE c.name = :name GROUP BY c.uuid ORDER BY c.uuid"
+)
+ROWS = (
+    f"SELECT e.uuid::text, e.document, e.cmetadata FROM {EMBEDDINGS} e JOIN {COLLECTIONS} c "
+    f"ON e.collection_id = c.uuid WHERE c.name = :name ORDER BY e.uuid"
+)
 
 
 def store_for(service: Any, load: Any) -> Any:
@@ -139,8 +146,9 @@ def cached_bm25(store: Any) -> Any | None:
     from chatchat_policybert.ensemble_cache import build_bm25
 
     with store._bind.connect() as connection:
-        fingerprint = tuple(tuple(row) for row in connection.execute(
-            sqlalchemy.text(FINGERPRINT), {"name": store.collection_name}))
+        fingerprint = tuple(
+            tuple(row) for row in connection.execute(sqlalchemy.text(FINGERPRINT), {"name": store.collection_name})
+        )
         with _indexes_lock:
             current = _indexes.get(store)
         if current is not None and current.fingerprint == fingerprint:
@@ -150,7 +158,9 @@ def cached_bm25(store: Any) -> Any | None:
         rows = connection.execute(sqlalchemy.text(ROWS), {"name": store.collection_name}).fetchall()
     if not rows:  # a knowledge base created but not filled yet: BM25 has nothing to index (rank_bm25 divides by 0)
         return None
-    documents = [(row_id, Document(page_content=text or "", metadata=metadata or {})) for row_id, text, metadata in rows]
+    documents = [
+        (row_id, Document(page_content=text or "", metadata=metadata or {})) for row_id, text, metadata in rows
+    ]
     retriever, tokens = build_bm25(documents, current.tokens if current is not None else None)
     with _indexes_lock:
         _indexes[store] = _PgBm25(fingerprint, retriever, tokens)
@@ -158,7 +168,8 @@ def cached_bm25(store: Any) -> Any | None:
 
 
 def patch_pg(module: ModuleType) -> None:
-    """Patch ``module.PGKBService`` (module: Chatchat's ``kb_service.pg_kb_service``); originals stay as ``__wrapped__``."""
+    """Patch ``module.PGKBService`` (module: Chatchat's ``kb_service.pg_kb_service``); originals stay as
+    ``__wrapped__``."""
     service_class = module.PGKBService
     original_load = service_class._load_pg_vector
     if getattr(original_load, WRAPPED_MARK, False):

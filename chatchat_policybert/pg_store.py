@@ -21,8 +21,9 @@ import this module in processes that may not use the `pg` store at all.
 from __future__ import annotations
 
 import copy
+from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import Any, Iterator
+from typing import Any
 
 from .errors import InputError
 
@@ -42,11 +43,14 @@ def validate_uri(uri: str) -> str:
     try:
         url = make_url(uri)
     except (ArgumentError, ValueError):  # ValueError: e.g. a port that is not a number
-        raise InputError(f"--pg-uri {uri!r} is not a database URI; expected "
-                         "postgresql+psycopg2://USER:PASSWORD@HOST:PORT/DATABASE") from None
+        raise InputError(
+            f"--pg-uri {uri!r} is not a database URI; expected postgresql+psycopg2://USER:PASSWORD@HOST:PORT/DATABASE"
+        ) from None
     if url.get_backend_name() != "postgresql" or not url.database:
-        raise InputError(f"--pg-uri {uri!r}: expected a PostgreSQL URI naming a database, "
-                         "postgresql+psycopg2://USER:PASSWORD@HOST:PORT/DATABASE")
+        raise InputError(
+            f"--pg-uri {uri!r}: expected a PostgreSQL URI naming a database, "
+            "postgresql+psycopg2://USER:PASSWORD@HOST:PORT/DATABASE"
+        )
     return uri
 
 
@@ -65,8 +69,13 @@ def connected(uri: str) -> Iterator[Any]:
 def check_configured(uri: str | None) -> list[tuple[str, str]]:
     """``(level, message)`` errors that keep the root from reaching pg at all (no URI, drivers missing); [] if none."""
     if not uri:
-        return [("ERROR", "DEFAULT_VS_TYPE is pg but kbs_config.pg.connection_uri is not set: "
-                 "`chatchat-policybert setup --vs pg --pg-uri URI`")]
+        return [
+            (
+                "ERROR",
+                "DEFAULT_VS_TYPE is pg but kbs_config.pg.connection_uri is not set: "
+                "`chatchat-policybert setup --vs pg --pg-uri URI`",
+            )
+        ]
     missing = [name for name in DRIVERS if not _importable(name)]
     if missing:
         return [("ERROR", f"pg store drivers missing ({', '.join(missing)}): `{EXTRA_HINT}`")]
@@ -81,10 +90,12 @@ def check_server(engine: Any) -> list[tuple[str, str]]:
     try:
         with engine.connect() as connection:
             version = connection.execute(sqlalchemy.text("SHOW server_version")).scalar()
-            installed = connection.execute(sqlalchemy.text(
-                "SELECT extversion FROM pg_extension WHERE extname = 'vector'")).scalar()
-            available = connection.execute(sqlalchemy.text(
-                "SELECT default_version FROM pg_available_extensions WHERE name = 'vector'")).scalar()
+            installed = connection.execute(
+                sqlalchemy.text("SELECT extversion FROM pg_extension WHERE extname = 'vector'")
+            ).scalar()
+            available = connection.execute(
+                sqlalchemy.text("SELECT default_version FROM pg_available_extensions WHERE name = 'vector'")
+            ).scalar()
     except Exception as exc:  # any failure to connect means "not usable now"; say which
         reason = str(getattr(exc, "orig", exc)).strip().splitlines()[0]
         return [("ERROR", f"PostgreSQL at {where} does not answer: {reason}")]
@@ -92,11 +103,21 @@ def check_server(engine: Any) -> list[tuple[str, str]]:
     if installed:
         findings.append(("OK", f"pgvector {installed} is created in the database"))
     elif available:
-        findings.append(("WARN", f"pgvector {available} is installed on the server but not created in the database: "
-                         "Chatchat runs CREATE EXTENSION on first use, which needs a superuser or the database owner"))
+        findings.append(
+            (
+                "WARN",
+                f"pgvector {available} is installed on the server but not created in the database: "
+                "Chatchat runs CREATE EXTENSION on first use, which needs a superuser or the database owner",
+            )
+        )
     else:
-        findings.append(("ERROR", "the server has no pgvector extension: install Debian's postgresql-<major>-pgvector "
-                         "(or build it: .ci/pgvector.sh)"))
+        findings.append(
+            (
+                "ERROR",
+                "the server has no pgvector extension: install Debian's postgresql-<major>-pgvector "
+                "(or build it: .ci/pgvector.sh)",
+            )
+        )
     return findings
 
 
@@ -124,8 +145,9 @@ def _count(connection: Any, name: str) -> int | None:
     collection_id = _collection_id(connection, name)
     if collection_id is None:
         return None
-    return connection.execute(sqlalchemy.text(f"SELECT count(*) FROM {EMBEDDINGS} WHERE collection_id = :id"),
-                              {"id": collection_id}).scalar()
+    return connection.execute(
+        sqlalchemy.text(f"SELECT count(*) FROM {EMBEDDINGS} WHERE collection_id = :id"), {"id": collection_id}
+    ).scalar()
 
 
 def _collection_id(connection: Any, name: str) -> Any:
@@ -134,8 +156,9 @@ def _collection_id(connection: Any, name: str) -> Any:
 
     if connection.execute(sqlalchemy.text("SELECT to_regclass(:t)"), {"t": COLLECTIONS}).scalar() is None:
         return None
-    return connection.execute(sqlalchemy.text(f"SELECT uuid FROM {COLLECTIONS} WHERE name = :name"),
-                              {"name": name}).scalar()
+    return connection.execute(
+        sqlalchemy.text(f"SELECT uuid FROM {COLLECTIONS} WHERE name = :name"), {"name": name}
+    ).scalar()
 
 
 def drop_collection(uri: str, name: str) -> None:
@@ -150,7 +173,9 @@ def _drop_collection(connection: Any, name: str) -> None:
 
     collection_id = _collection_id(connection, name)
     if collection_id is not None:
-        connection.execute(sqlalchemy.text(f"DELETE FROM {EMBEDDINGS} WHERE collection_id = :id"), {"id": collection_id})
+        connection.execute(
+            sqlalchemy.text(f"DELETE FROM {EMBEDDINGS} WHERE collection_id = :id"), {"id": collection_id}
+        )
         connection.execute(sqlalchemy.text(f"DELETE FROM {COLLECTIONS} WHERE uuid = :id"), {"id": collection_id})
 
 
@@ -219,5 +244,7 @@ class PgStaging:
 
         with self.service.engine.begin() as connection:
             _drop_collection(connection, self.kb_name)
-            connection.execute(sqlalchemy.text(f"UPDATE {COLLECTIONS} SET name = :name WHERE name = :staging"),
-                               {"name": self.kb_name, "staging": self.staging})
+            connection.execute(
+                sqlalchemy.text(f"UPDATE {COLLECTIONS} SET name = :name WHERE name = :staging"),
+                {"name": self.kb_name, "staging": self.staging},
+            )

@@ -1,4 +1,5 @@
-"""The deployment ``chatchat-policybert tune`` replaces, kept so that ``chatchat-policybert rollback`` restores it exactly.
+"""The deployment ``chatchat-policybert tune`` replaces, kept so that ``chatchat-policybert rollback`` restores it
+exactly.
 
 Why here and not in ``training/``: rolling back only restores files and rebuilds the index, so it
 must work where only the runtime is installed, and imports point one way (``training`` may use
@@ -69,7 +70,8 @@ def faiss_vectors(vector_store: Path) -> list[tuple[str, bytes]]:
 
 
 def save_backup(root: Path, kb: str, dest: Path) -> None:
-    """Keeps what ``root`` serves now for ``kb`` in ``dest`` (replaced atomically: a kill leaves the old backup or none)."""
+    """Keeps what ``root`` serves now for ``kb`` in ``dest`` (replaced atomically: a kill leaves the old backup or
+    none)."""
     embed_model, model_dir = served_model(root)
     index = vector_store_dir(root, kb, embed_model)
     if not (index / "index.faiss").is_file():
@@ -79,8 +81,15 @@ def save_backup(root: Path, kb: str, dest: Path) -> None:
         for name in SETTINGS_FILES:
             shutil.copy2(Path(root) / name, tmp / name)
         shutil.copytree(index, tmp / "vector_store")
-        write_json({"kb": kb, "embed_model": embed_model, "model_path": str(model_dir),
-                    "model_files": model_manifest(model_dir)}, tmp / BACKUP_FILE)
+        write_json(
+            {
+                "kb": kb,
+                "embed_model": embed_model,
+                "model_path": str(model_dir),
+                "model_files": model_manifest(model_dir),
+            },
+            tmp / BACKUP_FILE,
+        )
 
 
 def restore_settings(root: Path, backup: Path) -> None:
@@ -91,10 +100,13 @@ def restore_settings(root: Path, backup: Path) -> None:
 
 
 def restore_backup(root: Path, backup: Path) -> bool:
-    """Restores a backup (see the module docstring); returns whether the rebuilt vectors equal the saved ones byte for byte."""
+    """Restores a backup (see the module docstring); returns whether the rebuilt vectors equal the saved ones byte for
+    byte."""
     info_path = Path(backup) / BACKUP_FILE
     if not info_path.is_file():
-        raise InputError(f"{backup}: no backup of a previous deployment here (a tune that installed a model writes one)")
+        raise InputError(
+            f"{backup}: no backup of a previous deployment here (a tune that installed a model writes one)"
+        )
     info = json.loads(info_path.read_text(encoding="utf-8"))
     model_dir = Path(info["model_path"])
     if not model_dir.is_dir() or model_manifest(model_dir) != info["model_files"]:
@@ -119,6 +131,8 @@ def run_rollback(args: argparse.Namespace) -> int:
     if identical:
         print("OK    vectors byte-identical to those before the tune")
         return 0
-    print("WARN  vectors differ from those saved before the tune (another machine, device or dtype?): "
-          f"the index matches the restored model; the saved copy is {backup / 'vector_store'}")
+    print(
+        "WARN  vectors differ from those saved before the tune (another machine, device or dtype?): "
+        f"the index matches the restored model; the saved copy is {backup / 'vector_store'}"
+    )
     return 1

@@ -30,7 +30,8 @@ def cosine_cut(score_threshold: float, store: str) -> float:
 
 
 def score_threshold_for(cosine: float, store: str) -> float:
-    """The SCORE_THRESHOLD that keeps exactly the hits with cosine >= ``cosine`` in ``store`` (inverse of :func:`cosine_cut`)."""
+    """The SCORE_THRESHOLD that keeps exactly the hits with cosine >= ``cosine`` in ``store`` (inverse of
+    :func:`cosine_cut`)."""
     if not -1.0 <= cosine <= 1.0:
         raise InputError(f"cosine cut {cosine} is not in [-1, 1]")
     if store == "pg":

@@ -35,10 +35,11 @@ import sys
 import threading
 import time
 from collections import deque
+from collections.abc import AsyncIterator, Awaitable, Callable
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
-from typing import AsyncIterator, Awaitable, Callable, ClassVar, Literal, TypeVar
+from typing import ClassVar, Literal, TypeVar
 
 import h11
 import numpy as np
@@ -166,13 +167,18 @@ class HeaderTimeoutProtocol(H11Protocol):
         if self.transport.is_closing():
             return
         if self.conn.our_state is h11.IDLE:  # h11 lets a server answer before any request
-            self._send_error(408, b"Request Timeout", f"request headers not received within {self.header_timeout_s:g} s")
+            self._send_error(
+                408, b"Request Timeout", f"request headers not received within {self.header_timeout_s:g} s"
+            )
         self.transport.close()
 
     def send_400_response(self, msg: str) -> None:
         """uvicorn's answer to a request h11 cannot parse, as JSON; ``msg`` is uvicorn's fixed text."""
-        self._send_error(400, b"Bad Request", "malformed HTTP request (request line, headers or Content-Length), "
-                                              "or headers too large")
+        self._send_error(
+            400,
+            b"Bad Request",
+            "malformed HTTP request (request line, headers or Content-Length), or headers too large",
+        )
         self.transport.close()
 
     def _send_error(self, status: int, reason: bytes, message: str) -> None:
@@ -391,7 +397,7 @@ async def read_body(request: Request, limits: ServerLimits) -> bytes:
 
     try:
         await asyncio.wait_for(receive(), limits.read_timeout_s)
-    except asyncio.TimeoutError:
+    except TimeoutError:
         raise RequestError(408, f"request body not received within {limits.read_timeout_s:g} s") from None
     return bytes(body)
 
@@ -403,7 +409,9 @@ def problems(exc: ValidationError) -> str:
     message names fields and item positions, never the input's values.
     """
     errors = exc.errors(include_url=False, include_context=False, include_input=False)
-    shown = "; ".join(f"{'.'.join(str(p) for p in e['loc']) or 'body'}: {e['msg']}" for e in errors[:MAX_REPORTED_PROBLEMS])
+    shown = "; ".join(
+        f"{'.'.join(str(p) for p in e['loc']) or 'body'}: {e['msg']}" for e in errors[:MAX_REPORTED_PROBLEMS]
+    )
     hidden = len(errors) - MAX_REPORTED_PROBLEMS
     return shown + (f"; and {hidden} more problem(s)" if hidden > 0 else "")
 
@@ -421,7 +429,9 @@ def parse(body: bytes, limits: ServerLimits) -> tuple[EmbeddingRequest, list[str
     except RecursionError:
         raise RequestError(400, "request body is not valid JSON: nested too deeply") from None
     except ValueError:  # json.loads' int() refuses more digits than sys.get_int_max_str_digits()
-        raise RequestError(400, f"request body has a number of more than {sys.get_int_max_str_digits()} digits") from None
+        raise RequestError(
+            400, f"request body has a number of more than {sys.get_int_max_str_digits()} digits"
+        ) from None
     items = payload.get("input") if isinstance(payload, dict) else None
     if isinstance(items, list) and len(items) > limits.max_inputs:
         raise RequestError(413, f"{len(items)} inputs exceed the limit of {limits.max_inputs} per request")
@@ -444,12 +454,18 @@ def check_characters(texts: list[str], limits: ServerLimits) -> None:
     """Refuse (413) an input or request over its character cap, before any tokenising or lexicon matching."""
     longest = max(range(len(texts)), key=lambda i: len(texts[i]))
     if len(texts[longest]) > limits.max_input_chars:
-        raise RequestError(413, f"input[{longest}] has {len(texts[longest])} characters, over the limit of "
-                                f"{limits.max_input_chars} per input ({CHARS_PER_TOKEN} per token allowed)")
+        raise RequestError(
+            413,
+            f"input[{longest}] has {len(texts[longest])} characters, over the limit of "
+            f"{limits.max_input_chars} per input ({CHARS_PER_TOKEN} per token allowed)",
+        )
     total = sum(map(len, texts))
     if total > limits.max_request_chars:
-        raise RequestError(413, f"request has {total} characters, over the limit of {limits.max_request_chars} "
-                                f"per request ({CHARS_PER_TOKEN} per token allowed)")
+        raise RequestError(
+            413,
+            f"request has {total} characters, over the limit of {limits.max_request_chars} "
+            f"per request ({CHARS_PER_TOKEN} per token allowed)",
+        )
 
 
 def work_units(texts: list[str], costs: list[int]) -> list[int]:
@@ -470,7 +486,9 @@ def check_work(costs: list[int], total: int, limits: ServerLimits) -> None:
             413, f"input[{longest}] has {costs[longest]} tokens, over the limit of {limits.max_input_tokens} per input"
         )
     if total > limits.max_request_tokens:
-        raise RequestError(413, f"request has {total} tokens, over the limit of {limits.max_request_tokens} per request")
+        raise RequestError(
+            413, f"request has {total} tokens, over the limit of {limits.max_request_tokens} per request"
+        )
 
 
 class ClientGone(Exception):
@@ -570,7 +588,9 @@ def create_app(
         authorize(request, api_key)
         parsed, texts = parse(await read_body(request, limits), limits)
         if parsed.model != model_name:
-            shown = parsed.model if len(parsed.model) <= 100 else f"{parsed.model[:100]}… ({len(parsed.model)} characters)"
+            shown = (
+                parsed.model if len(parsed.model) <= 100 else f"{parsed.model[:100]}… ({len(parsed.model)} characters)"
+            )
             raise RequestError(404, f"model '{shown}' is not served here (this server serves '{model_name}')")
         if parsed.dimensions is not None and parsed.dimensions != dimension:
             raise RequestError(400, f"dimensions={parsed.dimensions} unsupported: '{model_name}' has {dimension}")

@@ -23,8 +23,9 @@ because the hook runs it inside every Chatchat process.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, Iterator, Literal, NamedTuple, TypeVar
+from typing import Any, Literal, NamedTuple, TypeVar
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
@@ -62,7 +63,7 @@ class EmbeddingOptions(BaseModel):
     """Texts over max_length: cut with a warning (``truncate``), or embedded as windows whose mean is the vector."""
 
     @classmethod
-    def checked(cls, **options: Any) -> "EmbeddingOptions":
+    def checked(cls, **options: Any) -> EmbeddingOptions:
         """The options validated; a bad one is a SettingsError (a ValueError) naming each offending option."""
         try:
             return cls(**options)
@@ -230,5 +231,6 @@ class HybridConfig(BaseModel):
 
 
 def parse_hybrid(platform: dict[str, Any]) -> HybridConfig | None:
-    """The validated ``hybrid`` block of a platform dict, None if it has none; a bad one is a SettingsError naming it."""
+    """The validated ``hybrid`` block of a platform dict, None if it has none; a bad one is a SettingsError naming
+    it."""
     return _validated_block(platform, HYBRID_KEY, HybridConfig)

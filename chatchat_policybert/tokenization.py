@@ -15,8 +15,8 @@ import os
 import random
 import string
 from collections import Counter
+from collections.abc import Iterable
 from pathlib import Path
-from typing import Iterable
 
 import numpy as np
 import torch
@@ -36,7 +36,8 @@ DEFAULT_QUERY_INSTRUCTION = "为这个句子生成表示以用于检索相关文
 
 
 def read_query_instruction(path: Path) -> str | None:
-    """The query instruction a model directory was trained with (``prompts.query`` of :data:`PROMPTS_FILE`), None if none.
+    """The query instruction a model directory was trained with (``prompts.query`` of :data:`PROMPTS_FILE`), None if
+    none.
 
     bge's own directories carry that file without prompts, so None is common; a file that is no
     JSON, or a ``prompts.query`` that is no string, is an :class:`InputError` naming the file.
@@ -109,7 +110,8 @@ class PolicyBertTokenizer:
 
     @property
     def query_prompt(self) -> str:
-        """What a query is prefixed with: the directory's instruction, else bge's (:data:`DEFAULT_QUERY_INSTRUCTION`)."""
+        """What a query is prefixed with: the directory's instruction, else bge's
+        (:data:`DEFAULT_QUERY_INSTRUCTION`)."""
         return DEFAULT_QUERY_INSTRUCTION if self.query_instruction is None else self.query_instruction
 
     @property
@@ -123,7 +125,7 @@ class PolicyBertTokenizer:
         return max(self.max_words, -(-self.max_words * num_tokens // self.max_words_span))
 
     @classmethod
-    def from_pretrained(cls, path: str | os.PathLike, config: PreTrainedConfig | None = None) -> "PolicyBertTokenizer":
+    def from_pretrained(cls, path: str | os.PathLike, config: PreTrainedConfig | None = None) -> PolicyBertTokenizer:
         """Load the tokenizer files, ``lexicon.txt``, the query instruction and the k_w settings from a model dir.
 
         ``config`` is the directory's (the loader passes the one it has read; without it
@@ -182,7 +184,9 @@ class PolicyBertTokenizer:
             spans.append(np.stack([found[aligned, 0], first[aligned], last[aligned]], axis=1))
         return np.concatenate(spans) if spans else np.zeros((0, 3), dtype=np.int64)
 
-    def encode(self, text: list[str], text_pair: list[str] | None = None, max_length: int | None = None) -> list[Encoding]:
+    def encode(
+        self, text: list[str], text_pair: list[str] | None = None, max_length: int | None = None
+    ) -> list[Encoding]:
         """Truncated, unpadded encodings; the windows cut off a long text stay in ``.overflowing``.
 
         Tokenising once and batching from these (:meth:`collate`) lets a caller sort by token
@@ -190,7 +194,9 @@ class PolicyBertTokenizer:
         """
         if text_pair is not None and len(text_pair) != len(text):
             raise ValueError(f"{len(text)} texts but {len(text_pair)} text pairs")
-        return self.tokenizer(text, text_pair, max_length=max_length or self.model_max_length, truncation=True).encodings
+        return self.tokenizer(
+            text, text_pair, max_length=max_length or self.model_max_length, truncation=True
+        ).encodings
 
     def collate(
         self,

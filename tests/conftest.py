@@ -54,7 +54,8 @@ def reference_lexicon(reference_lexicon_path) -> Lexicon:
 
 @pytest.fixture(scope="session")
 def policy_documents() -> list[PolicyDocument]:
-    """The first 8 distinct documents of ``Policys_cleaned.csv`` with at least 300 characters, as the runtime reads them."""
+    """The first 8 distinct documents of ``Policys_cleaned.csv`` with at least 300 characters, as the runtime reads
+    them."""
     docs = [d for d in read_policies(CORPUS_CSV) if len(d.content) >= 300][:8]
     assert len(docs) == 8, "expected at least 8 distinct documents in the policy corpus"
     return docs
@@ -76,9 +77,9 @@ def policy_sentences(policy_documents) -> list[str]:
 
 def _fixture_texts(policy_documents, reference_lexicon) -> list[str]:
     """The fixture documents, every lexicon word and ASCII: test texts never hit [UNK]."""
-    return [d.content for d in policy_documents] + list(reference_lexicon.words) + [
-        "abcdefghijklmnopqrstuvwxyz0123456789"
-    ]
+    return (
+        [d.content for d in policy_documents] + list(reference_lexicon.words) + ["abcdefghijklmnopqrstuvwxyz0123456789"]
+    )
 
 
 @pytest.fixture(scope="session")
@@ -91,7 +92,8 @@ def char_tokenizer(policy_documents, reference_lexicon) -> BertTokenizerFast:
 
 @pytest.fixture(scope="session")
 def tiny_model_dir(tmp_path_factory, policy_documents, reference_lexicon):
-    """Factory ``make(fusion, lexicon=None, seed=0, perturb=False, **config) -> Path`` of saved tiny model dirs (cached).
+    """Factory ``make(fusion, lexicon=None, seed=0, perturb=False, **config) -> Path`` of saved tiny model dirs
+    (cached).
 
     ``fusion=None`` builds a plain ``BertModel`` dir (no lexicon). Otherwise a PolicyBERT dir
     with ``lexicon`` (default: the reference lexicon), 1 word layer over 2 character layers

@@ -21,11 +21,11 @@ from pathlib import Path
 
 import torch
 
+from chatchat_policybert.configuration_policybert import PolicyBertConfig
 from chatchat_policybert.data import CORPUS_CSV, LEXICON
 from chatchat_policybert.errors import InputError, run_cli
 from chatchat_policybert.files import write_json
 from chatchat_policybert.lexicon import Lexicon, LexiconError
-from chatchat_policybert.configuration_policybert import PolicyBertConfig
 from chatchat_policybert.modeling import PolicyBertForPreTraining, PolicyBertForSequenceClassification
 from chatchat_policybert.tokenization import PolicyBertTokenizer, build_char_tokenizer
 from training import ablate_retrieval
@@ -62,7 +62,10 @@ def summarise(runs: list[dict]) -> dict[str, dict[str, tuple[float, float]]]:
         rows = [r for r in runs if r["variant"] == variant]
         if rows:
             table[variant] = {
-                key: (statistics.mean(r[key] for r in rows), statistics.stdev(r[key] for r in rows) if len(rows) > 1 else 0.0)
+                key: (
+                    statistics.mean(r[key] for r in rows),
+                    statistics.stdev(r[key] for r in rows) if len(rows) > 1 else 0.0,
+                )
                 for key in ("mlm_loss", "mlm_accuracy", "perplexity", "pretrain_nsp_accuracy", "policysm1_accuracy")
             }
     return table
@@ -71,18 +74,23 @@ def summarise(runs: list[dict]) -> dict[str, dict[str, tuple[float, float]]]:
 def markdown(table: dict, seeds: int) -> str:
     """The README table: ours (mean ± std over seeds) beside the thesis's full-scale numbers."""
     lines = [
-        "| variant | MLM loss | MLM acc | perplexity | pre-train NSP acc | PolicySM-1 acc | thesis MLM acc | thesis NSP acc |",
+        "| variant | MLM loss | MLM acc | perplexity | pre-train NSP acc | PolicySM-1 acc "
+        "| thesis MLM acc | thesis NSP acc |",
         "|---|---|---|---|---|---|---|---|",
     ]
     for variant, m in table.items():
         thesis = THESIS.get(variant, ("–", "–"))
-        cells = [f"{mean:.4f} ± {std:.4f}" if key != "perplexity" else f"{mean:.1f} ± {std:.1f}" for key, (mean, std) in m.items()]
+        cells = [
+            f"{mean:.4f} ± {std:.4f}" if key != "perplexity" else f"{mean:.1f} ± {std:.1f}"
+            for key, (mean, std) in m.items()
+        ]
         lines.append(f"| {variant} | " + " | ".join(cells) + f" | {thesis[0]} | {thesis[1]} |")
     return "\n".join(lines) + f"\n\nmean ± standard deviation over {seeds} seeds\n"
 
 
 def main(argv: list[str] | None = None) -> None:
-    """``--task fusion`` (default): this module's pre-training ablation; ``--task retrieval``: :mod:`training.ablate_retrieval`."""
+    """``--task fusion`` (default): this module's pre-training ablation; ``--task retrieval``:
+    :mod:`training.ablate_retrieval`."""
     argv = sys.argv[1:] if argv is None else list(argv)
     task = argparse.ArgumentParser(add_help=False)
     task.add_argument("--task", choices=TASKS, default="fusion")
@@ -93,27 +101,44 @@ def main(argv: list[str] | None = None) -> None:
 
 
 def fusion_ablation(argv: list[str]) -> None:
-    parser = argparse.ArgumentParser(prog="python -m training.ablate", description=__doc__.split("\n\n")[0],
-                                     formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-    parser.add_argument("--task", choices=TASKS, default="fusion",
-                        help="fusion: this pre-training ablation; retrieval: the retrieval ablation "
-                             "(`python -m training.ablate --task retrieval --help`)")
-    parser.add_argument("--input", type=Path, default=CORPUS_CSV, help="policy CSV or folder")
-    parser.add_argument(
-        "--lexicon", type=Path, default=LEXICON, help="word,count lexicon (the thesis's)"
+    parser = argparse.ArgumentParser(
+        prog="python -m training.ablate",
+        description=__doc__.split("\n\n")[0],
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
     )
-    parser.add_argument("--out", type=Path, default=Path("runs/ablate"), help="results.json, results.md and per-run metrics")
-    parser.add_argument("--variants", nargs="+", choices=VARIANTS, default=list(VARIANTS),
-                        help="char: plain BERT; none/gate/attn: PolicyBERT with that fusion")
+    parser.add_argument(
+        "--task",
+        choices=TASKS,
+        default="fusion",
+        help="fusion: this pre-training ablation; retrieval: the retrieval ablation "
+        "(`python -m training.ablate --task retrieval --help`)",
+    )
+    parser.add_argument("--input", type=Path, default=CORPUS_CSV, help="policy CSV or folder")
+    parser.add_argument("--lexicon", type=Path, default=LEXICON, help="word,count lexicon (the thesis's)")
+    parser.add_argument(
+        "--out", type=Path, default=Path("runs/ablate"), help="results.json, results.md and per-run metrics"
+    )
+    parser.add_argument(
+        "--variants",
+        nargs="+",
+        choices=VARIANTS,
+        default=list(VARIANTS),
+        help="char: plain BERT; none/gate/attn: PolicyBERT with that fusion",
+    )
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2], help="one run per variant and seed")
     parser.add_argument("--pretrain-steps", type=int, default=500, help="MLM+NSP optimiser steps")
     parser.add_argument("--finetune-steps", type=int, default=250, help="PolicySM-1 fine-tuning optimiser steps")
     parser.add_argument("--batch-size", type=int, default=32, help="examples per optimiser step, both stages")
     parser.add_argument("--max-length", type=int, default=48, help="tokens per sentence pair")
-    parser.add_argument("--pretrain-lr", type=float, default=2e-3, help="a from-scratch small model needs more than 3e-5")
+    parser.add_argument(
+        "--pretrain-lr", type=float, default=2e-3, help="a from-scratch small model needs more than 3e-5"
+    )
     parser.add_argument("--finetune-lr", type=float, default=5e-4, help="peak learning rate of fine-tuning")
     parser.add_argument(
-        "--warmup-proportion", type=float, default=0.1, help="a from-scratch model warms up briefly, not the thesis's 0.9"
+        "--warmup-proportion",
+        type=float,
+        default=0.1,
+        help="a from-scratch model warms up briefly, not the thesis's 0.9",
     )
     parser.add_argument("--hidden-size", type=int, default=64, help="hidden size of both streams")
     parser.add_argument("--layers", type=int, default=2, help="character layers")
@@ -207,7 +232,10 @@ def fusion_ablation(argv: list[str]) -> None:
         f"{len(runs)} runs in {minutes:.1f} min wall clock, {cpu_minutes:.1f} min CPU, {args.threads} torch thread(s)\n"
     )
     timing = {"minutes": round(minutes, 2), "cpu_minutes": round(cpu_minutes, 2)}
-    write_json({"args": {k: str(v) for k, v in vars(args).items()}, "runs": runs, "summary": summary, **timing}, args.out / "results.json")
+    write_json(
+        {"args": {k: str(v) for k, v in vars(args).items()}, "runs": runs, "summary": summary, **timing},
+        args.out / "results.json",
+    )
     (args.out / "results.md").write_text(text, encoding="utf-8")
     print(text)
 

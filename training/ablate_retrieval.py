@@ -81,7 +81,8 @@ class Arm:
     late_fusion: str = "add"
     """``merge_bge --late-fusion``: add the last word state to every layer past the word stream (ZEN), or none."""
     init: str = "bge"
-    """``merge_bge --init``: bge (s = 0, the start's vectors exactly) or thesis (s = 1: the word stream open from step 0)."""
+    """``merge_bge --init``: bge (s = 0, the start's vectors exactly) or thesis (s = 1: the word stream open from step
+    0)."""
     kb_lexicon: bool = False
     """The word stream over a lexicon built from the knowledge base itself (``training.build_lexicon``, jieba)."""
 
@@ -109,19 +110,33 @@ COMPETITOR = "base+ft"
 class RetrievalAblationConfig:
     """The ablation's settings: one budget for every arm. Defaults fit ~2 h on 2 CPU cores (docs/training.md)."""
 
-    out: Path = field(default=Path("runs/ablate-retrieval"), metadata={"help": "folder of everything the ablation writes"})
-    corpus: Path = field(default=CORPUS_CSV, metadata={"help": "policy CSV or folder: the start's vocabulary, its pre-training text, the pairs and the KB"})
+    out: Path = field(
+        default=Path("runs/ablate-retrieval"), metadata={"help": "folder of everything the ablation writes"}
+    )
+    corpus: Path = field(
+        default=CORPUS_CSV,
+        metadata={"help": "policy CSV or folder: the start's vocabulary, its pre-training text, the pairs and the KB"},
+    )
     lexicon: Path = field(default=LEXICON, metadata={"help": "word,count lexicon of the word stream"})
-    questions: Path | None = field(default=None, metadata={"help": "JSONL questions over --corpus (the evaluation's format); None: the shipped ones"})
-    start: Path | None = field(default=None, metadata={"help": "a pre-trained plain BERT to start from (e.g. bge); None: build OUT/start"})
-    arms: list[str] = field(default_factory=lambda: list(DEFAULT_ARMS), metadata={"help": f"arms to run, of {', '.join(ARMS)}"})
+    questions: Path | None = field(
+        default=None,
+        metadata={"help": "JSONL questions over --corpus (the evaluation's format); None: the shipped ones"},
+    )
+    start: Path | None = field(
+        default=None, metadata={"help": "a pre-trained plain BERT to start from (e.g. bge); None: build OUT/start"}
+    )
+    arms: list[str] = field(
+        default_factory=lambda: list(DEFAULT_ARMS), metadata={"help": f"arms to run, of {', '.join(ARMS)}"}
+    )
     seeds: list[int] = field(default_factory=lambda: [0, 1, 2], metadata={"help": "one run per trained arm and seed"})
     # The start (used only when --start is not given): its shape is init_scratch's flags (ScratchShape).
     start_steps: int = field(default=1500, metadata={"help": "start: MLM+NSP pre-training steps"})
     start_lr: float = field(default=1e-3, metadata={"help": "start: pre-training learning rate (from scratch)"})
     start_batch_size: int = field(default=32, metadata={"help": "start: sentence pairs per pre-training step"})
     # What every arm shares.
-    num_word_layers: int = field(default=1, metadata={"help": "word layers of the fused arms (copies of the start's first layers)"})
+    num_word_layers: int = field(
+        default=1, metadata={"help": "word layers of the fused arms (copies of the start's first layers)"}
+    )
     steps: int = field(default=60, metadata={"help": "contrastive steps of every trained arm"})
     batch_size: int = field(default=8, metadata={"help": "queries per contrastive step"})
     train_group_size: int = field(default=4, metadata={"help": "passages per query: 1 positive + hard negatives"})
@@ -129,9 +144,16 @@ class RetrievalAblationConfig:
     fusion_scale_lr: float = field(default=1e-2, metadata={"help": "learning rate of the fusion scales s (fused arms)"})
     temperature: float = field(default=0.05, metadata={"help": "InfoNCE temperature"})
     max_length: int = field(default=256, metadata={"help": "tokens per query or passage"})
-    retrievers: str = field(default="dense,chatchat", metadata={"help": "question scoring: dense, and chatchat (a kb -r per model)"})
+    retrievers: str = field(
+        default="dense,chatchat", metadata={"help": "question scoring: dense, and chatchat (a kb -r per model)"}
+    )
     device: str = field(default="cpu", metadata={"help": "torch device of every stage"})
-    threads: int = field(default=1, metadata={"help": "torch threads on CPU (1: two OpenMP threads on a shared 2-core machine spin-wait and run slower)"})
+    threads: int = field(
+        default=1,
+        metadata={
+            "help": "torch threads on CPU (1: two OpenMP threads on a shared 2-core machine spin-wait and run slower)"
+        },
+    )
 
     def __post_init__(self) -> None:
         self.out = Path(self.out)
@@ -143,12 +165,28 @@ class RetrievalAblationConfig:
             raise InputError(f"--retrievers {self.retrievers!r}: expected a comma list of dense, chatchat")
         if not self.seeds:
             raise InputError("--seeds: expected at least one seed")
-        require_positive(self, ("start_steps", "start_lr", "start_batch_size", "num_word_layers", "steps", "batch_size",
-                                "train_group_size", "lr", "fusion_scale_lr", "temperature", "max_length", "threads"))  # fmt: skip
+        require_positive(
+            self,
+            (
+                "start_steps",
+                "start_lr",
+                "start_batch_size",
+                "num_word_layers",
+                "steps",
+                "batch_size",
+                "train_group_size",
+                "lr",
+                "fusion_scale_lr",
+                "temperature",
+                "max_length",
+                "threads",
+            ),
+        )
 
 
 def corpus_file(cfg: RetrievalAblationConfig) -> Path:
-    """``training.corpus`` of ``--corpus`` (cleaned sentences), once: the start's pre-training text and the KB lexicon's."""
+    """``training.corpus`` of ``--corpus`` (cleaned sentences), once: the start's pre-training text and the KB
+    lexicon's."""
     out = cfg.out / "start" / "corpus"
     if not (out / "corpus.jsonl").is_file():
         corpus_stage.main(["--input", str(cfg.corpus), "--out", str(out)])
@@ -170,9 +208,17 @@ def build_start(cfg: RetrievalAblationConfig, shape: init_scratch.ScratchShape) 
         init_scratch.init_scratch(init_scratch.ScratchInputs(out=scratch, corpus=cfg.corpus), shape)
     run = cfg.out / "start" / "pretrain"
     pre = pretrain.PretrainConfig(
-        out=run, resume=(run / "checkpoint.pt").is_file(), lr=cfg.start_lr, batch_size=cfg.start_batch_size,
-        max_length=shape.max_position_embeddings, max_steps=cfg.start_steps, warmup_proportion=0.06,
-        checkpoint_every=max(1, cfg.start_steps // 8), device=cfg.device, seed=0)  # fmt: skip
+        out=run,
+        resume=(run / "checkpoint.pt").is_file(),
+        lr=cfg.start_lr,
+        batch_size=cfg.start_batch_size,
+        max_length=shape.max_position_embeddings,
+        max_steps=cfg.start_steps,
+        warmup_proportion=0.06,
+        checkpoint_every=max(1, cfg.start_steps // 8),
+        device=cfg.device,
+        seed=0,
+    )
     torch.manual_seed(pre.seed)
     model, tokenizer = pretrain.load_start_model(scratch)
     pretrain.pretrain(model, tokenizer, read_corpus(corpus_file(cfg)), pre)
@@ -192,8 +238,18 @@ def kb_lexicon(cfg: RetrievalAblationConfig) -> Path:
     """``training.build_lexicon`` (jieba, the shipped stopwords) on the start's corpus, once."""
     out = cfg.out / "kb-lexicon"
     if not (out / "lexicon.txt").is_file():
-        build_lexicon.main(["--corpus", str(corpus_file(cfg)), "--out", str(out), "--segmenter", "jieba",
-                            "--stopwords", str(STOPWORDS)])  # fmt: skip
+        build_lexicon.main(
+            [
+                "--corpus",
+                str(corpus_file(cfg)),
+                "--out",
+                str(out),
+                "--segmenter",
+                "jieba",
+                "--stopwords",
+                str(STOPWORDS),
+            ]
+        )
     return out / "lexicon.txt"
 
 
@@ -201,9 +257,26 @@ def fused_model(cfg: RetrievalAblationConfig, arm: Arm, start: Path, seed: int, 
     """``merge_bge`` from the start: the arm's word stream (``--init bge``: embedding exactly as the start)."""
     if not out.is_dir():
         lexicon = kb_lexicon(cfg) if arm.kb_lexicon else cfg.lexicon
-        merge_bge.main(["--bge", str(start), "--lexicon", str(lexicon), "--fusion", arm.fusion, "--seed", str(seed),
-                        "--init", arm.init, "--num-word-layers", str(arm.num_word_layers or cfg.num_word_layers),
-                        "--late-fusion", arm.late_fusion, "--out", str(out)])  # fmt: skip
+        merge_bge.main(
+            [
+                "--bge",
+                str(start),
+                "--lexicon",
+                str(lexicon),
+                "--fusion",
+                arm.fusion,
+                "--seed",
+                str(seed),
+                "--init",
+                arm.init,
+                "--num-word-layers",
+                str(arm.num_word_layers or cfg.num_word_layers),
+                "--late-fusion",
+                arm.late_fusion,
+                "--out",
+                str(out),
+            ]
+        )
     return out
 
 
@@ -215,28 +288,44 @@ class Pairs:
     dev: list[contrastive.Example]
 
     @classmethod
-    def read(cls, folder: Path, train_group_size: int) -> "Pairs":
-        return cls(contrastive.read_examples(folder / "train.jsonl", train_group_size - 1),
-                   contrastive.read_examples(folder / "dev.jsonl", 0))  # fmt: skip
+    def read(cls, folder: Path, train_group_size: int) -> Pairs:
+        return cls(
+            contrastive.read_examples(folder / "train.jsonl", train_group_size - 1),
+            contrastive.read_examples(folder / "dev.jsonl", 0),
+        )
 
 
-def train_arm(cfg: RetrievalAblationConfig, arm: Arm, model_dir: Path, seed: int, run_dir: Path, data: Pairs) -> tuple[Path, dict]:
+def train_arm(
+    cfg: RetrievalAblationConfig, arm: Arm, model_dir: Path, seed: int, run_dir: Path, data: Pairs
+) -> tuple[Path, dict]:
     """Contrastive training of ``model_dir`` with the shared budget (two phases for ``word_warmup``).
 
     Returns the trained model and its dev scores, the loop's own last ``held_out`` record.
     """
     warm = round(cfg.steps * arm.word_warmup)
-    phases = [("warm", warm, True), ("joint", cfg.steps - warm, False)] if warm else [("train", cfg.steps, arm.freeze_chars)]
+    phases = (
+        [("warm", warm, True), ("joint", cfg.steps - warm, False)] if warm else [("train", cfg.steps, arm.freeze_chars)]
+    )
     for name, steps, freeze in phases:
         out = run_dir / name
         if (out / "final").is_dir():
             model_dir = out / "final"
             continue
         settings = contrastive.ContrastiveConfig(
-            out=out, resume=(out / "checkpoint.pt").is_file(), lr=cfg.lr, max_steps=steps, batch_size=cfg.batch_size,
-            train_group_size=cfg.train_group_size, temperature=cfg.temperature, max_length=cfg.max_length,
-            freeze_chars=freeze, seed=seed, device=cfg.device, checkpoint_every=max(1, steps // 4),
-            fusion_scale_lr=cfg.fusion_scale_lr * arm.scale_lr_factor if arm.fusion else None)  # fmt: skip
+            out=out,
+            resume=(out / "checkpoint.pt").is_file(),
+            lr=cfg.lr,
+            max_steps=steps,
+            batch_size=cfg.batch_size,
+            train_group_size=cfg.train_group_size,
+            temperature=cfg.temperature,
+            max_length=cfg.max_length,
+            freeze_chars=freeze,
+            seed=seed,
+            device=cfg.device,
+            checkpoint_every=max(1, steps // 4),
+            fusion_scale_lr=cfg.fusion_scale_lr * arm.scale_lr_factor if arm.fusion else None,
+        )
         model, tokenizer = contrastive.load_start_model(model_dir)
         contrastive.contrastive(model, tokenizer, data.train, data.dev, settings)
         model_dir = save_model_dir(model, tokenizer, out / "final")
@@ -258,7 +347,9 @@ def dev_bm25(data: Pairs) -> float:
     pool = list(dict.fromkeys(text for e in dev for text in (*e.pos, *e.neg)))
     position = {text: i for i, text in enumerate(pool)}
     bm25 = Bm25([Chunk(str(i), text, str(i)) for i, text in enumerate(pool)], depth=10)
-    return float(np.mean([mrr_at_k(rank_by_score(bm25.scores(e.query), 10), {position[t] for t in e.pos}, 10) for e in dev]))
+    return float(
+        np.mean([mrr_at_k(rank_by_score(bm25.scores(e.query), 10), {position[t] for t in e.pos}, 10) for e in dev])
+    )
 
 
 class QuestionScorer:
@@ -290,13 +381,27 @@ class QuestionScorer:
         """
         if not out.is_file():
             if "chatchat" in self.cfg.retrievers:
-                evaluate.main(["--model", f"{label}={model_dir}", "--retrievers", "dense,chatchat", "--device",
-                               self.cfg.device, "--corpus", str(self.cfg.corpus), "--questions",
-                               str(self.cfg.questions or QUESTIONS), "--out", str(out)])  # fmt: skip
+                evaluate.main(
+                    [
+                        "--model",
+                        f"{label}={model_dir}",
+                        "--retrievers",
+                        "dense,chatchat",
+                        "--device",
+                        self.cfg.device,
+                        "--corpus",
+                        str(self.cfg.corpus),
+                        "--questions",
+                        str(self.cfg.questions or QUESTIONS),
+                        "--out",
+                        str(out),
+                    ]
+                )
                 return json.loads(out.read_text(encoding="utf-8"))["results"]
             embeddings = PolicyBertEmbeddings(model_dir, device=self.cfg.device)
-            dense = evaluate.evaluate_retriever(Dense(f"dense:{label}", embeddings, self.chunks, DEPTH), self.queries,
-                                                self.chunks, self.KS)  # fmt: skip
+            dense = evaluate.evaluate_retriever(
+                Dense(f"dense:{label}", embeddings, self.chunks, DEPTH), self.queries, self.chunks, self.KS
+            )
             write_json({"results": {dense.name: {"metrics": dense.metrics, "queries": dense.queries}}}, out)
         return json.loads(out.read_text(encoding="utf-8"))["results"]
 
@@ -331,8 +436,10 @@ def word_coverage(lexicon: Lexicon, scorer: QuestionScorer) -> dict[str, float]:
     for chunk in scorer.chunks:
         chunk_words.setdefault(chunk.group, set()).update(int(w) for w in lexicon.find(chunk.text)[:, 0])
     question_words = [set(int(w) for w in lexicon.find(q.text)[:, 0]) for q in scorer.queries]
-    shared = [bool(words & set().union(*(chunk_words.get(g, set()) for g in q.gains)))
-              for q, words in zip(scorer.queries, question_words)]  # fmt: skip
+    shared = [
+        bool(words & set().union(*(chunk_words.get(g, set()) for g in q.gains)))
+        for q, words in zip(scorer.queries, question_words)
+    ]
     return {
         "questions with a word": round(float(np.mean([bool(w) for w in question_words])), 3),
         "words per question": round(float(np.mean([len(w) for w in question_words])), 2),
@@ -341,7 +448,9 @@ def word_coverage(lexicon: Lexicon, scorer: QuestionScorer) -> dict[str, float]:
     }
 
 
-def run_arm(cfg: RetrievalAblationConfig, name: str, seed: int, start: Path, data: Pairs, scorer: QuestionScorer) -> dict:
+def run_arm(
+    cfg: RetrievalAblationConfig, name: str, seed: int, start: Path, data: Pairs, scorer: QuestionScorer
+) -> dict:
     """One arm and seed, end to end; its ``result.json`` makes a re-run skip it."""
     arm = ARMS[name]
     run_dir = cfg.out / "runs" / f"{name}-seed{seed}"
@@ -358,16 +467,26 @@ def run_arm(cfg: RetrievalAblationConfig, name: str, seed: int, start: Path, dat
     questions = scorer.score(name, model_dir, run_dir / "questions.json")
     scales, change = word_stream(model_dir, [c.text for c in scorer.chunks[:64]], cfg.max_length)
     result = {
-        "arm": name, "seed": seed, "model": str(model_dir), "settings": asdict(arm), "train_minutes": round(train_minutes, 2),
-        "dev": dev, "fusion_scales": scales, "word_change": change,
-        "questions": {retriever: {"metrics": r["metrics"], MRR: [q[MRR] for q in r["queries"]]}
-                      for retriever, r in questions.items()},
-    }  # fmt: skip
+        "arm": name,
+        "seed": seed,
+        "model": str(model_dir),
+        "settings": asdict(arm),
+        "train_minutes": round(train_minutes, 2),
+        "dev": dev,
+        "fusion_scales": scales,
+        "word_change": change,
+        "questions": {
+            retriever: {"metrics": r["metrics"], MRR: [q[MRR] for q in r["queries"]]}
+            for retriever, r in questions.items()
+        },
+    }
     write_json(result, result_file)
     return result
 
 
-def embedding_speed(models: dict[str, Path], texts: list[str], device: str, cache: Path, reps: int = 3) -> dict[str, float]:
+def embedding_speed(
+    models: dict[str, Path], texts: list[str], device: str, cache: Path, reps: int = 3
+) -> dict[str, float]:
     """Each model's time to embed ``texts`` relative to the first model's (interleaved repetitions, best of ``reps``).
 
     Kept in ``cache`` for the same models, so that re-tabling a finished ablation does not measure
@@ -397,7 +516,8 @@ def _row_key(retriever: str) -> str:
 
 
 def summarise(results: list[dict], arms: list[str], resamples: int = 1000) -> dict:
-    """Per arm: mean ± sd over seeds of each score; per-question scores averaged over seeds, bootstrapped vs ``base+ft``."""
+    """Per arm: mean ± sd over seeds of each score; per-question scores averaged over seeds, bootstrapped vs
+    ``base+ft``."""
     table: dict = {}
     per_question: dict[tuple[str, str], np.ndarray] = {}
     for name in arms:
@@ -410,13 +530,19 @@ def summarise(results: list[dict], arms: list[str], resamples: int = 1000) -> di
             per_question[name, kind] = np.mean([r["questions"][retriever][MRR] for r in runs], axis=0)
         scales = [s for r in runs for s in r["fusion_scales"]]
         row["mean |s|"] = round(float(np.mean(np.abs(scales))), 4) if scales else None
-        row["word change, last layer"] = round(float(np.mean([r["word_change"][-1] for r in runs])), 4) if runs[0]["word_change"] else None
+        row["word change, last layer"] = (
+            round(float(np.mean([r["word_change"][-1] for r in runs])), 4) if runs[0]["word_change"] else None
+        )
         table[name] = row
     for (name, kind), scores in per_question.items():
         if name != COMPETITOR and (COMPETITOR, kind) in per_question:
             competitor = per_question[COMPETITOR, kind]
             low, high = paired_bootstrap_interval(scores, competitor, resamples)
-            table[name][f"Δ{kind} vs {COMPETITOR}"] = (round(float(np.mean(scores - competitor)), 4), round(low, 4), round(high, 4))
+            table[name][f"Δ{kind} vs {COMPETITOR}"] = (
+                round(float(np.mean(scores - competitor)), 4),
+                round(low, 4),
+                round(high, 4),
+            )
     return table
 
 
@@ -432,8 +558,10 @@ def _mean_sd(values: list[float]) -> tuple[float, float]:
 def markdown(table: dict, bm25: dict[str, float], speed: dict[str, float]) -> str:
     """The results table: one row per arm, then BM25 alone."""
     columns = [c for c in next(iter(table.values())) if c not in ("seeds", "train_minutes")]
-    lines = ["| arm | seeds | " + " | ".join(columns) + " | speed vs start | train min |",
-             "|---|---|" + "---|" * len(columns) + "---|---|"]  # fmt: skip
+    lines = [
+        "| arm | seeds | " + " | ".join(columns) + " | speed vs start | train min |",
+        "|---|---|" + "---|" * len(columns) + "---|---|",
+    ]
     for name, row in table.items():
         cells = []
         for column in columns:
@@ -444,17 +572,30 @@ def markdown(table: dict, bm25: dict[str, float], speed: dict[str, float]) -> st
                 cells.append(f"{value[0]:+.4f} [{value[1]:+.4f}, {value[2]:+.4f}]")
             else:
                 cells.append("–" if value is None else f"{value}")
-        lines.append(f"| {name} | {row['seeds']} | " + " | ".join(cells) + f" | {speed.get(name, '–')} | {row['train_minutes']:.1f} |")
-    lines.append("| BM25 alone | – | " + " | ".join(
-        f"{bm25[_bm25_key(c)]:.4f}" if c.endswith(MRR) else "–" for c in columns) + " | – | – |")  # fmt: skip
+        lines.append(
+            f"| {name} | {row['seeds']} | "
+            + " | ".join(cells)
+            + f" | {speed.get(name, '–')} | {row['train_minutes']:.1f} |"
+        )
+    lines.append(
+        "| BM25 alone | – | "
+        + " | ".join(f"{bm25[_bm25_key(c)]:.4f}" if c.endswith(MRR) else "–" for c in columns)
+        + " | – | – |"
+    )
     return "\n".join(lines) + "\n"
 
 
 def coverage_table(coverage: dict[str, dict[str, float]]) -> str:
     """Lexicon match coverage of the questions and chunks, one row per lexicon."""
     columns = list(next(iter(coverage.values())))
-    return ("| lexicon | " + " | ".join(columns) + " |\n|---|" + "---|" * len(columns) + "\n"
-            + "".join(f"| {name} | " + " | ".join(str(v) for v in row.values()) + " |\n" for name, row in coverage.items()))
+    return (
+        "| lexicon | "
+        + " | ".join(columns)
+        + " |\n|---|"
+        + "---|" * len(columns)
+        + "\n"
+        + "".join(f"| {name} | " + " | ".join(str(v) for v in row.values()) + " |\n" for name, row in coverage.items())
+    )
 
 
 def plot(table: dict, bm25: dict[str, float], path: Path) -> None:
@@ -481,8 +622,13 @@ def plot(table: dict, bm25: dict[str, float], path: Path) -> None:
 
 
 def main(argv: list[str] | None = None) -> None:
-    cfg, shape = parse_config(RetrievalAblationConfig, argv, "python -m training.ablate --task retrieval",
-                              __doc__.split("\n\n")[0], extra=(init_scratch.ScratchShape,))  # fmt: skip
+    cfg, shape = parse_config(
+        RetrievalAblationConfig,
+        argv,
+        "python -m training.ablate --task retrieval",
+        __doc__.split("\n\n")[0],
+        extra=(init_scratch.ScratchShape,),
+    )
     cfg.out.mkdir(parents=True, exist_ok=True)
     torch.set_num_threads(cfg.threads)
     began = time.time()
@@ -505,11 +651,23 @@ def main(argv: list[str] | None = None) -> None:
     if any(ARMS[name].kb_lexicon for name in cfg.arms):
         coverage["KB lexicon"] = word_coverage(Lexicon.load(kb_lexicon(cfg)), scorer)
     text = markdown(table, bm25, speed) + "\n" + coverage_table(coverage)
-    text += (f"\nmean ± sd over seeds {cfg.seeds}; Δ: paired bootstrap (1000) over questions of the seed-averaged MRR@10 "
-             f"vs {COMPETITOR}, 95 % interval; speed: embedding time of the start ÷ the arm's, same run; "
-             f"{(time.time() - began) / 60:.1f} min this invocation\n")  # fmt: skip
-    write_json({"config": {k: str(v) for k, v in asdict(cfg).items()}, "start_shape": asdict(shape), "table": table,
-                "bm25": bm25, "speed": speed, "coverage": coverage, "runs": results}, cfg.out / "results.json")  # fmt: skip
+    text += (
+        f"\nmean ± sd over seeds {cfg.seeds}; Δ: paired bootstrap (1000) over questions of the seed-averaged MRR@10 "
+        f"vs {COMPETITOR}, 95 % interval; speed: embedding time of the start ÷ the arm's, same run; "
+        f"{(time.time() - began) / 60:.1f} min this invocation\n"
+    )
+    write_json(
+        {
+            "config": {k: str(v) for k, v in asdict(cfg).items()},
+            "start_shape": asdict(shape),
+            "table": table,
+            "bm25": bm25,
+            "speed": speed,
+            "coverage": coverage,
+            "runs": results,
+        },
+        cfg.out / "results.json",
+    )
     (cfg.out / "results.md").write_text(text, encoding="utf-8")
     plot(table, bm25, cfg.out / "results.png")
     print(text)

@@ -123,9 +123,18 @@ def overlap(words: Iterable[str], reference: Iterable[str]) -> dict[str, float |
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="python -m training.build_lexicon", description=__doc__.split("\n\n")[0])
     parser.add_argument("--corpus", type=Path, required=True, help="corpus.jsonl from training.corpus")
-    parser.add_argument("--out", type=Path, required=True, help="output folder: lexicon.txt (word,count), lexicon_stats.json")
-    parser.add_argument("--stopwords", type=Path, required=True, help="one stopword per line (e.g. chatchat_policybert/data/lexicon/stopword.txt)")
-    parser.add_argument("--segmenter", choices=["hanlp", "jieba"], default="hanlp", help="default: hanlp, as the thesis")
+    parser.add_argument(
+        "--out", type=Path, required=True, help="output folder: lexicon.txt (word,count), lexicon_stats.json"
+    )
+    parser.add_argument(
+        "--stopwords",
+        type=Path,
+        required=True,
+        help="one stopword per line (e.g. chatchat_policybert/data/lexicon/stopword.txt)",
+    )
+    parser.add_argument(
+        "--segmenter", choices=["hanlp", "jieba"], default="hanlp", help="default: hanlp, as the thesis"
+    )
     parser.add_argument(
         "--hanlp-model",
         default=DEFAULT_HANLP_MODEL,
@@ -154,7 +163,10 @@ def main(argv: list[str] | None = None) -> None:
     print(f"{len(words)} words ({args.segmenter}, count >= {args.min_count}) → {args.out / 'lexicon.txt'}")
     if reference is not None:
         o = stats["overlap"]
-        print(f"overlap with {args.reference}: Jaccard {o['jaccard']}, recall of reference {o['recall_of_reference']} ({o['shared']} shared)")
+        print(
+            f"overlap with {args.reference}: Jaccard {o['jaccard']}, "
+            f"recall of reference {o['recall_of_reference']} ({o['shared']} shared)"
+        )
 
 
 if __name__ == "__main__":

@@ -60,9 +60,13 @@ class ContrastiveConfig(TrainConfig):
     """
 
     lr: float = field(default=1e-5, metadata={"help": "peak learning rate"})
-    warmup_proportion: float = field(default=0.1, metadata={"help": "share of the steps the learning rate warms up over"})
+    warmup_proportion: float = field(
+        default=0.1, metadata={"help": "share of the steps the learning rate warms up over"}
+    )
     epochs: int = field(default=1, metadata={"help": "passes over the training queries"})
-    max_length: int = field(default=512, metadata={"help": "tokens per query or passage (capped by the model's positions)"})
+    max_length: int = field(
+        default=512, metadata={"help": "tokens per query or passage (capped by the model's positions)"}
+    )
     temperature: float = field(default=0.02, metadata={"help": "InfoNCE temperature (bge: 0.02)"})
     train_group_size: int = field(
         default=8, metadata={"help": "passages per query: 1 positive + N-1 hard negatives (1: in-batch negatives only)"}
@@ -130,8 +134,11 @@ def read_examples(path: Path, negatives_needed: int) -> list[Example]:
     suspect = [i for i, e in enumerate(examples, 1) if any(e.query in n or n in e.pos for n in e.neg)]
     if suspect:
         # A user's own FlagEmbedding file can carry false negatives; they would be trained away from the query.
-        print(f"warning: {path}: {len(suspect)} of {len(examples)} pairs have a negative that contains the query or "
-              f"equals a positive (first: pair {suspect[0]}); they are trained as negatives", file=sys.stderr)
+        print(
+            f"warning: {path}: {len(suspect)} of {len(examples)} pairs have a negative that contains the query or "
+            f"equals a positive (first: pair {suspect[0]}); they are trained as negatives",
+            file=sys.stderr,
+        )
     return examples
 
 
@@ -155,7 +162,8 @@ def gather_passages(passages: torch.Tensor) -> tuple[torch.Tensor, int]:
 
 
 def info_nce(queries: torch.Tensor, passages: torch.Tensor, group_size: int, temperature: float) -> torch.Tensor:
-    """Mean InfoNCE of unit ``queries`` (n) over unit ``passages`` (n × group_size, query i's positive at i × group_size).
+    """Mean InfoNCE of unit ``queries`` (n) over unit ``passages`` (n × group_size, query i's positive at i ×
+    group_size).
 
     Each query is scored against all passages of all processes (:func:`gather_passages`).
     """
@@ -177,14 +185,20 @@ class ContrastiveTask:
     """The :class:`training.loop.Task` of this stage: batches of (query, passages) groups and InfoNCE."""
 
     def __init__(
-        self, tokenizer: PolicyBertTokenizer, train: list[Example], dev: list[Example], cfg: ContrastiveConfig, max_length: int
+        self,
+        tokenizer: PolicyBertTokenizer,
+        train: list[Example],
+        dev: list[Example],
+        cfg: ContrastiveConfig,
+        max_length: int,
     ):
         self.tokenizer = tokenizer
         self.train = train
         self.dev = dev
         self.cfg = cfg
         self.max_length = max_length
-        # The dev ranking's fixed inputs: every distinct pos and neg of the dev file, and the queries with the instruction.
+        # The dev ranking's fixed inputs: every distinct pos and neg of the dev file, and the queries with the
+        # instruction.
         self.dev_pool = list(dict.fromkeys(text for e in dev for text in (*e.pos, *e.neg)))
         self.dev_position = {text: i for i, text in enumerate(self.dev_pool)}
         self.dev_queries = [cfg.query_instruction + e.query for e in dev]
@@ -260,8 +274,12 @@ class ContrastiveTask:
 
 
 def contrastive(
-    model: nn.Module, tokenizer: PolicyBertTokenizer, train_examples: list[Example], dev_examples: list[Example],
-    cfg: ContrastiveConfig, inputs: ContrastiveInputs | None = None,
+    model: nn.Module,
+    tokenizer: PolicyBertTokenizer,
+    train_examples: list[Example],
+    dev_examples: list[Example],
+    cfg: ContrastiveConfig,
+    inputs: ContrastiveInputs | None = None,
 ) -> tuple[list[dict], bool]:
     """Trains ``model`` in place on the pairs; returns the per-epoch metrics and whether all steps ran.
 

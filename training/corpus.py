@@ -146,7 +146,8 @@ class RawDocument:
 
 
 def _read_markdown(text: str) -> str:
-    """Drops Markdown syntax that is not prose: heading marks (a heading is its own paragraph), link targets, emphasis."""
+    """Drops Markdown syntax that is not prose: heading marks (a heading is its own paragraph), link targets,
+    emphasis."""
     text = re.sub(r"^\s{0,3}#{1,6}\s*(.*)$", r"\n\1\n", text, flags=re.M)
     text = re.sub(r"!?\[([^\]]*)\]\([^)]*\)", r"\1", text)
     return re.sub(r"(\*\*|__|`)", "", text)
@@ -183,7 +184,10 @@ def load_documents(path: Path) -> list[RawDocument]:
     if frame.empty:
         raise InputError(f"{path}: the CSV has a header but no documents")
     titles = frame["title"] if "title" in frame.columns else [""] * len(frame)
-    return [RawDocument(str(i), " ".join(str(t).split()), str(text)) for i, (t, text) in enumerate(zip(titles, frame["contentText"]))]
+    return [
+        RawDocument(str(i), " ".join(str(t).split()), str(text))
+        for i, (t, text) in enumerate(zip(titles, frame["contentText"]))
+    ]
 
 
 @dataclass
@@ -237,7 +241,9 @@ def build_corpus(raw_docs: list[RawDocument], min_chars: int = 10) -> tuple[list
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="python -m training.corpus", description=__doc__.split("\n\n")[0])
-    parser.add_argument("--input", type=Path, required=True, help="CSV with a contentText column, or a folder of .txt/.md files")
+    parser.add_argument(
+        "--input", type=Path, required=True, help="CSV with a contentText column, or a folder of .txt/.md files"
+    )
     parser.add_argument("--out", type=Path, required=True, help="output folder: corpus.jsonl, stats.json")
     parser.add_argument("--min-chars", type=int, default=10, help="shortest sentence kept (default: 10, as the thesis)")
     args = parser.parse_args(argv)

@@ -43,10 +43,15 @@ class ExportConfig:
     """The run folder to read, the directory the run started from, and where the model goes."""
 
     run: Path = field(metadata={"help": "the stopped run's --out folder (checkpoint.pt, and run.json where written)"})
-    out: Path = field(metadata={"help": "model directory to write (a model directory already there is replaced atomically)"})
+    out: Path = field(
+        metadata={"help": "model directory to write (a model directory already there is replaced atomically)"}
+    )
     model: Path | None = field(
-        default=None, metadata={"help": "the directory the run started from, the stage's --model (default: the one "
-                                        "RUN/run.json records; runs before it recorded one need it)"}
+        default=None,
+        metadata={
+            "help": "the directory the run started from, the stage's --model (default: the one "
+            "RUN/run.json records; runs before it recorded one need it)"
+        },
     )
 
     def __post_init__(self) -> None:
@@ -88,10 +93,14 @@ def stage_of(settings: dict, source: Path) -> str:
 def read_checkpoint(path: Path) -> dict:
     """``checkpoint.pt`` as :func:`training.loop.train` writes it, refused (one line) when missing or not one."""
     saved = read_checkpoint_file(
-        path, "cpu", missing="no checkpoint (a run writes one every --checkpoint-every steps and at --stop-after); "
+        path,
+        "cpu",
+        missing="no checkpoint (a run writes one every --checkpoint-every steps and at --stop-after); "
         "expected the --out folder of a training run",
     )
-    if not (isinstance(saved, dict) and all(isinstance(saved.get(part), dict) for part in ("config", "model", "state"))):
+    if not (
+        isinstance(saved, dict) and all(isinstance(saved.get(part), dict) for part in ("config", "model", "state"))
+    ):
         raise InputError(f"{path}: not a training checkpoint (expected training.loop's: config, model, state)")
     return saved
 
@@ -103,14 +112,17 @@ def read_run(run_json: Path) -> dict | None:
     try:
         run = json.loads(run_json.read_text(encoding="utf-8"))
     except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise InputError(f"{run_json}: not a run record ({exc.__class__.__name__}); expected training.loop's run.json") from None
+        raise InputError(
+            f"{run_json}: not a run record ({exc.__class__.__name__}); expected training.loop's run.json"
+        ) from None
     if not (isinstance(run, dict) and isinstance(run.get("config"), dict)):
         raise InputError(f"{run_json}: not a run record; expected training.loop's run.json with its config")
     return run
 
 
 def check_same_run(checkpoint: Path, stage: str, settings: dict, run_json: Path, recorded: dict) -> None:
-    """Refuses a ``run.json`` of another run than the checkpoint's (a folder reused for another stage or other settings).
+    """Refuses a ``run.json`` of another run than the checkpoint's (a folder reused for another stage or other
+    settings).
 
     Settings a resumed session may change (:data:`training.loop.RESUMABLE`) are not compared: the
     checkpoint may come from a later session than ``run.json``. A setting one side lacks (written
@@ -118,7 +130,9 @@ def check_same_run(checkpoint: Path, stage: str, settings: dict, run_json: Path,
     """
     ran = stage_of(recorded, run_json)
     if ran != stage:
-        raise InputError(f"{checkpoint}: a {stage} checkpoint, but {run_json} records a {ran} run; expected one run's folder")
+        raise InputError(
+            f"{checkpoint}: a {stage} checkpoint, but {run_json} records a {ran} run; expected one run's folder"
+        )
     default = defaults(STAGES[stage][0])
     compared = sorted((recorded.keys() | settings.keys()) - RESUMABLE)
     pairs = {k: (recorded.get(k, default.get(k)), settings.get(k, default.get(k))) for k in compared}
@@ -140,12 +154,14 @@ def check_out(out: Path) -> None:
         raise InputError(f"--out {out}: is a file; expected a new path or a model directory to replace")
     if out.is_dir() and any(out.iterdir()) and not (out / "config.json").is_file():
         raise InputError(
-            f"--out {out}: a non-empty folder that is not a model directory; expected a new path or a model directory to replace"
+            f"--out {out}: a non-empty folder that is not a model directory; "
+            "expected a new path or a model directory to replace"
         )
 
 
 def start_model(cfg: ExportConfig, run: dict | None) -> Path:
-    """``--model``, else the start directory ``run.json`` records (absolute, as :func:`training.loop.train` writes it)."""
+    """``--model``, else the start directory ``run.json`` records (absolute, as :func:`training.loop.train` writes
+    it)."""
     if cfg.model is not None:
         return cfg.model
     inputs = (run or {}).get("inputs")
@@ -174,8 +190,9 @@ def export(cfg: ExportConfig) -> tuple[str, int]:
     misfits = sorted((expected.keys() ^ weights.keys()) | reshaped)
     if misfits:
         raise InputError(
-            f"{checkpoint}: its weights do not fit --model {start} ({len(misfits)} tensors missing, extra or of another "
-            f"shape, e.g. {misfits[0]}); expected the directory the {stage} run started from"
+            f"{checkpoint}: its weights do not fit --model {start} "
+            f"({len(misfits)} tensors missing, extra or of another shape, e.g. {misfits[0]}); "
+            f"expected the directory the {stage} run started from"
         )
     model.load_state_dict(weights)
     save_model_dir(model, tokenizer, cfg.out)

@@ -55,7 +55,10 @@ def encode(tokenizer: PolicyBertTokenizer, examples: list[SentencePair], max_len
 
 
 def accuracy(
-    model: PolicyBertForSequenceClassification, tokenizer: PolicyBertTokenizer, examples: list[SentencePair], cfg: FinetuneConfig
+    model: PolicyBertForSequenceClassification,
+    tokenizer: PolicyBertTokenizer,
+    examples: list[SentencePair],
+    cfg: FinetuneConfig,
 ) -> float:
     """Share of ``examples`` classified right; the caller sets eval mode (:func:`training.loop.evaluating`)."""
     device = next(model.parameters()).device
@@ -71,7 +74,9 @@ def accuracy(
 class FinetuneTask:
     """The :class:`training.loop.Task` of this stage: PolicySM pairs, cross-entropy, dev accuracy."""
 
-    def __init__(self, tokenizer: PolicyBertTokenizer, splits: dict[str, list[SentencePair]], cfg: FinetuneConfig) -> None:
+    def __init__(
+        self, tokenizer: PolicyBertTokenizer, splits: dict[str, list[SentencePair]], cfg: FinetuneConfig
+    ) -> None:
         self.tokenizer, self.splits, self.cfg = tokenizer, splits, cfg
 
     def __len__(self) -> int:
@@ -84,7 +89,10 @@ class FinetuneTask:
         return model(**batch).loss
 
     def evaluate(self, model: nn.Module) -> dict:
-        return {"dev_accuracy": accuracy(model, self.tokenizer, self.splits["dev"], self.cfg), "dev_examples": len(self.splits["dev"])}
+        return {
+            "dev_accuracy": accuracy(model, self.tokenizer, self.splits["dev"], self.cfg),
+            "dev_examples": len(self.splits["dev"]),
+        }
 
 
 def finetune(
@@ -114,7 +122,8 @@ def finetune(
 
 
 def load_start_model(model_dir: Path) -> tuple[PolicyBertForSequenceClassification, PolicyBertTokenizer]:
-    """The model this stage trains, from its ``--model``; ``training.export`` rebuilds a checkpoint into the same model."""
+    """The model this stage trains, from its ``--model``; ``training.export`` rebuilds a checkpoint into the same
+    model."""
     return load_model_dir(
         model_dir, PolicyBertForSequenceClassification, allow_missing=("classifier.", "pooler."), num_labels=2
     )
@@ -132,7 +141,10 @@ def main(argv: list[str] | None = None) -> None:
     results = finetune(model, tokenizer, splits, cfg, inputs)
     if results is not None:
         save_model_dir(model, tokenizer, cfg.out / "final")
-        print(f"dev accuracy {results['dev_accuracy']}, test accuracy {results['test_accuracy']}; model → {cfg.out / 'final'}")
+        print(
+            f"dev accuracy {results['dev_accuracy']}, test accuracy {results['test_accuracy']}; "
+            f"model → {cfg.out / 'final'}"
+        )
 
 
 if __name__ == "__main__":

@@ -21,8 +21,8 @@ import torch
 from transformers import BertConfig, BertModel
 
 from chatchat_policybert.data import CORPUS_CSV
-from chatchat_policybert.evaluation.dataset import load_corpus
 from chatchat_policybert.errors import InputError, run_cli
+from chatchat_policybert.evaluation.dataset import load_corpus
 from chatchat_policybert.loading import save_model_dir
 from chatchat_policybert.tokenization import PolicyBertTokenizer, build_char_tokenizer
 from training.loop import parse_config, require_positive
@@ -49,8 +49,16 @@ class ScratchShape:
 
     def __post_init__(self) -> None:
         require_positive(
-            self, ("hidden_size", "num_hidden_layers", "num_attention_heads", "intermediate_size",
-                   "max_position_embeddings", "min_char_count"))  # fmt: skip
+            self,
+            (
+                "hidden_size",
+                "num_hidden_layers",
+                "num_attention_heads",
+                "intermediate_size",
+                "max_position_embeddings",
+                "min_char_count",
+            ),
+        )
         if self.hidden_size % self.num_attention_heads:
             raise InputError(
                 f"--num-attention-heads {self.num_attention_heads} must divide --hidden-size {self.hidden_size}"
@@ -62,7 +70,9 @@ class ScratchInputs:
     """Where the model goes, the text its vocabulary comes from and the seed of its weights."""
 
     out: Path = field(metadata={"help": "output model directory (replaced atomically)"})
-    corpus: Path = field(default=CORPUS_CSV, metadata={"help": "policy CSV or folder of .md/.txt whose characters are the vocabulary"})
+    corpus: Path = field(
+        default=CORPUS_CSV, metadata={"help": "policy CSV or folder of .md/.txt whose characters are the vocabulary"}
+    )
     seed: int = field(default=0, metadata={"help": "seed of the random weights"})
 
     def __post_init__(self) -> None:
@@ -83,8 +93,9 @@ def init_scratch(inputs: ScratchInputs, shape: ScratchShape) -> Path:
 
 
 def main(argv: list[str] | None = None) -> None:
-    inputs, shape = parse_config(ScratchInputs, argv, "python -m training.init_scratch", __doc__.split("\n\n")[0],
-                                 extra=(ScratchShape,))  # fmt: skip
+    inputs, shape = parse_config(
+        ScratchInputs, argv, "python -m training.init_scratch", __doc__.split("\n\n")[0], extra=(ScratchShape,)
+    )
     init_scratch(inputs, shape)
 
 

@@ -59,31 +59,56 @@ class TrainConfig:
     resume: bool = field(default=False, metadata=_help("continue from OUT/checkpoint.pt"))
     lr: float = field(default=5e-5, metadata=_help("peak learning rate"))
     fusion_scale_lr: float | None = field(
-        default=None, metadata=_help("peak learning rate of the fusion scales s (default: --lr); a model built with "
-                                     "merge_bge --init bge starts at s = 0, and AdamW moves s about one lr per step")
+        default=None,
+        metadata=_help(
+            "peak learning rate of the fusion scales s (default: --lr); a model built with "
+            "merge_bge --init bge starts at s = 0, and AdamW moves s about one lr per step"
+        ),
     )
     batch_size: int = field(
-        default=32, metadata=_help("GLOBAL examples per optimiser step = per-process micro-batch × processes × grad-accum")
+        default=32,
+        metadata=_help("GLOBAL examples per optimiser step = per-process micro-batch × processes × grad-accum"),
     )
     grad_accum: int = field(default=1, metadata=_help("micro-batches per process per optimiser step"))
     eval_batch_size: int = field(default=32, metadata=_help("examples per batch when evaluating"))
     epochs: int = field(default=3, metadata=_help("passes over the training examples"))
-    max_steps: int | None = field(default=None, metadata=_help("stop after this many optimiser steps (overrides --epochs)"))
+    max_steps: int | None = field(
+        default=None, metadata=_help("stop after this many optimiser steps (overrides --epochs)")
+    )
     warmup_proportion: float = field(default=0.9, metadata=_help("share of the steps the learning rate warms up over"))
     weight_decay: float = field(default=0.01, metadata=_help("AdamW decay (none on biases and LayerNorm)"))
     max_length: int = field(default=128, metadata=_help("tokens per example"))
     seed: int = field(default=42, metadata=_help("training randomness: order, masks, dropout"))
-    device: str = field(default="auto", metadata=_help("auto, cpu, cuda, … (under torchrun each process takes cuda:LOCAL_RANK)"))
+    device: str = field(
+        default="auto", metadata=_help("auto, cpu, cuda, … (under torchrun each process takes cuda:LOCAL_RANK)")
+    )
     precision: Precision = field(default="auto", metadata=_help("auto: bf16 (or fp16) on a GPU, fp32 on CPU"))
     checkpoint_every: int = field(default=500, metadata=_help("optimiser steps between checkpoints"))
-    stop_after: int | None = field(default=None, metadata=_help("checkpoint and exit after this step (time-limited sessions)"))
-    gradient_checkpointing: bool = field(default=False, metadata=_help("recompute activations in backward: less memory, slower"))
+    stop_after: int | None = field(
+        default=None, metadata=_help("checkpoint and exit after this step (time-limited sessions)")
+    )
+    gradient_checkpointing: bool = field(
+        default=False, metadata=_help("recompute activations in backward: less memory, slower")
+    )
 
     def __post_init__(self) -> None:
         """Refuses settings no run can use, naming the flag, before any model is loaded."""
         self.out = Path(self.out)
-        require_positive(self, ("lr", "fusion_scale_lr", "batch_size", "grad_accum", "epochs", "eval_batch_size",
-                                "max_length", "checkpoint_every", "max_steps", "stop_after"))  # fmt: skip
+        require_positive(
+            self,
+            (
+                "lr",
+                "fusion_scale_lr",
+                "batch_size",
+                "grad_accum",
+                "epochs",
+                "eval_batch_size",
+                "max_length",
+                "checkpoint_every",
+                "max_steps",
+                "stop_after",
+            ),
+        )
         require_share(self, ("warmup_proportion", "weight_decay"))
         if self.precision not in Precision.__args__:
             raise InputError(f"--precision {self.precision!r}: expected one of {', '.join(Precision.__args__)}")
@@ -117,14 +142,22 @@ C = TypeVar("C")  # any dataclass: merge_bge and pairs have configs that are not
 
 @overload
 def parse_config(
-    config_class: type[C], argv: Sequence[str] | None, prog: str, description: str, extra: tuple[()] = (),
+    config_class: type[C],
+    argv: Sequence[str] | None,
+    prog: str,
+    description: str,
+    extra: tuple[()] = (),
     presets: Mapping[str, Mapping[str, Any]] | None = None,
-) -> C: ...  # fmt: skip
+) -> C: ...
 @overload
 def parse_config(
-    config_class: type[C], argv: Sequence[str] | None, prog: str, description: str, extra: tuple[type, ...],
+    config_class: type[C],
+    argv: Sequence[str] | None,
+    prog: str,
+    description: str,
+    extra: tuple[type, ...],
     presets: Mapping[str, Mapping[str, Any]] | None = None,
-) -> tuple[Any, ...]: ...  # fmt: skip
+) -> tuple[Any, ...]: ...
 def parse_config(
     config_class: type[C],
     argv: Sequence[str] | None,
@@ -141,13 +174,20 @@ def parse_config(
     """
     parser = _Parser([config_class, *extra], prog=prog, description=description)
     if presets:
-        parser.add_argument("--preset", choices=sorted(presets), help="named defaults: " + "; ".join(
-            f"{name}: " + ", ".join(f"{k}={v}" for k, v in values.items()) for name, values in presets.items()
-        ))  # fmt: skip
+        parser.add_argument(
+            "--preset",
+            choices=sorted(presets),
+            help="named defaults: "
+            + "; ".join(
+                f"{name}: " + ", ".join(f"{k}={v}" for k, v in values.items()) for name, values in presets.items()
+            ),
+        )
         chosen = parser.parse_known_args(argv)[0].preset
         if chosen:
             parser.set_defaults(**presets[chosen])
-    *parsed, unknown = parser.parse_args_into_dataclasses(args=argv, look_for_args_file=False, return_remaining_strings=True)
+    *parsed, unknown = parser.parse_args_into_dataclasses(
+        args=argv, look_for_args_file=False, return_remaining_strings=True
+    )
     if unknown:
         parser.error(f"unrecognized arguments: {' '.join(unknown)} (see --help)")
     dataclass_objects = [obj for obj in parsed if dataclasses.is_dataclass(obj)]
@@ -155,7 +195,8 @@ def parse_config(
 
 
 def flag(name: str) -> str:
-    """The command-line spelling of a config field, as :func:`parse_config` makes it: ``--batch-size`` for ``batch_size``."""
+    """The command-line spelling of a config field, as :func:`parse_config` makes it: ``--batch-size`` for
+    ``batch_size``."""
     return f"--{name.replace('_', '-')}"
 
 
@@ -254,7 +295,11 @@ def evaluating(model: nn.Module, precision: str) -> Iterator[None]:
 
 
 def make_optimizer(
-    model: nn.Module, lr: float, weight_decay: float, total_steps: int, warmup_proportion: float,
+    model: nn.Module,
+    lr: float,
+    weight_decay: float,
+    total_steps: int,
+    warmup_proportion: float,
     fusion_scale_lr: float | None = None,
 ) -> tuple[torch.optim.Optimizer, torch.optim.lr_scheduler.LambdaLR]:
     """AdamW without decay on biases and LayerNorm (as BERT), and a linear warm-up then linear decay to 0.
@@ -273,8 +318,10 @@ def make_optimizer(
         else:
             (no_decay if param.ndim < 2 or "LayerNorm" in name else decay).append(param)
     if fusion_scale_lr is not None and not scales:
-        raise InputError(f"--fusion-scale-lr {fusion_scale_lr}: {type(model).__name__} has no fusion scales to train "
-                         "(a plain BERT or a model without a word stream)")
+        raise InputError(
+            f"--fusion-scale-lr {fusion_scale_lr}: {type(model).__name__} has no fusion scales to train "
+            "(a plain BERT or a model without a word stream)"
+        )
     groups = [{"params": decay, "weight_decay": weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
     if scales:
         groups.append({"params": scales, "weight_decay": 0.0, "lr": fusion_scale_lr})
@@ -284,9 +331,11 @@ def make_optimizer(
 
 
 def optimizer_step(
-    model: nn.Module, optimizer: torch.optim.Optimizer,
-    scheduler: torch.optim.lr_scheduler.LRScheduler, scaler: torch.amp.GradScaler,
-) -> None:  # fmt: skip
+    model: nn.Module,
+    optimizer: torch.optim.Optimizer,
+    scheduler: torch.optim.lr_scheduler.LRScheduler,
+    scaler: torch.amp.GradScaler,
+) -> None:
     """One step after the backward passes: unscale, clip the gradient norm to 1.0, step, advance the schedule."""
     scaler.unscale_(optimizer)
     torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
@@ -318,12 +367,18 @@ def describe_changes(changed: Mapping[str, tuple[Any, Any]]) -> str:
 
 def load_checkpoint(path: Path, cfg: TrainConfig, device: torch.device) -> dict:
     """The saved training state, refused (one line) when missing, unreadable or written with other settings."""
-    saved = read_checkpoint_file(path, device, missing="no checkpoint to resume from", unreadable_hint="; delete it to start over")
+    saved = read_checkpoint_file(
+        path, device, missing="no checkpoint to resume from", unreadable_hint="; delete it to start over"
+    )
     changed = {
-        k: (saved["config"].get(k), v) for k, v in config_dict(cfg).items() if k not in RESUMABLE and saved["config"].get(k) != v
+        k: (saved["config"].get(k), v)
+        for k, v in config_dict(cfg).items()
+        if k not in RESUMABLE and saved["config"].get(k) != v
     }
     if changed:
-        raise InputError(f"{path}: was written with other settings ({describe_changes(changed)}); resume with the same ones")
+        raise InputError(
+            f"{path}: was written with other settings ({describe_changes(changed)}); resume with the same ones"
+        )
     return saved
 
 
@@ -341,7 +396,8 @@ def train(model: nn.Module, task: Task, cfg: TrainConfig, inputs: object | None 
     main = rank == 0
     if cfg.batch_size % (world * cfg.grad_accum):
         raise InputError(
-            f"--batch-size {cfg.batch_size}: expected a multiple of processes × --grad-accum ({world} × {cfg.grad_accum})"
+            f"--batch-size {cfg.batch_size}: expected a multiple of processes × --grad-accum "
+            f"({world} × {cfg.grad_accum})"
         )
     if len(task) == 0:
         raise InputError("no training examples")
@@ -383,9 +439,13 @@ def train(model: nn.Module, task: Task, cfg: TrainConfig, inputs: object | None 
     def save_checkpoint() -> None:
         nonlocal saved_step
         payload = {
-            "config": config_dict(cfg), "model": model.state_dict(), "optimizer": optimizer.state_dict(),
-            "scheduler": scheduler.state_dict(), "scaler": scaler.state_dict(), "state": state,
-        }  # fmt: skip
+            "config": config_dict(cfg),
+            "model": model.state_dict(),
+            "optimizer": optimizer.state_dict(),
+            "scheduler": scheduler.state_dict(),
+            "scaler": scaler.state_dict(),
+            "state": state,
+        }
         with atomic_path(checkpoint) as tmp:
             torch.save(payload, tmp)
         saved_step = state["step"]
@@ -393,10 +453,14 @@ def train(model: nn.Module, task: Task, cfg: TrainConfig, inputs: object | None 
     def where_to_resume() -> str:
         """Ctrl-C's one line: the step reached and the checkpoint (if any) that ``--resume`` continues from."""
         if saved_step is None:
-            return (f"training stopped at step {state['step']} of {total_steps}, before the first checkpoint "
-                    f"(every {cfg.checkpoint_every} steps): nothing to resume, run again")
-        return (f"training stopped at step {state['step']} of {total_steps}; {checkpoint} holds step {saved_step}: "
-                f"continue from there with the same command and --resume")
+            return (
+                f"training stopped at step {state['step']} of {total_steps}, before the first checkpoint "
+                f"(every {cfg.checkpoint_every} steps): nothing to resume, run again"
+            )
+        return (
+            f"training stopped at step {state['step']} of {total_steps}; {checkpoint} holds step {saved_step}: "
+            f"continue from there with the same command and --resume"
+        )
 
     if main:
         cfg.out.mkdir(parents=True, exist_ok=True)
@@ -418,7 +482,9 @@ def train(model: nn.Module, task: Task, cfg: TrainConfig, inputs: object | None 
         for step in range(state["step"], total_steps):
             epoch, position = divmod(step, steps_per_epoch)
             if order is None or position == 0:
-                order = torch.randperm(len(task), generator=torch.Generator().manual_seed(cfg.seed * 1000 + epoch)).tolist()
+                order = torch.randperm(
+                    len(task), generator=torch.Generator().manual_seed(cfg.seed * 1000 + epoch)
+                ).tolist()
             chosen = order[position * cfg.batch_size : (position + 1) * cfg.batch_size]
             chosen += order[: cfg.batch_size - len(chosen)]  # the last step of an epoch is topped up from its start
             step_loss = torch.zeros((), device=device)
@@ -428,7 +494,9 @@ def train(model: nn.Module, task: Task, cfg: TrainConfig, inputs: object | None 
                 torch.manual_seed(random.Random(f"{cfg.seed}-{key}").getrandbits(63))  # dropout, whatever ran before
                 batch = {k: v.to(device) for k, v in task.batch(chosen[part * micro : (part + 1) * micro], key).items()}
                 # Processes exchange gradients once per optimiser step, after its last micro-batch.
-                sync = ddp.no_sync() if ddp is not None and micro_step < cfg.grad_accum - 1 else contextlib.nullcontext()
+                sync = (
+                    ddp.no_sync() if ddp is not None and micro_step < cfg.grad_accum - 1 else contextlib.nullcontext()
+                )
                 with sync:
                     with autocast(precision, device):
                         loss = task.loss(ddp or model, batch) / cfg.grad_accum
@@ -445,7 +513,9 @@ def train(model: nn.Module, task: Task, cfg: TrainConfig, inputs: object | None 
 
             if position == steps_per_epoch - 1 or state["step"] == total_steps:
                 record = {
-                    "epoch": epoch + 1 if position == steps_per_epoch - 1 else round(epoch + (position + 1) / steps_per_epoch, 3),
+                    "epoch": epoch + 1
+                    if position == steps_per_epoch - 1
+                    else round(epoch + (position + 1) / steps_per_epoch, 3),
                     "step": state["step"],
                     "train_loss": round(state["loss_sum"] / (position + 1), 4),
                     "lr": scheduler.get_last_lr()[0],
@@ -453,7 +523,9 @@ def train(model: nn.Module, task: Task, cfg: TrainConfig, inputs: object | None 
                 if main:
                     with evaluating(model, precision):
                         record["held_out"] = task.evaluate(model)
-                    tqdm.write(f"epoch {record['epoch']}: train loss {record['train_loss']}, held out {record['held_out']}")
+                    tqdm.write(
+                        f"epoch {record['epoch']}: train loss {record['train_loss']}, held out {record['held_out']}"
+                    )
                 state["history"].append(record)
                 state["loss_sum"] = 0.0
                 if main:

@@ -67,27 +67,41 @@ class MergeConfig:
     """The flags of ``python -m training.merge_bge`` (one per field, via :func:`training.loop.parse_config`)."""
 
     out: Path = field(metadata={"help": "output model directory (replaced atomically)"})
-    bge: str = field(default="BAAI/bge-base-zh-v1.5", metadata={"help": "hub id or local directory of bge-base-zh-v1.5"})
+    bge: str = field(
+        default="BAAI/bge-base-zh-v1.5", metadata={"help": "hub id or local directory of bge-base-zh-v1.5"}
+    )
     zen: str = field(default="none", metadata={"help": "ZEN_pretrain_base directory (with ngram.txt), or 'none'"})
     lexicon: Path | None = field(default=None, metadata={"help": "word,count lexicon file (build mode)"})
     fusion: Literal[FUSION_TYPES] = field(default="attn", metadata={"help": "fusion of word into character states"})
     num_word_layers: int = field(default=6, metadata={"help": "word-stream layers (ZEN: 6)"})
     late_fusion: Literal[LATE_FUSIONS] = field(
-        default="add", metadata={"help": "character layers past the word stream: add its last state (ZEN) or none"})
+        default="add", metadata={"help": "character layers past the word stream: add its last state (ZEN) or none"}
+    )
     max_words: int = field(default=40, metadata={"help": "k_w, matched words kept per 128 characters"})
     init: Literal[tuple(INITS)] = field(
-        default="bge", metadata={"help": "bge: fusion scales 0, the model starts as exactly bge; thesis: scales 1, "
-                                          "gate bias 5 (the thesis's start, to reproduce its tables)"})  # fmt: skip
+        default="bge",
+        metadata={
+            "help": "bge: fusion scales 0, the model starts as exactly bge; thesis: scales 1, "
+            "gate bias 5 (the thesis's start, to reproduce its tables)"
+        },
+    )
     seed: int = field(default=0, metadata={"help": "seed of the fresh fusion parameters"})
-    finetuned: Path | None = field(default=None, metadata={"help": "merge-back mode: a fine-tuned PolicyBERT directory"})
+    finetuned: Path | None = field(
+        default=None, metadata={"help": "merge-back mode: a fine-tuned PolicyBERT directory"}
+    )
     alpha: list[float] = field(
         default_factory=lambda: [1.0],
-        metadata={"help": "merge-back weight(s) of the fine-tuned character encoder; several need --dev-questions "
-                          "and the best by dev MRR@10 is kept"})  # fmt: skip
+        metadata={
+            "help": "merge-back weight(s) of the fine-tuned character encoder; several need --dev-questions "
+            "and the best by dev MRR@10 is kept"
+        },
+    )
     dev_questions: Path | None = field(
-        default=None, metadata={"help": "JSONL questions that pick the best --alpha (as for chatchat-policybert eval)"})
+        default=None, metadata={"help": "JSONL questions that pick the best --alpha (as for chatchat-policybert eval)"}
+    )
     dev_corpus: Path | None = field(
-        default=None, metadata={"help": "corpus of --dev-questions (default: the shipped policy corpus)"})
+        default=None, metadata={"help": "corpus of --dev-questions (default: the shipped policy corpus)"}
+    )
 
     def __post_init__(self) -> None:
         """Refuses flag combinations no merge can use, naming the flag, before any model is read."""
@@ -161,7 +175,9 @@ def build_from_bge(args: MergeConfig) -> tuple[PolicyBertModel, PolicyBertTokeni
         lexicon = Lexicon.load(args.lexicon)
     except LexiconError as err:
         raise InputError(f"--lexicon: {err}") from None
-    config_fields = {k: v for k, v in bge_config.items() if k not in ("model_type", "architectures", "transformers_version")}
+    config_fields = {
+        k: v for k, v in bge_config.items() if k not in ("model_type", "architectures", "transformers_version")
+    }
     try:
         config = PolicyBertConfig(
             **config_fields,
@@ -174,7 +190,9 @@ def build_from_bge(args: MergeConfig) -> tuple[PolicyBertModel, PolicyBertTokeni
             **INITS[args.init],
         )
     except CONFIG_ERRORS as err:
-        raise InputError(f"--bge {bge_dir} with --num-word-layers {args.num_word_layers}: {' '.join(str(err).split())}") from None
+        raise InputError(
+            f"--bge {bge_dir} with --num-word-layers {args.num_word_layers}: {' '.join(str(err).split())}"
+        ) from None
     torch.manual_seed(args.seed)
     model = PolicyBertModel(config)
     target = model.state_dict()
@@ -187,14 +205,17 @@ def build_from_bge(args: MergeConfig) -> tuple[PolicyBertModel, PolicyBertTokeni
             report["dropped"][f"bge:{key}"] = "no such tensor in PolicyBERT (non-persistent buffer)"
         elif target[key].shape != tensor.shape:
             raise InputError(
-                f"--bge {bge_dir}: {key} has shape {tuple(tensor.shape)}, config.json implies {tuple(target[key].shape)}"
+                f"--bge {bge_dir}: {key} has shape {tuple(tensor.shape)}, "
+                f"config.json implies {tuple(target[key].shape)}"
             )
         else:
             target[key] = tensor
             report["used"][key] = f"bge:{key}"
     missing_char = [k for k in target if k.startswith(CHAR_PREFIXES) and k not in report["used"]]
     if missing_char:
-        raise InputError(f"--bge {bge_dir}: checkpoint lacks {len(missing_char)} encoder tensors, e.g. {missing_char[0]}")
+        raise InputError(
+            f"--bge {bge_dir}: checkpoint lacks {len(missing_char)} encoder tensors, e.g. {missing_char[0]}"
+        )
 
     tokenizer = AutoTokenizer.from_pretrained(bge_dir, trust_remote_code=False)  # never run a directory's code
     char_embeddings = target["embeddings.word_embeddings.weight"]
@@ -228,14 +249,21 @@ def build_from_bge(args: MergeConfig) -> tuple[PolicyBertModel, PolicyBertTokeni
             if key.startswith("word_encoder.") or key.startswith("word_embeddings.LayerNorm."):
                 source = key.replace("word_encoder.", "encoder.word_layers.", 1)
                 if source not in zen_state:
-                    raise InputError(f"--zen {zen_dir}: checkpoint lacks {source} (needs {config.num_word_layers} word layers)")
+                    raise InputError(
+                        f"--zen {zen_dir}: checkpoint lacks {source} (needs {config.num_word_layers} word layers)"
+                    )
                 if zen_state[source].shape != target[key].shape:
-                    raise InputError(f"--zen {zen_dir}: {source} has shape {tuple(zen_state[source].shape)}, expected {tuple(target[key].shape)}")
+                    raise InputError(
+                        f"--zen {zen_dir}: {source} has shape {tuple(zen_state[source].shape)}, "
+                        f"expected {tuple(target[key].shape)}"
+                    )
                 target[key] = zen_state[source]
                 report["used"][key] = f"zen:{source}"
         for key in zen_state:
             if f"zen:{key}" not in report["used"].values() and key != "word_embeddings.word_embeddings.weight":
-                report["dropped"][f"zen:{key}"] = "character side comes from bge" if key.startswith(CHAR_PREFIXES) else "not used by PolicyBERT"
+                report["dropped"][f"zen:{key}"] = (
+                    "character side comes from bge" if key.startswith(CHAR_PREFIXES) else "not used by PolicyBERT"
+                )
 
     from_zen = 0
     for word_id, word in enumerate(lexicon.words, 1):
@@ -248,7 +276,8 @@ def build_from_bge(args: MergeConfig) -> tuple[PolicyBertModel, PolicyBertTokeni
     word_rows[0] = 0.0
     target["word_embeddings.word_embeddings.weight"] = word_rows
     report["used"]["word_embeddings.word_embeddings.weight"] = (
-        f"{from_zen} rows from ZEN by word string, {len(lexicon.words) - from_zen} from the mean of their characters' bge embeddings"
+        f"{from_zen} rows from ZEN by word string, "
+        f"{len(lexicon.words) - from_zen} from the mean of their characters' bge embeddings"
     )
     report["fresh"] = [k for k in target if k.startswith(("fusions.", "fusion_scales"))]
     model.load_state_dict(target)
@@ -259,7 +288,8 @@ def build_from_bge(args: MergeConfig) -> tuple[PolicyBertModel, PolicyBertTokeni
 def merge_back(
     finetuned: PolicyBertModel, bge_dir: Path, bge_state: dict[str, torch.Tensor], alpha: float
 ) -> tuple[PolicyBertModel, dict]:
-    """``alpha`` * fine-tuned + (1 - ``alpha``) * bge on the character encoder; word stream, fusions and scales as fine-tuned."""
+    """``alpha`` * fine-tuned + (1 - ``alpha``) * bge on the character encoder; word stream, fusions and scales as
+    fine-tuned."""
     merged = copy.deepcopy(finetuned)
     target = merged.state_dict()
     report: dict = {"mode": "merge-back", "alpha": alpha, "bge": str(bge_dir), "used": {}, "dropped": {}}
@@ -268,14 +298,21 @@ def merge_back(
             if key not in bge_state:
                 raise InputError(f"--bge {bge_dir}: checkpoint lacks {key}")
             if bge_state[key].shape != tensor.shape:
-                raise InputError(f"--bge {bge_dir}: {key} has shape {tuple(bge_state[key].shape)}, the fine-tuned model has {tuple(tensor.shape)}")
+                raise InputError(
+                    f"--bge {bge_dir}: {key} has shape {tuple(bge_state[key].shape)}, "
+                    f"the fine-tuned model has {tuple(tensor.shape)}"
+                )
             target[key] = alpha * tensor + (1.0 - alpha) * bge_state[key].float()
             report["used"][key] = f"{alpha} * finetuned + {1 - alpha:g} * bge"
         else:
             report["used"][key] = f"finetuned:{key}"
     for key in bge_state:
         if not key.startswith(CHAR_PREFIXES) or alpha == 1.0:
-            report["dropped"][f"bge:{key}"] = "not part of the encoder" if not key.startswith(CHAR_PREFIXES) else "alpha = 1 keeps the fine-tuned tensor"
+            report["dropped"][f"bge:{key}"] = (
+                "not part of the encoder"
+                if not key.startswith(CHAR_PREFIXES)
+                else "alpha = 1 keeps the fine-tuned tensor"
+            )
     merged.load_state_dict(target)
     return merged, report
 
@@ -291,7 +328,9 @@ def merge_finetuned(args: MergeConfig) -> tuple[PolicyBertModel, PolicyBertToken
     except ModelDirError as err:
         raise InputError(f"--finetuned: {err}") from None
     bge_dir, _, bge_state = load_bge(args.bge)
-    alpha, sweep = (args.alpha[0], None) if len(args.alpha) == 1 else sweep_alpha(args, finetuned, tokenizer, bge_dir, bge_state)
+    alpha, sweep = (
+        (args.alpha[0], None) if len(args.alpha) == 1 else sweep_alpha(args, finetuned, tokenizer, bge_dir, bge_state)
+    )
     model, report = merge_back(finetuned, bge_dir, bge_state, alpha)
     report["finetuned"] = str(args.finetuned)
     if sweep is not None:
@@ -300,7 +339,11 @@ def merge_finetuned(args: MergeConfig) -> tuple[PolicyBertModel, PolicyBertToken
 
 
 def sweep_alpha(
-    args: MergeConfig, finetuned: PolicyBertModel, tokenizer: PolicyBertTokenizer, bge_dir: Path, bge_state: dict[str, torch.Tensor]
+    args: MergeConfig,
+    finetuned: PolicyBertModel,
+    tokenizer: PolicyBertTokenizer,
+    bge_dir: Path,
+    bge_state: dict[str, torch.Tensor],
 ) -> tuple[float, dict]:
     """The alpha of the best merge by dense MRR@10 on ``--dev-questions`` (the first listed wins a tie), and the
     scores of all for ``merge_report.json``. Each candidate is saved to a temporary directory because the
@@ -313,32 +356,45 @@ def sweep_alpha(
     questions = load_questions(args.dev_questions, corpus)
     with tempfile.TemporaryDirectory(prefix="merge-alpha-") as tmp:
         candidates = [
-            (f"alpha={alpha:g}", save_model_dir(merge_back(finetuned, bge_dir, bge_state, alpha)[0], tokenizer, Path(tmp) / f"alpha-{alpha:g}"))
+            (
+                f"alpha={alpha:g}",
+                save_model_dir(
+                    merge_back(finetuned, bge_dir, bge_state, alpha)[0], tokenizer, Path(tmp) / f"alpha-{alpha:g}"
+                ),
+            )
             for alpha in args.alpha
         ]
         results = dense_results(candidates, corpus, questions)
     scores = [result.metrics[f"MRR@{MRR_K}"] for result in results]
     best = max(range(len(scores)), key=lambda i: scores[i])
-    print(f"dev MRR@{MRR_K} by alpha: " + ", ".join(f"{a:g}: {m:.4f}" for a, m in zip(args.alpha, scores))
-          + f"; keeping alpha {args.alpha[best]:g}")
+    print(
+        f"dev MRR@{MRR_K} by alpha: "
+        + ", ".join(f"{a:g}: {m:.4f}" for a, m in zip(args.alpha, scores))
+        + f"; keeping alpha {args.alpha[best]:g}"
+    )
     return args.alpha[best], {
-        "dev_questions": str(args.dev_questions), "dev_corpus": str(args.dev_corpus or CORPUS_CSV),
+        "dev_questions": str(args.dev_questions),
+        "dev_corpus": str(args.dev_corpus or CORPUS_CSV),
         f"MRR@{MRR_K}": {f"{alpha:g}": score for alpha, score in zip(args.alpha, scores)},
-    }  # fmt: skip
+    }
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Build or merge, then write the directory and ``merge_report.json`` in one atomic step."""
     args = parse_config(
-        MergeConfig, argv, prog="python -m training.merge_bge",
+        MergeConfig,
+        argv,
+        prog="python -m training.merge_bge",
         description="Build a PolicyBERT directory from bge (+ ZEN), or merge a fine-tuned PolicyBERT back with bge.",
-    )  # fmt: skip
+    )
     model, tokenizer, report = merge_finetuned(args) if args.finetuned else build_from_bge(args)
     out = save_model_dir(
         model, tokenizer, args.out, {"merge_report.json": json.dumps(report, ensure_ascii=False, indent=1)}
     )
-    print(f"wrote {out}: {len(report['used'])} tensors set from sources, {len(report['dropped'])} dropped, "
-          f"{len(report.get('fresh', []))} fresh fusion tensors (details in merge_report.json)")
+    print(
+        f"wrote {out}: {len(report['used'])} tensors set from sources, {len(report['dropped'])} dropped, "
+        f"{len(report.get('fresh', []))} fresh fusion tensors (details in merge_report.json)"
+    )
     for key, reason in report["dropped"].items():
         print(f"  dropped {key}: {reason}")
     return 0

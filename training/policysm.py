@@ -78,7 +78,9 @@ def _sample_unique(
     return out
 
 
-def policysm1_negatives(table: list[list[list[str]]], positives: list[Pair], seed: int, swap_share: float = 0.2) -> list[Pair]:
+def policysm1_negatives(
+    table: list[list[list[str]]], positives: list[Pair], seed: int, swap_share: float = 0.2
+) -> list[Pair]:
     """|P| negatives: ``swap_share`` of them swapped positives, the rest random non-adjacent pairs."""
     rng = random.Random(f"{seed}-policysm1")
     adjacent = set(positives)
@@ -91,7 +93,12 @@ def policysm1_negatives(table: list[list[list[str]]], positives: list[Pair], see
     # Swapped pairs are adjacent in reverse and must not be drawn again as random pairs.
     taken = set(swapped)
     random_pairs = _sample_unique(
-        rng, lambda r: (r.choice(pool), r.choice(pool)), len(positives) - n_swap, taken, adjacent, "PolicySM-1 random negatives"
+        rng,
+        lambda r: (r.choice(pool), r.choice(pool)),
+        len(positives) - n_swap,
+        taken,
+        adjacent,
+        "PolicySM-1 random negatives",
     )
     return swapped + random_pairs
 
@@ -99,13 +106,19 @@ def policysm1_negatives(table: list[list[list[str]]], positives: list[Pair], see
 def policysm2_negatives(
     table: list[list[list[str]]], positives: list[Pair], seed: int, ratio: int = 5, min_gap: int = 2, max_gap: int = 5
 ) -> list[Pair]:
-    """``ratio``·|P| negatives: a clause of sentence i then one of sentence j = i + δ, ``min_gap`` ≤ δ ≤ ``max_gap``, same document.
+    """``ratio``·|P| negatives: a clause of sentence i then one of sentence j = i + δ, ``min_gap`` ≤ δ ≤ ``max_gap``,
+    same document.
 
     As the thesis defines it, B always comes after A: the pair keeps the text's direction and only
     the distance is wrong.
     """
     rng = random.Random(f"{seed}-policysm2")
-    anchors = [(d, i) for d, doc in enumerate(table) for i, clauses in enumerate(doc) if any(clauses) and i + min_gap < len(doc)]
+    anchors = [
+        (d, i)
+        for d, doc in enumerate(table)
+        for i, clauses in enumerate(doc)
+        if any(clauses) and i + min_gap < len(doc)
+    ]
 
     def draw(r: random.Random) -> Pair | None:
         d, i = r.choice(anchors)
@@ -119,7 +132,9 @@ def policysm2_negatives(
     return _sample_unique(rng, draw, ratio * len(positives), set(), set(positives), "PolicySM-2 distant negatives")
 
 
-def split_examples(examples: list[SentencePair], seed: int, dev: float = 0.1, test: float = 0.1) -> dict[str, list[SentencePair]]:
+def split_examples(
+    examples: list[SentencePair], seed: int, dev: float = 0.1, test: float = 0.1
+) -> dict[str, list[SentencePair]]:
     """Splits by unordered pair: (A, B) and (B, A) always land in the same split."""
     groups: dict[frozenset[str], list[SentencePair]] = {}
     for ex in examples:
@@ -137,7 +152,9 @@ def split_examples(examples: list[SentencePair], seed: int, dev: float = 0.1, te
     return splits
 
 
-def build_dataset(positives: list[Pair], negatives: list[Pair], seed: int, dev: float, test: float) -> dict[str, list[SentencePair]]:
+def build_dataset(
+    positives: list[Pair], negatives: list[Pair], seed: int, dev: float, test: float
+) -> dict[str, list[SentencePair]]:
     """Labels, checks that no pair is both positive and negative, and splits."""
     overlap = set(positives) & set(negatives)
     if overlap:
@@ -174,7 +191,9 @@ def read_pairs(path: Path) -> list[SentencePair]:
                 continue
             fields = line.split("\t")
             if len(fields) not in (3, 4) or fields[2] not in ("0", "1"):
-                raise InputError(f"{path}:{lineno}: expected 'sentence_a<TAB>sentence_b<TAB>0|1<TAB>id', got {line[:60]!r}")
+                raise InputError(
+                    f"{path}:{lineno}: expected 'sentence_a<TAB>sentence_b<TAB>0|1<TAB>id', got {line[:60]!r}"
+                )
             if not fields[0].strip() or not fields[1].strip():
                 empty += 1
                 continue
@@ -193,11 +212,15 @@ def balance(splits: dict[str, list[SentencePair]]) -> dict[str, dict[str, int]]:
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="python -m training.policysm", description=__doc__.split("\n\n")[0])
     parser.add_argument("--corpus", type=Path, required=True, help="corpus.jsonl from training.corpus")
-    parser.add_argument("--out", type=Path, required=True, help="output folder: policysm1/ and policysm2/ with train/dev/test.tsv")
+    parser.add_argument(
+        "--out", type=Path, required=True, help="output folder: policysm1/ and policysm2/ with train/dev/test.tsv"
+    )
     parser.add_argument("--seed", type=int, default=42, help="sampling of negatives and the split")
     parser.add_argument("--dev", type=float, default=0.1, help="share of pairs in dev (default: 0.1)")
     parser.add_argument("--test", type=float, default=0.1, help="share of pairs in test (default: 0.1)")
-    parser.add_argument("--min-clause-chars", type=int, default=2, help="shorter sub-clauses never form a pair (default: 2)")
+    parser.add_argument(
+        "--min-clause-chars", type=int, default=2, help="shorter sub-clauses never form a pair (default: 2)"
+    )
     args = parser.parse_args(argv)
 
     table = clause_table(read_corpus(args.corpus), args.min_clause_chars)
@@ -205,14 +228,20 @@ def main(argv: list[str] | None = None) -> None:
     if not positives:
         raise InputError(f"{args.corpus}: no sentence has two comma sub-clauses; no positive pair")
     datasets = {
-        "policysm1": build_dataset(positives, policysm1_negatives(table, positives, args.seed), args.seed, args.dev, args.test),
-        "policysm2": build_dataset(positives, policysm2_negatives(table, positives, args.seed), args.seed, args.dev, args.test),
+        "policysm1": build_dataset(
+            positives, policysm1_negatives(table, positives, args.seed), args.seed, args.dev, args.test
+        ),
+        "policysm2": build_dataset(
+            positives, policysm2_negatives(table, positives, args.seed), args.seed, args.dev, args.test
+        ),
     }
     stats = {"positives": len(positives), "seed": args.seed}
     for name, splits in datasets.items():
         write_splits(splits, args.out / name)
         stats[name] = balance(splits)
-        summary = ", ".join(f"{s} {b['pairs']} ({b['positive'] / max(b['pairs'], 1):.1%} positive)" for s, b in stats[name].items())
+        summary = ", ".join(
+            f"{s} {b['pairs']} ({b['positive'] / max(b['pairs'], 1):.1%} positive)" for s, b in stats[name].items()
+        )
         print(f"{name}: {summary} → {args.out / name}")
     write_json(stats, args.out / "stats.json")
     copy_license(args.corpus, args.out)

@@ -47,7 +47,12 @@ PRESETS = {"policysm2": {"epochs": 5}}
 class PretrainInputs:
     """What the stage reads; kept out of :class:`PretrainConfig` so that moved inputs can still be resumed."""
 
-    model: Path = field(metadata={"help": "model dir to start from: PolicyBERT (training.merge_bge) or plain BERT (bge, training.init_scratch)"})
+    model: Path = field(
+        metadata={
+            "help": "model dir to start from: PolicyBERT (training.merge_bge) "
+            "or plain BERT (bge, training.init_scratch)"
+        }
+    )
     corpus: Path = field(metadata={"help": "corpus.jsonl from training.corpus"})
 
 
@@ -63,7 +68,9 @@ class PretrainConfig(TrainConfig):
     lr: float = field(default=3e-5, metadata={"help": "peak learning rate"})
     mlm_probability: float = field(default=0.15, metadata={"help": "share of tokens predicted"})
     eval_fraction: float = field(default=0.05, metadata={"help": "share of sentences held out (whole documents)"})
-    shuffle_words: bool = field(default=True, metadata={"help": "shuffle the word stream (--no-shuffle-words: text order)"})
+    shuffle_words: bool = field(
+        default=True, metadata={"help": "shuffle the word stream (--no-shuffle-words: text order)"}
+    )
     data_seed: int = field(default=42, metadata={"help": "held-out documents, NSP pairs and held-out masks"})
 
     def __post_init__(self) -> None:
@@ -118,7 +125,12 @@ def whole_word_units(spans: list[WordSpan], candidates: list[int]) -> list[list[
 
 
 def mask_units(
-    input_ids: list[int], units: list[list[int]], rng: random.Random, probability: float, mask_id: int, replacements: list[int]
+    input_ids: list[int],
+    units: list[list[int]],
+    rng: random.Random,
+    probability: float,
+    mask_id: int,
+    replacements: list[int],
 ) -> tuple[list[int], list[int]]:
     """BERT's selection with whole units: up to ``probability`` of the tokens, no unit split; then 80/10/10."""
     budget = max(1, round(probability * sum(map(len, units))))
@@ -238,7 +250,9 @@ class PretrainTask:
 
     def batch(self, indices: list[int], key: str) -> dict[str, torch.Tensor]:
         keys = [f"{key}-{i}" for i in indices]
-        return make_batch(self.tokenizer, [self.train[i] for i in indices], keys, self.cfg.seed, self.cfg, self.cfg.shuffle_words)
+        return make_batch(
+            self.tokenizer, [self.train[i] for i in indices], keys, self.cfg.seed, self.cfg, self.cfg.shuffle_words
+        )
 
     def loss(self, model: nn.Module, batch: dict[str, torch.Tensor]) -> torch.Tensor:
         return model(**batch).loss
@@ -248,7 +262,10 @@ class PretrainTask:
 
 
 def pretrain(
-    model: PolicyBertForPreTraining, tokenizer: PolicyBertTokenizer, docs: list[Document], cfg: PretrainConfig,
+    model: PolicyBertForPreTraining,
+    tokenizer: PolicyBertTokenizer,
+    docs: list[Document],
+    cfg: PretrainConfig,
     inputs: PretrainInputs | None = None,
 ) -> tuple[list[dict], bool]:
     """Trains in place; returns the per-epoch metrics (also in ``cfg.out/metrics.json``) and whether all steps ran.
@@ -271,13 +288,22 @@ def load_start_model(model_dir: Path) -> tuple[PolicyBertForPreTraining | BertFo
     it has no lexicon, so its masking is per character, and its ``final/`` is again a plain BERT
     directory that ``training.merge_bge --bge`` and ``training.contrastive`` take.
     """
-    model_class = BertForPreTraining if read_config(resolve_model_dir(model_dir))["model_type"] == "bert" else PolicyBertForPreTraining
+    model_class = (
+        BertForPreTraining
+        if read_config(resolve_model_dir(model_dir))["model_type"] == "bert"
+        else PolicyBertForPreTraining
+    )
     return load_model_dir(model_dir, model_class, allow_missing=("cls.", "pooler."))
 
 
 def main(argv: list[str] | None = None) -> None:
     cfg, inputs = parse_config(
-        PretrainConfig, argv, "python -m training.pretrain", __doc__.split("\n\n")[0], extra=(PretrainInputs,), presets=PRESETS
+        PretrainConfig,
+        argv,
+        "python -m training.pretrain",
+        __doc__.split("\n\n")[0],
+        extra=(PretrainInputs,),
+        presets=PRESETS,
     )
     docs = read_corpus(inputs.corpus)
     # The MLM/NSP heads (and a pooler a merged dir may lack) are what this stage creates: seeded, they start

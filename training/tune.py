@@ -103,10 +103,14 @@ def digest(*parts: object) -> str:
 
 
 def content_key(root: Path, kb: str, llm: str | None, llm_model: str | None, pairs_args: str = "") -> str:
-    """What the pairs depend on: every document of the KB (path and bytes), the chunking settings, the LLM, the flags."""
+    """What the pairs depend on: every document of the KB (path and bytes), the chunking settings, the LLM, the
+    flags."""
     folder = content_dir(root, kb)
-    files = {p.relative_to(folder).as_posix(): hashlib.sha256(p.read_bytes()).hexdigest()
-             for p in sorted(folder.rglob("*")) if p.is_file()}
+    files = {
+        p.relative_to(folder).as_posix(): hashlib.sha256(p.read_bytes()).hexdigest()
+        for p in sorted(folder.rglob("*"))
+        if p.is_file()
+    }
     settings = load_yaml(Path(root) / "kb_settings.yaml")
     return digest(files, {k: settings.get(k) for k in CHUNKING_KEYS}, llm, llm_model if llm else None, pairs_args)
 
@@ -121,8 +125,14 @@ class Run:
         state = json.loads(path.read_text(encoding="utf-8")) if path.is_file() else {}
         if not state or state.get("finished"):  # a new run: from the model the root serves now
             _, start = served_model(self.root)
-            state = {"start": str(start), "start_files": model_manifest(start), "steps": {}, "commands": [],
-                     "began": _now(), "finished": False}
+            state = {
+                "start": str(start),
+                "start_files": model_manifest(start),
+                "steps": {},
+                "commands": [],
+                "began": _now(),
+                "finished": False,
+            }
         self.state = state
         self.start = Path(state["start"])
         self.save()
@@ -150,7 +160,7 @@ class Run:
 
 
 def _now() -> str:
-    return datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M:%S UTC")
+    return datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
 
 
 # ----------------------------------------------------------------------------- 1 pairs
@@ -178,8 +188,12 @@ def step_pairs(run: Run) -> tuple[Path, str]:
 
 def train_config(out: Path, device: str, extra: str) -> ContrastiveConfig:
     """The recipe's defaults (ContrastiveConfig's fields), the device, and the user's ``--contrastive-args``."""
-    return parse_config(ContrastiveConfig, ["--out", str(out), "--device", device, *shlex.split(extra)],
-                        "chatchat-policybert tune --contrastive-args", "training.contrastive's flags")
+    return parse_config(
+        ContrastiveConfig,
+        ["--out", str(out), "--device", device, *shlex.split(extra)],
+        "chatchat-policybert tune --contrastive-args",
+        "training.contrastive's flags",
+    )
 
 
 def estimate_seconds(model: Any, tokenizer: Any, train: list, dev: list, cfg: ContrastiveConfig) -> tuple[float, int]:
@@ -208,14 +222,32 @@ def step_train(run: Run, pairs_dir: Path, pairs_key: str) -> tuple[Path, str]:
     cfg.resume = (out / CHECKPOINT).is_file()
     train = read_examples(pairs_dir / "train.jsonl", cfg.train_group_size - 1)
     dev = read_examples(pairs_dir / "dev.jsonl", 0)
-    run.command("python -m training.contrastive " + shlex.join(
-        ["--model", str(run.start), "--train", str(pairs_dir / "train.jsonl"), "--dev", str(pairs_dir / "dev.jsonl"),
-         "--out", str(out), "--device", args.device, *shlex.split(args.contrastive_args)]))
+    run.command(
+        "python -m training.contrastive "
+        + shlex.join(
+            [
+                "--model",
+                str(run.start),
+                "--train",
+                str(pairs_dir / "train.jsonl"),
+                "--dev",
+                str(pairs_dir / "dev.jsonl"),
+                "--out",
+                str(out),
+                "--device",
+                args.device,
+                *shlex.split(args.contrastive_args),
+            ]
+        )
+    )
     model, tokenizer = load_start_model(run.start)
     if pick_device(cfg.device).type == "cpu" and not cfg.resume:
         seconds, steps = estimate_seconds(model, tokenizer, train, dev, cfg)
-        print(f"train: on CPU, about {seconds / 60:.1f} min for {steps} steps (one step timed); "
-              f"a GPU (--device cuda) is much faster", flush=True)
+        print(
+            f"train: on CPU, about {seconds / 60:.1f} min for {steps} steps (one step timed); "
+            f"a GPU (--device cuda) is much faster",
+            flush=True,
+        )
     _, finished = contrastive(model, tokenizer, train, dev, cfg)
     if not finished:
         raise InputError(f"training stopped early at --stop-after; run tune again to continue from {out / CHECKPOINT}")
@@ -240,20 +272,37 @@ def step_candidate(run: Run, final: Path, key: str, dev: Path) -> Path:
         shutil.copy2(run.root / name, settings / name)
     root.mkdir()
     run_chatchat(chatchat_command("init"), root, "chatchat init (candidate root)")
-    setup = [sys.executable, "-m", "chatchat_policybert.cli", "setup", "--root", str(root), "--model", str(final),
-             "--settings-dir", str(settings), "--no-check"]
+    setup = [
+        sys.executable,
+        "-m",
+        "chatchat_policybert.cli",
+        "setup",
+        "--root",
+        str(root),
+        "--model",
+        str(final),
+        "--settings-dir",
+        str(settings),
+        "--no-check",
+    ]
     run_chatchat(setup, root, "chatchat-policybert setup (candidate root)")
     shutil.copytree(content_dir(run.root, run.kb), content_dir(root, run.kb), dirs_exist_ok=True)
     run_chatchat(chatchat_command("kb", "-r", "-n", run.kb), root, f"chatchat kb -r -n {run.kb} (candidate root)")
-    run.command(f"CHATCHAT_ROOT={root} chatchat init && chatchat-policybert setup --model {final} "
-                f"--settings-dir {settings} && cp -r <KB content> && chatchat kb -r -n {run.kb}")
+    run.command(
+        f"CHATCHAT_ROOT={root} chatchat init && chatchat-policybert setup --model {final} "
+        f"--settings-dir {settings} && cp -r <KB content> && chatchat kb -r -n {run.kb}"
+    )
     calibration = calibrate_root(root, run.kb, dev, folder)
     write_calibration(root, calibration)
-    run.command(f"CHATCHAT_ROOT={root} chatchat-policybert setup --model {final} --settings-dir {settings} "
-                f"--calibrate {dev} --kb {run.kb}")
+    run.command(
+        f"CHATCHAT_ROOT={root} chatchat-policybert setup --model {final} --settings-dir {settings} "
+        f"--calibrate {dev} --kb {run.kb}"
+    )
     print(calibration.table())
-    write_json({"chosen": vars(calibration.chosen), "metrics": calibration.metrics(), "table": calibration.table()},
-               folder / CALIBRATION)
+    write_json(
+        {"chosen": vars(calibration.chosen), "metrics": calibration.metrics(), "table": calibration.table()},
+        folder / CALIBRATION,
+    )
     return root
 
 
@@ -280,27 +329,36 @@ def step_gate(run: Run, candidate: Path, key: str, question_sets: dict[str, Path
     for label, file in question_sets.items():
         queries, chunks = dev_queries(file, run.root, run.kb)
         with Candidates(candidate, run.kb, chunks, run.out / "logs" / "gate_candidates.log") as candidates:
-            bm25 = evaluate_retriever(Fused("bm25 alone", candidates, chunks, Setting(1.0, 0.0, NO_VECTORS)),
-                                      queries, chunks, KS)
+            bm25 = evaluate_retriever(
+                Fused("bm25 alone", candidates, chunks, Setting(1.0, 0.0, NO_VECTORS)), queries, chunks, KS
+            )
             top_k = candidates.top_k
         before = deployed(run.root, run.kb, "before", queries, chunks, top_k, run.out / "logs" / "gate_before.log")
         after = deployed(candidate, run.kb, "after", queries, chunks, top_k, run.out / "logs" / "gate_after.log")
         deltas = compare_runs(after, before)
-        sets[label] = {"file": str(file), "questions": len(queries), "top_k": top_k,
-                       "rows": {r.name: r.metrics for r in (before, after, bm25)},
-                       "deltas": [{**vars(d), "delta": d.delta} for d in deltas],
-                       "failure": gate_failure(deltas)}
+        sets[label] = {
+            "file": str(file),
+            "questions": len(queries),
+            "top_k": top_k,
+            "rows": {r.name: r.metrics for r in (before, after, bm25)},
+            "deltas": [{**vars(d), "delta": d.delta} for d in deltas],
+            "failure": gate_failure(deltas),
+        }
     mrr = next(d for d in sets["dev pairs"]["deltas"] if d["metric"] == f"MRR@{MRR_K}")
     reasons = []
     if mrr["delta"] <= 0:
-        reasons.append(f"dev pairs: candidate MRR@{MRR_K} {mrr['candidate']:.4f} is not above the deployed "
-                       f"{mrr['baseline']:.4f} (delta {mrr['delta']:+.4f}, 95% CI [{mrr['low']:+.4f}, {mrr['high']:+.4f}])")
+        reasons.append(
+            f"dev pairs: candidate MRR@{MRR_K} {mrr['candidate']:.4f} is not above the deployed "
+            f"{mrr['baseline']:.4f} (delta {mrr['delta']:+.4f}, 95% CI [{mrr['low']:+.4f}, {mrr['high']:+.4f}])"
+        )
     if "questions" in sets and sets["questions"]["failure"]:
         reasons.append(f"questions: {sets['questions']['failure']}")
     gate = {"candidate": key, "sets": sets, "install": not reasons, "reasons": reasons}
     write_json(gate, path)
-    run.command("the gate: chatchat-policybert eval --chatchat-root ROOT --retrievers chatchat (before, after) with "
-                "--require-better's paired bootstrap on " + ", ".join(str(f) for f in question_sets.values()))
+    run.command(
+        "the gate: chatchat-policybert eval --chatchat-root ROOT --retrievers chatchat (before, after) with "
+        "--require-better's paired bootstrap on " + ", ".join(str(f) for f in question_sets.values())
+    )
     return gate
 
 
@@ -333,13 +391,19 @@ def step_install(run: Run, final: Path, candidate: Path, key: str) -> None:
         log = run_chatchat(chatchat_command("kb", "-r", "-n", run.kb), run.root, f"chatchat kb -r -n {run.kb}")
         # The rebuild must give the very vectors the gate saw in the candidate root (same model, documents, settings).
         if faiss_vectors(index) != faiss_vectors(vector_store_dir(candidate, run.kb, embed_model)):
-            raise InputError(f"`chatchat kb -r -n {run.kb}` did not rebuild the index with the candidate:\n{log[-2000:]}")
+            raise InputError(
+                f"`chatchat kb -r -n {run.kb}` did not rebuild the index with the candidate:\n{log[-2000:]}"
+            )
     except (InputError, OSError, RuntimeError) as exc:
         restore_settings(run.root, backup)
-        raise InputError(f"install failed, settings put back (the transactional kb -r kept the previous index): {exc}") from None
+        raise InputError(
+            f"install failed, settings put back (the transactional kb -r kept the previous index): {exc}"
+        ) from None
     run.command(f"chatchat kb -r -n {run.kb}")
     write_json({"candidate": key, "model": str(installed), "at": _now()}, marker)
-    print(f"install: {installed} serves {run.kb}; `chatchat-policybert rollback --kb {run.kb}` restores the previous one")
+    print(
+        f"install: {installed} serves {run.kb}; `chatchat-policybert rollback --kb {run.kb}` restores the previous one"
+    )
 
 
 # ----------------------------------------------------------------------------- 6 report
@@ -347,25 +411,50 @@ def step_install(run: Run, final: Path, candidate: Path, key: str) -> None:
 
 def write_report(run: Run, gate: dict[str, Any], calibration: dict[str, Any] | None) -> Path:
     """``report.md`` and ``report.png`` in the run folder."""
-    lines = [f"# chatchat-policybert tune — {run.kb}", "",
-             f"- root: `{run.root}`", f"- start model: `{run.start}`", f"- began {run.state['began']}, report {_now()}",
-             f"- decision: **{'installed' if gate['install'] else 'refused'}**"
-             + ("" if gate["install"] else ": " + "; ".join(gate["reasons"])), ""]
+    lines = [
+        f"# chatchat-policybert tune — {run.kb}",
+        "",
+        f"- root: `{run.root}`",
+        f"- start model: `{run.start}`",
+        f"- began {run.state['began']}, report {_now()}",
+        f"- decision: **{'installed' if gate['install'] else 'refused'}**"
+        + ("" if gate["install"] else ": " + "; ".join(gate["reasons"])),
+        "",
+    ]
     results = []
     for label, data in gate["sets"].items():
-        lines += [f"## {label}: {data['questions']} questions (`{data['file']}`), top_k {data['top_k']}", "",
-                  f"| path | {' | '.join(SHOWN)} |", "|---|" + "---|" * len(SHOWN)]
+        lines += [
+            f"## {label}: {data['questions']} questions (`{data['file']}`), top_k {data['top_k']}",
+            "",
+            f"| path | {' | '.join(SHOWN)} |",
+            "|---|" + "---|" * len(SHOWN),
+        ]
         for name, metrics in data["rows"].items():
             lines.append(f"| {name} | " + " | ".join(f"{metrics[k]:.3f}" for k in SHOWN) + " |")
             results.append(RunResult(f"{label}: {name}", metrics))
         mrr = next(d for d in data["deltas"] if d["metric"] == f"MRR@{MRR_K}")
-        lines += ["", f"after − before, MRR@{MRR_K}: {mrr['delta']:+.4f} (95% CI [{mrr['low']:+.4f}, {mrr['high']:+.4f}], "
-                      "paired bootstrap, 1000 resamples)", ""]
+        lines += [
+            "",
+            f"after − before, MRR@{MRR_K}: {mrr['delta']:+.4f} (95% CI [{mrr['low']:+.4f}, {mrr['high']:+.4f}], "
+            "paired bootstrap, 1000 resamples)",
+            "",
+        ]
     if calibration is not None:
         lines += ["## Calibration of the candidate's ensemble (dev pairs)", "", calibration["table"], ""]
-    lines += ["## Commands", "", "```", *run.state["commands"], "```", "", "## Time per step", "",
-              "| step | seconds |", "|---|---|",
-              *(f"| {name} | {record['seconds']:.1f} |" for name, record in run.state["steps"].items()), ""]
+    lines += [
+        "## Commands",
+        "",
+        "```",
+        *run.state["commands"],
+        "```",
+        "",
+        "## Time per step",
+        "",
+        "| step | seconds |",
+        "|---|---|",
+        *(f"| {name} | {record['seconds']:.1f} |" for name, record in run.state["steps"].items()),
+        "",
+    ]
     report = run.out / "report.md"
     with atomic_path(report) as tmp:
         tmp.write_text("\n".join(lines), encoding="utf-8")
@@ -377,24 +466,47 @@ def write_report(run: Run, gate: dict[str, Any], calibration: dict[str, Any] | N
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="chatchat-policybert tune", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--root", type=Path, default=None,
-                        help="Chatchat data root (default: $CHATCHAT_ROOT, else the current directory)")
+    parser = argparse.ArgumentParser(
+        prog="chatchat-policybert tune", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument(
+        "--root",
+        type=Path,
+        default=None,
+        help="Chatchat data root (default: $CHATCHAT_ROOT, else the current directory)",
+    )
     parser.add_argument("--kb", help="knowledge base to tune on (default: DEFAULT_KNOWLEDGE_BASE)")
-    parser.add_argument("--llm", nargs="?", const=DEFAULT_LLM_URL, metavar="URL",
-                        help="also train on questions this OpenAI-compatible endpoint writes per chunk "
-                             f"(bare --llm: {DEFAULT_LLM_URL}, the deployment's Ollama)")
+    parser.add_argument(
+        "--llm",
+        nargs="?",
+        const=DEFAULT_LLM_URL,
+        metavar="URL",
+        help="also train on questions this OpenAI-compatible endpoint writes per chunk "
+        f"(bare --llm: {DEFAULT_LLM_URL}, the deployment's Ollama)",
+    )
     parser.add_argument("--llm-model", help="chat model of --llm (default: the root's DEFAULT_LLM_MODEL)")
-    parser.add_argument("--questions", type=Path,
-                        help="your labelled questions for the gate, the evaluation's JSONL "
-                             '({"id", "question", "doc_title", "evidence"}; doc_title = a KB file name without suffix)')
-    parser.add_argument("--device", default="auto", help="training device: auto (a GPU where there is one), cpu, cuda, …")
-    parser.add_argument("--out", type=Path, help="run folder (default: ROOT/policybert_tune/KB); re-running continues it")
-    parser.add_argument("--pairs-args", default="",
-                        help="flags for training.pairs, e.g. '--dev-ratio 0.2 --ict-per-chunk 2' (default: its defaults)")
-    parser.add_argument("--contrastive-args", default="",
-                        help="flags for training.contrastive overriding the recipe's defaults, e.g. '--epochs 2'")
+    parser.add_argument(
+        "--questions",
+        type=Path,
+        help="your labelled questions for the gate, the evaluation's JSONL "
+        '({"id", "question", "doc_title", "evidence"}; doc_title = a KB file name without suffix)',
+    )
+    parser.add_argument(
+        "--device", default="auto", help="training device: auto (a GPU where there is one), cpu, cuda, …"
+    )
+    parser.add_argument(
+        "--out", type=Path, help="run folder (default: ROOT/policybert_tune/KB); re-running continues it"
+    )
+    parser.add_argument(
+        "--pairs-args",
+        default="",
+        help="flags for training.pairs, e.g. '--dev-ratio 0.2 --ict-per-chunk 2' (default: its defaults)",
+    )
+    parser.add_argument(
+        "--contrastive-args",
+        default="",
+        help="flags for training.contrastive overriding the recipe's defaults, e.g. '--epochs 2'",
+    )
     return parser
 
 
@@ -407,8 +519,10 @@ def main(argv: list[str] | None = None) -> int:
     if not content_dir(args.root, args.kb).is_dir():
         raise InputError(f"--kb {args.kb}: no knowledge base folder {content_dir(args.root, args.kb)}")
     if kb_settings(args.root).vs_type != "faiss":
-        raise InputError(f"{args.root}: tune supports DEFAULT_VS_TYPE faiss (its candidate root would share the pg "
-                         "database with the deployment)")
+        raise InputError(
+            f"{args.root}: tune supports DEFAULT_VS_TYPE faiss (its candidate root would share the pg "
+            "database with the deployment)"
+        )
     if args.questions is not None and not args.questions.is_file():
         raise InputError(f"--questions {args.questions}: file not found")
     if args.llm and not args.llm_model:
@@ -416,8 +530,14 @@ def main(argv: list[str] | None = None) -> int:
         if not args.llm_model:
             raise InputError("--llm: the root names no DEFAULT_LLM_MODEL; pass --llm-model")
     # Bad --pairs-args / --contrastive-args are refused before any work.
-    check_config(parse_config(PairsConfig, ["--out", "unused", *shlex.split(args.pairs_args)],
-                                          "chatchat-policybert tune --pairs-args", "training.pairs' flags"))
+    check_config(
+        parse_config(
+            PairsConfig,
+            ["--out", "unused", *shlex.split(args.pairs_args)],
+            "chatchat-policybert tune --pairs-args",
+            "training.pairs' flags",
+        )
+    )
     train_config(Path("unused"), args.device, args.contrastive_args)
     args.out = (args.out or tune_dir(args.root, args.kb)).resolve()
     run = Run(args)

@@ -19,7 +19,8 @@ from __future__ import annotations
 
 import argparse
 import sys
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 from ..errors import InputError, run_cli
 from . import doctor, rollback, serve, setup
@@ -27,8 +28,10 @@ from . import eval as eval_command
 from .common import default_root
 
 COMMAND_GROUP = "chatchat_policybert.commands"
-PLUGIN_COMMANDS = {"tune": "from a knowledge base to a better deployed retriever: pairs, contrastive training, the gate "
-                           "on the RAG path, calibration, install (training extras)"}
+PLUGIN_COMMANDS = {
+    "tune": "from a knowledge base to a better deployed retriever: pairs, contrastive training, the gate "
+    "on the RAG path, calibration, install (training extras)"
+}
 """Commands found through entry points, with the help line `chatchat-policybert --help` shows for each."""
 COMMANDS = (setup, doctor, serve, rollback, eval_command)
 """The modules of this package's own commands, in the order `--help` lists them."""
@@ -60,7 +63,9 @@ def plugin_command(name: str) -> Any:
     from importlib.metadata import entry_points
 
     found = [ep for ep in entry_points(group=COMMAND_GROUP) if ep.name == name]
-    advice = f"`chatchat-policybert {name}` needs the training package: pip install -c constraints.txt '.[chatchat,train]'"
+    advice = (
+        f"`chatchat-policybert {name}` needs the training package: pip install -c constraints.txt '.[chatchat,train]'"
+    )
     if not found:
         raise InputError(f"{advice} (no '{name}' in entry-point group {COMMAND_GROUP})")
     try:

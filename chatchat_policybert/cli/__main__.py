@@ -1,4 +1,5 @@
-"""``python -m chatchat_policybert.cli``: the console script, run by a given interpreter (tune and eval start setup so)."""
+"""``python -m chatchat_policybert.cli``: the console script, run by a given interpreter (tune and eval start setup
+so)."""
 
 import sys
 

@@ -14,5 +14,9 @@ def default_root() -> Path:
 
 def add_root_argument(parser: argparse.ArgumentParser) -> None:
     """``--root``; the dispatcher resolves it (:func:`default_root` when left out) before the command runs."""
-    parser.add_argument("--root", type=Path, default=None,
-                        help="Chatchat data root (default: $CHATCHAT_ROOT, else the current directory)")
+    parser.add_argument(
+        "--root",
+        type=Path,
+        default=None,
+        help="Chatchat data root (default: $CHATCHAT_ROOT, else the current directory)",
+    )

@@ -10,9 +10,10 @@ import math
 import site
 import sys
 import urllib.request
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 from ..chatchat_root import VS_TYPES, KbSettings, index_size, kb_root, kb_settings, vector_store_dir
 from ..score_threshold import TARGET_COSINE, cosine_cut, score_threshold_for
@@ -20,8 +21,10 @@ from ..settings import SettingsError, find_local_model, load_yaml, parse_hybrid
 from .common import add_root_argument
 
 PTH_NAME = "chatchat_policybert_hook.pth"
-PG_HYBRID_NOTE = ("on pg the plugin gives Chatchat's pg search the FAISS ensemble (BM25 + vectors, the platform's "
-                  "`hybrid` weights); without the plugin's hook Chatchat retrieves dense-only there")
+PG_HYBRID_NOTE = (
+    "on pg the plugin gives Chatchat's pg search the FAISS ensemble (BM25 + vectors, the platform's "
+    "`hybrid` weights); without the plugin's hook Chatchat retrieves dense-only there"
+)
 
 
 def register(commands: Any) -> None:
@@ -69,6 +72,7 @@ def diagnose(root: Path, load_model: bool) -> list[Finding]:
 
     def add(level: str, message: str) -> None:
         findings.append(Finding(level, message))
+
     try:
         model_settings = load_yaml(root / "model_settings.yaml")
         settings = kb_settings(root)
@@ -87,8 +91,11 @@ def diagnose(root: Path, load_model: bool) -> list[Finding]:
         url = llms[default_llm].get("api_base_url", "")
         problem = llm_reachable(url)
         if problem:
-            add("WARN", f"LLM '{default_llm}' platform at {url} does not answer ({problem}); for Ollama: "
-                f"`ollama serve` and `ollama pull {default_llm}`")
+            add(
+                "WARN",
+                f"LLM '{default_llm}' platform at {url} does not answer ({problem}); for Ollama: "
+                f"`ollama serve` and `ollama pull {default_llm}`",
+            )
         else:
             add("OK", f"LLM '{default_llm}' platform answers at {url}")
 
@@ -99,8 +106,11 @@ def diagnose(root: Path, load_model: bool) -> list[Finding]:
         local = None
     pth = hook_installed()
     if pth is None:
-        add("ERROR", f"import hook not installed in {sys.prefix} ({PTH_NAME} missing or CHATCHAT_POLICYBERT_HOOK=0): "
-            "Chatchat will call api_base_url instead of loading the model")
+        add(
+            "ERROR",
+            f"import hook not installed in {sys.prefix} ({PTH_NAME} missing or CHATCHAT_POLICYBERT_HOOK=0): "
+            "Chatchat will call api_base_url instead of loading the model",
+        )
     else:
         add("OK", f"import hook installed: {pth}")
 
@@ -108,7 +118,10 @@ def diagnose(root: Path, load_model: bool) -> list[Finding]:
     if local is not None:
         add("OK", f"embed model '{local.embed_models[0]}' served in-process by platform '{local.platform_name}'")
         if chunk + 2 > local.config.max_length:
-            add("WARN", f"CHUNK_SIZE {chunk} + [CLS]/[SEP] exceeds max_length {local.config.max_length}: long chunks get cut")
+            add(
+                "WARN",
+                f"CHUNK_SIZE {chunk} + [CLS]/[SEP] exceeds max_length {local.config.max_length}: long chunks get cut",
+            )
         if load_model:
             findings.extend(_check_model(local, root))
 
@@ -122,8 +135,10 @@ def diagnose(root: Path, load_model: bool) -> list[Finding]:
     advice = f"{score_threshold_for(TARGET_COSINE, store):.4f} keeps cosine >= {TARGET_COSINE:.2f}"
     if cosine > 1.0:
         fallback = "retrieval is BM25 only" if store == "faiss" else "retrieval finds nothing"
-        add("ERROR", f"SCORE_THRESHOLD {threshold} needs cosine >= {cosine:.2f}: no {label} hit can pass, "
-            f"{fallback} ({advice})")
+        add(
+            "ERROR",
+            f"SCORE_THRESHOLD {threshold} needs cosine >= {cosine:.2f}: no {label} hit can pass, {fallback} ({advice})",
+        )
     elif cosine < 0.0:
         add("WARN", f"SCORE_THRESHOLD {threshold} keeps every {label} hit (cosine >= {cosine:.2f}; {advice})")
     else:
@@ -196,21 +211,32 @@ def _check_kb(root: Path, settings: KbSettings, embed_model: str, engine: Any | 
 
 
 def _check_interrupted_swaps(root: Path) -> list[Finding]:
-    """A ``.replaced`` folder of any knowledge base: a FAISS `kb -r` killed during its swap (see :func:`recover_swap`)."""
+    """A ``.replaced`` folder of any knowledge base: a FAISS `kb -r` killed during its swap (see
+    :func:`recover_swap`)."""
     from ..kb_rebuild import interrupted_swaps, swap_finished
 
     findings = []
     for final, retired in interrupted_swaps(root):
         kb = final.parent.parent.name
         if swap_finished(final):
-            findings.append(Finding("WARN", f"{retired} is left over by a `kb -r` killed after its swap ({final} is "
-                                    f"the new index, {index_size(final)} vectors): remove it, or let the next "
-                                    f"`chatchat kb -r -n {kb}` do so"))
+            findings.append(
+                Finding(
+                    "WARN",
+                    f"{retired} is left over by a `kb -r` killed after its swap ({final} is "
+                    f"the new index, {index_size(final)} vectors): remove it, or let the next "
+                    f"`chatchat kb -r -n {kb}` do so",
+                )
+            )
         else:
-            findings.append(Finding("ERROR", f"the index of '{kb}' is at {retired}, not served ({final} has no "
-                                    f"vectors): a `kb -r` was killed during its swap; `chatchat kb -r -n {kb}` "
-                                    f"puts it back first, or with Chatchat stopped: rm -rf '{final}' && "
-                                    f"mv '{retired}' '{final}'"))
+            findings.append(
+                Finding(
+                    "ERROR",
+                    f"the index of '{kb}' is at {retired}, not served ({final} has no "
+                    f"vectors): a `kb -r` was killed during its swap; `chatchat kb -r -n {kb}` "
+                    f"puts it back first, or with Chatchat stopped: rm -rf '{final}' && "
+                    f"mv '{retired}' '{final}'",
+                )
+            )
     return findings
 
 

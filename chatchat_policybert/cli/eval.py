@@ -14,7 +14,11 @@ from ..evaluation import evaluate
 
 def register(commands: Any) -> None:
     """Add ``eval`` with the evaluation's flags to the subcommands of the main parser."""
-    parser = commands.add_parser("eval", help="measure retrieval (BM25, dense, Chatchat) on a corpus and questions",
-                                 description=evaluate.__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = commands.add_parser(
+        "eval",
+        help="measure retrieval (BM25, dense, Chatchat) on a corpus and questions",
+        description=evaluate.__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     evaluate.add_arguments(parser)
     parser.set_defaults(func=evaluate.run)

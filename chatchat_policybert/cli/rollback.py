@@ -14,10 +14,15 @@ from .common import add_root_argument
 
 def register(commands: Any) -> None:
     """Add ``rollback`` and its flags to the subcommands of the main parser."""
-    rollback = commands.add_parser("rollback", help="restore the model, settings and vectors from before the last "
-                                   "installed `tune` (vectors rebuilt byte-identical)", description=run_rollback.__doc__)
+    rollback = commands.add_parser(
+        "rollback",
+        help="restore the model, settings and vectors from before the last "
+        "installed `tune` (vectors rebuilt byte-identical)",
+        description=run_rollback.__doc__,
+    )
     add_root_argument(rollback)
     rollback.add_argument("--kb", help="knowledge base the tune ran on (default: DEFAULT_KNOWLEDGE_BASE)")
-    rollback.add_argument("--run-dir", type=Path,
-                          help="the tune's --out folder (default: ROOT/policybert_tune/KB), which holds previous/")
+    rollback.add_argument(
+        "--run-dir", type=Path, help="the tune's --out folder (default: ROOT/policybert_tune/KB), which holds previous/"
+    )
     rollback.set_defaults(func=run_rollback)

@@ -21,20 +21,37 @@ def register(commands: Any) -> None:
     serve.add_argument("--model-name", help="embed model name to serve (default: DEFAULT_EMBEDDING_MODEL of the root)")
     serve.add_argument("--model-path", type=Path, help="serve this model directory instead of the root's settings")
     serve.add_argument("--device", help="torch device with --model-path (default cpu)")
-    serve.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1: loopback only; set an API key before using another)")
+    serve.add_argument(
+        "--host",
+        default="127.0.0.1",
+        help="address to listen on (default 127.0.0.1: loopback only; set an API key before using another)",
+    )
     serve.add_argument("--port", type=int, default=9998, help="port to listen on (default 9998)")
     serve.add_argument("--max-batch", type=int, default=32, help="texts per model call across concurrent requests")
-    serve.add_argument("--max-wait-ms", type=float, default=5.0, help="how long a request waits for others to batch with")
+    serve.add_argument(
+        "--max-wait-ms", type=float, default=5.0, help="how long a request waits for others to batch with"
+    )
     serve.add_argument("--max-inputs", type=int, default=2048, help="inputs per request before 413")
     serve.add_argument("--max-body-mb", type=float, default=8.0, help="request body size before 413")
     serve.add_argument("--max-input-tokens", type=int, default=8192, help="tokens per input before 413")
     serve.add_argument("--max-request-tokens", type=int, default=300_000, help="tokens per request before 413")
-    serve.add_argument("--batch-tokens", type=int, default=EmbeddingOptions.model_fields["batch_tokens"].default,
-                       help="tokens per model call; requests take turns in slices of this size")
-    serve.add_argument("--read-timeout", type=float, default=10.0,
-                       help="seconds a client may take to send its request headers, and again its body (408)")
-    serve.add_argument("--api-key", help="require 'Authorization: Bearer KEY' (default: $POLICYBERT_API_KEY, "
-                                         "which keeps the key out of the process list)")
+    serve.add_argument(
+        "--batch-tokens",
+        type=int,
+        default=EmbeddingOptions.model_fields["batch_tokens"].default,
+        help="tokens per model call; requests take turns in slices of this size",
+    )
+    serve.add_argument(
+        "--read-timeout",
+        type=float,
+        default=10.0,
+        help="seconds a client may take to send its request headers, and again its body (408)",
+    )
+    serve.add_argument(
+        "--api-key",
+        help="require 'Authorization: Bearer KEY' (default: $POLICYBERT_API_KEY, "
+        "which keeps the key out of the process list)",
+    )
     serve.set_defaults(func=run_serve)
 
 
@@ -43,8 +60,15 @@ def run_serve(args: argparse.Namespace) -> int:
     import uvicorn
 
     from ..chatchat_hook import load_embeddings
-    from ..server import (API_KEY_ENV, SHUTDOWN_GRACE_S, ServerLimits, create_app, header_timeout_protocol,
-                         is_loopback, thread_local_counter)
+    from ..server import (
+        API_KEY_ENV,
+        SHUTDOWN_GRACE_S,
+        ServerLimits,
+        create_app,
+        header_timeout_protocol,
+        is_loopback,
+        thread_local_counter,
+    )
     from ..settings import LocalEmbeddingsConfig
     from ..tokenization import PolicyBertTokenizer
 
@@ -78,17 +102,32 @@ def run_serve(args: argparse.Namespace) -> int:
         raise
     tokenizer = getattr(embeddings, "tokenizer", None)
     if not isinstance(tokenizer, PolicyBertTokenizer):
-        raise InputError(f"serve needs PolicyBertEmbeddings (its tokenizer counts tokens); {platform} configures "
-                         f"{type(embeddings).__name__}")
+        raise InputError(
+            f"serve needs PolicyBertEmbeddings (its tokenizer counts tokens); {platform} configures "
+            f"{type(embeddings).__name__}"
+        )
     api_key = args.api_key or os.environ.get(API_KEY_ENV) or None
     if api_key is None and not is_loopback(args.host):
-        print(f"WARNING: serving on {args.host}, reachable from other machines, WITHOUT an API key: anyone who can "
-              f"reach this port can use the model; set {API_KEY_ENV} (or --api-key) or bind 127.0.0.1",
-              file=sys.stderr, flush=True)
+        print(
+            f"WARNING: serving on {args.host}, reachable from other machines, WITHOUT an API key: anyone who can "
+            f"reach this port can use the model; set {API_KEY_ENV} (or --api-key) or bind 127.0.0.1",
+            file=sys.stderr,
+            flush=True,
+        )
     dimension = len(embeddings.embed_documents(["维度"])[0])
     app = create_app(embeddings.embed_documents, thread_local_counter(tokenizer), name, dimension, limits, api_key)
-    print(f"serving '{name}' (dimension {dimension}) at http://{args.host}:{args.port}/v1/embeddings"
-          f"{' (API key required)' if api_key else ''}", flush=True)
-    uvicorn.run(app, host=args.host, port=args.port, log_level="warning", timeout_keep_alive=5,
-                timeout_graceful_shutdown=SHUTDOWN_GRACE_S, http=header_timeout_protocol(limits))
+    print(
+        f"serving '{name}' (dimension {dimension}) at http://{args.host}:{args.port}/v1/embeddings"
+        f"{' (API key required)' if api_key else ''}",
+        flush=True,
+    )
+    uvicorn.run(
+        app,
+        host=args.host,
+        port=args.port,
+        log_level="warning",
+        timeout_keep_alive=5,
+        timeout_graceful_shutdown=SHUTDOWN_GRACE_S,
+        http=header_timeout_protocol(limits),
+    )
     return 0

@@ -24,30 +24,54 @@ SETTINGS_FILES = ("model_settings.yaml", "kb_settings.yaml")
 
 def register(commands: Any) -> None:
     """Add ``setup`` and its flags to the subcommands of the main parser."""
-    setup = commands.add_parser("setup", help="merge the PolicyBERT settings into a Chatchat root and check it",
-                                description=run_setup.__doc__)
+    setup = commands.add_parser(
+        "setup", help="merge the PolicyBERT settings into a Chatchat root and check it", description=run_setup.__doc__
+    )
     add_root_argument(setup)
     setup.add_argument("--model", type=Path, help="PolicyBERT (or BERT/bge) model directory to use")
     setup.add_argument("--device", help="torch device for the model, e.g. cpu or cuda:0")
-    setup.add_argument("--dtype", choices=DTYPE_CHOICES, help="compute dtype (float32: the same vectors everywhere; auto: bfloat16 where the CPU/GPU has it)")
+    setup.add_argument(
+        "--dtype",
+        choices=DTYPE_CHOICES,
+        help="compute dtype (float32: the same vectors everywhere; auto: bfloat16 where the CPU/GPU has it)",
+    )
     setup.add_argument("--ollama-url", help="Ollama OpenAI-compatible base URL (default http://127.0.0.1:11434/v1)")
-    setup.add_argument("--vs", choices=VS_TYPES,
-                       help="vector store to use, with the SCORE_THRESHOLD keeping cosine >= 0.5 in it (default: the "
-                            "shipped faiss). faiss: one index file per knowledge base, dense + BM25 retrieval; "
-                            "pg: PostgreSQL + pgvector (needs --pg-uri and the [pg] extra); both get the BM25 + vector ensemble")
-    setup.add_argument("--pg-uri", help="with --vs pg: Chatchat's kbs_config.pg.connection_uri, "
-                                        "postgresql+psycopg2://USER:PASSWORD@HOST:PORT/DATABASE")
-    setup.add_argument("--settings-dir", type=Path, default=None,
-                       help="folder with the model_settings.yaml/kb_settings.yaml to merge (default: the shipped ones)")
-    setup.add_argument("--keep-other-platforms", action="store_true",
-                       help="keep existing MODEL_PLATFORMS entries whose names the shipped file does not use")
+    setup.add_argument(
+        "--vs",
+        choices=VS_TYPES,
+        help="vector store to use, with the SCORE_THRESHOLD keeping cosine >= 0.5 in it (default: the "
+        "shipped faiss). faiss: one index file per knowledge base, dense + BM25 retrieval; "
+        "pg: PostgreSQL + pgvector (needs --pg-uri and the [pg] extra); both get the BM25 + vector ensemble",
+    )
+    setup.add_argument(
+        "--pg-uri",
+        help="with --vs pg: Chatchat's kbs_config.pg.connection_uri, "
+        "postgresql+psycopg2://USER:PASSWORD@HOST:PORT/DATABASE",
+    )
+    setup.add_argument(
+        "--settings-dir",
+        type=Path,
+        default=None,
+        help="folder with the model_settings.yaml/kb_settings.yaml to merge (default: the shipped ones)",
+    )
+    setup.add_argument(
+        "--keep-other-platforms",
+        action="store_true",
+        help="keep existing MODEL_PLATFORMS entries whose names the shipped file does not use",
+    )
     setup.add_argument("--no-check", action="store_true", help="skip the doctor's checks after merging")
-    setup.add_argument("--calibrate", type=Path, metavar="FILE",
-                       help="after `chatchat kb -r` with this model: choose the FAISS ensemble's BM25/dense weights and "
-                            "SCORE_THRESHOLD on these held-out questions (training.pairs' dev.jsonl, or the evaluation's "
-                            "JSONL questions) so the RAG path is at least as good there as BM25 or dense alone; records "
-                            "them and their metrics in the settings (without it, setup keeps Chatchat's 0.5/0.5)")
-    setup.add_argument("--kb", help="with --calibrate: the knowledge base to calibrate on (default: DEFAULT_KNOWLEDGE_BASE)")
+    setup.add_argument(
+        "--calibrate",
+        type=Path,
+        metavar="FILE",
+        help="after `chatchat kb -r` with this model: choose the FAISS ensemble's BM25/dense weights and "
+        "SCORE_THRESHOLD on these held-out questions (training.pairs' dev.jsonl, or the evaluation's "
+        "JSONL questions) so the RAG path is at least as good there as BM25 or dense alone; records "
+        "them and their metrics in the settings (without it, setup keeps Chatchat's 0.5/0.5)",
+    )
+    setup.add_argument(
+        "--kb", help="with --calibrate: the knowledge base to calibrate on (default: DEFAULT_KNOWLEDGE_BASE)"
+    )
     setup.set_defaults(func=run_setup)
 
 
@@ -145,8 +169,11 @@ def calibrate_setup(root: Path, kb: str, questions: Path) -> None:
     print(calibration.table())
     write_calibration(root, calibration)
     chosen = calibration.chosen
-    print(f"OK    calibrated the {ensemble_label(calibration.store)} on {calibration.questions} questions of {questions}: "
-          f"{chosen.label} (written to model_settings.yaml and kb_settings.yaml)")
+    print(
+        f"OK    calibrated the {ensemble_label(calibration.store)} "
+        f"on {calibration.questions} questions of {questions}: "
+        f"{chosen.label} (written to model_settings.yaml and kb_settings.yaml)"
+    )
 
 
 def _choose_store(kb_settings: Any, store: str, uri: str | None) -> None:

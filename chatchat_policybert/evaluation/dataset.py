@@ -272,7 +272,9 @@ def load_beir(root: Path, split: str | None = None) -> tuple[Corpus, list[Query]
         if not isinstance(obj, dict) or "_id" not in obj or not isinstance(obj.get("text"), str):
             errors.append(f"{root / 'corpus.jsonl'}:{lineno}: expected an object with '_id' and 'text'")
             continue
-        documents.append(EvalDocument(len(documents), str(obj["_id"]), normalize_title(str(obj.get("title") or "")), obj["text"]))
+        documents.append(
+            EvalDocument(len(documents), str(obj["_id"]), normalize_title(str(obj.get("title") or "")), obj["text"])
+        )
     questions: dict[str, str] = {}
     for lineno, obj in _read_jsonl(root / "queries.jsonl"):
         if not isinstance(obj, dict) or "_id" not in obj or not isinstance(obj.get("text"), str):

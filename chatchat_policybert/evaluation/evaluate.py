@@ -90,8 +90,13 @@ def evaluate_retriever(retriever: Retriever, queries: list[Query], chunks: list[
     names = [key for key in result.queries[0] if key.startswith(QUALITY_PREFIXES)]
     result.metrics = {name: sum(q[name] for q in result.queries) / len(result.queries) for name in names}
     times = [q["seconds"] * 1000 for q in result.queries]
-    result.metrics.update({"p50 ms": percentile(times, 50), "p95 ms": percentile(times, 95),
-                           "chunks": sum(q["chunks"] for q in result.queries) / len(result.queries)})
+    result.metrics.update(
+        {
+            "p50 ms": percentile(times, 50),
+            "p95 ms": percentile(times, 95),
+            "chunks": sum(q["chunks"] for q in result.queries) / len(result.queries),
+        }
+    )
     return result
 
 
@@ -99,8 +104,10 @@ def format_table(results: list[RunResult]) -> str:
     """A Markdown table (readable on a terminal, pasteable into a README)."""
     columns = list(results[0].metrics)
     header = ["retriever", *columns]
-    rows = [[r.name, *(f"{r.metrics[c]:.1f}" if c.endswith(("ms", "chunks")) else f"{r.metrics[c]:.3f}" for c in columns)]
-            for r in results]
+    rows = [
+        [r.name, *(f"{r.metrics[c]:.1f}" if c.endswith(("ms", "chunks")) else f"{r.metrics[c]:.3f}" for c in columns)]
+        for r in results
+    ]
     widths = [max(len(row[i]) for row in [header, *rows]) for i in range(len(header))]
     line = lambda cells: "| " + " | ".join(c.ljust(w) for c, w in zip(cells, widths)) + " |"  # noqa: E731
     return "\n".join([line(header), "|" + "|".join("-" * (w + 2) for w in widths) + "|", *map(line, rows)])
@@ -135,10 +142,14 @@ def compare_runs(candidate: RunResult, baseline: RunResult, resamples: int = BOO
 
 def format_comparison(candidate: RunResult, baseline: RunResult, deltas: list[Delta]) -> str:
     """Markdown rows: each metric's candidate, baseline, delta and interval."""
-    lines = [f"| metric | {candidate.name} | {baseline.name} | delta | 95% CI (paired bootstrap, {BOOTSTRAP_RESAMPLES}) |",
-             "|---|---|---|---|---|"]  # fmt: skip
-    lines += [f"| {d.metric} | {d.candidate:.3f} | {d.baseline:.3f} | {d.delta:+.3f} | [{d.low:+.3f}, {d.high:+.3f}] |"
-              for d in deltas]  # fmt: skip
+    lines = [
+        f"| metric | {candidate.name} | {baseline.name} | delta | 95% CI (paired bootstrap, {BOOTSTRAP_RESAMPLES}) |",
+        "|---|---|---|---|---|",
+    ]
+    lines += [
+        f"| {d.metric} | {d.candidate:.3f} | {d.baseline:.3f} | {d.delta:+.3f} | [{d.low:+.3f}, {d.high:+.3f}] |"
+        for d in deltas
+    ]
     return "\n".join(lines)
 
 
@@ -147,8 +158,10 @@ def gate_failure(deltas: list[Delta]) -> str | None:
     mrr = next(d for d in deltas if d.metric == f"MRR@{MRR_K}")
     if mrr.delta >= 0:
         return None
-    return (f"candidate MRR@{MRR_K} {mrr.candidate:.4f} is below the baseline's {mrr.baseline:.4f} "
-            f"(delta {mrr.delta:+.4f}, 95% CI [{mrr.low:+.4f}, {mrr.high:+.4f}])")
+    return (
+        f"candidate MRR@{MRR_K} {mrr.candidate:.4f} is below the baseline's {mrr.baseline:.4f} "
+        f"(delta {mrr.delta:+.4f}, 95% CI [{mrr.low:+.4f}, {mrr.high:+.4f}])"
+    )
 
 
 def dense_results(
@@ -166,10 +179,14 @@ def dense_results(
         chunks = load_chunks(root, prepare_root(root, corpus, None, build_index=False), corpus)
     depth = max(MRR_K, NDCG_K)
     return [
-        evaluate_retriever(Dense(f"dense:{label}", PolicyBertEmbeddings(path, device=device, batch_size=batch_size),
-                                 chunks, depth), queries, chunks, [1, depth])
+        evaluate_retriever(
+            Dense(f"dense:{label}", PolicyBertEmbeddings(path, device=device, batch_size=batch_size), chunks, depth),
+            queries,
+            chunks,
+            [1, depth],
+        )
         for label, path in models
-    ]  # fmt: skip
+    ]
 
 
 def plot_recall(results: list[RunResult], ks: list[int], path: Path) -> None:
@@ -219,38 +236,70 @@ def build_parser() -> argparse.ArgumentParser:
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """The evaluation's flags, on its own parser or on the ``eval`` subcommand of ``chatchat-policybert``."""
     data = parser.add_argument_group("data (--corpus with --questions, or --beir; default: the shipped policy set)")
-    data.add_argument("--corpus", type=Path, help="policy CSV (title, contentText) or folder of .md/.txt files "
-                                                  "(default: the shipped policy corpus)")
-    data.add_argument("--questions", type=Path, help='JSONL: {"id", "question", "doc_title", "evidence"[, "doc_index"]} '
-                                                     "(default: the shipped questions, with the shipped corpus)")
+    data.add_argument(
+        "--corpus",
+        type=Path,
+        help="policy CSV (title, contentText) or folder of .md/.txt files (default: the shipped policy corpus)",
+    )
+    data.add_argument(
+        "--questions",
+        type=Path,
+        help='JSONL: {"id", "question", "doc_title", "evidence"[, "doc_index"]} '
+        "(default: the shipped questions, with the shipped corpus)",
+    )
     data.add_argument("--beir", type=Path, help="BEIR/C-MTEB folder: corpus.jsonl, queries.jsonl, qrels/*.tsv")
     data.add_argument("--beir-split", help="qrels/<split>.tsv to use (default: the only one, else test)")
     data.add_argument("--limit", type=int, help="evaluate only the first N queries (quick runs)")
     retrieval = parser.add_argument_group("retrievers")
-    retrieval.add_argument("--model", action="append", default=[], metavar="[LABEL=]DIR",
-                        help="PolicyBertEmbeddings-loadable model (PolicyBERT or plain BERT/bge); repeatable. "
-                             "The first one embeds the temporary Chatchat KB and is the candidate of --baseline")
-    retrieval.add_argument("--baseline", type=Path, metavar="DIR",
-                           help="the model the first --model was made from (e.g. bge-base-zh-v1.5): print both dense "
-                                "rows and each metric's delta with a paired bootstrap 95%% interval")
-    retrieval.add_argument("--require-better", action="store_true",
-                           help=f"with --baseline: exit {EXIT_WORSE} when the candidate's MRR@{MRR_K} is below the baseline's")
-    retrieval.add_argument("--retrievers",
-                        help=f"comma list of {', '.join(RETRIEVERS)} (default: all that the models/root given allow)")
+    retrieval.add_argument(
+        "--model",
+        action="append",
+        default=[],
+        metavar="[LABEL=]DIR",
+        help="PolicyBertEmbeddings-loadable model (PolicyBERT or plain BERT/bge); repeatable. "
+        "The first one embeds the temporary Chatchat KB and is the candidate of --baseline",
+    )
+    retrieval.add_argument(
+        "--baseline",
+        type=Path,
+        metavar="DIR",
+        help="the model the first --model was made from (e.g. bge-base-zh-v1.5): print both dense "
+        "rows and each metric's delta with a paired bootstrap 95%% interval",
+    )
+    retrieval.add_argument(
+        "--require-better",
+        action="store_true",
+        help=f"with --baseline: exit {EXIT_WORSE} when the candidate's MRR@{MRR_K} is below the baseline's",
+    )
+    retrieval.add_argument(
+        "--retrievers", help=f"comma list of {', '.join(RETRIEVERS)} (default: all that the models/root given allow)"
+    )
     retrieval.add_argument("--device", default="cpu", help="torch device of the dense models")
     retrieval.add_argument("--batch-size", type=int, default=32, help="texts per forward pass")
     retrieval.add_argument("--depth", type=int, default=100, help="chunks ranked by bm25/dense/rrf per query")
     chatchat = parser.add_argument_group("Chatchat")
-    chatchat.add_argument("--chatchat-root", type=Path,
-                          help="evaluate this built root's KB as it is (default: build a temporary root)")
+    chatchat.add_argument(
+        "--chatchat-root", type=Path, help="evaluate this built root's KB as it is (default: build a temporary root)"
+    )
     chatchat.add_argument("--kb", help="knowledge base in --chatchat-root (default: its DEFAULT_KNOWLEDGE_BASE)")
-    chatchat.add_argument("--work-dir", type=Path, help="build the temporary root here and keep it (default: a temp dir)")
-    chatchat.add_argument("--score-threshold", type=float, action="append", default=[],
-                          help="SCORE_THRESHOLD for the chatchat retriever; repeatable, e.g. 2.0 for Chatchat's "
-                               "default (default: the root's kb_settings.yaml)")
-    chatchat.add_argument("--chatchat-top-k", type=int, default=None,
-                          help="top_k passed to search_docs (default: the largest k). Chatchat 0.3.1.3 returns "
-                               "at most 5 chunks whatever top_k; top_k sizes the BM25 and FAISS lists it fuses")
+    chatchat.add_argument(
+        "--work-dir", type=Path, help="build the temporary root here and keep it (default: a temp dir)"
+    )
+    chatchat.add_argument(
+        "--score-threshold",
+        type=float,
+        action="append",
+        default=[],
+        help="SCORE_THRESHOLD for the chatchat retriever; repeatable, e.g. 2.0 for Chatchat's "
+        "default (default: the root's kb_settings.yaml)",
+    )
+    chatchat.add_argument(
+        "--chatchat-top-k",
+        type=int,
+        default=None,
+        help="top_k passed to search_docs (default: the largest k). Chatchat 0.3.1.3 returns "
+        "at most 5 chunks whatever top_k; top_k sizes the BM25 and FAISS lists it fuses",
+    )
     output = parser.add_argument_group("output")
     output.add_argument("--ks", default="1,5,10", help="cut-offs for Recall@k and passage hit@k")
     output.add_argument("--out", type=Path, help="write metrics and per-query rankings as JSON")
@@ -264,7 +313,9 @@ def _retriever_kinds(spec: str | None, have_model: bool, have_root: bool) -> lis
     kinds = [k.strip() for k in spec.split(",") if k.strip()]
     unknown = sorted(set(kinds) - set(RETRIEVERS))
     if unknown or not kinds:
-        raise InputError(f"--retrievers: unknown {', '.join(unknown) or '(none given)'}; choose from {', '.join(RETRIEVERS)}")
+        raise InputError(
+            f"--retrievers: unknown {', '.join(unknown) or '(none given)'}; choose from {', '.join(RETRIEVERS)}"
+        )
     if not have_model and {"dense", "rrf"} & set(kinds):
         raise InputError("dense and rrf need --model")
     if not have_model and not have_root and "chatchat" in kinds:
@@ -285,8 +336,15 @@ def _load_data(args: argparse.Namespace) -> tuple[Corpus, list[Query]]:
     return corpus, queries[: args.limit] if args.limit else queries
 
 
-def _run(args: argparse.Namespace, root: Path, corpus: Corpus, queries: list[Query], ks: list[int],
-         kinds: list[str], models: list[tuple[str, Path]]) -> list[RunResult]:
+def _run(
+    args: argparse.Namespace,
+    root: Path,
+    corpus: Corpus,
+    queries: list[Query],
+    ks: list[int],
+    kinds: list[str],
+    models: list[tuple[str, Path]],
+) -> list[RunResult]:
     from chatchat_policybert.embeddings import PolicyBertEmbeddings
 
     if args.chatchat_root is not None:
@@ -297,8 +355,10 @@ def _run(args: argparse.Namespace, root: Path, corpus: Corpus, queries: list[Que
         kb = prepare_root(root, corpus, models[0][1] if models else None, build_index="chatchat" in kinds)
     chunks = load_chunks(root, kb, corpus)
     distinct = len({d.group for d in corpus.documents})
-    print(f"{len(queries)} queries; {distinct} distinct documents, {len(set(corpus.kb_files.values()))} in KB {kb} "
-          f"({root}) as {len(chunks)} Chatchat chunks")
+    print(
+        f"{len(queries)} queries; {distinct} distinct documents, {len(set(corpus.kb_files.values()))} in KB {kb} "
+        f"({root}) as {len(chunks)} Chatchat chunks"
+    )
 
     results = []
     bm25 = Bm25(chunks, args.depth) if {"bm25", "rrf"} & set(kinds) else None
@@ -343,7 +403,9 @@ def run(args: argparse.Namespace, argv: list[str] | None = None) -> int:
         raise InputError("--require-better needs --baseline")
     if args.baseline is not None:
         if not models or "dense" not in kinds:
-            raise InputError("--baseline compares dense retrieval: give --model (the candidate) and keep dense in --retrievers")
+            raise InputError(
+                "--baseline compares dense retrieval: give --model (the candidate) and keep dense in --retrievers"
+            )
         if not args.baseline.is_dir():
             raise InputError(f"--baseline {args.baseline}: not a model directory")
         models.append(parse_model(f"baseline:{args.baseline.name}={args.baseline}"))
@@ -373,8 +435,13 @@ def run(args: argparse.Namespace, argv: list[str] | None = None) -> int:
         deltas = compare_runs(candidate, baseline)
         print(format_comparison(candidate, baseline, deltas))
         failure = gate_failure(deltas)
-        payload["gate"] = {"candidate": candidate.name, "baseline": baseline.name, "resamples": BOOTSTRAP_RESAMPLES,
-                           "deltas": [{**vars(d), "delta": d.delta} for d in deltas], "failure": failure}  # fmt: skip
+        payload["gate"] = {
+            "candidate": candidate.name,
+            "baseline": baseline.name,
+            "resamples": BOOTSTRAP_RESAMPLES,
+            "deltas": [{**vars(d), "delta": d.delta} for d in deltas],
+            "failure": failure,
+        }
     if args.out is not None:
         write_json(payload, args.out)
         print(f"wrote {args.out}")

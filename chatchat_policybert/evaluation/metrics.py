@@ -126,7 +126,9 @@ def paired_bootstrap_interval(
     when questions differ in difficulty). A fixed seed makes a gate decision reproducible.
     """
     if len(candidate) != len(baseline) or not len(candidate):
-        raise ValueError(f"paired scores need the same, non-zero number of questions ({len(candidate)} vs {len(baseline)})")
+        raise ValueError(
+            f"paired scores need the same, non-zero number of questions ({len(candidate)} vs {len(baseline)})"
+        )
     differences = np.asarray(candidate, dtype=np.float64) - np.asarray(baseline, dtype=np.float64)
     picks = np.random.default_rng(seed).integers(0, len(differences), size=(resamples, len(differences)))
     means = differences[picks].mean(axis=1)

@@ -22,8 +22,8 @@ from typing import Protocol
 import numpy as np
 from tqdm import tqdm
 
-from chatchat_policybert.chatchat_process import ChatchatWorker
 from chatchat_policybert.bm25_index import PostingsBM25Okapi
+from chatchat_policybert.chatchat_process import ChatchatWorker
 from chatchat_policybert.errors import InputError
 from chatchat_policybert.evaluation.knowledge_base import Chunk
 from chatchat_policybert.evaluation.metrics import rank_by_score, reciprocal_rank_fusion
@@ -73,7 +73,11 @@ class Dense:
         texts = [c.text for c in chunks]
         parts = []
         for start in tqdm(range(0, len(texts), EMBED_PROGRESS_BATCH), desc=f"embed chunks ({self.name})", unit="batch"):
-            parts.append(np.asarray(self._embeddings.embed_documents(texts[start : start + EMBED_PROGRESS_BATCH]), dtype=np.float32))
+            parts.append(
+                np.asarray(
+                    self._embeddings.embed_documents(texts[start : start + EMBED_PROGRESS_BATCH]), dtype=np.float32
+                )
+            )
         return np.concatenate(parts)
 
     def search(self, query: str) -> tuple[list[int], float]:
@@ -108,8 +112,10 @@ class ChunkLocator:
     def __call__(self, source: str, text: str) -> int:
         index = self._index.get((source, text), self._by_text.get(text))
         if index is None:
-            raise InputError("Chatchat returned a chunk its content folder does not produce: "
-                             "the FAISS index is out of date, run `chatchat kb -r`")
+            raise InputError(
+                "Chatchat returned a chunk its content folder does not produce: "
+                "the FAISS index is out of date, run `chatchat kb -r`"
+            )
         return index
 
 

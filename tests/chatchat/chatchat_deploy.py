@@ -64,7 +64,9 @@ class Deployment:
         """
         shutil.copytree(self.root, dest, symlinks=True, ignore=shutil.ignore_patterns("logs", "start.log"))
         for settings in dest.glob("*.yaml"):
-            settings.write_text(settings.read_text(encoding="utf-8").replace(str(self.root), str(dest)), encoding="utf-8")
+            settings.write_text(
+                settings.read_text(encoding="utf-8").replace(str(self.root), str(dest)), encoding="utf-8"
+            )
         return dest
 
 
@@ -72,8 +74,10 @@ def wait_until(check, process: subprocess.Popen, log_path: Path, what: str, time
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if process.poll() is not None:
-            pytest.fail(f"chatchat start exited ({process.returncode}) before the {what} answered:\n"
-                        + log_path.read_text(encoding="utf-8")[-5000:])
+            pytest.fail(
+                f"chatchat start exited ({process.returncode}) before the {what} answered:\n"
+                + log_path.read_text(encoding="utf-8")[-5000:]
+            )
         try:
             if check():
                 return

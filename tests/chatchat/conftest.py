@@ -53,10 +53,27 @@ def deployment(tmp_path_factory, tiny_model: Path, standin: OllamaStandIn) -> De
     """The README's main job (`python -m chatchat_policybert.demo`) on a few short policies."""
     root = tmp_path_factory.mktemp("chatchat_root")
     env = chatchat_env(root)
-    demo = run([str(BIN / "python"), "-m", "chatchat_policybert.demo", "--root", str(root), "--model", str(tiny_model),
-                "--docs", str(N_DOCUMENTS), "--max-doc-chars", str(MAX_DOC_CHARS),
-                "--ollama-url", standin.url], env)
-    deployment = Deployment(root, tiny_model, env, free_port(), free_port(), standin, demo_log=demo.stdout + demo.stderr)
+    demo = run(
+        [
+            str(BIN / "python"),
+            "-m",
+            "chatchat_policybert.demo",
+            "--root",
+            str(root),
+            "--model",
+            str(tiny_model),
+            "--docs",
+            str(N_DOCUMENTS),
+            "--max-doc-chars",
+            str(MAX_DOC_CHARS),
+            "--ollama-url",
+            standin.url,
+        ],
+        env,
+    )
+    deployment = Deployment(
+        root, tiny_model, env, free_port(), free_port(), standin, demo_log=demo.stdout + demo.stderr
+    )
     assert demo.returncode == 0, deployment.demo_log[-5000:]
     # Chatchat exits 0 even when embedding fails: judge by the index.
     assert (deployment.vector_store / "index.faiss").is_file(), deployment.demo_log[-5000:]
@@ -76,14 +93,25 @@ def server(deployment: Deployment):
     log_path = deployment.root / "start.log"
     log = log_path.open("w", encoding="utf-8")
     process = subprocess.Popen(
-        [str(BIN / "chatchat"), "start", "-a"], env=deployment.env, stdout=log, stderr=subprocess.STDOUT,
+        [str(BIN / "chatchat"), "start", "-a"],
+        env=deployment.env,
+        stdout=log,
+        stderr=subprocess.STDOUT,
         start_new_session=True,
     )
     try:
-        wait_until(lambda: requests.get(f"{deployment.api}/knowledge_base/list_knowledge_bases", timeout=2).ok,
-                    process, log_path, "API server")
-        wait_until(lambda: requests.get(f"http://127.0.0.1:{deployment.webui_port}/_stcore/health", timeout=2).ok,
-                    process, log_path, "WebUI")
+        wait_until(
+            lambda: requests.get(f"{deployment.api}/knowledge_base/list_knowledge_bases", timeout=2).ok,
+            process,
+            log_path,
+            "API server",
+        )
+        wait_until(
+            lambda: requests.get(f"http://127.0.0.1:{deployment.webui_port}/_stcore/health", timeout=2).ok,
+            process,
+            log_path,
+            "WebUI",
+        )
         yield deployment, log_path
     finally:
         stop_group(process)

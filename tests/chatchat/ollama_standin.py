@@ -9,8 +9,8 @@ from __future__ import annotations
 import json
 import threading
 import time
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from collections.abc import Callable
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
 REPLY = "根据检索到的政策文件，答案如下。"
@@ -72,13 +72,23 @@ class OllamaStandIn:
                 if body.get("stream"):
                     self._stream()
                 else:
-                    self._json(200, {
-                        "id": "chatcmpl-standin", "object": "chat.completion", "created": int(time.time()),
-                        "model": standin.model,
-                        "choices": [{"index": 0, "message": {"role": "assistant", "content": standin.reply(body)},
-                                     "finish_reason": "stop"}],
-                        "usage": {"prompt_tokens": 1, "completion_tokens": 1, "total_tokens": 2},
-                    })
+                    self._json(
+                        200,
+                        {
+                            "id": "chatcmpl-standin",
+                            "object": "chat.completion",
+                            "created": int(time.time()),
+                            "model": standin.model,
+                            "choices": [
+                                {
+                                    "index": 0,
+                                    "message": {"role": "assistant", "content": standin.reply(body)},
+                                    "finish_reason": "stop",
+                                }
+                            ],
+                            "usage": {"prompt_tokens": 1, "completion_tokens": 1, "total_tokens": 2},
+                        },
+                    )
 
             def _stream(self) -> None:
                 self.send_response(200)
@@ -87,10 +97,17 @@ class OllamaStandIn:
                 pieces = [REPLY[i : i + 4] for i in range(0, len(REPLY), 4)]
                 for piece in pieces + [""]:
                     chunk = {
-                        "id": "chatcmpl-standin", "object": "chat.completion.chunk", "created": int(time.time()),
+                        "id": "chatcmpl-standin",
+                        "object": "chat.completion.chunk",
+                        "created": int(time.time()),
                         "model": standin.model,
-                        "choices": [{"index": 0, "delta": {"role": "assistant", "content": piece} if piece else {},
-                                     "finish_reason": None if piece else "stop"}],
+                        "choices": [
+                            {
+                                "index": 0,
+                                "delta": {"role": "assistant", "content": piece} if piece else {},
+                                "finish_reason": None if piece else "stop",
+                            }
+                        ],
                     }
                     self.wfile.write(f"data: {json.dumps(chunk, ensure_ascii=False)}\n\n".encode())
                     self.wfile.flush()

@@ -23,7 +23,7 @@ from chatchat_policybert.data import CORPUS_CSV, QUESTIONS
 @pytest.fixture(scope="module")
 def chunks() -> list[tuple[str, str]]:
     """(id, text) of real policy chunks, with duplicate texts under other ids (tied scores)."""
-    texts = [d.content[i:i + 250] for d in read_policies(CORPUS_CSV)[:40] for i in range(0, len(d.content), 250)]
+    texts = [d.content[i : i + 250] for d in read_policies(CORPUS_CSV)[:40] for i in range(0, len(d.content), 250)]
     texts += texts[:15]
     return [(f"id{n}", text) for n, text in enumerate(texts)]
 

@@ -1,4 +1,5 @@
-"""The calibrated FAISS ensemble on a real root: `chatchat init` → `setup` → `kb -r` (tiny random PolicyBERT, 6 documents),
+"""The calibrated FAISS ensemble on a real root: `chatchat init` → `setup` → `kb -r` (tiny random PolicyBERT, 6
+documents),
 dev pairs from `training.pairs` on that root, then `chatchat-policybert setup --calibrate`.
 
 What is proved: the fusion the calibration scores is what Chatchat's `search_docs` returns under the
@@ -48,7 +49,8 @@ def write_folder(folder: Path, documents: list) -> Path:
 
 
 def build_root(tmp: Path, policy_documents: list, reference_lexicon) -> tuple[Path, str, Path]:
-    """(root, kb, model): `chatchat init` → `setup` → `kb -r` of the first documents with a perturbed random tiny PolicyBERT."""
+    """(root, kb, model): `chatchat init` → `setup` → `kb -r` of the first documents with a perturbed random tiny
+    PolicyBERT."""
     documents = policy_documents[:N_DOCUMENTS]
     corpus = load_corpus(write_folder(tmp / "docs", documents))
     texts = [d.content[:MAX_CHARS] for d in documents] + [DEFAULT_QUERY_INSTRUCTION]
@@ -62,8 +64,20 @@ def calibrated_root(tmp_path_factory, policy_documents, reference_lexicon):
     """(root, kb, model, dev.jsonl): a built root and training.pairs' dev split of its KB (half the documents)."""
     tmp = tmp_path_factory.mktemp("calibration")
     root, kb, model = build_root(tmp, policy_documents, reference_lexicon)
-    pairs.main(["--chatchat-root", str(root), "--out", str(tmp / "pairs"), "--dev-ratio", "0.5", "--negatives", "3",
-                "--ict-per-chunk", "3"])
+    pairs.main(
+        [
+            "--chatchat-root",
+            str(root),
+            "--out",
+            str(tmp / "pairs"),
+            "--dev-ratio",
+            "0.5",
+            "--negatives",
+            "3",
+            "--ict-per-chunk",
+            "3",
+        ]
+    )
     return root, kb, model, tmp / "pairs" / "dev.jsonl"
 
 
@@ -103,13 +117,22 @@ def test_calibration_is_never_below_either_half_and_is_what_the_rag_path_then_sc
     assert calibration.questions == len(dev.read_text(encoding="utf-8").splitlines())
 
     write_calibration(root, calibration)
-    platform = next(p for p in yaml.safe_load((root / "model_settings.yaml").read_text(encoding="utf-8"))["MODEL_PLATFORMS"]
-                    if "local_embeddings" in p)
+    platform = next(
+        p
+        for p in yaml.safe_load((root / "model_settings.yaml").read_text(encoding="utf-8"))["MODEL_PLATFORMS"]
+        if "local_embeddings" in p
+    )
     hybrid = parse_hybrid(platform)
     assert (hybrid.bm25_weight, hybrid.dense_weight, hybrid.score_threshold) == (
-        calibration.chosen.bm25_weight, calibration.chosen.dense_weight, calibration.chosen.threshold)
+        calibration.chosen.bm25_weight,
+        calibration.chosen.dense_weight,
+        calibration.chosen.threshold,
+    )
     assert hybrid.calibration["metrics"]["calibrated"]["MRR@10"] == round(mrr["calibrated"], 4)
-    assert yaml.safe_load((root / "kb_settings.yaml").read_text(encoding="utf-8"))["SCORE_THRESHOLD"] == calibration.chosen.threshold
+    assert (
+        yaml.safe_load((root / "kb_settings.yaml").read_text(encoding="utf-8"))["SCORE_THRESHOLD"]
+        == calibration.chosen.threshold
+    )
     # Chatchat's own search_docs at the recorded settings (threshold: the one it now passes by default).
     queries, chunks = dev_queries(dev, root, kb)
     with ChatchatSearch(root, kb, chunks, calibration.top_k, root / "logs" / "search.log") as search:
@@ -126,13 +149,16 @@ def test_setup_calibrate_records_the_choice_and_doctor_shows_it(calibrated_root,
 
     missing = cli("setup", "--model", str(model), "--calibrate", str(tmp_path / "nope.jsonl"), "--no-check")
     assert missing.returncode == 2 and missing.stderr.strip().splitlines() == [
-        f"error: {tmp_path / 'nope.jsonl'}: question file not found"]
+        f"error: {tmp_path / 'nope.jsonl'}: question file not found"
+    ]
     other = cli("setup", "--model", str(tiny_model_dir("attn", seed=5)), "--calibrate", str(dev), "--no-check")
     assert other.returncode == 2, other.stdout + other.stderr
     assert "not made by the configured model" in other.stderr and other.stderr.count("\n") == 1
 
     done = cli("setup", "--model", str(model), "--calibrate", str(dev))
-    assert "| calibrated |" in done.stdout and "OK    calibrated the FAISS ensemble" in done.stdout, done.stdout + done.stderr
+    assert "| calibrated |" in done.stdout and "OK    calibrated the FAISS ensemble" in done.stdout, (
+        done.stdout + done.stderr
+    )
     doctor = cli("doctor", "--no-load")
     lines = doctor.stdout.splitlines()
     weights = next(line for line in lines if "FAISS ensemble: weights BM25" in line)
@@ -166,10 +192,14 @@ def test_labelled_questions_in_the_evaluation_format_calibrate_too(calibrated_ro
     questions.write_text("".join(json.dumps(line, ensure_ascii=False) + "\n" for line in lines), encoding="utf-8")
     queries, chunks = dev_queries(questions, root, kb)
     assert [q.qid for q in queries] == [f"q{i}" for i in range(N_DOCUMENTS)]
-    assert all(len(q.gains) == 1 for q in queries) and {c.source for c in chunks} == {f"policy{i}.md" for i in range(N_DOCUMENTS)}
+    assert all(len(q.gains) == 1 for q in queries) and {c.source for c in chunks} == {
+        f"policy{i}.md" for i in range(N_DOCUMENTS)
+    }
     calibration = calibrate_root(root, kb, questions, tmp_path)
     mrr = {name: row.metrics["MRR@10"] for name, row in calibration.rows.items()}
-    assert calibration.questions == N_DOCUMENTS and mrr["calibrated"] >= max(mrr["bm25"], mrr["dense"], mrr["hybrid 0.5"])
+    assert calibration.questions == N_DOCUMENTS and mrr["calibrated"] >= max(
+        mrr["bm25"], mrr["dense"], mrr["hybrid 0.5"]
+    )
 
     wrong = tmp_path / "wrong.jsonl"
     wrong.write_text('{"query": 1}\n', encoding="utf-8")

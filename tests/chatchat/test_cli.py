@@ -13,8 +13,8 @@ from chatchat_deploy import BIN, Deployment, run
 from test_kb_swap import files, write_index
 
 from chatchat_policybert.cli import main
-from chatchat_policybert.score_threshold import cosine_cut
 from chatchat_policybert.kb_rebuild import RETIRED_SUFFIX, recover_swap
+from chatchat_policybert.score_threshold import cosine_cut
 from chatchat_policybert.settings import SettingsError, find_local_model, parse_config
 
 INIT_LIKE_MODEL_SETTINGS = """\
@@ -64,8 +64,17 @@ def test_faiss_cosine_cut_matches_chatchat_rule():
 
 def test_setup_merges_settings_and_keeps_comments(tmp_path: Path, tiny_model: Path):
     root = make_root(tmp_path)
-    result = cli("setup", "--root", str(root), "--model", str(tiny_model), "--ollama-url", "http://127.0.0.1:1/v1",
-                 "--keep-other-platforms", "--no-check")
+    result = cli(
+        "setup",
+        "--root",
+        str(root),
+        "--model",
+        str(tiny_model),
+        "--ollama-url",
+        "http://127.0.0.1:1/v1",
+        "--keep-other-platforms",
+        "--no-check",
+    )
     assert result.returncode == 0, result.stderr
     text = (root / "model_settings.yaml").read_text(encoding="utf-8")
     assert "# written by chatchat init" in text and "# Read by chatchat_policybert's import hook" in text
@@ -97,9 +106,13 @@ def test_setup_before_chatchat_init_says_what_to_run(tmp_path: Path):
 def test_doctor_passes_on_the_deployment(deployment: Deployment, standin):
     result = cli("doctor", "--root", str(deployment.root), env=deployment.env)
     assert result.returncode == 0, result.stdout
-    for expected in ("OK    import hook installed", "OK    LLM 'qwen2.5:7b' platform answers",
-                     "dimension 32, query vector norm 1.0000", "keeps FAISS hits with cosine >= 0.50",
-                     "OK    knowledge base 'WeiMingPolicies' has a FAISS index"):
+    for expected in (
+        "OK    import hook installed",
+        "OK    LLM 'qwen2.5:7b' platform answers",
+        "dimension 32, query vector norm 1.0000",
+        "keeps FAISS hits with cosine >= 0.50",
+        "OK    knowledge base 'WeiMingPolicies' has a FAISS index",
+    ):
         assert expected in result.stdout, result.stdout
 
 
@@ -137,17 +150,20 @@ def test_doctor_reports_a_killed_swap_and_what_to_do(tmp_path: Path):
     assert [line for line in lines if RETIRED_SUFFIX in line] == [
         f"ERROR the index of 'samples' is at {retired}, not served ({final} has no vectors): a `kb -r` was killed "
         f"during its swap; `chatchat kb -r -n samples` puts it back first, or with Chatchat stopped: "
-        f"rm -rf '{final}' && mv '{retired}' '{final}'"]
+        f"rm -rf '{final}' && mv '{retired}' '{final}'"
+    ]
     recover_swap(final)  # what that kb -r does first
     assert files(final) == old
-    assert not [line for line in cli("doctor", "--root", str(root), "--no-load").stdout.splitlines()
-                if RETIRED_SUFFIX in line]
+    assert not [
+        line for line in cli("doctor", "--root", str(root), "--no-load").stdout.splitlines() if RETIRED_SUFFIX in line
+    ]
 
     write_index(retired, 5)  # killed after the second rename: the new index is in place
     lines = cli("doctor", "--root", str(root), "--no-load").stdout.splitlines()
     assert [line for line in lines if RETIRED_SUFFIX in line] == [
         f"WARN  {retired} is left over by a `kb -r` killed after its swap ({final} is the new index, 3 vectors): "
-        f"remove it, or let the next `chatchat kb -r -n samples` do so"]
+        f"remove it, or let the next `chatchat kb -r -n samples` do so"
+    ]
 
 
 def test_doctor_names_a_setting_that_is_not_a_number(tmp_path: Path):

@@ -44,14 +44,22 @@ def texts(policies) -> list[str]:
 @pytest.fixture(scope="module")
 def limits() -> ServerLimits:
     return ServerLimits(
-        max_body_bytes=64 * 1024, max_inputs=64, max_batch=16, max_wait_s=0.005, max_input_tokens=1024,
-        max_request_tokens=8192, batch_tokens=1024, read_timeout_s=3.0,
+        max_body_bytes=64 * 1024,
+        max_inputs=64,
+        max_batch=16,
+        max_wait_s=0.005,
+        max_input_tokens=1024,
+        max_request_tokens=8192,
+        batch_tokens=1024,
+        read_timeout_s=3.0,
     )
 
 
 @pytest.fixture(scope="module")
 def client(embeddings, limits):
-    app = create_app(embeddings.embed_documents, thread_local_counter(embeddings.tokenizer), MODEL, embeddings.dimension, limits)
+    app = create_app(
+        embeddings.embed_documents, thread_local_counter(embeddings.tokenizer), MODEL, embeddings.dimension, limits
+    )
     with TestClient(app) as test_client:
         yield test_client
 
@@ -108,7 +116,9 @@ def test_float_and_base64_match_embed_documents(client, embeddings, texts):
 def test_single_string_input(client, embeddings, texts):
     data = client.post("/v1/embeddings", json={"model": MODEL, "input": texts[0]}).json()["data"]
     assert len(data) == 1
-    np.testing.assert_array_equal(np.float32(data[0]["embedding"]), np.float32(embeddings.embed_documents(texts[:1])[0]))
+    np.testing.assert_array_equal(
+        np.float32(data[0]["embedding"]), np.float32(embeddings.embed_documents(texts[:1])[0])
+    )
 
 
 @pytest.mark.parametrize(
@@ -192,8 +202,10 @@ def test_chunked_body_over_the_limit_is_refused_while_reading(live_url, limits):
     """Item 1: a chunked body with no Content-Length is counted as it arrives, not buffered first."""
     chunk = b"x" * 16384
     parts = [b"%x\r\n%s\r\n" % (len(chunk), chunk)] * (2 * limits.max_body_bytes // len(chunk))
-    head = (b"POST /v1/embeddings HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
-            b"Transfer-Encoding: chunked\r\n\r\n")
+    head = (
+        b"POST /v1/embeddings HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+        b"Transfer-Encoding: chunked\r\n\r\n"
+    )
     status = raw_request(live_url, head, parts, timeout=limits.read_timeout_s - 1)
     assert " 413 " in status, status
     assert requests.get(live_url.removesuffix("/v1") + "/health", timeout=5).ok
@@ -201,8 +213,7 @@ def test_chunked_body_over_the_limit_is_refused_while_reading(live_url, limits):
 
 def test_stalled_body_times_out(live_url, limits):
     """Item 7: a client that declares a body and never sends it holds the request at most read_timeout_s."""
-    head = (b"POST /v1/embeddings HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
-            b"Content-Length: 100\r\n\r\n")
+    head = b"POST /v1/embeddings HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: 100\r\n\r\n"
     start = time.monotonic()
     status = raw_request(live_url, head, [b'{"model": '], timeout=limits.read_timeout_s + 5)
     assert " 408 " in status, status
@@ -215,19 +226,31 @@ def test_only_json_bodies_are_accepted(client, content_type):
     headers = {} if content_type is None else {"Content-Type": content_type}
     response = client.post("/v1/embeddings", content=b'{"model": "policybert", "input": "x"}', headers=headers)
     assert response.status_code == 415 and "application/json" in response.json()["error"]["message"]
-    ok = client.post("/v1/embeddings", content=b'{"model": "policybert", "input": "x"}',
-                     headers={"Content-Type": "application/json; charset=utf-8"})
+    ok = client.post(
+        "/v1/embeddings",
+        content=b'{"model": "policybert", "input": "x"}',
+        headers={"Content-Type": "application/json; charset=utf-8"},
+    )
     assert ok.status_code == 200
 
 
 def test_api_key(embeddings):
     """Item 7: with a key, every /v1 route needs ``Authorization: Bearer <key>``; /health stays open."""
-    app = create_app(embeddings.embed_documents, thread_local_counter(embeddings.tokenizer), MODEL,
-                     embeddings.dimension, api_key="s3cret-key")
+    app = create_app(
+        embeddings.embed_documents,
+        thread_local_counter(embeddings.tokenizer),
+        MODEL,
+        embeddings.dimension,
+        api_key="s3cret-key",
+    )
     body = {"model": MODEL, "input": "数据"}
     with TestClient(app) as keyed:
-        for headers in ({}, {"Authorization": "Bearer wrong"}, {"Authorization": "s3cret-key"},
-                        {"Authorization": "Basic s3cret-key"}):
+        for headers in (
+            {},
+            {"Authorization": "Bearer wrong"},
+            {"Authorization": "s3cret-key"},
+            {"Authorization": "Basic s3cret-key"},
+        ):
             refused = keyed.post("/v1/embeddings", json=body, headers=headers)
             assert refused.status_code == 401 and "API key" in refused.json()["error"]["message"]
             assert keyed.get("/v1/models", headers=headers).status_code == 401
@@ -239,8 +262,11 @@ def test_api_key(embeddings):
 
 def test_lone_surrogate_is_a_4xx_naming_the_item(client, embeddings):
     """Item 5: JSON can carry "\\ud800"; it is no text, and the error says which input holds it."""
-    response = client.post("/v1/embeddings", content=b'{"model": "policybert", "input": ["ok", "a\\ud800b"]}',
-                           headers={"Content-Type": "application/json"})
+    response = client.post(
+        "/v1/embeddings",
+        content=b'{"model": "policybert", "input": ["ok", "a\\ud800b"]}',
+        headers={"Content-Type": "application/json"},
+    )
     assert response.status_code == 422
     assert "input 1" in response.json()["error"]["message"] and "surrogate" in response.json()["error"]["message"]
     with pytest.raises(ValueError, match="text 1 has a lone surrogate"):
@@ -326,7 +352,9 @@ def test_long_words_are_capped_and_sliced_by_characters(embeddings):
 
     app = create_app(embed, thread_local_counter(embeddings.tokenizer), MODEL, embeddings.dimension, limits)
     with TestClient(app) as test_client:
-        one_word = test_client.post("/v1/embeddings", json={"model": MODEL, "input": ["数据", "a" * (limits.max_input_chars + 1)]})
+        one_word = test_client.post(
+            "/v1/embeddings", json={"model": MODEL, "input": ["数据", "a" * (limits.max_input_chars + 1)]}
+        )
         assert one_word.status_code == 413, one_word.text
         assert "input[1]" in one_word.text and f"{limits.max_input_chars + 1} characters" in one_word.text
         digits = ["10" * (limits.max_input_chars // 2)] * (limits.max_request_chars // limits.max_input_chars + 1)
@@ -358,8 +386,10 @@ def test_abandoned_request_stops_between_model_calls(embeddings, texts):
     with served(app, limits) as url:
         port = int(url.split(":")[-1].split("/")[0])
         with socket.create_connection(("127.0.0.1", port), timeout=10) as sock:
-            sock.sendall(b"POST /v1/embeddings HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
-                         b"Content-Length: %d\r\n\r\n%s" % (len(body), body))
+            sock.sendall(
+                b"POST /v1/embeddings HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                b"Content-Length: %d\r\n\r\n%s" % (len(body), body)
+            )
             assert first.wait(10)
         time.sleep(1.0)
         settled = len(calls)

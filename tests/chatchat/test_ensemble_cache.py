@@ -63,7 +63,7 @@ def shipped_questions() -> list[str]:
 def test_postings_bm25_scores_bit_identical_to_rank_bm25():
     import jieba
 
-    texts = [d.content[i:i + 250] for d in read_policies(CORPUS_CSV)[:60] for i in range(0, len(d.content), 250)]
+    texts = [d.content[i : i + 250] for d in read_policies(CORPUS_CSV)[:60] for i in range(0, len(d.content), 250)]
     texts += texts[:20]  # duplicate chunks: tied scores, where only the same array gives the same order
     corpus = [jieba.lcut_for_search(t) for t in texts]
     reference, postings = BM25Okapi(corpus), PostingsBM25Okapi.from_tokens(corpus)
@@ -77,8 +77,14 @@ def test_postings_bm25_scores_bit_identical_to_rank_bm25():
 
 def test_cached_ensemble_ranks_as_chatchat_and_passes_top_k(deployment: Deployment):
     questions = shipped_questions()
-    result = subprocess.run([str(BIN / "python"), "-c", COMPARE_SCRIPT], env=deployment.env, input=json.dumps(questions),
-                            capture_output=True, text=True, timeout=600)
+    result = subprocess.run(
+        [str(BIN / "python"), "-c", COMPARE_SCRIPT],
+        env=deployment.env,
+        input=json.dumps(questions),
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert result.returncode == 0, result.stderr[-3000:]
     found = json.loads(result.stdout.strip().splitlines()[-1])
     assert found["patched"] and found["bm25_kept"]
@@ -92,16 +98,22 @@ def test_cached_ensemble_ranks_as_chatchat_and_passes_top_k(deployment: Deployme
 
 
 def search(api: str, kb: str, query: str) -> list[str]:
-    response = requests.post(f"{api}/knowledge_base/search_docs", timeout=120, json={
-        "query": query, "knowledge_base_name": kb, "top_k": 3, "score_threshold": BM25_ONLY_THRESHOLD})
+    response = requests.post(
+        f"{api}/knowledge_base/search_docs",
+        timeout=120,
+        json={"query": query, "knowledge_base_name": kb, "top_k": 3, "score_threshold": BM25_ONLY_THRESHOLD},
+    )
     response.raise_for_status()
     return [hit["page_content"] for hit in response.json()]
 
 
 def upload(api: str, kb: str, name: str, text: str) -> None:
-    response = requests.post(f"{api}/knowledge_base/upload_docs", timeout=300,
-                             files=[("files", (name, text.encode("utf-8"), "text/markdown"))],
-                             data={"knowledge_base_name": kb, "override": "true"})
+    response = requests.post(
+        f"{api}/knowledge_base/upload_docs",
+        timeout=300,
+        files=[("files", (name, text.encode("utf-8"), "text/markdown"))],
+        data={"knowledge_base_name": kb, "override": "true"},
+    )
     response.raise_for_status()
     assert response.json()["code"] == 200, response.text
 
@@ -110,8 +122,11 @@ def test_api_changes_reach_the_next_question(server, policies):
     deployment, _ = server
     api, kb = deployment.api, f"bm25_fresh_{uuid.uuid4().hex[:8]}"
     first, second = "鲲鹏湾深海牧场专项补贴", "雪松岭冰川观测站人才公寓"
-    response = requests.post(f"{api}/knowledge_base/create_knowledge_base", timeout=60, json={
-        "knowledge_base_name": kb, "vector_store_type": "faiss", "embed_model": EMBED_MODEL})
+    response = requests.post(
+        f"{api}/knowledge_base/create_knowledge_base",
+        timeout=60,
+        json={"knowledge_base_name": kb, "vector_store_type": "faiss", "embed_model": EMBED_MODEL},
+    )
     assert response.json()["code"] == 200, response.text
     try:
         for n, policy in enumerate(policies):
@@ -125,8 +140,11 @@ def test_api_changes_reach_the_next_question(server, policies):
         assert any(second in hit for hit in search(api, kb, second))
         assert not any(first in hit for hit in search(api, kb, first))
 
-        response = requests.post(f"{api}/knowledge_base/delete_docs", timeout=120, json={
-            "knowledge_base_name": kb, "file_names": ["new.md"], "delete_content": True})
+        response = requests.post(
+            f"{api}/knowledge_base/delete_docs",
+            timeout=120,
+            json={"knowledge_base_name": kb, "file_names": ["new.md"], "delete_content": True},
+        )
         assert response.json()["code"] == 200, response.text
         assert not any(second in hit for hit in search(api, kb, second))
     finally:
@@ -173,8 +191,14 @@ KBServiceFactory.get_service_by_name("{KB_NAME}").add_doc(KnowledgeFile("extra.m
 
 def first_question(env: dict[str, str]) -> tuple[dict, str]:
     """A new Chatchat process's first ``search_docs``, then its BM25 retriever against one built from scratch."""
-    result = subprocess.run([str(BIN / "python"), "-c", FIRST_QUESTION_SCRIPT], env=env,
-                            input=json.dumps(shipped_questions()), capture_output=True, text=True, timeout=600)
+    result = subprocess.run(
+        [str(BIN / "python"), "-c", FIRST_QUESTION_SCRIPT],
+        env=env,
+        input=json.dumps(shipped_questions()),
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert result.returncode == 0, result.stderr[-3000:]
     found = json.loads(result.stdout.strip().splitlines()[-1])
     assert found["first_hits"] == 5 and found["chunks"] >= 10
@@ -198,9 +222,15 @@ def test_unusable_saved_bm25_is_rebuilt_with_one_warning_and_saved_again(deploym
     saved = root / deployment.vector_store.relative_to(deployment.root) / BM25_FILE
     if damage == "stale":  # a file added with the plugin's cache off: Chatchat re-saves the vectors, not BM25
         (root / deployment.content_dir.relative_to(deployment.root) / "extra.md").write_text(
-            "# 新政策\n\n鲲鹏湾深海牧场专项补贴的申报条件和标准。\n", encoding="utf-8")
-        added = subprocess.run([str(BIN / "python"), "-c", ADD_FILE_SCRIPT], env={**env, BM25_CACHE_ENV: "0"},
-                               capture_output=True, text=True, timeout=600)
+            "# 新政策\n\n鲲鹏湾深海牧场专项补贴的申报条件和标准。\n", encoding="utf-8"
+        )
+        added = subprocess.run(
+            [str(BIN / "python"), "-c", ADD_FILE_SCRIPT],
+            env={**env, BM25_CACHE_ENV: "0"},
+            capture_output=True,
+            text=True,
+            timeout=600,
+        )
         assert added.returncode == 0, added.stderr[-3000:]
         reason = "built from other chunks"
     else:

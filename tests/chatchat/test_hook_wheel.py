@@ -60,11 +60,29 @@ if __name__ == "__main__":
 @pytest.fixture(scope="module")
 def wheel(tmp_path_factory, repo_root: Path) -> Path:
     source = tmp_path_factory.mktemp("src") / "repo"
-    shutil.copytree(repo_root, source, ignore=shutil.ignore_patterns(
-        ".venv", ".git", "build", "dist", "runs", "*.egg-info", "__pycache__", ".pytest_cache", ".hypothesis", "tests"))
+    shutil.copytree(
+        repo_root,
+        source,
+        ignore=shutil.ignore_patterns(
+            ".venv",
+            ".git",
+            "build",
+            "dist",
+            "runs",
+            "*.egg-info",
+            "__pycache__",
+            ".pytest_cache",
+            ".hypothesis",
+            "tests",
+        ),
+    )
     out = tmp_path_factory.mktemp("wheel")
-    subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "--no-build-isolation", "-w", str(out),
-                    str(source)], check=True, capture_output=True, timeout=300)
+    subprocess.run(
+        [sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "--no-build-isolation", "-w", str(out), str(source)],
+        check=True,
+        capture_output=True,
+        timeout=300,
+    )
     return next(out.glob("chatchat_policybert-*.whl"))
 
 
@@ -73,11 +91,18 @@ def fresh_venv(tmp_path_factory, wheel: Path) -> Path:
     env_dir = tmp_path_factory.mktemp("fresh") / "venv"
     venv.EnvBuilder(with_pip=False).create(env_dir)
     python = env_dir / "bin" / "python"
-    purelib = Path(subprocess.check_output([str(python), "-c", "import sysconfig; print(sysconfig.get_path('purelib'))"],
-                                           text=True).strip())
+    purelib = Path(
+        subprocess.check_output(
+            [str(python), "-c", "import sysconfig; print(sysconfig.get_path('purelib'))"], text=True
+        ).strip()
+    )
     (purelib / "zz_test_dependencies.pth").write_text(sysconfig.get_path("purelib") + "\n", encoding="utf-8")
-    subprocess.run([sys.executable, "-m", "pip", "--python", str(python), "install", "-q", "--no-deps", "--no-index",
-                    str(wheel)], check=True, capture_output=True, timeout=300)
+    subprocess.run(
+        [sys.executable, "-m", "pip", "--python", str(python), "install", "-q", "--no-deps", "--no-index", str(wheel)],
+        check=True,
+        capture_output=True,
+        timeout=300,
+    )
     return env_dir
 
 
@@ -110,24 +135,53 @@ def test_console_script_and_packaged_settings(fresh_venv: Path, deployment: Depl
     for args in (["--help"], ["setup", "--help"], ["doctor", "--help"], ["serve", "--help"], ["eval", "--help"]):
         result = run([str(fresh_venv / "bin" / "chatchat-policybert"), *args], deployment.env, timeout=60)
         assert result.returncode == 0 and "usage:" in result.stdout, result.stderr
-    where = run([str(fresh_venv / "bin" / "python"), "-c",
-                 "from chatchat_policybert.cli.setup import shipped_settings_dir; print(shipped_settings_dir())"],
-                deployment.env, timeout=60)
+    where = run(
+        [
+            str(fresh_venv / "bin" / "python"),
+            "-c",
+            "from chatchat_policybert.cli.setup import shipped_settings_dir; print(shipped_settings_dir())",
+        ],
+        deployment.env,
+        timeout=60,
+    )
     assert Path(where.stdout.strip()).is_relative_to(site_packages(fresh_venv))
 
 
-def test_wheel_ships_its_data_and_evaluates_outside_the_repository(fresh_venv: Path, deployment: Deployment,
-                                                                     tmp_path: Path):
+def test_wheel_ships_its_data_and_evaluates_outside_the_repository(
+    fresh_venv: Path, deployment: Deployment, tmp_path: Path
+):
     """`pip install` of the wheel alone runs `eval` on the shipped corpus and questions, from any folder."""
     data = site_packages(fresh_venv) / "chatchat_policybert" / "data"
-    for name in ("LICENSE-policy-data.txt", "policy_corpus/Policys_cleaned.csv", "lexicon/words_list_checked.txt",
-                 "lexicon/stopword.txt", "policy_sm/dev.tsv", "policy_questions.jsonl"):
+    for name in (
+        "LICENSE-policy-data.txt",
+        "policy_corpus/Policys_cleaned.csv",
+        "lexicon/words_list_checked.txt",
+        "lexicon/stopword.txt",
+        "policy_sm/dev.tsv",
+        "policy_questions.jsonl",
+    ):
         assert (data / name).is_file(), name
     env = {**deployment.env, "PYTHONPATH": ""}
     env.pop("CHATCHAT_ROOT")
-    result = subprocess.run([str(fresh_venv / "bin" / "chatchat-policybert"), "eval", "--retrievers", "bm25",
-                             "--limit", "3", "--work-dir", str(tmp_path / "root"), "--out", str(tmp_path / "eval.json")],
-                            env=env, cwd=tmp_path, capture_output=True, text=True, timeout=600)
+    result = subprocess.run(
+        [
+            str(fresh_venv / "bin" / "chatchat-policybert"),
+            "eval",
+            "--retrievers",
+            "bm25",
+            "--limit",
+            "3",
+            "--work-dir",
+            str(tmp_path / "root"),
+            "--out",
+            str(tmp_path / "eval.json"),
+        ],
+        env=env,
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert result.returncode == 0, result.stderr[-4000:]
     report = json.loads((tmp_path / "eval.json").read_text(encoding="utf-8"))
     assert report["queries"] == 3 and set(report["results"]) == {"bm25"}
@@ -136,8 +190,12 @@ def test_wheel_ships_its_data_and_evaluates_outside_the_repository(fresh_venv: P
 
 def test_uninstall_removes_the_hook_quietly(fresh_venv: Path):
     python = fresh_venv / "bin" / "python"
-    subprocess.run([sys.executable, "-m", "pip", "--python", str(python), "uninstall", "-y", "-q", "chatchat-policybert"],
-                   check=True, capture_output=True, timeout=120)
+    subprocess.run(
+        [sys.executable, "-m", "pip", "--python", str(python), "uninstall", "-y", "-q", "chatchat-policybert"],
+        check=True,
+        capture_output=True,
+        timeout=120,
+    )
     assert not (site_packages(fresh_venv) / PTH_NAME).exists()
     started = subprocess.run([str(python), "-c", "pass"], capture_output=True, text=True, timeout=60)
     assert started.returncode == 0 and started.stderr == ""

@@ -70,12 +70,16 @@ class Root:
         self.vector_store = path / "data" / "knowledge_base" / KB_NAME / "vector_store"
 
     def fingerprint(self) -> dict[str, str]:
-        return {p.name: hashlib.sha256(p.read_bytes()).hexdigest() for p in sorted((self.vector_store / "policybert").iterdir())}
+        return {
+            p.name: hashlib.sha256(p.read_bytes()).hexdigest()
+            for p in sorted((self.vector_store / "policybert").iterdir())
+        }
 
     def db_rows(self) -> tuple[list, list]:
         with sqlite3.connect(self.path / "data" / "knowledge_base" / "info.db") as db:
-            files = db.execute("select file_name, docs_count from knowledge_file where kb_name=? order by file_name",
-                               (KB_NAME,)).fetchall()
+            files = db.execute(
+                "select file_name, docs_count from knowledge_file where kb_name=? order by file_name", (KB_NAME,)
+            ).fetchall()
             docs = db.execute("select doc_id from file_doc where kb_name=? order by doc_id", (KB_NAME,)).fetchall()
         return files, docs
 
@@ -137,8 +141,13 @@ def test_killed_rebuild_keeps_index(root: Root):
     before, vectors = root.fingerprint(), len(root.db_rows()[1])
     assert {"index.faiss", "index.pkl", BM25_FILE} <= set(before)  # the pair kb -r swaps: vectors and BM25
     root.set_embeddings(**{"class": "test_embeddings_classes:StallingEmbeddings"})
-    process = subprocess.Popen([str(BIN / "chatchat"), "kb", "-r", "-n", KB_NAME], env=root.env,
-                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    process = subprocess.Popen(
+        [str(BIN / "chatchat"), "kb", "-r", "-n", KB_NAME],
+        env=root.env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
+    )
     try:
         staging = root.vector_store / "policybert.rebuilding"
         deadline = time.monotonic() + 180
@@ -201,11 +210,20 @@ def test_concurrent_rebuilds_of_one_kb_leave_the_rows_of_one(root: Root, tmp_pat
     try:
         for log in logs:
             with log.open("w") as handle:
-                processes.append(subprocess.Popen([str(BIN / "chatchat"), "kb", "-r", "-n", KB_NAME], env=env,
-                                                  stdout=handle, stderr=subprocess.STDOUT, start_new_session=True))
+                processes.append(
+                    subprocess.Popen(
+                        [str(BIN / "chatchat"), "kb", "-r", "-n", KB_NAME],
+                        env=env,
+                        stdout=handle,
+                        stderr=subprocess.STDOUT,
+                        start_new_session=True,
+                    )
+                )
             deadline = time.monotonic() + 180
             # The first is embedding (its old rows deleted); the second is embedding too or waits for the lock.
-            while not (len(list(gate.glob("started-*"))) == len(processes) or "waiting for it to finish" in log.read_text()):
+            while not (
+                len(list(gate.glob("started-*"))) == len(processes) or "waiting for it to finish" in log.read_text()
+            ):
                 assert processes[-1].poll() is None and time.monotonic() < deadline, log.read_text()[-3000:]
                 time.sleep(0.3)
         (gate / "go").touch()

@@ -21,7 +21,7 @@ import pytest
 from chatchat_policybert.errors import InputError
 from chatchat_policybert.kb_rebuild import RETIRED_SUFFIX, check_kb_name, recover_swap
 
-CHILD = r'''
+CHILD = r"""
 import os, shutil, sys
 from pathlib import Path
 from chatchat_policybert import kb_rebuild
@@ -43,7 +43,7 @@ os.rename, shutil.rmtree = step(os.rename), step(shutil.rmtree)
 # The platform probe: False is what a C library without renameat2 (macOS, musl) answers.
 kb_rebuild._exchange = step(kb_rebuild._exchange) if exchange else (lambda a, b: False)
 kb_rebuild.swap_index(staging, final)
-'''
+"""
 
 
 def write_index(folder: Path, vectors: int) -> dict[str, bytes]:
@@ -65,8 +65,11 @@ def test_swap_killed_at_every_step_leaves_an_index(tmp_path, exchange):
         case = tmp_path / f"k{kill_after}"
         final, staging = case / "policybert", case / "policybert.rebuilding"
         old, new = write_index(final, 3), write_index(staging, 5)
-        child = subprocess.run([sys.executable, "-c", CHILD, str(staging), str(final), str(kill_after),
-                                "1" if exchange else "0"], capture_output=True, text=True)
+        child = subprocess.run(
+            [sys.executable, "-c", CHILD, str(staging), str(final), str(kill_after), "1" if exchange else "0"],
+            capture_output=True,
+            text=True,
+        )
         recover_swap(final)
         assert files(final) in (old, new), f"kill after step {kill_after}: index damaged"
         assert sorted(p.name for p in case.iterdir()) in (["policybert"], ["policybert", "policybert.rebuilding"])

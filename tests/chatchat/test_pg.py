@@ -13,8 +13,8 @@ import shutil
 import subprocess
 import textwrap
 from collections import Counter
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Iterator
 
 import numpy as np
 import pytest
@@ -29,13 +29,13 @@ from test_kb_rebuild_failures import Root, make_root, rebuild
 from chatchat_policybert.calibration import Candidates, Setting, calibrate_root, fuse
 from chatchat_policybert.chatchat_hook import BM25_CACHE_ENV
 from chatchat_policybert.chatchat_process import ChatchatWorker
-from chatchat_policybert.score_threshold import cosine_cut, score_threshold_for
 from chatchat_policybert.embeddings import PolicyBertEmbeddings
 from chatchat_policybert.errors import InputError
-from tests.support.pg_cluster import PgCluster
 from chatchat_policybert.evaluation.knowledge_base import load_chunks
 from chatchat_policybert.evaluation.retrievers import ChatchatSearch
 from chatchat_policybert.pg_store import COLLECTIONS, EMBEDDINGS, collection_size
+from chatchat_policybert.score_threshold import cosine_cut, score_threshold_for
+from tests.support.pg_cluster import PgCluster
 from training import pairs
 
 pytestmark = pytest.mark.pg
@@ -59,8 +59,24 @@ def pg_root(tmp_path_factory, deployment: Deployment, cluster: PgCluster, standi
     """A copy of the deployment on the pg store, rebuilt by `chatchat kb -r`; its FAISS index is gone."""
     root = make_root(deployment, tmp_path_factory.mktemp("pg"))
     shutil.rmtree(root.vector_store)
-    setup = run([str(BIN / "chatchat-policybert"), "setup", "--root", str(root.path), "--model", str(deployment.model_dir),
-                 "--ollama-url", standin.url, "--vs", "pg", "--pg-uri", cluster.uri, "--no-check"], root.env)
+    setup = run(
+        [
+            str(BIN / "chatchat-policybert"),
+            "setup",
+            "--root",
+            str(root.path),
+            "--model",
+            str(deployment.model_dir),
+            "--ollama-url",
+            standin.url,
+            "--vs",
+            "pg",
+            "--pg-uri",
+            cluster.uri,
+            "--no-check",
+        ],
+        root.env,
+    )
     assert setup.returncode == 0, setup.stdout + setup.stderr
     assert "BM25 + vectors" in setup.stdout
     log = rebuild(root)
@@ -74,9 +90,13 @@ def collection(uri: str, name: str = KB_NAME) -> list[tuple[str, str, str]]:
     engine = sqlalchemy.create_engine(uri)
     try:
         with engine.connect() as connection:
-            rows = connection.execute(sqlalchemy.text(
-                f"SELECT e.custom_id, e.document, e.embedding::text FROM {EMBEDDINGS} e "
-                f"JOIN {COLLECTIONS} c ON e.collection_id = c.uuid WHERE c.name = :name"), {"name": name}).fetchall()
+            rows = connection.execute(
+                sqlalchemy.text(
+                    f"SELECT e.custom_id, e.document, e.embedding::text FROM {EMBEDDINGS} e "
+                    f"JOIN {COLLECTIONS} c ON e.collection_id = c.uuid WHERE c.name = :name"
+                ),
+                {"name": name},
+            ).fetchall()
             return sorted(tuple(row) for row in rows)
     finally:
         engine.dispose()
@@ -98,8 +118,9 @@ def test_setup_writes_the_pg_store_and_its_threshold(pg_root: Root, cluster: PgC
     assert 0.5 <= cosine_cut(kb["SCORE_THRESHOLD"], "pg") < 0.5001
 
 
-def test_kb_rebuild_stores_policybert_vectors_of_chatchat_chunks(pg_root: Root, cluster: PgCluster,
-                                                                 deployment: Deployment):
+def test_kb_rebuild_stores_policybert_vectors_of_chatchat_chunks(
+    pg_root: Root, cluster: PgCluster, deployment: Deployment
+):
     rows = collection(cluster.uri)
     texts = [text for _, text, _ in rows]
     _, faiss_texts = load_index(deployment)
@@ -110,8 +131,9 @@ def test_kb_rebuild_stores_policybert_vectors_of_chatchat_chunks(pg_root: Root, 
     assert collection_names(cluster.uri) == [KB_NAME]
 
 
-def test_search_docs_keeps_the_top_k_above_the_pg_cosine_cut(pg_root: Root, cluster: PgCluster, monkeypatch,
-                                                             deployment: Deployment, standin: OllamaStandIn):
+def test_search_docs_keeps_the_top_k_above_the_pg_cosine_cut(
+    pg_root: Root, cluster: PgCluster, monkeypatch, deployment: Deployment, standin: OllamaStandIn
+):
     """Chatchat's own pg search (the plugin's search switched off): dense only, its threshold is the pg cosine cut.
 
     The plugin's ensemble applies the same cut to its dense half (test_the_pg_ensemble_is_the_fusion_of_its_two_halves).
@@ -122,13 +144,14 @@ def test_search_docs_keeps_the_top_k_above_the_pg_cosine_cut(pg_root: Root, clus
     vectors = np.asarray([json.loads(vector) for _, _, vector in rows])
     model = PolicyBertEmbeddings(str(deployment.model_dir))
     queries = ["数据要素市场化配置改革", "公共数据授权运营", "数字经济发展规划"]
-    with ChatchatWorker(pg_root.path, "search", "--kb", KB_NAME, "--top-k", str(TOP_K),
-                        log_path=pg_root.path / "search.log") as worker:
+    with ChatchatWorker(
+        pg_root.path, "search", "--kb", KB_NAME, "--top-k", str(TOP_K), log_path=pg_root.path / "search.log"
+    ) as worker:
         for query in queries:
             cosines = vectors @ np.asarray(model.embed_query(query))
             ranked = np.sort(cosines)[::-1]
             # A cut between the k-th and (k+1)-th best chunk (k < TOP_K, widest gap): exactly k must pass.
-            k = 1 + int(np.argmax(ranked[:TOP_K - 1] - ranked[1:TOP_K]))
+            k = 1 + int(np.argmax(ranked[: TOP_K - 1] - ranked[1:TOP_K]))
             cut = float(ranked[k - 1] + ranked[k]) / 2
             answer = worker.ask({"query": query, "threshold": score_threshold_for(cut, "pg")})
             hit_cosines = np.sort([cosines[texts.index(text)] for _, text in answer["hits"]])[::-1]
@@ -140,10 +163,14 @@ def test_search_docs_keeps_the_top_k_above_the_pg_cosine_cut(pg_root: Root, clus
 def test_doctor_reports_server_extension_cut_and_collection(pg_root: Root):
     result = run([str(BIN / "chatchat-policybert"), "doctor", "--root", str(pg_root.path), "--no-load"], pg_root.env)
     assert result.returncode == 0, result.stdout
-    for expected in ("OK    PostgreSQL 15", "OK    pgvector 0.8.0 is created in the database",
-                     "keeps pg hits with cosine >= 0.50", "BM25 + vectors",
-                     "pg ensemble: Chatchat's weights BM25 0.5 / dense 0.5, not calibrated",
-                     f"OK    knowledge base '{KB_NAME}' has {len(pg_root.db_rows()[1])} vectors in pg"):
+    for expected in (
+        "OK    PostgreSQL 15",
+        "OK    pgvector 0.8.0 is created in the database",
+        "keeps pg hits with cosine >= 0.50",
+        "BM25 + vectors",
+        "pg ensemble: Chatchat's weights BM25 0.5 / dense 0.5, not calibrated",
+        f"OK    knowledge base '{KB_NAME}' has {len(pg_root.db_rows()[1])} vectors in pg",
+    ):
         assert expected in result.stdout, result.stdout
 
 
@@ -161,12 +188,15 @@ def test_doctor_names_an_unreachable_server(pg_root: Root, tmp_path: Path):
     assert "PostgreSQL at postgresql+psycopg2://postgres:***@127.0.0.1:1/policybert does not answer" in errors[0]
 
 
-@pytest.mark.parametrize(("args", "fragment"), [
-    (["--vs", "pg"], "--vs pg needs --pg-uri"),
-    (["--vs", "pg", "--pg-uri", "mysql://u@h/db"], "expected a PostgreSQL URI"),
-    (["--vs", "pg", "--pg-uri", "not a uri"], "is not a database URI"),
-    (["--pg-uri", "postgresql://u@h/db"], "--pg-uri is only used with --vs pg"),
-])
+@pytest.mark.parametrize(
+    ("args", "fragment"),
+    [
+        (["--vs", "pg"], "--vs pg needs --pg-uri"),
+        (["--vs", "pg", "--pg-uri", "mysql://u@h/db"], "expected a PostgreSQL URI"),
+        (["--vs", "pg", "--pg-uri", "not a uri"], "is not a database URI"),
+        (["--pg-uri", "postgresql://u@h/db"], "--pg-uri is only used with --vs pg"),
+    ],
+)
 def test_setup_rejects_bad_store_arguments(tmp_path: Path, args: list[str], fragment: str):
     for name in ("model_settings.yaml", "kb_settings.yaml"):
         (tmp_path / name).write_text("{}\n", encoding="utf-8")
@@ -176,12 +206,16 @@ def test_setup_rejects_bad_store_arguments(tmp_path: Path, args: list[str], frag
     assert (tmp_path / "kb_settings.yaml").read_text(encoding="utf-8") == "{}\n", "nothing written"
 
 
-@pytest.mark.parametrize(("change", "logged"), [
-    ({"model_path": "gone"}, "not started, every existing index is unchanged"),
-    ({"class": "test_embeddings_classes:FailingEmbeddings"}, "MemoryError: simulated out of memory"),
-])
-def test_failed_rebuild_leaves_the_collection_searchable_and_unchanged(pg_root: Root, cluster: PgCluster,
-                                                                       change: dict, logged: str):
+@pytest.mark.parametrize(
+    ("change", "logged"),
+    [
+        ({"model_path": "gone"}, "not started, every existing index is unchanged"),
+        ({"class": "test_embeddings_classes:FailingEmbeddings"}, "MemoryError: simulated out of memory"),
+    ],
+)
+def test_failed_rebuild_leaves_the_collection_searchable_and_unchanged(
+    pg_root: Root, cluster: PgCluster, change: dict, logged: str
+):
     before, rows = collection(cluster.uri), pg_root.db_rows()
     settings = (pg_root.path / "model_settings.yaml").read_text(encoding="utf-8")
     pg_root.set_embeddings(**change)
@@ -200,7 +234,9 @@ def test_second_rebuild_replaces_the_collection(pg_root: Root, cluster: PgCluste
     before = collection(cluster.uri)
     rebuild(pg_root)
     after = collection(cluster.uri)
-    assert [row[1:] for row in sorted(after, key=lambda r: r[1:])] == [row[1:] for row in sorted(before, key=lambda r: r[1:])]
+    assert [row[1:] for row in sorted(after, key=lambda r: r[1:])] == [
+        row[1:] for row in sorted(before, key=lambda r: r[1:])
+    ]
     assert not {row[0] for row in before} & {row[0] for row in after}, "new rows, old ones gone"
     assert collection_names(cluster.uri) == [KB_NAME] and collection_size(cluster.uri, KB_NAME) == len(before)
 
@@ -226,11 +262,13 @@ def probe(root: Root, queries: list[str], top_k: int, threshold: float, plugin: 
     """Chatchat's search_docs in a fresh process of ``root`` (the plugin's pg search, or Chatchat's own):
     how many distinct pg store objects its services held across the searches, and each search's hit texts."""
     env = {**root.env, BM25_CACHE_ENV: "1" if plugin else "0"}
-    request = json.dumps({"kb": KB_NAME, "queries": queries, "top_k": top_k, "threshold": threshold}, ensure_ascii=False)
+    request = json.dumps(
+        {"kb": KB_NAME, "queries": queries, "top_k": top_k, "threshold": threshold}, ensure_ascii=False
+    )
     result = run([str(BIN / "python"), "-c", PROBE, request], env)
     line = next((line for line in result.stdout.splitlines() if line.startswith("@@probe@@")), None)
     assert line is not None, result.stdout[-3000:] + result.stderr[-3000:]
-    return json.loads(line[len("@@probe@@"):])
+    return json.loads(line[len("@@probe@@") :])
 
 
 def unique_probes(texts: list[str], n: int, length: int = 16) -> dict[str, str]:
@@ -238,7 +276,7 @@ def unique_probes(texts: list[str], n: int, length: int = 16) -> dict[str, str]:
     found = {}
     for text in sorted(set(texts)):
         for start in range(0, max(1, len(text) - length), length * 4):
-            query = text[start:start + length].strip()
+            query = text[start : start + length].strip()
             if len(query) == length and sum(query in t for t in set(texts)) == 1:
                 found[query] = text
                 break
@@ -274,11 +312,12 @@ EMPTY_KB_PROBE = textwrap.dedent("""
 
 
 def test_an_empty_pg_knowledge_base_answers_with_no_hits(pg_root: Root, cluster: PgCluster):
-    """A knowledge base created through Chatchat's API but not filled yet: no hits, no error (BM25 has nothing to index)."""
+    """A knowledge base created through Chatchat's API but not filled yet: no hits, no error (BM25 has nothing to
+    index)."""
     result = run([str(BIN / "python"), "-c", EMPTY_KB_PROBE], pg_root.env)
     line = next((line for line in result.stdout.splitlines() if line.startswith("@@probe@@")), None)
     assert line is not None, result.stdout[-3000:] + result.stderr[-3000:]
-    assert json.loads(line[len("@@probe@@"):]) == {"created": 200, "hits": [], "deleted": 200}
+    assert json.loads(line[len("@@probe@@") :]) == {"created": 200, "hits": [], "deleted": 200}
     assert collection_names(cluster.uri) == [KB_NAME]
 
 
@@ -306,7 +345,9 @@ def set_hybrid(root: Root, bm25_weight: float, dense_weight: float) -> None:
 @pytest.fixture
 def restored_settings(pg_root: Root) -> Iterator[None]:
     """The pg root's settings files as they were before the test."""
-    files = {name: (pg_root.path / name).read_text(encoding="utf-8") for name in ("model_settings.yaml", "kb_settings.yaml")}
+    files = {
+        name: (pg_root.path / name).read_text(encoding="utf-8") for name in ("model_settings.yaml", "kb_settings.yaml")
+    }
     yield
     for name, text in files.items():
         (pg_root.path / name).write_text(text, encoding="utf-8")
@@ -315,7 +356,10 @@ def restored_settings(pg_root: Root) -> Iterator[None]:
 def test_the_pg_ensemble_is_the_fusion_of_its_two_halves(pg_root: Root, cluster: PgCluster, restored_settings):
     """search_docs on pg = the calibration's fusion of the BM25 and pgvector lists, at every weight and pg threshold."""
     chunks = load_chunks(pg_root.path, KB_NAME, None)
-    texts = [text[:12] for text in sorted({c.text for c in chunks})[:6]] + ["数据要素市场化配置改革", "公共数据授权运营"]
+    texts = [text[:12] for text in sorted({c.text for c in chunks})[:6]] + [
+        "数据要素市场化配置改革",
+        "公共数据授权运营",
+    ]
     with Candidates(pg_root.path, KB_NAME, chunks, pg_root.path / "logs" / "candidates.log") as candidates:
         lists = {text: candidates.get(text) for text in texts}
         top_k = candidates.top_k
@@ -333,30 +377,64 @@ def test_the_pg_ensemble_is_the_fusion_of_its_two_halves(pg_root: Root, cluster:
     assert len({ranking for _, ranking in compared}) > len(texts), "the weights and thresholds change the hits"
 
 
-def test_setup_calibrate_works_on_pg(pg_root: Root, tmp_path: Path, restored_settings, deployment: Deployment,
-                                     cluster: PgCluster, standin: OllamaStandIn):
-    pairs.main(["--chatchat-root", str(pg_root.path), "--out", str(tmp_path / "pairs"), "--dev-ratio", "0.5",
-                "--negatives", "3", "--ict-per-chunk", "3"])
+def test_setup_calibrate_works_on_pg(
+    pg_root: Root, tmp_path: Path, restored_settings, deployment: Deployment, cluster: PgCluster, standin: OllamaStandIn
+):
+    pairs.main(
+        [
+            "--chatchat-root",
+            str(pg_root.path),
+            "--out",
+            str(tmp_path / "pairs"),
+            "--dev-ratio",
+            "0.5",
+            "--negatives",
+            "3",
+            "--ict-per-chunk",
+            "3",
+        ]
+    )
     dev = tmp_path / "pairs" / "dev.jsonl"
     calibration = calibrate_root(pg_root.path, KB_NAME, dev, tmp_path)
     mrr = {name: row.metrics["MRR@10"] for name, row in calibration.rows.items()}
     assert mrr["calibrated"] >= max(mrr["bm25"], mrr["dense"], mrr["hybrid 0.5"])
-    done = run([str(BIN / "chatchat-policybert"), "setup", "--root", str(pg_root.path), "--model", str(deployment.model_dir),
-                "--ollama-url", standin.url, "--vs", "pg", "--pg-uri", cluster.uri, "--calibrate", str(dev), "--no-check"],
-               pg_root.env, timeout=600)
+    done = run(
+        [
+            str(BIN / "chatchat-policybert"),
+            "setup",
+            "--root",
+            str(pg_root.path),
+            "--model",
+            str(deployment.model_dir),
+            "--ollama-url",
+            standin.url,
+            "--vs",
+            "pg",
+            "--pg-uri",
+            cluster.uri,
+            "--calibrate",
+            str(dev),
+            "--no-check",
+        ],
+        pg_root.env,
+        timeout=600,
+    )
     assert done.returncode == 0 and "OK    calibrated the pg ensemble" in done.stdout, done.stdout + done.stderr
     doctor = run([str(BIN / "chatchat-policybert"), "doctor", "--root", str(pg_root.path), "--no-load"], pg_root.env)
     chosen = calibration.chosen
-    assert (f"pg ensemble: weights BM25 {chosen.bm25_weight:g} / dense {chosen.dense_weight:g}, "
-            f"SCORE_THRESHOLD {chosen.threshold:g}") in doctor.stdout, doctor.stdout
+    assert (
+        f"pg ensemble: weights BM25 {chosen.bm25_weight:g} / dense {chosen.dense_weight:g}, "
+        f"SCORE_THRESHOLD {chosen.threshold:g}"
+    ) in doctor.stdout, doctor.stdout
 
 
 def test_the_pg_bm25_index_follows_a_rebuild(pg_root: Root, cluster: PgCluster):
     """A running search process (as `chatchat start` keeps one) finds a file added by a later `kb -r` by its words."""
     added = pg_root.path / "data" / "knowledge_base" / KB_NAME / "content" / "zz_added.md"
     wording = "鲲鹏翡翠试验区澜沧码头管理暂行办法"
-    with ChatchatWorker(pg_root.path, "search", "--kb", KB_NAME, "--top-k", str(TOP_K),
-                        log_path=pg_root.path / "follow.log") as worker:
+    with ChatchatWorker(
+        pg_root.path, "search", "--kb", KB_NAME, "--top-k", str(TOP_K), log_path=pg_root.path / "follow.log"
+    ) as worker:
         assert not any(wording in text for _, text in worker.ask({"query": wording, "threshold": 2.0})["hits"])
         added.write_text(f"# {wording}\n\n第一条 {wording}自发布之日起施行。\n", encoding="utf-8")
         try:
@@ -382,11 +460,20 @@ def pg_api(pg_root: Root) -> Iterator[str]:
     url = f"http://127.0.0.1:{port}"
     log_path = pg_root.path / "start_api.log"
     with log_path.open("w", encoding="utf-8") as log:
-        process = subprocess.Popen([str(BIN / "chatchat"), "start", "--api"], env=pg_root.env, stdout=log,
-                                   stderr=subprocess.STDOUT, start_new_session=True)
+        process = subprocess.Popen(
+            [str(BIN / "chatchat"), "start", "--api"],
+            env=pg_root.env,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
         try:
-            wait_until(lambda: requests.get(f"{url}/knowledge_base/list_knowledge_bases", timeout=2).ok,
-                       process, log_path, "API server")
+            wait_until(
+                lambda: requests.get(f"{url}/knowledge_base/list_knowledge_bases", timeout=2).ok,
+                process,
+                log_path,
+                "API server",
+            )
             yield url
         finally:
             stop_group(process)
@@ -397,13 +484,30 @@ def test_rag_chat_api_answers_from_the_pg_collection(pg_api: str, cluster: PgClu
     stored = {text.strip() for _, text, _ in collection(cluster.uri)}
     # Threshold 0 keeps cosine >= 0 on pg (the page's slider allows 0..2; above 1 nothing passes on pg).
     question = next(iter(sorted(stored)))[:40]
-    response = requests.post(f"{pg_api}/chat/kb_chat", timeout=300, stream=True, json={
-        "query": question, "mode": "local_kb", "kb_name": KB_NAME, "top_k": TOP_K, "score_threshold": 0.0,
-        "history": [], "stream": True, "model": standin.model, "temperature": 0.1, "prompt_name": "default"})
+    response = requests.post(
+        f"{pg_api}/chat/kb_chat",
+        timeout=300,
+        stream=True,
+        json={
+            "query": question,
+            "mode": "local_kb",
+            "kb_name": KB_NAME,
+            "top_k": TOP_K,
+            "score_threshold": 0.0,
+            "history": [],
+            "stream": True,
+            "model": standin.model,
+            "temperature": 0.1,
+            "prompt_name": "default",
+        },
+    )
     assert response.ok, response.text[:2000]
     # Server-sent events as the page reads them: the sources first, then the answer's tokens.
-    events = [json.loads(line[len("data:"):]) for line in response.iter_lines(decode_unicode=True)
-              if line.startswith("data:")]
+    events = [
+        json.loads(line[len("data:") :])
+        for line in response.iter_lines(decode_unicode=True)
+        if line.startswith("data:")
+    ]
     docs = [doc for event in events for doc in event.get("docs", [])]
     answer = "".join(event["choices"][0]["delta"]["content"] or "" for event in events)
     assert answer == REPLY

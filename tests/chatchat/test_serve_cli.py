@@ -25,8 +25,9 @@ def test_truncated_weights_are_one_line_not_a_traceback(tiny_model, tmp_path):
     model = Path(shutil.copytree(tiny_model, tmp_path / "model"))
     weights = model / "model.safetensors"
     weights.write_bytes(weights.read_bytes()[: weights.stat().st_size // 2])
-    result = subprocess.run([*SERVE, "--model-path", str(model), "--root", str(tmp_path)],
-                            capture_output=True, text=True, timeout=120)
+    result = subprocess.run(
+        [*SERVE, "--model-path", str(model), "--root", str(tmp_path)], capture_output=True, text=True, timeout=120
+    )
     assert result.returncode == 2, result.stderr[-2000:]
     assert "Traceback" not in result.stderr  # (the environment may print a library warning before the error)
     errors = [line for line in result.stderr.splitlines() if line.startswith("error: ")]
@@ -35,8 +36,14 @@ def test_truncated_weights_are_one_line_not_a_traceback(tiny_model, tmp_path):
 
 def serve_until_up(args: list[str], env: dict[str, str] | None = None) -> tuple[subprocess.Popen, int]:
     port = free_port()
-    process = subprocess.Popen([*SERVE, *args, "--port", str(port)], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                               text=True, start_new_session=True, env=env)
+    process = subprocess.Popen(
+        [*SERVE, *args, "--port", str(port)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+        env=env,
+    )
     deadline = time.monotonic() + 120
     while time.monotonic() < deadline:
         assert process.poll() is None, process.communicate()[1][-2000:]
@@ -106,8 +113,12 @@ def test_unfinished_headers_and_silent_connections_are_closed(tiny_model, tmp_pa
 )
 def test_impossible_serve_flags_are_one_error_line(tiny_model, tmp_path, flag, value, fragment):
     """Issue #23 item 6: values that overflowed (OverflowError tracebacks) or hung every request are refused."""
-    result = subprocess.run([*SERVE, "--model-path", str(tiny_model), "--root", str(tmp_path), flag, value],
-                            capture_output=True, text=True, timeout=120)
+    result = subprocess.run(
+        [*SERVE, "--model-path", str(tiny_model), "--root", str(tmp_path), flag, value],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert result.returncode == 2, result.stderr[-2000:]
     assert "Traceback" not in result.stderr
     errors = [line for line in result.stderr.splitlines() if line.startswith("error: ")]
@@ -120,8 +131,10 @@ def test_sigterm_stops_the_server_with_a_request_in_flight(tiny_model, tmp_path)
     process, port = serve_until_up(["--model-path", str(tiny_model), "--root", str(tmp_path), "--read-timeout", "60"])
     try:
         with socket.create_connection(("127.0.0.1", port), timeout=10) as stalled:
-            stalled.sendall(b"POST /v1/embeddings HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
-                            b"Content-Length: 100\r\n\r\n{")
+            stalled.sendall(
+                b"POST /v1/embeddings HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                b"Content-Length: 100\r\n\r\n{"
+            )
             time.sleep(0.5)
             start = time.monotonic()
             process.send_signal(signal.SIGTERM)

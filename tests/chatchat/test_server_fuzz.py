@@ -38,8 +38,10 @@ REQUEST = st.fixed_dictionaries(
         "user": JSON_VALUE,
     },
 )
-BODY = REQUEST.map(lambda r: json.dumps(r).encode()) | JSON_VALUE.map(lambda v: json.dumps(v).encode()) | st.binary(
-    max_size=200
+BODY = (
+    REQUEST.map(lambda r: json.dumps(r).encode())
+    | JSON_VALUE.map(lambda v: json.dumps(v).encode())
+    | st.binary(max_size=200)
 )
 CONTENT_TYPE = st.sampled_from(["application/json", "application/json; charset=utf-8", "text/plain", None])
 
@@ -48,8 +50,9 @@ CONTENT_TYPE = st.sampled_from(["application/json", "application/json; charset=u
 def client(tiny_model):
     embeddings = PolicyBertEmbeddings(str(tiny_model))
     limits = ServerLimits(max_body_bytes=4096, max_inputs=8, max_input_tokens=64, max_request_tokens=256)
-    app = create_app(embeddings.embed_documents, thread_local_counter(embeddings.tokenizer), MODEL,
-                     embeddings.dimension, limits)
+    app = create_app(
+        embeddings.embed_documents, thread_local_counter(embeddings.tokenizer), MODEL, embeddings.dimension, limits
+    )
     with TestClient(app, raise_server_exceptions=False) as test_client:
         yield test_client
 
@@ -57,10 +60,14 @@ def client(tiny_model):
 @settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(body=BODY, content_type=CONTENT_TYPE, path=st.sampled_from(["/v1/embeddings"] * 6 + ["/v1/models", "/x"]))
 @example(body=b"[" * 4000, content_type="application/json", path="/v1/embeddings")
-@example(body=b'{"model": "policybert", "input": "' + b"9" * 5000 + b'"}', content_type="application/json",
-         path="/v1/embeddings")
-@example(body=b'{"model": "policybert", "input": ["\\ud800", "ok"]}', content_type="application/json",
-         path="/v1/embeddings")
+@example(
+    body=b'{"model": "policybert", "input": "' + b"9" * 5000 + b'"}',
+    content_type="application/json",
+    path="/v1/embeddings",
+)
+@example(
+    body=b'{"model": "policybert", "input": ["\\ud800", "ok"]}', content_type="application/json", path="/v1/embeddings"
+)
 def test_every_answer_is_json_2xx_or_4xx(client, body, content_type, path):
     headers = {} if content_type is None else {"Content-Type": content_type}
     response = client.post(path, content=body, headers=headers)

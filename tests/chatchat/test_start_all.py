@@ -17,8 +17,8 @@ from chatchat_deploy import KB_NAME, Deployment
 from langchain_community.retrievers import BM25Retriever
 from ollama_standin import REPLY
 
-from chatchat_policybert.score_threshold import cosine_cut
 from chatchat_policybert.embeddings import PolicyBertEmbeddings
+from chatchat_policybert.score_threshold import cosine_cut
 
 TOP_K = 5
 
@@ -39,8 +39,11 @@ class Retrievers:
         """Passages FAISS keeps under Chatchat's rule 1 - d²/√2 >= threshold, best first."""
         vector = np.asarray([self.embeddings.embed_query(query)], dtype=np.float32)
         distances, positions = self.index.search(vector, TOP_K)
-        return [self.docs[self.index_to_id[p]].page_content
-                for d, p in zip(distances[0], positions[0]) if p >= 0 and 1.0 - d / np.sqrt(2.0) >= score_threshold]
+        return [
+            self.docs[self.index_to_id[p]].page_content
+            for d, p in zip(distances[0], positions[0])
+            if p >= 0 and 1.0 - d / np.sqrt(2.0) >= score_threshold
+        ]
 
     def bm25_hits(self, query: str) -> list[str]:
         return [d.page_content for d in self.bm25.get_relevant_documents(query)]
@@ -91,14 +94,25 @@ def test_kb_chat_streams_answer_built_on_retrieved_passages(server, policies):
     query = policies[0].content[:30]
     response = requests.post(
         f"{deployment.api}/chat/kb_chat",
-        json={"query": query, "mode": "local_kb", "kb_name": KB_NAME, "top_k": 3, "stream": True,
-              "model": "qwen2.5:7b", "history": [], "temperature": 0.1},
+        json={
+            "query": query,
+            "mode": "local_kb",
+            "kb_name": KB_NAME,
+            "top_k": 3,
+            "stream": True,
+            "model": "qwen2.5:7b",
+            "history": [],
+            "temperature": 0.1,
+        },
         stream=True,
         timeout=120,
     )
     response.raise_for_status()
-    events = [json.loads(line[len("data: "):]) for line in response.iter_lines(decode_unicode=True)
-              if line and line.startswith("data: ") and line != "data: [DONE]"]
+    events = [
+        json.loads(line[len("data: ") :])
+        for line in response.iter_lines(decode_unicode=True)
+        if line and line.startswith("data: ") and line != "data: [DONE]"
+    ]
     answer = "".join(choice["delta"].get("content") or "" for e in events for choice in e.get("choices", []))
     docs = [d for e in events for d in e.get("docs") or []]
     assert answer == REPLY
@@ -133,7 +147,10 @@ def _rewrite_platform(deployment: Deployment, mtime_offset: float, **changes: st
     ("changes", "reason"),
     [
         ({"model_path": "/nonexistent/policybert"}, "local_embeddings.model_path '/nonexistent/policybert'"),
-        ({"class": "chatchat_policybert.nowhere:Embeddings"}, "local_embeddings.class 'chatchat_policybert.nowhere:Embeddings'"),
+        (
+            {"class": "chatchat_policybert.nowhere:Embeddings"},
+            "local_embeddings.class 'chatchat_policybert.nowhere:Embeddings'",
+        ),
     ],
 )
 def test_misconfigured_platform_logs_one_clear_line_and_chatchat_keeps_running(server, policies, changes, reason):
@@ -145,8 +162,11 @@ def test_misconfigured_platform_logs_one_clear_line_and_chatchat_keeps_running(s
         _rewrite_platform(deployment, 10, **changes)
         for _ in range(2):
             assert search(deployment, query, score_threshold=shipped_threshold(deployment)) == []
-        ours = [line for line in log_path.read_text(encoding="utf-8").splitlines()
-                if "chatchat_hook" in line and reason in line]
+        ours = [
+            line
+            for line in log_path.read_text(encoding="utf-8").splitlines()
+            if "chatchat_hook" in line and reason in line
+        ]
         assert len(ours) == 1, ours
         assert "PolicyBERT embed model 'policybert' unavailable" in ours[0]
         listed = requests.get(f"{deployment.api}/knowledge_base/list_knowledge_bases", timeout=30).json()

@@ -22,11 +22,10 @@ from pathlib import Path
 import pytest
 import yaml
 from chatchat_deploy import BIN, run
+from test_calibration import build_root
 
 from chatchat_policybert.chatchat_root import content_dir, vector_store_dir
 from chatchat_policybert.rollback import faiss_vectors, tune_dir
-
-from test_calibration import build_root
 
 KB = "WeiMingPolicies"
 COLLAPSE = "--lr 0.01 --warmup-proportion 0 --epochs 3"
@@ -64,9 +63,11 @@ def base_root(tmp_path_factory, policy_documents, reference_lexicon) -> Path:
 
 
 def tune(root: Path, *extra: str) -> subprocess.CompletedProcess:
-    return run([str(BIN / "chatchat-policybert"), "tune", "--root", str(root), "--kb", KB, "--pairs-args", PAIRS, *extra],
-               dict(os.environ),
-               timeout=1200)
+    return run(
+        [str(BIN / "chatchat-policybert"), "tune", "--root", str(root), "--kb", KB, "--pairs-args", PAIRS, *extra],
+        dict(os.environ),
+        timeout=1200,
+    )
 
 
 def index_of(root: Path) -> Path:
@@ -82,15 +83,23 @@ def snapshot(root: Path) -> dict[str, bytes]:
 
 @pytest.fixture(scope="module")
 def tuned(base_root, tmp_path_factory) -> dict:
-    """One uninterrupted tune of a copy of the base root: the root, the run folder, the original and installed vectors."""
+    """One uninterrupted tune of a copy of the base root: the root, the run folder, the original and installed
+    vectors."""
     root = copy_root(base_root, tmp_path_factory.mktemp("tuned") / "root")
     before = faiss_vectors(index_of(root))
     settings_before = snapshot(root)
     result = tune(root)
     assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-4000:]
     installed = copy_root(root, tmp_path_factory.mktemp("installed") / "root")  # before any test rolls `root` back
-    return {"root": root, "out": tune_dir(root, KB), "before": before, "settings_before": settings_before,
-            "after": faiss_vectors(index_of(root)), "stdout": result.stdout, "installed": installed}
+    return {
+        "root": root,
+        "out": tune_dir(root, KB),
+        "before": before,
+        "settings_before": settings_before,
+        "after": faiss_vectors(index_of(root)),
+        "stdout": result.stdout,
+        "installed": installed,
+    }
 
 
 def test_a_tune_that_improves_installs_and_rollback_restores_byte_identical_vectors(tuned):
@@ -115,7 +124,8 @@ def test_a_tune_that_improves_installs_and_rollback_restores_byte_identical_vect
     assert "vectors byte-identical" in rollback.stdout
     assert faiss_vectors(index_of(root)) == tuned["before"]
     assert {k: v for k, v in snapshot(root).items() if not k.startswith("index/")} == {
-        k: v for k, v in tuned["settings_before"].items() if not k.startswith("index/")}
+        k: v for k, v in tuned["settings_before"].items() if not k.startswith("index/")
+    }
 
 
 def test_a_worse_candidate_is_refused_and_nothing_changes(tuned, tmp_path):
@@ -150,8 +160,13 @@ def test_pairs_are_reused_while_documents_are_unchanged_and_rebuilt_when_one_cha
 
 def _kill_at(root: Path, step: str, delay: float) -> str:
     """Starts a tune, kills its whole process group ``delay`` s after it prints ``step``'s header; its output."""
-    process = subprocess.Popen([str(BIN / "chatchat-policybert"), "tune", "--root", str(root), "--kb", KB, "--pairs-args", PAIRS],
-                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    process = subprocess.Popen(
+        [str(BIN / "chatchat-policybert"), "tune", "--root", str(root), "--kb", KB, "--pairs-args", PAIRS],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        start_new_session=True,
+    )
     seen = []
     for line in process.stdout:
         seen.append(line)

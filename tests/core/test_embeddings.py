@@ -168,12 +168,24 @@ def test_the_class_and_a_settings_block_share_one_declaration_of_the_options(tin
     :class:`EmbeddingOptions`'; options the block sets are passed on, the others left to the class."""
     model_dir = tiny_model_dir("gate")
     declared = EmbeddingOptions()
-    for embeddings in (PolicyBertEmbeddings(model_dir), load_embeddings(LocalEmbeddingsConfig(model_path=str(model_dir)), tmp_path, "pb")):
+    for embeddings in (
+        PolicyBertEmbeddings(model_dir),
+        load_embeddings(LocalEmbeddingsConfig(model_path=str(model_dir)), tmp_path, "pb"),
+    ):
         assert (embeddings.dtype, embeddings.batch_size, embeddings.batch_tokens, embeddings.long_text) == (
-            declared.dtype, declared.batch_size, declared.batch_tokens, declared.long_text
+            declared.dtype,
+            declared.batch_size,
+            declared.batch_tokens,
+            declared.long_text,
         )
         assert embeddings.max_length == min(declared.max_length, embeddings.model.config.max_position_embeddings)
     block = LocalEmbeddingsConfig(model_path="m", batch_size=8, long_text="window")
-    assert block.constructor_kwargs(tmp_path) == {"model_name_or_path": str(tmp_path / "m"), "batch_size": 8, "long_text": "window"}
-    with pytest.raises(SettingsError, match=r"invalid embedding options \(batch_size: Input should be greater than or equal to 1\)"):
+    assert block.constructor_kwargs(tmp_path) == {
+        "model_name_or_path": str(tmp_path / "m"),
+        "batch_size": 8,
+        "long_text": "window",
+    }
+    with pytest.raises(
+        SettingsError, match=r"invalid embedding options \(batch_size: Input should be greater than or equal to 1\)"
+    ):
         PolicyBertEmbeddings(model_dir, batch_size=0)

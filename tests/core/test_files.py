@@ -1,4 +1,5 @@
-"""Atomic writes (``atomic_path``, ``write_json``, ``write_jsonl``): outputs appear complete or not at all, and a failed rewrite keeps the old one."""
+"""Atomic writes (``atomic_path``, ``write_json``, ``write_jsonl``): outputs appear complete or not at all, and a failed
+rewrite keeps the old one."""
 
 from __future__ import annotations
 
@@ -61,8 +62,6 @@ def test_failure_without_previous_output_leaves_nothing(tmp_path):
     assert list(out.parent.iterdir()) == []
 
 
-
-
 def test_atomic_file_replaces_only_on_success(tmp_path):
     out = tmp_path / "metrics.json"
     with atomic_path(out) as tmp:
@@ -88,8 +87,10 @@ def test_json_writers_keep_chinese_readable_and_round_trip(tmp_path):
 
 def test_json_writers_failing_midway_keep_the_old_file(tmp_path):
     """A value JSON cannot hold, met after some rows were written, leaves the previous file as it was."""
-    for writer, name, bad in ((write_json, "stats.json", {"ok": 1, "bad": {1, 2}}),
-                              (write_jsonl, "rows.jsonl", [{"ok": 1}, {"bad": object()}])):
+    for writer, name, bad in (
+        (write_json, "stats.json", {"ok": 1, "bad": {1, 2}}),
+        (write_jsonl, "rows.jsonl", [{"ok": 1}, {"bad": object()}]),
+    ):
         path = tmp_path / name
         path.write_text("previous\n", encoding="utf-8")
         with pytest.raises(TypeError, match="not JSON serializable"):

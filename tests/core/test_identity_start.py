@@ -39,8 +39,25 @@ def bge_dir(tmp_path_factory, texts) -> Path:
 def build(tmp_path: Path, bge_dir: Path, lexicon: Path, fusion: str, init: str) -> Path:
     out = tmp_path / f"{fusion}-{init}"
     # 1 word layer under 2 character layers: one fusion and one late addition.
-    assert merge_main(["--bge", str(bge_dir), "--lexicon", str(lexicon), "--fusion", fusion,
-                       "--num-word-layers", "1", "--init", init, "--out", str(out)]) == 0
+    assert (
+        merge_main(
+            [
+                "--bge",
+                str(bge_dir),
+                "--lexicon",
+                str(lexicon),
+                "--fusion",
+                fusion,
+                "--num-word-layers",
+                "1",
+                "--init",
+                init,
+                "--out",
+                str(out),
+            ]
+        )
+        == 0
+    )
     return out
 
 
@@ -119,8 +136,15 @@ def test_scales_round_trip_and_old_directories_load_as_the_thesis(tmp_path, text
 def test_serving_shortcuts_obey_the_scales(tmp_path, texts, reference_lexicon, fusion):
     """At s off 0 and 1, the embeddings' shortcuts (merged words, coverage groups, [CLS]-only last
     layer) give the vectors of the plain forward pass over every word occurrence."""
-    path = build_tiny_policybert(tmp_path / "pb", texts, reference_lexicon, fusion=fusion, perturb=True,
-                                 hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)
+    path = build_tiny_policybert(
+        tmp_path / "pb",
+        texts,
+        reference_lexicon,
+        fusion=fusion,
+        perturb=True,
+        hidden_dropout_prob=0.0,
+        attention_probs_dropout_prob=0.0,
+    )
     weights = path / "model.safetensors"
     state = load_file(weights)
     state["fusion_scales"] = torch.tensor([0.3, -0.7])

@@ -149,6 +149,7 @@ def test_the_runtime_never_uses_test_code():
         if (found := uses_of_test_code(path.read_text(encoding="utf-8")))
     }
     assert uses == {}
-    misplaced = [str(p.relative_to(REPO)) for p in sources
-                 if p.stem in files_under_tests() or p.stem.startswith("test")]
+    misplaced = [
+        str(p.relative_to(REPO)) for p in sources if p.stem in files_under_tests() or p.stem.startswith("test")
+    ]
     assert misplaced == []

@@ -321,9 +321,18 @@ def test_training_class_must_match_model_type(bert_dir):
 
 @pytest.mark.parametrize("head", [PolicyBertForPreTraining, PolicyBertForSequenceClassification])
 def test_a_stage_output_loads_as_the_encoder_without_unexpected_keys(tmp_path, head):
-    """A pre-training or fine-tuning `final/` is the next stage's start: its head is skipped, every encoder weight loads."""
-    config = PolicyBertConfig(vocab_size=50, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
-                              intermediate_size=64, word_vocab_size=20, num_word_layers=1, fusion_type="attn")
+    """A pre-training or fine-tuning `final/` is the next stage's start: its head is skipped, every encoder weight
+    loads."""
+    config = PolicyBertConfig(
+        vocab_size=50,
+        hidden_size=32,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        intermediate_size=64,
+        word_vocab_size=20,
+        num_word_layers=1,
+        fusion_type="attn",
+    )
     torch.manual_seed(0)
     saved = head(config)
     saved.save_pretrained(tmp_path)
@@ -365,8 +374,9 @@ STAGE_HANDOVERS = [
 ]
 
 
-@pytest.mark.parametrize("saved_class, loaded_class, allow_missing", STAGE_HANDOVERS,
-                         ids=lambda c: getattr(c, "__name__", str(c)))
+@pytest.mark.parametrize(
+    "saved_class, loaded_class, allow_missing", STAGE_HANDOVERS, ids=lambda c: getattr(c, "__name__", str(c))
+)
 def test_a_stage_output_loads_quietly_into_every_class(
     policy_dir, bert_dir, transformers_warnings, saved_class, loaded_class, allow_missing
 ):
@@ -397,8 +407,9 @@ def test_a_pooler_the_directory_lacks_is_allowed_by_its_encoder_name(policy_dir,
         load_model_dir(policy_dir, model_class, allow_missing=("classifier.", "cls."), num_labels=2)
 
 
-@pytest.mark.parametrize("kind, extra", [("bert", "encoder.layer.2.output.dense.bias"),
-                                         ("policybert", "word_encoder.1.output.dense.bias")])
+@pytest.mark.parametrize(
+    "kind, extra", [("bert", "encoder.layer.2.output.dense.bias"), ("policybert", "word_encoder.1.output.dense.bias")]
+)
 def test_a_tensor_with_no_place_in_the_encoder_is_refused(policy_dir, bert_dir, transformers_warnings, kind, extra):
     """Only the task heads are dropped: a layer more than config.json describes is refused, naming it."""
     path = policy_dir if kind == "policybert" else bert_dir
@@ -461,7 +472,10 @@ def test_config_values_of_the_wrong_type_or_not_finite_are_refused(policy_dir, c
 
 @pytest.mark.parametrize(
     ("line", "fragment"),
-    [("数据,²", "expected 'word,count' (count: digits 0-9)"), ("数" * (1 << 20) + ",1", "1048576 characters, more than 32")],
+    [
+        ("数据,²", "expected 'word,count' (count: digits 0-9)"),
+        ("数" * (1 << 20) + ",1", "1048576 characters, more than 32"),
+    ],
     ids=["superscript-count", "megabyte-word"],
 )
 def test_bad_lexicon_line_in_a_model_dir_names_the_file_and_line(policy_dir, line, fragment):

@@ -14,8 +14,8 @@ from chatchat_policybert.modeling import (
     PolicyBertModel,
     merge_repeated_words,
 )
-from tests.support.tiny_models import tiny_config
 from chatchat_policybert.tokenization import PolicyBertTokenizer
+from tests.support.tiny_models import tiny_config
 
 FUSIONS = ("none", "gate", "attn")
 TOL = 1e-5
@@ -162,7 +162,10 @@ def test_word_ids_without_matrix_is_an_error(fusion_models, padded_texts):
     [
         ({"fusion_type": "concat"}, "fusion_type' expected one of"),
         ({"late_fusion": "mean"}, "late_fusion' expected one of"),
-        ({"word_vocab_size": 10, "num_hidden_layers": 2, "num_word_layers": 3}, "num_word_layers must be in 1..num_hidden_layers"),
+        (
+            {"word_vocab_size": 10, "num_hidden_layers": 2, "num_word_layers": 3},
+            "num_word_layers must be in 1..num_hidden_layers",
+        ),
         ({"max_words": 0}, "max_words must be an integer >= 1, got 0"),
         ({"max_words": True}, "max_words' expected int, got bool"),
         ({"word_vocab_size": "2663"}, "word_vocab_size' expected int, got str"),
@@ -265,15 +268,21 @@ def test_fusions_compute_their_formulas(fusion_models, padded_texts):
 def policy_config(char_tokenizer, **overrides) -> PolicyBertConfig:
     """The shared tiny BERT shape (``testing.tiny_config``) with a gated word stream of 2 layers."""
     return PolicyBertConfig(
-        **tiny_config(len(char_tokenizer), **{"word_vocab_size": 3000, "num_word_layers": 2, "fusion_type": "gate", **overrides})
+        **tiny_config(
+            len(char_tokenizer), **{"word_vocab_size": 3000, "num_word_layers": 2, "fusion_type": "gate", **overrides}
+        )
     )
 
 
-@pytest.mark.parametrize("model_class", [PolicyBertModel, PolicyBertForPreTraining, PolicyBertForSequenceClassification])
+@pytest.mark.parametrize(
+    "model_class", [PolicyBertModel, PolicyBertForPreTraining, PolicyBertForSequenceClassification]
+)
 def test_fresh_gate_bias_is_gate_bias_init(char_tokenizer, reference_lexicon, model_class):
     for bias_init in (5.0, 2.5):
         torch.manual_seed(0)
-        model = model_class(policy_config(char_tokenizer, word_vocab_size=len(reference_lexicon), gate_bias_init=bias_init))
+        model = model_class(
+            policy_config(char_tokenizer, word_vocab_size=len(reference_lexicon), gate_bias_init=bias_init)
+        )
         base = model if isinstance(model, PolicyBertModel) else model.bert
         assert len(base.fusions) == 2
         for fusion in base.fusions:
@@ -361,7 +370,11 @@ def pretraining_batch(tokenizer: PolicyBertTokenizer, sentences: list[str]) -> d
 def test_gradient_reaches_word_stream_and_fusion(char_tokenizer, reference_lexicon, policy_sentences, fusion):
     torch.manual_seed(0)
     config = policy_config(
-        char_tokenizer, word_vocab_size=len(reference_lexicon), num_hidden_layers=3, num_word_layers=2, fusion_type=fusion
+        char_tokenizer,
+        word_vocab_size=len(reference_lexicon),
+        num_hidden_layers=3,
+        num_word_layers=2,
+        fusion_type=fusion,
     )
     model = PolicyBertForPreTraining(config).train()
     tokenizer = PolicyBertTokenizer(char_tokenizer, reference_lexicon)

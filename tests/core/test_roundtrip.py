@@ -71,7 +71,8 @@ SAVED_PREFIXES = ("embeddings.", "encoder.layer.", "pooler.", "word_embeddings."
 
 @pytest.mark.parametrize("fusion", FUSIONS)
 def test_state_dict_names_are_those_of_saved_directories(tiny_model_dir, fusion):
-    """The encoder module runs the layer loop without renaming a tensor: directories saved before it load as they are."""
+    """The encoder module runs the layer loop without renaming a tensor: directories saved before it load as they
+    are."""
     model, _ = load_policybert(tiny_model_dir(fusion))
     assert isinstance(model.encoder, PolicyBertEncoder)
     names = set(model.state_dict())
@@ -83,8 +84,14 @@ def test_state_dict_names_are_those_of_saved_directories(tiny_model_dir, fusion)
 @pytest.mark.parametrize("fusion", FUSIONS)
 def test_heads_round_trip_via_auto_classes(char_tokenizer, reference_lexicon, policy_sentences, tmp_path, fusion):
     config = PolicyBertConfig(
-        vocab_size=len(char_tokenizer), hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
-        intermediate_size=64, word_vocab_size=len(reference_lexicon), num_word_layers=1, fusion_type=fusion,
+        vocab_size=len(char_tokenizer),
+        hidden_size=32,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        intermediate_size=64,
+        word_vocab_size=len(reference_lexicon),
+        num_word_layers=1,
+        fusion_type=fusion,
     )
     tokenizer = PolicyBertTokenizer(char_tokenizer, reference_lexicon)
     enc = tokenizer(policy_sentences[:3], policy_sentences[3:6])

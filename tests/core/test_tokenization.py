@@ -181,7 +181,7 @@ def test_pairs_segments_and_words_within_segments(char_tokenizer):
         assert (tt[b, first_sep + 1 : real] == 1).all()
         words = [lexicon.id_to_word(w) for w, _, _ in enc["word_spans"][b]]
         assert "数据安全" not in words
-        for word_id, first, last in enc["word_spans"][b]:
+        for _, first, last in enc["word_spans"][b]:
             assert len(set(tt[b, first:last].tolist())) == 1, "a word never crosses segments"
             assert not (ids[first:last] == sep).any()
     words0 = [(lexicon.id_to_word(w), tt[0, f].item()) for w, f, _ in enc["word_spans"][0]]
@@ -204,9 +204,17 @@ def test_words_not_on_token_boundaries_are_dropped():
     # The lexicon finds all four ...
     assert {lexicon.id_to_word(m.word_id) for m in lexicon.match(text)} == {"data", "gd", "bigd", "数据"}
     enc = tokenizer(text, return_word_spans=True)
-    assert inner.convert_ids_to_tokens(enc["input_ids"][0].tolist()) == ["[CLS]", "bi", "##gd", "##ata", "数", "据", "[SEP]"]
+    assert inner.convert_ids_to_tokens(enc["input_ids"][0].tolist()) == [
+        "[CLS]",
+        "bi",
+        "##gd",
+        "##ata",
+        "数",
+        "据",
+        "[SEP]",
+    ]
     # ... but "data" starts inside the token "##gd": only the aligned ones survive.
-    kept = [(lexicon.id_to_word(w), f, l) for w, f, l in enc["word_spans"][0]]
+    kept = [(lexicon.id_to_word(w), first, last) for w, first, last in enc["word_spans"][0]]
     assert kept == [("bigd", 1, 3), ("gd", 2, 3), ("数据", 4, 6)]
 
 
@@ -224,7 +232,7 @@ def test_truncation_drops_words_past_the_cut(tokenizer, policy_documents):
     text = policy_documents[0].content[:400]
     enc = tokenizer(text, max_length=32, return_word_spans=True)
     assert enc["input_ids"].shape[1] == 32
-    for _, first, last in enc["word_spans"][0]:
+    for _, _, last in enc["word_spans"][0]:
         assert last <= 31  # before the final [SEP]
     assert enc["word_matching_matrix"][0, 31:].sum() == 0
 
@@ -282,7 +290,9 @@ _PIECES = st.one_of(
 
 
 @settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
-@given(a=st.lists(_PIECES, max_size=15).map("".join), b=st.one_of(st.none(), st.lists(_PIECES, max_size=10).map("".join)))
+@given(
+    a=st.lists(_PIECES, max_size=15).map("".join), b=st.one_of(st.none(), st.lists(_PIECES, max_size=10).map("".join))
+)
 def test_property_word_spans_match_oracle(tokenizer, a, b):
     enc = tokenizer(a, b, return_word_spans=True, max_length=48)
     inner = tokenizer.tokenizer(a, b, max_length=48, truncation=True, return_offsets_mapping=True)

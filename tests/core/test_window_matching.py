@@ -20,8 +20,12 @@ def long_text(policy_documents, chars: int) -> str:
 
 def aligned_reference(lexicon: Lexicon, text: str, encoding) -> set[tuple[int, int, int]]:
     """Every whole-text match whose first and last characters start and end tokens of ``encoding``."""
-    starts = {start: t for t, (start, end) in enumerate(encoding.offsets) if end > start and encoding.sequence_ids[t] == 0}
-    ends = {end: t + 1 for t, (start, end) in enumerate(encoding.offsets) if end > start and encoding.sequence_ids[t] == 0}
+    starts = {
+        start: t for t, (start, end) in enumerate(encoding.offsets) if end > start and encoding.sequence_ids[t] == 0
+    }
+    ends = {
+        end: t + 1 for t, (start, end) in enumerate(encoding.offsets) if end > start and encoding.sequence_ids[t] == 0
+    }
     return {(int(w), starts[s], ends[e]) for w, s, e in lexicon.find(text) if s in starts and e in ends}
 
 

@@ -47,7 +47,9 @@ def test_window_mode_is_the_normalised_mean_of_window_vectors(model_dir, caplog)
     assert np.allclose(vector, mean / np.linalg.norm(mean), atol=1e-6)
     assert np.isclose(np.linalg.norm(vector), 1.0, atol=1e-6)
     # A text that fits is the same in both modes.
-    assert np.array_equal(windowed.embed_documents([SHORT])[0], PolicyBertEmbeddings(model_dir, max_length=32).embed_documents([SHORT])[0])
+    assert np.array_equal(
+        windowed.embed_documents([SHORT])[0], PolicyBertEmbeddings(model_dir, max_length=32).embed_documents([SHORT])[0]
+    )
 
 
 def test_unknown_mode_is_refused(model_dir):

@@ -54,7 +54,9 @@ def test_odd_inputs_get_defined_unit_vectors(embeddings):
     assert np.abs(vectors - alone).max() <= 1e-5
 
 
-@pytest.mark.parametrize("bad, index, kind", [([TEXTS[0], None], 1, "NoneType"), ([3, TEXTS[0]], 0, "int"), ([TEXTS[0], b"x"], 1, "bytes")])
+@pytest.mark.parametrize(
+    "bad, index, kind", [([TEXTS[0], None], 1, "NoneType"), ([3, TEXTS[0]], 0, "int"), ([TEXTS[0], b"x"], 1, "bytes")]
+)
 def test_non_strings_are_refused_with_their_index(embeddings, bad, index, kind):
     with pytest.raises(ValueError, match=f"text {index} is {kind}, expected str"):
         embeddings.embed_documents(bad)
@@ -89,7 +91,10 @@ def test_threads_share_one_model(embeddings):
 
 
 text_strategy = st.lists(
-    st.one_of(st.sampled_from(WORDS), st.text(alphabet=st.characters(codec="utf-8", categories=["Lo", "Nd", "Lu", "Ll", "Po"]), max_size=6)),
+    st.one_of(
+        st.sampled_from(WORDS),
+        st.text(alphabet=st.characters(codec="utf-8", categories=["Lo", "Nd", "Lu", "Ll", "Po"]), max_size=6),
+    ),
     max_size=12,
 ).map("".join)
 
@@ -114,7 +119,11 @@ def test_two_processes_give_identical_vectors(embeddings):
         f"print(json.dumps(PolicyBertEmbeddings({model_dir!r}).embed_documents(json.loads(sys.argv[1]))))"
     )
     runs = [
-        json.loads(subprocess.run([sys.executable, "-c", script, json.dumps(TEXTS)], cwd=REPO, capture_output=True, text=True, check=True).stdout)
+        json.loads(
+            subprocess.run(
+                [sys.executable, "-c", script, json.dumps(TEXTS)], cwd=REPO, capture_output=True, text=True, check=True
+            ).stdout
+        )
         for _ in range(2)
     ]
     assert runs[0] == runs[1]

@@ -41,12 +41,14 @@ QUERIES = ["数据出境需要安全评估吗", "个人信息被泄露怎么办"
 
 @pytest.fixture(scope="module")
 def built(tmp_path_factory, policy_documents, reference_lexicon):
-    """(root, kb, corpus, model dir, chunks) of a root built the way `chatchat_policybert.evaluation.evaluate` builds one."""
+    """(root, kb, corpus, model dir, chunks) of a root built the way `chatchat_policybert.evaluation.evaluate` builds
+    one."""
     tmp = tmp_path_factory.mktemp("eval_root")
     rows = [(d.title, d.content[:MAX_CHARS]) for d in policy_documents[:N_DOCUMENTS]]
     corpus = load_corpus(write_csv(tmp / "policies.csv", rows))
-    model = build_tiny_policybert(tmp / "model", [text for _, text in rows] + QUERIES + [DEFAULT_QUERY_INSTRUCTION],
-                                  reference_lexicon)
+    model = build_tiny_policybert(
+        tmp / "model", [text for _, text in rows] + QUERIES + [DEFAULT_QUERY_INSTRUCTION], reference_lexicon
+    )
     root = tmp / "root"
     kb = prepare_root(root, corpus, model, build_index=True)
     return root, kb, corpus, model, load_chunks(root, kb, corpus)
@@ -122,14 +124,34 @@ def test_low_threshold_lets_the_best_vector_hit_in(built, worker):
 def test_cli_on_the_built_root(built, tmp_path, capsys):
     root, kb, corpus, model, chunks = built
     docs = [d for d in corpus.documents if d.group in set(corpus.kb_files.values())]
-    questions = write_jsonl(tmp_path / "q.jsonl", [
-        {"id": f"q{i}", "question": query, "doc_title": doc.title, "evidence": doc.text[200:240]}
-        for i, (query, doc) in enumerate(zip(QUERIES, docs))
-    ])
+    questions = write_jsonl(
+        tmp_path / "q.jsonl",
+        [
+            {"id": f"q{i}", "question": query, "doc_title": doc.title, "evidence": doc.text[200:240]}
+            for i, (query, doc) in enumerate(zip(QUERIES, docs))
+        ],
+    )
     out, plot = tmp_path / "results.json", tmp_path / "recall.png"
-    main(["--corpus", str(corpus.source), "--questions", str(questions), "--model", f"tiny={model}",
-          "--chatchat-root", str(root), "--retrievers", "bm25,dense,rrf", "--ks", "1,2",
-          "--out", str(out), "--plot", str(plot)])
+    main(
+        [
+            "--corpus",
+            str(corpus.source),
+            "--questions",
+            str(questions),
+            "--model",
+            f"tiny={model}",
+            "--chatchat-root",
+            str(root),
+            "--retrievers",
+            "bm25,dense,rrf",
+            "--ks",
+            "1,2",
+            "--out",
+            str(out),
+            "--plot",
+            str(plot),
+        ]
+    )
     table = capsys.readouterr().out
     results = json.loads(out.read_text(encoding="utf-8"))["results"]
     assert list(results) == ["bm25", "dense:tiny", "rrf(dense:tiny+bm25)"]

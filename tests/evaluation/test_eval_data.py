@@ -32,13 +32,20 @@ def write_csv(path: Path, rows: list[tuple[str, str]]) -> Path:
 
 @pytest.fixture
 def corpus(tmp_path):
-    rows = [("数据出境\n安全评估办法", LONG_A), ("个人信息保护法", LONG_B), ("个人信息保护法", LONG_B), ("通知", "太短。")]
+    rows = [
+        ("数据出境\n安全评估办法", LONG_A),
+        ("个人信息保护法", LONG_B),
+        ("个人信息保护法", LONG_B),
+        ("通知", "太短。"),
+    ]
     return load_corpus(write_csv(tmp_path / "policies.csv", rows))
 
 
 def write_jsonl(path: Path, lines: list) -> Path:
-    path.write_text("".join((x if isinstance(x, str) else json.dumps(x, ensure_ascii=False)) + "\n" for x in lines),
-                    encoding="utf-8")
+    path.write_text(
+        "".join((x if isinstance(x, str) else json.dumps(x, ensure_ascii=False)) + "\n" for x in lines),
+        encoding="utf-8",
+    )
     return path
 
 
@@ -76,11 +83,25 @@ def test_csv_without_the_policy_columns_is_one_clear_error(tmp_path, header):
 
 
 def test_questions_resolve_titles_and_duplicates(corpus, tmp_path):
-    path = write_jsonl(tmp_path / "q.jsonl", [
-        {"id": 1, "question": "评估过期前多久要重新申请？", "doc_title": "数据出境 安全评估办法", "evidence": "60个工作日前重新申报评估"},
-        "",
-        {"id": "b", "question": "信息泄露了怎么办？", "doc_title": "个人信息保护法", "evidence": "立即采取补救措施", "doc_index": 2},
-    ])
+    path = write_jsonl(
+        tmp_path / "q.jsonl",
+        [
+            {
+                "id": 1,
+                "question": "评估过期前多久要重新申请？",
+                "doc_title": "数据出境 安全评估办法",
+                "evidence": "60个工作日前重新申报评估",
+            },
+            "",
+            {
+                "id": "b",
+                "question": "信息泄露了怎么办？",
+                "doc_title": "个人信息保护法",
+                "evidence": "立即采取补救措施",
+                "doc_index": 2,
+            },
+        ],
+    )
     first, second = load_questions(path, corpus)
     assert (first.qid, first.gains, first.evidence) == ("1", {text_group(LONG_A): 1.0}, "60个工作日前重新申报评估")
     assert second.gains == {corpus.documents[1].group: 1.0}  # either copy of the duplicate is the same document
@@ -90,18 +111,29 @@ def test_questions_resolve_titles_and_duplicates(corpus, tmp_path):
     ("line", "message"),
     [
         ('{"id": 1, "question": "问", "doc_title": "个人信息保护法", ', "q.jsonl:2: malformed JSON"),
-        ({"id": 1, "question": "问", "doc_title": "个人信息保护", "evidence": "补救"},
-         "q.jsonl:2: unknown doc_title '个人信息保护'; closest: 个人信息保护法"),
-        ({"id": 1, "question": "问", "doc_title": "个人信息保护法", "evidence": "不在文中的句子"},
-         "q.jsonl:2: evidence is not an exact substring of '个人信息保护法'"),
-        ({"id": 1, "question": "问", "doc_title": "个人信息保护法", "evidence": "立即采取 补救措施"},
-         "(it differs only in whitespace)"),
+        (
+            {"id": 1, "question": "问", "doc_title": "个人信息保护", "evidence": "补救"},
+            "q.jsonl:2: unknown doc_title '个人信息保护'; closest: 个人信息保护法",
+        ),
+        (
+            {"id": 1, "question": "问", "doc_title": "个人信息保护法", "evidence": "不在文中的句子"},
+            "q.jsonl:2: evidence is not an exact substring of '个人信息保护法'",
+        ),
+        (
+            {"id": 1, "question": "问", "doc_title": "个人信息保护法", "evidence": "立即采取 补救措施"},
+            "(it differs only in whitespace)",
+        ),
         ({"id": 1, "question": "问", "doc_title": "通知", "evidence": "太短"}, "is not in the knowledge base"),
-        ({"id": 1, "question": "问", "doc_title": "通知", "evidence": "太短", "doc_index": 0},
-         "doc_index 0 is titled '数据出境 安全评估办法', not '通知'"),
+        (
+            {"id": 1, "question": "问", "doc_title": "通知", "evidence": "太短", "doc_index": 0},
+            "doc_index 0 is titled '数据出境 安全评估办法', not '通知'",
+        ),
         ({"id": 1, "question": "", "doc_title": "通知", "evidence": "太短"}, "'question' must be a non-empty string"),
         ({"id": 1, "question": "问", "evidence": "太短"}, "q.jsonl:2: missing key(s) doc_title"),
-        ({"id": "x", "question": "问", "doc_title": "个人信息保护法", "evidence": "补救"}, "q.jsonl:2: duplicate id 'x'"),
+        (
+            {"id": "x", "question": "问", "doc_title": "个人信息保护法", "evidence": "补救"},
+            "q.jsonl:2: duplicate id 'x'",
+        ),
     ],
 )
 def test_bad_question_lines_are_reported_with_file_and_line(corpus, tmp_path, line, message):
@@ -113,10 +145,13 @@ def test_bad_question_lines_are_reported_with_file_and_line(corpus, tmp_path, li
 
 
 def test_every_bad_line_is_reported_at_once(corpus, tmp_path):
-    path = write_jsonl(tmp_path / "q.jsonl", [
-        {"id": 1, "question": "问", "doc_title": "不存在", "evidence": "补救"},
-        {"id": 2, "question": "问", "doc_title": "个人信息保护法", "evidence": "没有"},
-    ])
+    path = write_jsonl(
+        tmp_path / "q.jsonl",
+        [
+            {"id": 1, "question": "问", "doc_title": "不存在", "evidence": "补救"},
+            {"id": 2, "question": "问", "doc_title": "个人信息保护法", "evidence": "没有"},
+        ],
+    )
     with pytest.raises(InputError) as error:
         load_questions(path, corpus)
     assert "q.jsonl:1: unknown doc_title" in str(error.value) and "q.jsonl:2: evidence" in str(error.value)
@@ -134,19 +169,26 @@ def test_unknown_corpus_path_is_an_error(tmp_path):
 def beir(tmp_path) -> Path:
     root = tmp_path / "beir"
     (root / "qrels").mkdir(parents=True)
-    write_jsonl(root / "corpus.jsonl", [
-        {"_id": "d1", "title": "数据安全法", "text": "重要数据出境要评估。"},
-        {"_id": "d1-copy", "title": "数据安全法（转载）", "text": "重要数据出境要评估。"},
-        {"_id": "d/2", "title": "", "text": "个人信息泄露要通知。"},
-        {"_id": "d3", "text": "无关文本。"},
-    ])
-    write_jsonl(root / "queries.jsonl", [
-        {"_id": "q1", "text": "数据出境要评估吗"},
-        {"_id": "q2", "text": "信息泄露怎么办"},
-        {"_id": "q3", "text": "没有判断的查询"},
-    ])
+    write_jsonl(
+        root / "corpus.jsonl",
+        [
+            {"_id": "d1", "title": "数据安全法", "text": "重要数据出境要评估。"},
+            {"_id": "d1-copy", "title": "数据安全法（转载）", "text": "重要数据出境要评估。"},
+            {"_id": "d/2", "title": "", "text": "个人信息泄露要通知。"},
+            {"_id": "d3", "text": "无关文本。"},
+        ],
+    )
+    write_jsonl(
+        root / "queries.jsonl",
+        [
+            {"_id": "q1", "text": "数据出境要评估吗"},
+            {"_id": "q2", "text": "信息泄露怎么办"},
+            {"_id": "q3", "text": "没有判断的查询"},
+        ],
+    )
     (root / "qrels" / "test.tsv").write_text(
-        "query-id\tcorpus-id\tscore\nq1\td1\t1\nq1\td1-copy\t2\nq2\td/2\t1\nq2\td3\t0\nq3\td3\t0\n", encoding="utf-8")
+        "query-id\tcorpus-id\tscore\nq1\td1\t1\nq1\td1-copy\t2\nq2\td/2\t1\nq2\td3\t0\nq3\td3\t0\n", encoding="utf-8"
+    )
     return root
 
 

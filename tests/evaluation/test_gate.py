@@ -47,10 +47,13 @@ def setup(tmp_path_factory, policy_documents, reference_lexicon):
     corpus_csv = write_csv(tmp / "policies.csv", rows)
     corpus = load_corpus(corpus_csv)
     docs = [d for d in corpus.documents if d.group in set(corpus.kb_files.values())]
-    questions = write_jsonl(tmp / "q.jsonl", [
-        {"id": f"q{i}", "question": doc.text[100:130], "doc_title": doc.title, "evidence": doc.text[100:160]}
-        for i, doc in enumerate(docs)
-    ])  # fmt: skip
+    questions = write_jsonl(
+        tmp / "q.jsonl",
+        [
+            {"id": f"q{i}", "question": doc.text[100:130], "doc_title": doc.title, "evidence": doc.text[100:160]}
+            for i, doc in enumerate(docs)
+        ],
+    )
     texts = [text for _, text in rows] + [DEFAULT_QUERY_INSTRUCTION]
     candidate = build_tiny_policybert(tmp / "candidate", texts, reference_lexicon, perturb=True)
     baseline = build_tiny_bert(tmp / "baseline", texts, seed=5, perturb=True)
@@ -62,9 +65,26 @@ def setup(tmp_path_factory, policy_documents, reference_lexicon):
 def gate(setup, tmp_path, candidate, baseline, *extra: str) -> tuple[int, dict]:
     root, corpus_csv, questions, _, _ = setup
     out = tmp_path / f"{candidate.name}-vs-{baseline.name}.json"
-    rc = run_cli(main, ["--corpus", str(corpus_csv), "--questions", str(questions), "--chatchat-root", str(root),
-                        "--retrievers", "dense", "--model", str(candidate), "--baseline", str(baseline),
-                        "--out", str(out), *extra])  # fmt: skip
+    rc = run_cli(
+        main,
+        [
+            "--corpus",
+            str(corpus_csv),
+            "--questions",
+            str(questions),
+            "--chatchat-root",
+            str(root),
+            "--retrievers",
+            "dense",
+            "--model",
+            str(candidate),
+            "--baseline",
+            str(baseline),
+            "--out",
+            str(out),
+            *extra,
+        ],
+    )
     return rc, json.loads(out.read_text(encoding="utf-8"))["gate"]
 
 
@@ -92,7 +112,9 @@ def test_require_better_fails_exactly_the_worse_model(setup, tmp_path, capsys):
     assert sorted([rc_one, rc_other]) == [0, EXIT_WORSE]
     assert (rc_one == EXIT_WORSE) == (mrr["delta"] < 0)
     reasons = [line for line in capsys.readouterr().err.splitlines() if line.startswith("gate: ")]
-    assert len(reasons) == 1 and reasons[0].startswith("gate: candidate MRR@10 ") and "below the baseline's" in reasons[0]
+    assert (
+        len(reasons) == 1 and reasons[0].startswith("gate: candidate MRR@10 ") and "below the baseline's" in reasons[0]
+    )
 
 
 def test_a_model_against_itself_passes_with_zero_deltas(setup, tmp_path):
@@ -102,12 +124,18 @@ def test_a_model_against_itself_passes_with_zero_deltas(setup, tmp_path):
     assert all(d["delta"] == 0 and d["low"] == d["high"] == 0 for d in report["deltas"])
 
 
-@pytest.mark.parametrize("args, expected", [
-    (["--require-better"], "--require-better needs --baseline"),
-    (["--baseline", "{model}"], "--baseline compares dense retrieval"),
-    (["--baseline", "{model}", "--model", "{model}", "--retrievers", "bm25"], "--baseline compares dense retrieval"),
-    (["--baseline", "{model}/missing", "--model", "{model}"], "--baseline {model}/missing: not a model directory"),
-])  # fmt: skip
+@pytest.mark.parametrize(
+    "args, expected",
+    [
+        (["--require-better"], "--require-better needs --baseline"),
+        (["--baseline", "{model}"], "--baseline compares dense retrieval"),
+        (
+            ["--baseline", "{model}", "--model", "{model}", "--retrievers", "bm25"],
+            "--baseline compares dense retrieval",
+        ),
+        (["--baseline", "{model}/missing", "--model", "{model}"], "--baseline {model}/missing: not a model directory"),
+    ],
+)
 def test_gate_flag_errors_are_one_line(setup, capsys, args, expected):
     _, _, _, candidate, _ = setup
     rc = run_cli(main, [a.format(model=candidate) for a in args])

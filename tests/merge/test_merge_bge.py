@@ -27,7 +27,11 @@ ZEN_NGRAMS = ["保护", "无关词", "数据", "数字经济"]  # ZEN rows 1..4;
 
 @pytest.fixture(scope="module")
 def texts() -> list[str]:
-    return ["加强数据安全保护，推动数字经济发展。", "个人信息保护法规定了处理个人信息的规则。", "国家数据局统筹数据资源整合共享。"]
+    return [
+        "加强数据安全保护，推动数字经济发展。",
+        "个人信息保护法规定了处理个人信息的规则。",
+        "国家数据局统筹数据资源整合共享。",
+    ]
 
 
 @pytest.fixture(scope="module")
@@ -63,15 +67,33 @@ def make_zen(directory: Path, hidden: int = 32, word_layers: int = 2) -> Path:
 def test_build_with_zen(tmp_path, bge_dir, lexicon_file, texts):
     zen = make_zen(tmp_path / "zen")
     out = tmp_path / "policybert"
-    rc = merge_main(["--bge", str(bge_dir), "--zen", str(zen), "--lexicon", str(lexicon_file),
-                     "--fusion", "gate", "--num-word-layers", "2", "--init", "thesis", "--out", str(out)])
+    rc = merge_main(
+        [
+            "--bge",
+            str(bge_dir),
+            "--zen",
+            str(zen),
+            "--lexicon",
+            str(lexicon_file),
+            "--fusion",
+            "gate",
+            "--num-word-layers",
+            "2",
+            "--init",
+            "thesis",
+            "--out",
+            str(out),
+        ]
+    )
     assert rc == 0
     merged = load_file(out / "model.safetensors")
     bge = load_file(bge_dir / "model.safetensors")
     for key, value in bge.items():  # every character-encoder tensor is bge's, key for key
         assert torch.equal(merged[key], value), key
     zen_state = torch.load(zen / "pytorch_model.bin", weights_only=True)
-    assert torch.equal(merged["word_encoder.1.output.dense.weight"], zen_state["bert.encoder.word_layers.1.output.dense.weight"])
+    assert torch.equal(
+        merged["word_encoder.1.output.dense.weight"], zen_state["bert.encoder.word_layers.1.output.dense.weight"]
+    )
     assert torch.equal(merged["word_embeddings.LayerNorm.weight"], zen_state["bert.word_embeddings.LayerNorm.gamma"])
     lexicon = Lexicon.load(out / "lexicon.txt")
     rows = merged["word_embeddings.word_embeddings.weight"]
@@ -93,10 +115,29 @@ def test_build_with_zen(tmp_path, bge_dir, lexicon_file, texts):
 
 def test_build_without_zen_equals_bge_on_text_without_words(tmp_path, bge_dir, lexicon_file):
     out = tmp_path / "policybert"
-    assert merge_main(["--bge", str(bge_dir), "--zen", "none", "--lexicon", str(lexicon_file),
-                       "--fusion", "attn", "--num-word-layers", "1", "--out", str(out)]) == 0
+    assert (
+        merge_main(
+            [
+                "--bge",
+                str(bge_dir),
+                "--zen",
+                "none",
+                "--lexicon",
+                str(lexicon_file),
+                "--fusion",
+                "attn",
+                "--num-word-layers",
+                "1",
+                "--out",
+                str(out),
+            ]
+        )
+        == 0
+    )
     merged = load_file(out / "model.safetensors")
-    assert torch.equal(merged["word_encoder.0.attention.self.query.weight"], merged["encoder.layer.0.attention.self.query.weight"])
+    assert torch.equal(
+        merged["word_encoder.0.attention.self.query.weight"], merged["encoder.layer.0.attention.self.query.weight"]
+    )
     plain = PolicyBertEmbeddings(bge_dir).embed_documents(["国家统筹整合共享。"])
     fused = PolicyBertEmbeddings(out).embed_documents(["国家统筹整合共享。"])
     assert max(abs(a - b) for a, b in zip(plain[0], fused[0])) < 1e-5
@@ -104,8 +145,23 @@ def test_build_without_zen_equals_bge_on_text_without_words(tmp_path, bge_dir, l
 
 def test_build_defaults_to_the_bge_start(tmp_path, bge_dir, lexicon_file):
     out = tmp_path / "policybert"
-    assert merge_main(["--bge", str(bge_dir), "--lexicon", str(lexicon_file), "--fusion", "gate",
-                       "--num-word-layers", "1", "--out", str(out)]) == 0
+    assert (
+        merge_main(
+            [
+                "--bge",
+                str(bge_dir),
+                "--lexicon",
+                str(lexicon_file),
+                "--fusion",
+                "gate",
+                "--num-word-layers",
+                "1",
+                "--out",
+                str(out),
+            ]
+        )
+        == 0
+    )
     merged = load_file(out / "model.safetensors")
     assert torch.all(merged["fusion_scales"] == 0.0) and torch.all(merged["fusions.0.gate.bias"] == 0.0)
     assert json.loads((out / "merge_report.json").read_text(encoding="utf-8"))["init"] == "bge"
@@ -114,7 +170,12 @@ def test_build_defaults_to_the_bge_start(tmp_path, bge_dir, lexicon_file):
 def finetuned_stand_in(tmp_path: Path, bge_dir: Path, lexicon_file: Path) -> Path:
     """A built model with every tensor moved (s included), saved like a fine-tuning stage saves one."""
     fresh = tmp_path / "fresh"
-    assert merge_main(["--bge", str(bge_dir), "--lexicon", str(lexicon_file), "--num-word-layers", "1", "--out", str(fresh)]) == 0
+    assert (
+        merge_main(
+            ["--bge", str(bge_dir), "--lexicon", str(lexicon_file), "--num-word-layers", "1", "--out", str(fresh)]
+        )
+        == 0
+    )
     model = PolicyBertModel.from_pretrained(fresh)
     with torch.no_grad():  # stand-in for fine-tuning: move every tensor
         for p in model.parameters():
@@ -132,7 +193,10 @@ def test_merge_back_alpha(tmp_path, bge_dir, lexicon_file):
     ft = load_file(finetuned / "model.safetensors")
     for alpha in (0.3, 1.0):
         out = tmp_path / f"merged-{alpha}"
-        assert merge_main(["--finetuned", str(finetuned), "--alpha", str(alpha), "--bge", str(bge_dir), "--out", str(out)]) == 0
+        assert (
+            merge_main(["--finetuned", str(finetuned), "--alpha", str(alpha), "--bge", str(bge_dir), "--out", str(out)])
+            == 0
+        )
         merged = load_file(out / "model.safetensors")
         key = "encoder.layer.1.output.dense.weight"
         torch.testing.assert_close(merged[key], alpha * ft[key] + (1 - alpha) * bge[key])
@@ -143,8 +207,13 @@ def test_merge_back_alpha(tmp_path, bge_dir, lexicon_file):
 
 
 def run_cli(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "training.merge_bge", *args], cwd=REPO, capture_output=True,
-                          text=True, env={"HF_HUB_OFFLINE": "1", "PATH": "/usr/bin:/bin"})
+    return subprocess.run(
+        [sys.executable, "-m", "training.merge_bge", *args],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        env={"HF_HUB_OFFLINE": "1", "PATH": "/usr/bin:/bin"},
+    )
 
 
 @pytest.mark.parametrize(
@@ -167,11 +236,27 @@ def test_cli_errors_are_one_line(tmp_path, capsys, bge_dir, lexicon_file, case, 
     args = {
         "hub": ["--bge", "BAAI/bge-base-zh-v1.5", "--lexicon", str(lexicon_file)],
         "missing_lexicon": ["--bge", str(bge_dir), "--lexicon", str(tmp_path / "nope.txt")],
-        "zen_without_ngrams": ["--bge", str(bge_dir), "--lexicon", str(lexicon_file), "--zen", str(tmp_path),
-                               "--num-word-layers", "1"],
+        "zen_without_ngrams": [
+            "--bge",
+            str(bge_dir),
+            "--lexicon",
+            str(lexicon_file),
+            "--zen",
+            str(tmp_path),
+            "--num-word-layers",
+            "1",
+        ],
         "too_many_word_layers": ["--bge", str(bge_dir), "--lexicon", str(lexicon_file)],
-        "hidden_mismatch": ["--bge", str(bge_dir), "--lexicon", str(lexicon_file), "--num-word-layers", "2",
-                            "--zen", str(make_zen(tmp_path / "zen16", hidden=16))],
+        "hidden_mismatch": [
+            "--bge",
+            str(bge_dir),
+            "--lexicon",
+            str(lexicon_file),
+            "--num-word-layers",
+            "2",
+            "--zen",
+            str(make_zen(tmp_path / "zen16", hidden=16)),
+        ],
         "policybert_as_bge": ["--bge", str(_fresh(tmp_path, bge_dir, lexicon_file)), "--lexicon", str(lexicon_file)],
         "bge_as_finetuned": ["--finetuned", str(bge_dir), "--bge", str(bge_dir)],
         "alpha_out_of_range": ["--finetuned", str(bge_dir), "--alpha", "0.5", "1.5"],
@@ -188,7 +273,10 @@ def test_cli_errors_are_one_line(tmp_path, capsys, bge_dir, lexicon_file, case, 
 
 def _fresh(tmp_path: Path, bge_dir: Path, lexicon_file: Path) -> Path:
     out = tmp_path / "fresh-policybert"
-    assert merge_main(["--bge", str(bge_dir), "--lexicon", str(lexicon_file), "--num-word-layers", "1", "--out", str(out)]) == 0
+    assert (
+        merge_main(["--bge", str(bge_dir), "--lexicon", str(lexicon_file), "--num-word-layers", "1", "--out", str(out)])
+        == 0
+    )
     return out
 
 
@@ -199,8 +287,21 @@ def test_failed_merge_keeps_previous_output(tmp_path, bge_dir, lexicon_file):
     broken_zen.mkdir()
     (broken_zen / "ngram.txt").write_text("数据,3\n", encoding="utf-8")
     (broken_zen / "pytorch_model.bin").write_bytes(b"not a checkpoint")
-    rc = run_main(merge_main, ["--bge", str(bge_dir), "--lexicon", str(lexicon_file), "--zen", str(broken_zen),
-                               "--num-word-layers", "1", "--out", str(out)])
+    rc = run_main(
+        merge_main,
+        [
+            "--bge",
+            str(bge_dir),
+            "--lexicon",
+            str(lexicon_file),
+            "--zen",
+            str(broken_zen),
+            "--num-word-layers",
+            "1",
+            "--out",
+            str(out),
+        ],
+    )
     assert rc == 2
     assert {p.name: p.read_bytes() for p in out.iterdir()} == before
 
@@ -208,7 +309,9 @@ def test_failed_merge_keeps_previous_output(tmp_path, bge_dir, lexicon_file):
 def test_cli_process_exit_code_and_message_offline(tmp_path, lexicon_file):
     result = run_cli("--bge", "BAAI/bge-base-zh-v1.5", "--lexicon", str(lexicon_file), "--out", str(tmp_path / "o"))
     assert result.returncode == 2, result.stderr
-    assert result.stderr.startswith("error: --bge: 'BAAI/bge-base-zh-v1.5' is no local directory, and fetching it from the Hugging Face hub failed")
+    assert result.stderr.startswith(
+        "error: --bge: 'BAAI/bge-base-zh-v1.5' is no local directory, and fetching it from the Hugging Face hub failed"
+    )
     assert "Traceback" not in result.stderr
 
 
@@ -230,13 +333,38 @@ def test_alpha_sweep_keeps_the_best_on_dev_questions(tmp_path, bge_dir, lexicon_
         writer.writerow(["title", "pubtime", "channel", "describes", "contentText"])
         writer.writerows([d.title, "2024-01-01", "dev", "", d.content[:500]] for d in docs)
     questions = tmp_path / "dev.jsonl"
-    questions.write_text("".join(json.dumps({"id": f"q{i}", "question": d.content[50:80], "doc_title": d.title,
-                                             "evidence": d.content[50:110]}, ensure_ascii=False) + "\n"
-                                 for i, d in enumerate(docs)), encoding="utf-8")  # fmt: skip
+    questions.write_text(
+        "".join(
+            json.dumps(
+                {"id": f"q{i}", "question": d.content[50:80], "doc_title": d.title, "evidence": d.content[50:110]},
+                ensure_ascii=False,
+            )
+            + "\n"
+            for i, d in enumerate(docs)
+        ),
+        encoding="utf-8",
+    )
     alphas = ["0", "0.5", "1"]
     out = tmp_path / "best"
-    assert merge_main(["--finetuned", str(finetuned), "--bge", str(bge_dir), "--alpha", *alphas,
-                       "--dev-questions", str(questions), "--dev-corpus", str(corpus), "--out", str(out)]) == 0
+    assert (
+        merge_main(
+            [
+                "--finetuned",
+                str(finetuned),
+                "--bge",
+                str(bge_dir),
+                "--alpha",
+                *alphas,
+                "--dev-questions",
+                str(questions),
+                "--dev-corpus",
+                str(corpus),
+                "--out",
+                str(out),
+            ]
+        )
+        == 0
+    )
     report = json.loads((out / "merge_report.json").read_text(encoding="utf-8"))
     scores = report["alpha_sweep"]["MRR@10"]
     assert list(scores) == alphas and all(0.0 <= s <= 1.0 for s in scores.values())
@@ -245,7 +373,9 @@ def test_alpha_sweep_keeps_the_best_on_dev_questions(tmp_path, bge_dir, lexicon_
     assert report["alpha"] == float(best)
     assert f"keeping alpha {best}" in capsys.readouterr().out
     single = tmp_path / "single"
-    assert merge_main(["--finetuned", str(finetuned), "--bge", str(bge_dir), "--alpha", best, "--out", str(single)]) == 0
+    assert (
+        merge_main(["--finetuned", str(finetuned), "--bge", str(bge_dir), "--alpha", best, "--out", str(single)]) == 0
+    )
     written, expected = load_file(out / "model.safetensors"), load_file(single / "model.safetensors")
     assert written.keys() == expected.keys() and all(torch.equal(written[k], expected[k]) for k in written)
 

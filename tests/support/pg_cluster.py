@@ -33,25 +33,39 @@ UNPRIVILEGED_USER = "nobody"
 def postgres_bindir() -> Path:
     """Where initdb/pg_ctl are: $PG_BINDIR, else the newest /usr/lib/postgresql/*/bin, else PATH."""
     configured = os.environ.get("PG_BINDIR")
-    candidates = [Path(configured)] if configured else sorted(
-        Path("/usr/lib/postgresql").glob("*/bin"), key=lambda p: int(p.parent.name) if p.parent.name.isdigit() else 0,
-        reverse=True)
+    candidates = (
+        [Path(configured)]
+        if configured
+        else sorted(
+            Path("/usr/lib/postgresql").glob("*/bin"),
+            key=lambda p: int(p.parent.name) if p.parent.name.isdigit() else 0,
+            reverse=True,
+        )
+    )
     on_path = shutil.which("initdb")
     if on_path:
         candidates.append(Path(on_path).parent)
     for candidate in candidates:
         if (candidate / "initdb").is_file() and (candidate / "pg_ctl").is_file():
             return candidate
-    raise InputError("no PostgreSQL server binaries (initdb, pg_ctl) found: install Debian's postgresql "
-                     "(`.ci/pgvector.sh`) or set PG_BINDIR")
+    raise InputError(
+        "no PostgreSQL server binaries (initdb, pg_ctl) found: install Debian's postgresql "
+        "(`.ci/pgvector.sh`) or set PG_BINDIR"
+    )
 
 
 def pgvector_installed(bindir: Path) -> bool:
     """Whether the server of ``bindir`` has the pgvector extension files (``vector.control``)."""
-    sharedir = subprocess.run([str(bindir / "pg_config"), "--sharedir"], capture_output=True, text=True) \
-        if (bindir / "pg_config").is_file() else None
-    share = Path(sharedir.stdout.strip()) if sharedir and sharedir.returncode == 0 else \
-        Path("/usr/share/postgresql") / bindir.parent.name
+    sharedir = (
+        subprocess.run([str(bindir / "pg_config"), "--sharedir"], capture_output=True, text=True)
+        if (bindir / "pg_config").is_file()
+        else None
+    )
+    share = (
+        Path(sharedir.stdout.strip())
+        if sharedir and sharedir.returncode == 0
+        else Path("/usr/share/postgresql") / bindir.parent.name
+    )
     return (share / "extension" / "vector.control").is_file()
 
 
@@ -97,8 +111,9 @@ class PgCluster:
             os.chown(directory, entry.pw_uid, entry.pw_gid)
         cluster = cls(bindir, directory, _free_port(), user)
         try:
-            cluster._pg("initdb", "-D", str(cluster.data), "-U", SUPERUSER, "--auth=trust", "--encoding=UTF8",
-                        "--no-locale")
+            cluster._pg(
+                "initdb", "-D", str(cluster.data), "-U", SUPERUSER, "--auth=trust", "--encoding=UTF8", "--no-locale"
+            )
             options = f"-c listen_addresses=127.0.0.1 -p {cluster.port} -c unix_socket_directories='' -c fsync=off"
             cluster._pg("pg_ctl", "-D", str(cluster.data), "-o", options, "-l", str(cluster.log), "-w", "start")
             cluster.execute("postgres", f"CREATE DATABASE {DATABASE}")
@@ -110,8 +125,9 @@ class PgCluster:
 
     def _pg(self, program: str, *args: str) -> None:
         as_user = {"user": self.user, "group": pwd.getpwnam(self.user).pw_gid, "extra_groups": []} if self.user else {}
-        result = subprocess.run([str(self.bindir / program), *args], capture_output=True, text=True,
-                                cwd=self.directory, **as_user)
+        result = subprocess.run(
+            [str(self.bindir / program), *args], capture_output=True, text=True, cwd=self.directory, **as_user
+        )
         if result.returncode != 0:
             log = self.log.read_text(errors="replace")[-2000:] if self.log.is_file() else ""
             raise RuntimeError(f"{program} failed (exit {result.returncode}): {result.stdout}{result.stderr}{log}")

@@ -7,8 +7,8 @@ given, and weights are random (seeded) unless the caller trains them.
 from __future__ import annotations
 
 import os
+from collections.abc import Iterable
 from pathlib import Path
-from typing import Iterable
 
 import torch
 from transformers import BertConfig, BertModel, PreTrainedModel
@@ -72,7 +72,8 @@ def build_tiny_policybert(
     tokenizer = build_char_tokenizer(texts)
     config = PolicyBertConfig(
         **tiny_config(
-            len(tokenizer), **{"word_vocab_size": len(lexicon), "num_word_layers": 1, "fusion_type": fusion, **overrides}
+            len(tokenizer),
+            **{"word_vocab_size": len(lexicon), "num_word_layers": 1, "fusion_type": fusion, **overrides},
         )
     )
     torch.manual_seed(seed)

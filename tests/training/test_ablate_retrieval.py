@@ -11,27 +11,69 @@ from chatchat_policybert.files import write_jsonl
 from training import ablate
 from training.ablate_retrieval import ARMS
 
-TOY = ["--hidden-size", "32", "--num-hidden-layers", "2", "--num-attention-heads", "2", "--intermediate-size", "64",
-       "--max-position-embeddings", "64", "--start-steps", "2", "--start-batch-size", "4", "--steps", "3",
-       "--batch-size", "4", "--train-group-size", "2", "--max-length", "64", "--retrievers", "dense"]  # fmt: skip
+TOY = [
+    "--hidden-size",
+    "32",
+    "--num-hidden-layers",
+    "2",
+    "--num-attention-heads",
+    "2",
+    "--intermediate-size",
+    "64",
+    "--max-position-embeddings",
+    "64",
+    "--start-steps",
+    "2",
+    "--start-batch-size",
+    "4",
+    "--steps",
+    "3",
+    "--batch-size",
+    "4",
+    "--train-group-size",
+    "2",
+    "--max-length",
+    "64",
+    "--retrievers",
+    "dense",
+]
 
 
 def _char_weights(model_dir):
     """The character encoder's tensors (embeddings and character layers), as safetensors keys without ``bert.``."""
     state = load_file(model_dir / "model.safetensors")
-    return {k.removeprefix("bert."): v for k, v in state.items() if k.removeprefix("bert.").startswith(("embeddings.", "encoder.layer."))}
+    return {
+        k.removeprefix("bert."): v
+        for k, v in state.items()
+        if k.removeprefix("bert.").startswith(("embeddings.", "encoder.layer."))
+    }
 
 
 def test_every_arm_runs_and_differs_in_what_it_trains(tmp_path, small_csv, reference_lexicon_path):
     corpus = load_corpus(small_csv)
     questions = tmp_path / "q.jsonl"
-    write_jsonl([
-        {"id": f"q{i}", "question": doc.text[100:130], "doc_title": doc.title, "evidence": doc.text[100:160]}
-        for i, doc in enumerate(corpus.documents) if len(doc.text) > 200
-    ], questions)  # fmt: skip
+    write_jsonl(
+        [
+            {"id": f"q{i}", "question": doc.text[100:130], "doc_title": doc.title, "evidence": doc.text[100:160]}
+            for i, doc in enumerate(corpus.documents)
+            if len(doc.text) > 200
+        ],
+        questions,
+    )
     out = tmp_path / "ablate"
-    argv = ["--task", "retrieval", "--corpus", str(small_csv), "--lexicon", str(reference_lexicon_path),
-            "--questions", str(questions), "--out", str(out), *TOY]  # fmt: skip
+    argv = [
+        "--task",
+        "retrieval",
+        "--corpus",
+        str(small_csv),
+        "--lexicon",
+        str(reference_lexicon_path),
+        "--questions",
+        str(questions),
+        "--out",
+        str(out),
+        *TOY,
+    ]
     ablate.main([*argv, "--arms", *ARMS, "--seeds", "0"])
 
     results = json.loads((out / "results.json").read_text(encoding="utf-8"))
@@ -61,19 +103,28 @@ def test_every_arm_runs_and_differs_in_what_it_trains(tmp_path, small_csv, refer
     assert all(change > 0 for change in runs["attn-freeze", 0]["word_change"])
     assert "| --lexicon |" in table and "| KB lexicon |" in table
     kb_words = (out / "kb-lexicon" / "lexicon.txt").read_text(encoding="utf-8").splitlines()
-    merged_words = (out / "runs" / "attn-kblex-seed0" / "merged" / "lexicon.txt").read_text(encoding="utf-8").splitlines()
+    merged_words = (
+        (out / "runs" / "attn-kblex-seed0" / "merged" / "lexicon.txt").read_text(encoding="utf-8").splitlines()
+    )
     assert len(merged_words) == len(kb_words), "the KB-lexicon arm's word stream is over the KB's own lexicon"
+
     # Same budget for every trained arm: the warm-up arm splits its steps, the others run them in one phase.
     def steps(run_dir):
         return json.loads((run_dir / "run.json").read_text())["config"]["max_steps"]
+
     for arm in ARMS:
         if arm not in ("base", "attn-warm"):
             assert steps(out / "runs" / f"{arm}-seed0" / "train") == 3
     warm = out / "runs" / "attn-warm-seed0"
     assert steps(warm / "warm") + steps(warm / "joint") == 3
     assert json.loads((out / "runs" / "attn-2wl-seed0" / "merged" / "config.json").read_text())["num_word_layers"] == 2
-    assert json.loads((out / "runs" / "attn-early-seed0" / "merged" / "config.json").read_text())["late_fusion"] == "none"
-    assert json.loads((out / "runs" / "attn-open-seed0" / "merged" / "config.json").read_text())["fusion_scale_init"] == 1.0
+    assert (
+        json.loads((out / "runs" / "attn-early-seed0" / "merged" / "config.json").read_text())["late_fusion"] == "none"
+    )
+    assert (
+        json.loads((out / "runs" / "attn-open-seed0" / "merged" / "config.json").read_text())["fusion_scale_init"]
+        == 1.0
+    )
 
     # Resumable: a second invocation with another seed runs only what is new; the untrained start has no seed.
     stamps = {p: p.stat().st_mtime_ns for p in (out / "runs").glob("*/result.json")}

@@ -18,14 +18,20 @@ def built(tmp_path_factory, corpus_dir, data_dir):
     out = tmp_path_factory.mktemp("lexicon")
     build_lexicon.main(
         [
-            "--corpus", str(corpus_dir / "corpus.jsonl"),
-            "--out", str(out),
-            "--stopwords", str(data_dir / "lexicon" / "stopword.txt"),
-            "--segmenter", "jieba",
-            "--min-count", "3",
-            "--reference", str(data_dir / "lexicon" / "words_list_checked.txt"),
+            "--corpus",
+            str(corpus_dir / "corpus.jsonl"),
+            "--out",
+            str(out),
+            "--stopwords",
+            str(data_dir / "lexicon" / "stopword.txt"),
+            "--segmenter",
+            "jieba",
+            "--min-count",
+            "3",
+            "--reference",
+            str(data_dir / "lexicon" / "words_list_checked.txt"),
         ]
-    )  # fmt: skip
+    )
     return out
 
 
@@ -71,12 +77,26 @@ def test_missing_hanlp_model_is_a_clear_error(tmp_path, corpus_dir, data_dir):
 
 
 def test_cli_reports_a_corrupt_corpus_in_one_line(tmp_path, data_dir):
-    (tmp_path / "corpus.jsonl").write_text('{"doc_id": "1", "sentences": ["完整的句子。"]}\n{"doc_id": 2, oops\n', encoding="utf-8")
+    (tmp_path / "corpus.jsonl").write_text(
+        '{"doc_id": "1", "sentences": ["完整的句子。"]}\n{"doc_id": 2, oops\n', encoding="utf-8"
+    )
     result = subprocess.run(
-        [sys.executable, "-m", "training.build_lexicon", "--corpus", str(tmp_path / "corpus.jsonl"), "--out", str(tmp_path),
-         "--stopwords", str(data_dir / "lexicon" / "stopword.txt"), "--segmenter", "jieba"],
-        capture_output=True, text=True,
-    )  # fmt: skip
+        [
+            sys.executable,
+            "-m",
+            "training.build_lexicon",
+            "--corpus",
+            str(tmp_path / "corpus.jsonl"),
+            "--out",
+            str(tmp_path),
+            "--stopwords",
+            str(data_dir / "lexicon" / "stopword.txt"),
+            "--segmenter",
+            "jieba",
+        ],
+        capture_output=True,
+        text=True,
+    )
     assert result.returncode == EXIT_INPUT_ERROR
     assert result.stderr.strip().splitlines()[-1].startswith(f"error: {tmp_path / 'corpus.jsonl'}:2: not a corpus line")
     assert "Traceback" not in result.stderr

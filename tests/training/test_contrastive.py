@@ -80,11 +80,23 @@ def start_model(tiny_model_dir, pairs, tmp_path_factory) -> Path:
     """The tiny attn model after 30 steps of unsupervised SimCSE (query = passage, dropout views)."""
     out = tmp_path_factory.mktemp("simcse")
     flags = ["--train-group-size", "1", "--query-instruction", "", "--max-steps", "30", "--lr", "3e-3"]
-    run(tiny_model_dir("attn", perturb=True), pairs, out, *flags, "--batch-size", "16", "--temperature", "0.05", train="simcse")
+    run(
+        tiny_model_dir("attn", perturb=True),
+        pairs,
+        out,
+        *flags,
+        "--batch-size",
+        "16",
+        "--temperature",
+        "0.05",
+        train="simcse",
+    )
     return out / "final"
 
 
-def hand_info_nce(queries: torch.Tensor, passages: torch.Tensor, positives: list[int], temperature: float) -> torch.Tensor:
+def hand_info_nce(
+    queries: torch.Tensor, passages: torch.Tensor, positives: list[int], temperature: float
+) -> torch.Tensor:
     """-log softmax of each query's positive, written out term by term."""
     losses = []
     for q, positive in zip(queries, positives):
@@ -117,7 +129,9 @@ def test_loss_is_taken_on_the_served_vectors(tiny_model_dir, pairs, tmp_path):
 
     served = PolicyBertEmbeddings(model_dir)
     queries = torch.tensor([served.embed_query(line["query"]) for line in lines])
-    passages = torch.tensor(served.embed_documents([text for line in lines for text in (line["pos"][0], line["neg"][0])]))
+    passages = torch.tensor(
+        served.embed_documents([text for line in lines for text in (line["pos"][0], line["neg"][0])])
+    )
     assert loss.item() == pytest.approx(info_nce(queries, passages, 2, 0.05).item(), rel=1e-4)
 
 
@@ -133,7 +147,18 @@ def test_training_lowers_dev_loss(start_model, pairs, tmp_path):
     model, tokenizer = load_policybert(start_model)
     with torch.no_grad():
         before = ContrastiveTask(tokenizer, [], read_examples(pairs["dev"], 0), cfg, 128).evaluate(model)
-    flags = ["--max-steps", "40", "--lr", "2e-3", "--batch-size", "8", "--train-group-size", "4", "--temperature", "0.05"]
+    flags = [
+        "--max-steps",
+        "40",
+        "--lr",
+        "2e-3",
+        "--batch-size",
+        "8",
+        "--train-group-size",
+        "4",
+        "--temperature",
+        "0.05",
+    ]
     flags += ["--query-instruction", ""]  # 19 shared characters would dominate a 32-character query in a tiny model
     out = run(start_model, pairs, tmp_path / "run", *flags)
     metrics = json.loads((out / "metrics.json").read_text(encoding="utf-8"))
@@ -172,8 +197,22 @@ def test_fusion_scale_lr_moves_s_at_its_own_rate(tiny_model_dir, pairs, tmp_path
 
 
 def test_fusion_scale_lr_needs_a_word_stream(tiny_model_dir, pairs, tmp_path, capsys):
-    argv = ["--model", str(tiny_model_dir(None)), "--train", str(pairs["train"]), "--dev", str(pairs["dev"]), "--out", str(tmp_path / "run"),
-            "--device", "cpu", "--max-steps", "1", "--fusion-scale-lr", "1e-2"]
+    argv = [
+        "--model",
+        str(tiny_model_dir(None)),
+        "--train",
+        str(pairs["train"]),
+        "--dev",
+        str(pairs["dev"]),
+        "--out",
+        str(tmp_path / "run"),
+        "--device",
+        "cpu",
+        "--max-steps",
+        "1",
+        "--fusion-scale-lr",
+        "1e-2",
+    ]
     assert run_cli(main, argv) == 2
     assert "--fusion-scale-lr 0.01: BertModel has no fusion scales" in capsys.readouterr().err
 
@@ -189,7 +228,9 @@ def test_output_loads_for_serving_and_resume_is_exact(tiny_model_dir, pairs, tmp
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
     assert not all(torch.equal(a[k], load_file(start / "model.safetensors")[k]) for k in a)
 
-    vectors = np.array(PolicyBertEmbeddings(straight / "final").embed_documents(["国务院关于数据要素的意见", "住房公积金"]))
+    vectors = np.array(
+        PolicyBertEmbeddings(straight / "final").embed_documents(["国务院关于数据要素的意见", "住房公积金"])
+    )
     assert vectors.shape == (2, 32) and np.allclose(np.linalg.norm(vectors, axis=1), 1.0)
 
 
@@ -200,15 +241,32 @@ def test_output_loads_for_serving_and_resume_is_exact(tiny_model_dir, pairs, tmp
         ('{"query": "a", "pos": ["b"], "neg": [3]}', [], r"bad\.jsonl:2: not a pairs line"),
         ("not json", [], r"bad\.jsonl:2: not a pairs line \(JSONDecodeError\)"),
         ('{"query": "a", "pos": ["b"]}', [], r"bad\.jsonl:2: no negatives.*--train-group-size 1"),
-        ('{"query": "a", "pos": ["b"], "neg": ["c"]}', ["--temperature", "0"], r"--temperature 0\.0: expected a number above 0"),
-        ('{"query": "a", "pos": ["b"], "neg": ["c"]}', ["--train-group-size", "0"], r"--train-group-size 0: expected a number above 0"),
+        (
+            '{"query": "a", "pos": ["b"], "neg": ["c"]}',
+            ["--temperature", "0"],
+            r"--temperature 0\.0: expected a number above 0",
+        ),
+        (
+            '{"query": "a", "pos": ["b"], "neg": ["c"]}',
+            ["--train-group-size", "0"],
+            r"--train-group-size 0: expected a number above 0",
+        ),
     ],
 )
 def test_bad_input_is_one_line_error(tiny_model_dir, pairs, tmp_path, capsys, line, flags, message):
     good = pairs["train"].read_text(encoding="utf-8").splitlines()[0]
     bad = write_jsonl([json.loads(good)], tmp_path / "bad.jsonl")
     bad.write_text(bad.read_text(encoding="utf-8") + line + "\n", encoding="utf-8")
-    argv = ["--model", str(tiny_model_dir("none")), "--train", str(bad), "--dev", str(pairs["dev"]), "--out", str(tmp_path / "o")]
+    argv = [
+        "--model",
+        str(tiny_model_dir("none")),
+        "--train",
+        str(bad),
+        "--dev",
+        str(pairs["dev"]),
+        "--out",
+        str(tmp_path / "o"),
+    ]
     assert run_cli(main, [*argv, "--device", "cpu", *flags]) == 2
     err = capsys.readouterr().err
     assert "Traceback" not in err and err.strip().splitlines()[-1].startswith("error: ")
@@ -268,7 +326,9 @@ def test_cross_device_step_uses_both_processes_passages(tmp_path):
         positives = [rank * size + i * GROUP for i in range(LOCAL_QUERIES)]
         # 2 × the candidates: the hand-computed loss over all WORLD × size passages, not the local size.
         assert len(passages) == WORLD * size
-        assert result["loss"].item() == pytest.approx(hand_info_nce(local, passages, positives, TEMPERATURE).item(), rel=1e-5)
+        assert result["loss"].item() == pytest.approx(
+            hand_info_nce(local, passages, positives, TEMPERATURE).item(), rel=1e-5
+        )
         alone = info_nce(local, passages[rank * size : (rank + 1) * size], GROUP, TEMPERATURE)
         assert result["loss"].item() > alone.item() + 1e-3
 
@@ -278,20 +338,33 @@ def test_cross_device_step_uses_both_processes_passages(tmp_path):
     (WORLD * info_nce(q, p, GROUP, TEMPERATURE)).backward()
     for rank, result in enumerate(results):
         assert torch.allclose(result["passage_grad"], p.grad[rank * size : (rank + 1) * size], atol=1e-5)
-        assert torch.allclose(result["query_grad"], q.grad[rank * LOCAL_QUERIES : (rank + 1) * LOCAL_QUERIES], atol=1e-5)
+        assert torch.allclose(
+            result["query_grad"], q.grad[rank * LOCAL_QUERIES : (rank + 1) * LOCAL_QUERIES], atol=1e-5
+        )
 
 
 def test_false_negatives_are_counted_in_a_warning(tmp_path, capsys):
     path = tmp_path / "own.jsonl"
     lines = [
-        {"query": "数据要素", "pos": ["数据要素市场"], "neg": ["完善数据要素的市场化配置"]},  # the negative holds the query
-        {"query": "个人信息", "pos": ["个人信息保护法"], "neg": ["个人信息保护法", "另一段"]},  # a negative equals the positive
+        {
+            "query": "数据要素",
+            "pos": ["数据要素市场"],
+            "neg": ["完善数据要素的市场化配置"],
+        },  # the negative holds the query
+        {
+            "query": "个人信息",
+            "pos": ["个人信息保护法"],
+            "neg": ["个人信息保护法", "另一段"],
+        },  # a negative equals the positive
         {"query": "住房保障", "pos": ["保障性住房建设"], "neg": ["城市交通规划"]},
     ]
     path.write_text("".join(json.dumps(line, ensure_ascii=False) + "\n" for line in lines), encoding="utf-8")
     assert len(read_examples(path, 1)) == 3, "warned about, still trained on"
     err = capsys.readouterr().err
-    assert f"warning: {path}: 2 of 3 pairs have a negative that contains the query or equals a positive (first: pair 1)" in err
+    assert (
+        f"warning: {path}: 2 of 3 pairs have a negative that contains the query or equals a positive (first: pair 1)"
+        in err
+    )
     path.write_text(json.dumps(lines[2], ensure_ascii=False) + "\n", encoding="utf-8")
     read_examples(path, 1)
     assert "warning" not in capsys.readouterr().err

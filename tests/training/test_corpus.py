@@ -25,7 +25,21 @@ def test_cleaning_strips_what_the_thesis_strips():
         "——————————\n附件1：数据目录,请参阅(2)\ue06c第12页 共30页"
     )
     text = clean_text(raw)
-    for gone in ("www.", "https", "|", "第3页", "第12页", "（一）", "[1]", "(2)", "\x0c", "\ue06c", "———", "附件1", "ft"):
+    for gone in (
+        "www.",
+        "https",
+        "|",
+        "第3页",
+        "第12页",
+        "（一）",
+        "[1]",
+        "(2)",
+        "\x0c",
+        "\ue06c",
+        "———",
+        "附件1",
+        "ft",
+    ):
         assert gone not in text, gone
     # A wrapped line inside a paragraph is joined; a line after "。" stays a paragraph break.
     assert "深入贯彻党的二十大精神。" in text
@@ -68,7 +82,9 @@ def test_cli_on_real_rows(small_csv_facts, corpus_dir, corpus_docs):
 
 def test_folder_of_text_and_markdown(tmp_path, policy_sentences):
     (tmp_path / "a.txt").write_text("\n".join(policy_sentences[:20]), encoding="utf-8")
-    (tmp_path / "b.md").write_text("# 标题\n\n" + "".join(policy_sentences[20:40]) + "\n[链接](https://x.cn)", encoding="utf-8")
+    (tmp_path / "b.md").write_text(
+        "# 标题\n\n" + "".join(policy_sentences[20:40]) + "\n[链接](https://x.cn)", encoding="utf-8"
+    )
     docs, stats = corpus.build_corpus(corpus.load_documents(tmp_path))
     assert [doc.title for doc in docs] == ["a", "b"]
     assert stats.sentences >= 30 and not any("x.cn" in s or "#" in s for doc in docs for s in doc.sentences)

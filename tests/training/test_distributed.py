@@ -53,8 +53,22 @@ def assert_same_run(one: Path, two: Path) -> None:
 def test_pretraining_on_two_processes_matches_one_and_resumes(tiny_model_dir, corpus_docs, tmp_path):
     # Real documents cut to 5 sentences: 2 steps an epoch, so 6 steps draw a curve of 3 points.
     write_corpus([Document(d.doc_id, d.title, d.sentences[:5]) for d in corpus_docs], tmp_path / "corpus.jsonl")
-    common = ["--model", str(tiny_model_dir("gate")), "--corpus", str(tmp_path / "corpus.jsonl"), "--batch-size", "8",
-              "--max-steps", "6", "--max-length", "32", "--lr", "1e-3", "--eval-fraction", "0.3"]  # fmt: skip
+    common = [
+        "--model",
+        str(tiny_model_dir("gate")),
+        "--corpus",
+        str(tmp_path / "corpus.jsonl"),
+        "--batch-size",
+        "8",
+        "--max-steps",
+        "6",
+        "--max-length",
+        "32",
+        "--lr",
+        "1e-3",
+        "--eval-fraction",
+        "0.3",
+    ]
     launch("pretrain", 1, [*common, "--grad-accum", "2", "--out", str(tmp_path / "one")])
     # Two processes stop half-way and resume: the same run as the uninterrupted single process.
     launch("pretrain", 2, [*common, "--out", str(tmp_path / "two"), "--stop-after", "3"])
@@ -70,11 +84,24 @@ def test_finetuning_on_two_processes_matches_one(tiny_model_dir, policysm_dir, t
     for split in ("train", "dev", "test"):
         lines = (policysm_dir / "policysm1" / f"{split}.tsv").read_text(encoding="utf-8").splitlines(keepends=True)
         (data / f"{split}.tsv").write_text("".join(lines[:20] if split == "train" else lines), encoding="utf-8")
-    common = ["--model", str(tiny_model_dir("attn")), "--data", str(data), "--batch-size", "8",
-              "--max-steps", "6", "--max-length", "32", "--lr", "1e-3", "--eval-batch-size", "64"]  # fmt: skip
+    common = [
+        "--model",
+        str(tiny_model_dir("attn")),
+        "--data",
+        str(data),
+        "--batch-size",
+        "8",
+        "--max-steps",
+        "6",
+        "--max-length",
+        "32",
+        "--lr",
+        "1e-3",
+        "--eval-batch-size",
+        "64",
+    ]
     launch("finetune", 1, [*common, "--grad-accum", "2", "--out", str(tmp_path / "one")])
     launch("finetune", 2, [*common, "--out", str(tmp_path / "two")])
     assert_same_run(tmp_path / "one", tmp_path / "two")
     results = [json.loads((tmp_path / out / "results.json").read_text(encoding="utf-8")) for out in ("one", "two")]
     assert results[1]["test_accuracy"] == pytest.approx(results[0]["test_accuracy"], abs=1e-4)
-

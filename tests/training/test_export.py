@@ -33,7 +33,8 @@ TEXTS = ["国务院关于数据要素的意见", "住房公积金"]
 
 @pytest.fixture(scope="module")
 def pairs(policy_documents, tmp_path_factory) -> dict[str, Path]:
-    """FlagEmbedding lines from real text: a slice of a 60-character chunk is the query, two other chunks the negatives."""
+    """FlagEmbedding lines from real text: a slice of a 60-character chunk is the query, two other chunks the
+    negatives."""
     out = tmp_path_factory.mktemp("export-pairs")
     lines: dict[str, list[str]] = {"train": [], "dev": []}
     for doc in policy_documents:
@@ -48,12 +49,17 @@ def pairs(policy_documents, tmp_path_factory) -> dict[str, Path]:
 
 
 @pytest.fixture(scope="module")
-def stage_argv(tiny_model_dir, corpus_dir, policysm_dir, pairs) -> dict[str, tuple[Callable[[list[str]], None], list[str]]]:
+def stage_argv(
+    tiny_model_dir, corpus_dir, policysm_dir, pairs
+) -> dict[str, tuple[Callable[[list[str]], None], list[str]]]:
     """Each stage's ``main`` and its inputs (``--model`` first), without ``--out``."""
     start = str(tiny_model_dir("attn", perturb=True))
     return {
         "pretrain": (pretrain.main, ["--model", start, "--corpus", str(corpus_dir / "corpus.jsonl")]),
-        "finetune": (finetune.main, ["--model", start, "--data", str(policysm_dir / "policysm1"), "--eval-batch-size", "64"]),
+        "finetune": (
+            finetune.main,
+            ["--model", start, "--data", str(policysm_dir / "policysm1"), "--eval-batch-size", "64"],
+        ),
         "contrastive": (
             contrastive.main,
             ["--model", start, "--train", str(pairs["train"]), "--dev", str(pairs["dev"]), "--train-group-size", "2"],
@@ -137,23 +143,52 @@ def truncate(run: Path, runs: dict[str, Path]) -> None:
 @pytest.mark.parametrize(
     "damage, model, message",
     [
-        (lambda run, runs: (run / "checkpoint.pt").unlink(), "attn", r"checkpoint\.pt: no checkpoint \(a run writes one"),
+        (
+            lambda run, runs: (run / "checkpoint.pt").unlink(),
+            "attn",
+            r"checkpoint\.pt: no checkpoint \(a run writes one",
+        ),
         (truncate, "attn", r"checkpoint\.pt: not a readable checkpoint"),
-        (lambda run, runs: shutil.copyfile(runs["pretrain"] / "run.json", run / "run.json"), "attn",
-         r"checkpoint\.pt: a contrastive checkpoint, but .*run\.json records a pretrain run"),
-        (lambda run, runs: record(run, {"lr": 0.002}), "attn",
-         r"checkpoint\.pt: written with other settings than .*run\.json records \(lr 0\.002 -> 0\.001\)"),
-        (lambda run, runs: record(run, {"bogus": 1}), "attn",
-         r"run\.json: its settings are those of none of the stages; expected a run of training\.pretrain, training\.finetune"),
-        (lambda run, runs: record(run, {"stop_after": None, "device": "cuda", "out": "elsewhere"}), "gate",
-         r"its weights do not fit --model .* \(\d+ tensors missing, extra or of another shape, e\.g\. fusions\.0\."),
-        (lambda run, runs: None, "plain",
-         r"its weights do not fit --model .*expected the directory the contrastive run started from"),
+        (
+            lambda run, runs: shutil.copyfile(runs["pretrain"] / "run.json", run / "run.json"),
+            "attn",
+            r"checkpoint\.pt: a contrastive checkpoint, but .*run\.json records a pretrain run",
+        ),
+        (
+            lambda run, runs: record(run, {"lr": 0.002}),
+            "attn",
+            r"checkpoint\.pt: written with other settings than .*run\.json records \(lr 0\.002 -> 0\.001\)",
+        ),
+        (
+            lambda run, runs: record(run, {"bogus": 1}),
+            "attn",
+            r"run\.json: its settings are those of none of the stages; "
+            r"expected a run of training\.pretrain, training\.finetune",
+        ),
+        (
+            lambda run, runs: record(run, {"stop_after": None, "device": "cuda", "out": "elsewhere"}),
+            "gate",
+            r"its weights do not fit --model .* \(\d+ tensors missing, extra or of another shape, e\.g\. fusions\.0\.",
+        ),
+        (
+            lambda run, runs: None,
+            "plain",
+            r"its weights do not fit --model .*expected the directory the contrastive run started from",
+        ),
     ],
-    ids=["no-checkpoint", "truncated", "other-stage", "other-settings", "unknown-settings", "other-model", "plain-bert"],
+    ids=[
+        "no-checkpoint",
+        "truncated",
+        "other-stage",
+        "other-settings",
+        "unknown-settings",
+        "other-model",
+        "plain-bert",
+    ],
 )
 def test_refusals_are_one_line_and_write_nothing(damage, model, message, stopped, tiny_model_dir, tmp_path, capsys):
-    """In "other-model", run.json differs only in settings a resumed session may change (not compared): --model is refused."""
+    """In "other-model", run.json differs only in settings a resumed session may change (not compared): --model is
+    refused."""
     run = shutil.copytree(stopped["contrastive"], tmp_path / "run")
     damage(run, stopped)
     start = tiny_model_dir(None) if model == "plain" else tiny_model_dir(model, perturb=model == "attn")
@@ -203,7 +238,9 @@ def test_a_relative_model_is_recorded_absolute(stage_argv, tiny_model_dir, tmp_p
     monkeypatch.chdir(start.parent)
     stage_main([*argv[:1], start.name, *argv[2:], "--out", str(tmp_path / "run"), *STEPS, "--stop-after", "2"])
     monkeypatch.chdir(tmp_path)
-    assert json.loads((tmp_path / "run" / "run.json").read_text(encoding="utf-8"))["inputs"]["model"] == str(start.resolve())
+    assert json.loads((tmp_path / "run" / "run.json").read_text(encoding="utf-8"))["inputs"]["model"] == str(
+        start.resolve()
+    )
     assert export(tmp_path / "run", None, tmp_path / "recorded") == 0
     assert export(tmp_path / "run", start, tmp_path / "given") == 0
     assert same_files(tmp_path / "given", tmp_path / "recorded")
@@ -217,7 +254,9 @@ def forget_inputs(run: Path) -> None:
     path.write_text(json.dumps(saved), encoding="utf-8")
 
 
-@pytest.mark.parametrize("damage", [forget_inputs, lambda run: (run / "run.json").unlink()], ids=["old-run-json", "no-run-json"])
+@pytest.mark.parametrize(
+    "damage", [forget_inputs, lambda run: (run / "run.json").unlink()], ids=["old-run-json", "no-run-json"]
+)
 def test_without_model_or_a_recorded_start_the_export_is_refused(damage, stopped, tmp_path, capsys):
     run = shutil.copytree(stopped["pretrain"], tmp_path / "run")
     damage(run)
@@ -242,7 +281,9 @@ def drop_setting(path: Path, name: str) -> None:
 
 
 @pytest.mark.parametrize("stage", ["finetune", "pretrain"])
-@pytest.mark.parametrize("dropped_from", [("checkpoint.pt",), ("checkpoint.pt", "run.json")], ids=["checkpoint", "both"])
+@pytest.mark.parametrize(
+    "dropped_from", [("checkpoint.pt",), ("checkpoint.pt", "run.json")], ids=["checkpoint", "both"]
+)
 def test_a_checkpoint_from_before_fusion_scale_lr_exports_as_its_stage(stage, dropped_from, stopped, tmp_path, capsys):
     """Finetune's settings less one field fit pretrain's config too (more fields missing): finetune must win.
 
@@ -259,9 +300,13 @@ def test_a_checkpoint_from_before_fusion_scale_lr_exports_as_its_stage(stage, dr
 
 
 def test_a_missing_setting_is_compared_as_its_default(stopped, tmp_path, capsys):
-    """A run.json recording a fusion-scale rate is not the run of a checkpoint saved before the setting (its default)."""
+    """A run.json recording a fusion-scale rate is not the run of a checkpoint saved before the setting (its
+    default)."""
     run = shutil.copytree(stopped["finetune"], tmp_path / "run")
     drop_setting(run / "checkpoint.pt", "fusion_scale_lr")
     record(run, {"fusion_scale_lr": 0.5})
     assert export(run, None, tmp_path / "model") == 2
-    assert "written with other settings than" in (err := capsys.readouterr().err) and "(fusion_scale_lr 0.5 -> None)" in err
+    assert (
+        "written with other settings than" in (err := capsys.readouterr().err)
+        and "(fusion_scale_lr 0.5 -> None)" in err
+    )

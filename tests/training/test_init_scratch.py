@@ -15,8 +15,26 @@ from training import init_scratch, pretrain
 
 def test_a_plain_bert_over_the_corpus_characters(tmp_path, small_csv):
     out = tmp_path / "start"
-    init_scratch.main(["--corpus", str(small_csv), "--out", str(out), "--hidden-size", "32", "--num-hidden-layers", "2",
-                       "--num-attention-heads", "2", "--intermediate-size", "64", "--max-position-embeddings", "300", "--min-char-count", "1"])  # fmt: skip
+    init_scratch.main(
+        [
+            "--corpus",
+            str(small_csv),
+            "--out",
+            str(out),
+            "--hidden-size",
+            "32",
+            "--num-hidden-layers",
+            "2",
+            "--num-attention-heads",
+            "2",
+            "--intermediate-size",
+            "64",
+            "--max-position-embeddings",
+            "300",
+            "--min-char-count",
+            "1",
+        ]
+    )
     config = json.loads((out / "config.json").read_text(encoding="utf-8"))
     assert config["model_type"] == "bert" and config["max_position_embeddings"] == 300 and config["hidden_size"] == 32
     model, tokenizer = load_policybert(out)

@@ -30,11 +30,16 @@ def parse_pretrain(*flags: str) -> tuple[PretrainConfig, PretrainInputs]:
 
 
 def test_flags_come_from_the_dataclasses():
-    cfg, inputs = parse_pretrain("--batch-size", "16", "--grad-accum", "2", "--no-shuffle-words", "--resume", "--max-steps", "7")
+    cfg, inputs = parse_pretrain(
+        "--batch-size", "16", "--grad-accum", "2", "--no-shuffle-words", "--resume", "--max-steps", "7"
+    )
     assert (cfg.batch_size, cfg.grad_accum, cfg.shuffle_words, cfg.resume, cfg.max_steps) == (16, 2, False, True, 7)
     assert (inputs.model, inputs.corpus, cfg.out) == (Path("m"), Path("c.jsonl"), Path("o"))
-    # The thesis's values where the docstrings promise them (warm-up over 0.9 of the steps, as in its Tables 2, 3, 5, 6).
-    finetune_cfg, _ = parse_config(FinetuneConfig, ["--model", "m", "--data", "d", "--out", "o"], "p", "", extra=(FinetuneInputs,))
+    # The thesis's values where the docstrings promise them (warm-up over 0.9 of the steps, as in its Tables 2, 3, 5,
+    # 6).
+    finetune_cfg, _ = parse_config(
+        FinetuneConfig, ["--model", "m", "--data", "d", "--out", "o"], "p", "", extra=(FinetuneInputs,)
+    )
     assert (cfg.lr, cfg.warmup_proportion, cfg.epochs) == (3e-5, 0.9, 3)
     assert (finetune_cfg.lr, finetune_cfg.warmup_proportion, finetune_cfg.eval_batch_size) == (5e-5, 0.9, 8)
 
@@ -68,8 +73,12 @@ def test_bad_flags_are_one_line_input_errors(flags, message):
 def test_bad_flag_value_through_the_real_cli_is_one_error_line(tmp_path, repo_root):
     """``python -m training.pretrain``: the config's check runs before the model or corpus is read, exit 2."""
     argv = ["--model", str(tmp_path / "no-model"), "--corpus", str(tmp_path / "no.jsonl"), "--out", str(tmp_path / "o")]
-    result = subprocess.run([sys.executable, "-m", "training.pretrain", *argv, "--eval-fraction", "0"],
-                            capture_output=True, text=True, cwd=repo_root)  # fmt: skip
+    result = subprocess.run(
+        [sys.executable, "-m", "training.pretrain", *argv, "--eval-fraction", "0"],
+        capture_output=True,
+        text=True,
+        cwd=repo_root,
+    )
     assert result.returncode == EXIT_INPUT_ERROR, result.stderr
     assert result.stderr.strip() == "error: --eval-fraction 0.0: expected a value in (0, 1)"
     assert not (tmp_path / "o").exists()
@@ -99,27 +108,56 @@ def test_gradient_checkpointing_trains_the_same_weights(tiny_model_dir, corpus_d
     model_dir, weights = tiny_model_dir("attn"), []
     for checkpointing in (False, True):
         torch.manual_seed(0)  # the heads the directory lacks start from the same draw
-        model, tokenizer = PolicyBertForPreTraining.from_pretrained(model_dir), PolicyBertTokenizer.from_pretrained(model_dir)
+        model, tokenizer = (
+            PolicyBertForPreTraining.from_pretrained(model_dir),
+            PolicyBertTokenizer.from_pretrained(model_dir),
+        )
         cfg = PretrainConfig(
-            out=tmp_path / str(checkpointing), lr=1e-3, batch_size=8, max_steps=3, max_length=32, device="cpu",
+            out=tmp_path / str(checkpointing),
+            lr=1e-3,
+            batch_size=8,
+            max_steps=3,
+            max_length=32,
+            device="cpu",
             gradient_checkpointing=checkpointing,
-        )  # fmt: skip
+        )
         pretrain(model, tokenizer, corpus_docs, cfg)
         assert model.is_activation_checkpointing == checkpointing
         weights.append(model.state_dict())
     changed = [name for name in weights[0] if not torch.allclose(weights[0][name], weights[1][name], atol=1e-6)]
     assert not changed
     start = PolicyBertForPreTraining.from_pretrained(model_dir).state_dict()
-    assert not torch.equal(start["bert.encoder.layer.0.attention.self.query.weight"], weights[1]["bert.encoder.layer.0.attention.self.query.weight"])
+    assert not torch.equal(
+        start["bert.encoder.layer.0.attention.self.query.weight"],
+        weights[1]["bert.encoder.layer.0.attention.self.query.weight"],
+    )
 
 
 def test_ctrl_c_says_where_the_run_resumes_from(tiny_model_dir, corpus_dir, tmp_path):
     """Issue #23 item 13: Ctrl-C during training was a KeyboardInterrupt traceback; now one line naming
     the checkpoint and its step, exit status 130, and --resume continues from that checkpoint."""
     out = tmp_path / "run"
-    argv = [sys.executable, "-m", "training.pretrain", "--model", str(tiny_model_dir("none")),
-            "--corpus", str(corpus_dir / "corpus.jsonl"), "--out", str(out), "--batch-size", "4", "--max-length", "32",
-            "--max-steps", "100000", "--checkpoint-every", "2", "--device", "cpu"]
+    argv = [
+        sys.executable,
+        "-m",
+        "training.pretrain",
+        "--model",
+        str(tiny_model_dir("none")),
+        "--corpus",
+        str(corpus_dir / "corpus.jsonl"),
+        "--out",
+        str(out),
+        "--batch-size",
+        "4",
+        "--max-length",
+        "32",
+        "--max-steps",
+        "100000",
+        "--checkpoint-every",
+        "2",
+        "--device",
+        "cpu",
+    ]
     process = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     deadline = time.monotonic() + 120
     while not (out / "checkpoint.pt").is_file():

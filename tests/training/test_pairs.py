@@ -120,8 +120,11 @@ def test_conflicts_cover_document_copies_quotes_and_the_query(chunks):
     pair = Pair("ict", sentence, "上下文", pos)
     holder = next(i for i, c in enumerate(chunks) if c.source == "doc4.md" and i not in related[pos])
     unrelated = next(i for i, c in enumerate(chunks) if c.source == "doc2.md" and sentence not in c.text)
-    chunks_with_query = [*chunks[:holder], Chunk("doc4.md", chunks[holder].text + sentence, chunks[holder].group),
-                         *chunks[holder + 1 :]]
+    chunks_with_query = [
+        *chunks[:holder],
+        Chunk("doc4.md", chunks[holder].text + sentence, chunks[holder].group),
+        *chunks[holder + 1 :],
+    ]
 
     assert all(conflicts(pair, i, chunks, related) for i in doc0)  # itself, neighbours, the rest of its document
     assert all(conflicts(pair, i, chunks, related) for i in copy)  # the identical-text copy
@@ -166,8 +169,11 @@ def test_title_alone_in_its_chunk_pairs_with_the_next_chunk(chunks):
 
 def test_heading_in_several_documents_names_none(chunks):
     first = {c.source: i + 1 for i, c in reversed(list(enumerate(chunks)))}  # first content chunk of each file
-    extra = {first["doc1.md"]: "第一章 附则与实施要求", first["doc2.md"]: "第一章 附则与实施要求",
-             first["doc3.md"]: "第二章 数据出境安全管理"}
+    extra = {
+        first["doc1.md"]: "第一章 附则与实施要求",
+        first["doc2.md"]: "第一章 附则与实施要求",
+        first["doc3.md"]: "第二章 数据出境安全管理",
+    }
     headed = [Chunk(c.source, f"{extra[i]}\n{c.text}", c.group) if i in extra else c for i, c in enumerate(chunks)]
     queries = {p.query: p for p in heading_pairs(headed, list(range(len(headed))))}
     assert "附则与实施要求" not in queries  # in two documents: names neither
@@ -175,7 +181,10 @@ def test_heading_in_several_documents_names_none(chunks):
 
 
 def test_parse_questions_strips_marks_and_drops_short_lines():
-    reply = "1. 数据出境需要申报评估吗？\n2、个人信息泄露了怎么办？\n- 好的\n（3）公共数据如何开放？\n1. 数据出境需要申报评估吗？"
+    reply = (
+        "1. 数据出境需要申报评估吗？\n2、个人信息泄露了怎么办？\n- 好的\n"
+        "（3）公共数据如何开放？\n1. 数据出境需要申报评估吗？"
+    )
     assert parse_questions(reply, 5) == ["数据出境需要申报评估吗？", "个人信息泄露了怎么办？", "公共数据如何开放？"]
     assert parse_questions(reply, 2) == ["数据出境需要申报评估吗？", "个人信息泄露了怎么办？"]
 
@@ -215,8 +224,9 @@ def test_negatives_come_from_the_rank_window_then_at_random(chunks):
     negatives = narrow.negatives(pair, pool)
     assert len(negatives) == NEGATIVES and narrow.drawn["ranked"] <= 1
     assert narrow.drawn["random"] == NEGATIVES - narrow.drawn["ranked"]
-    assert not any(conflicts(pair, next(i for i, c in enumerate(chunks) if c.text == text), chunks, related)
-                   for text in negatives)
+    assert not any(
+        conflicts(pair, next(i for i, c in enumerate(chunks) if c.text == text), chunks, related) for text in negatives
+    )
 
 
 FILLERS = 10_000
@@ -242,8 +252,11 @@ def large_kb(chunks) -> tuple[list[Chunk], Bm25]:
     """The test chunks, FILLERS annexes of document 0 (its group: conflicts for its pairs) and FILLERS
     short notices, each its own document; a BM25 over all of them."""
     group = chunks[0].group
-    large = [*chunks, *(Chunk(f"doc0_annex{k}.md", f"附件{k}", group) for k in range(FILLERS)),
-             *(Chunk(f"notice{k}.md", f"第{k}号公告", f"notice{k}") for k in range(FILLERS))]
+    large = [
+        *chunks,
+        *(Chunk(f"doc0_annex{k}.md", f"附件{k}", group) for k in range(FILLERS)),
+        *(Chunk(f"notice{k}.md", f"第{k}号公告", f"notice{k}") for k in range(FILLERS)),
+    ]
     return large, Bm25(large, 3)
 
 
@@ -375,18 +388,21 @@ def test_llm_questions_key_on_model_and_text(tmp_path):
 # ----------------------------------------------------------------------------- the command
 
 
-@pytest.mark.parametrize("argv, message", [
-    (["--window", "50-3"], "--window '50-3': expected FIRST-LAST"),
-    (["--kinds", "ict,quiz"], "--kinds 'ict,quiz': unknown quiz"),
-    (["--kinds", "llm"], "--kinds llm needs --llm"),
-    (["--llm", "127.0.0.1:11434"], "--llm 127.0.0.1:11434: expected an http(s) URL"),
-    (["--kb", "X"], "--kb only applies with --chatchat-root"),
-    (["--negatives", "0"], "--negatives 0: expected a number above 0"),
-    (["--dev-ratio", "1.5"], "--dev-ratio 1.5: expected a value in [0, 1)"),
-    (["--model", "no/such/model"], "--model no/such/model: not a model directory"),
-    (["--corpus", "no/such.csv"], "no/such.csv: not a .csv file or a folder"),
-    (["--chatchat-root", "no/such/root"], "no kb_settings.yaml"),
-])
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["--window", "50-3"], "--window '50-3': expected FIRST-LAST"),
+        (["--kinds", "ict,quiz"], "--kinds 'ict,quiz': unknown quiz"),
+        (["--kinds", "llm"], "--kinds llm needs --llm"),
+        (["--llm", "127.0.0.1:11434"], "--llm 127.0.0.1:11434: expected an http(s) URL"),
+        (["--kb", "X"], "--kb only applies with --chatchat-root"),
+        (["--negatives", "0"], "--negatives 0: expected a number above 0"),
+        (["--dev-ratio", "1.5"], "--dev-ratio 1.5: expected a value in [0, 1)"),
+        (["--model", "no/such/model"], "--model no/such/model: not a model directory"),
+        (["--corpus", "no/such.csv"], "no/such.csv: not a .csv file or a folder"),
+        (["--chatchat-root", "no/such/root"], "no kb_settings.yaml"),
+    ],
+)
 def test_bad_input_is_one_error_line(tmp_path, capsys, argv, message):
     assert run_cli(main, ["--out", str(tmp_path / "out"), *argv]) == 2
     err = capsys.readouterr().err
@@ -418,7 +434,10 @@ def test_corpus_pairs_are_built_on_chatchats_chunks(chatchat_run, small_csv):
 def test_chatchat_root_gives_the_same_pairs(chatchat_run, tmp_path):
     root, out = chatchat_run
     assert main(["--chatchat-root", str(root), "--out", str(tmp_path), "--negatives", "3"]) is None
-    queries = lambda folder: sorted(r["query"] for name in ("train", "dev") for r in read_lines(folder / f"{name}.jsonl"))  # noqa: E731
+
+    def queries(folder):
+        return sorted(r["query"] for name in ("train", "dev") for r in read_lines(folder / f"{name}.jsonl"))
+
     assert queries(tmp_path) == queries(out)
 
 

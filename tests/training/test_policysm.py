@@ -54,16 +54,21 @@ def test_every_pair_comes_from_where_the_definition_says(policysm_dir, positions
             assert adjacent(ex.b, ex.a, positions) or not adjacent(ex.a, ex.b, positions)
         assert ex.a != ex.b
     for ex in (ex for split in load(policysm_dir / "policysm2").values() for ex in split if ex.label == 0):
-        assert any(
-            d1 == d2 and 2 <= s2 - s1 <= 5 for d1, s1, _ in positions[ex.a] for d2, s2, _ in positions[ex.b]
-        ), (ex.a, ex.b)
+        assert any(d1 == d2 and 2 <= s2 - s1 <= 5 for d1, s1, _ in positions[ex.a] for d2, s2, _ in positions[ex.b]), (
+            ex.a,
+            ex.b,
+        )
         assert not adjacent(ex.a, ex.b, positions) and not adjacent(ex.b, ex.a, positions)
 
 
 @pytest.mark.parametrize("name", ["policysm1", "policysm2"])
 def test_no_duplicates_and_no_pair_in_two_splits(policysm_dir, name):
     splits = load(policysm_dir / name)
-    ids = [line.split("\t")[3] for split in SPLITS for line in (policysm_dir / name / f"{split}.tsv").read_text(encoding="utf-8").splitlines()]
+    ids = [
+        line.split("\t")[3]
+        for split in SPLITS
+        for line in (policysm_dir / name / f"{split}.tsv").read_text(encoding="utf-8").splitlines()
+    ]
     assert len(ids) == len(set(ids))
     ordered = [(ex.a, ex.b) for rows in splits.values() for ex in rows]
     assert len(ordered) == len(set(ordered))

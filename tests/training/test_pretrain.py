@@ -121,7 +121,9 @@ def fresh(model_dir) -> tuple[PolicyBertForPreTraining, PolicyBertTokenizer]:
 
 def test_loss_goes_down(tiny_model_dir, corpus_docs, tmp_path):
     model, tokenizer = fresh(tiny_model_dir("gate"))
-    cfg = PretrainConfig(out=tmp_path, lr=2e-3, batch_size=16, max_steps=25, max_length=48, warmup_proportion=0.0, device="cpu")
+    cfg = PretrainConfig(
+        out=tmp_path, lr=2e-3, batch_size=16, max_steps=25, max_length=48, warmup_proportion=0.0, device="cpu"
+    )
     held_out = nsp_examples(split_documents(corpus_docs, cfg.eval_fraction, cfg.data_seed)[1], cfg.data_seed + 1)
     before = evaluate(model.eval(), tokenizer, held_out, cfg)
     history, finished = stage.pretrain(model, tokenizer, corpus_docs, cfg)
@@ -132,7 +134,16 @@ def test_loss_goes_down(tiny_model_dir, corpus_docs, tmp_path):
 
 def test_resume_reproduces_an_uninterrupted_run(tiny_model_dir, corpus_docs, tmp_path):
     docs = small_docs(corpus_docs)
-    cfg = dict(lr=1e-3, batch_size=8, grad_accum=2, max_steps=6, max_length=40, eval_fraction=0.3, checkpoint_every=3, device="cpu")
+    cfg = dict(
+        lr=1e-3,
+        batch_size=8,
+        grad_accum=2,
+        max_steps=6,
+        max_length=40,
+        eval_fraction=0.3,
+        checkpoint_every=3,
+        device="cpu",
+    )
     model_dir = tiny_model_dir("attn")
 
     straight, tokenizer = fresh(model_dir)
@@ -144,7 +155,9 @@ def test_resume_reproduces_an_uninterrupted_run(tiny_model_dir, corpus_docs, tmp
     _, finished = stage.pretrain(first, tokenizer, docs, PretrainConfig(**cfg, out=resumed_dir, stop_after=3))
     assert not finished
     resumed, tokenizer = fresh(model_dir)
-    resumed_history, finished = stage.pretrain(resumed, tokenizer, docs, PretrainConfig(**cfg, out=resumed_dir, resume=True))
+    resumed_history, finished = stage.pretrain(
+        resumed, tokenizer, docs, PretrainConfig(**cfg, out=resumed_dir, resume=True)
+    )
     assert finished and resumed_history == history
     for (name, a), (_, b) in zip(straight.state_dict().items(), resumed.state_dict().items()):
         assert torch.equal(a, b), name

@@ -128,10 +128,15 @@ def build_pairs(cfg: PairsConfig, chunks: list[Chunk]) -> dict:
         "documents": len({c.group for c in chunks}),
         "dev_documents": len(dev),
         "pairs": {split: dict(sorted(c.items())) for split, c in kinds_by_split.items()},
-        "negatives_per_pair": {"mean": round(sum(counts) / max(len(counts), 1), 2), "min": min(counts, default=0),
-                               "max": max(counts, default=0)},
-        "negatives_drawn": {"from the rank window": miner.drawn["ranked"],
-                            "at random (window short)": miner.drawn["random"]},
+        "negatives_per_pair": {
+            "mean": round(sum(counts) / max(len(counts), 1), 2),
+            "min": min(counts, default=0),
+            "max": max(counts, default=0),
+        },
+        "negatives_drawn": {
+            "from the rank window": miner.drawn["ranked"],
+            "at random (window short)": miner.drawn["random"],
+        },
         "miners": [r.name for r in retrievers],
         "seconds_pairs": round(time.perf_counter() - started, 1),
     }
@@ -143,10 +148,18 @@ def main(argv: list[str] | None = None) -> None:
     started = time.perf_counter()
     with chunk_source(cfg) as (chunks, source):
         summary = build_pairs(cfg, chunks)
-    summary = {"command_line": sys.argv if argv is None else argv, "config": config_dict(cfg), **summary,
-               "seconds_total": round(time.perf_counter() - started, 1)}
+    summary = {
+        "command_line": sys.argv if argv is None else argv,
+        "config": config_dict(cfg),
+        **summary,
+        "seconds_total": round(time.perf_counter() - started, 1),
+    }
     write_json(summary, cfg.out / "pairs.json")
     copy_license(source, cfg.out)
-    print(json.dumps({k: summary[k] for k in ("chunks", "documents", "dev_documents", "pairs", "negatives_per_pair")},
-                     ensure_ascii=False))
+    print(
+        json.dumps(
+            {k: summary[k] for k in ("chunks", "documents", "dev_documents", "pairs", "negatives_per_pair")},
+            ensure_ascii=False,
+        )
+    )
     print(f"wrote {cfg.out / 'train.jsonl'}, {cfg.out / 'dev.jsonl'}, {cfg.out / 'pairs.json'}")

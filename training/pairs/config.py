@@ -18,24 +18,42 @@ class PairsConfig:
     """Settings of ``python -m training.pairs``: one flag per field (``training.loop.parse_config``)."""
 
     out: Path = field(metadata={"help": "folder for train.jsonl, dev.jsonl, llm_cache.jsonl, pairs.json"})
-    corpus: Path | None = field(default=None, metadata={
-        "help": "policy CSV (title, contentText) or folder of .md/.txt files; "
-                "None (and no --chatchat-root): the shipped policy corpus"})
-    chatchat_root: Path | None = field(default=None, metadata={
-        "help": "read the chunks of this Chatchat root's KB instead"})
-    kb: str | None = field(default=None, metadata={
-        "help": "knowledge base in --chatchat-root; None: its DEFAULT_KNOWLEDGE_BASE"})
-    work_dir: Path | None = field(default=None, metadata={
-        "help": "with --corpus: build the Chatchat root that splits it here and keep it; None: a temporary folder"})
+    corpus: Path | None = field(
+        default=None,
+        metadata={
+            "help": "policy CSV (title, contentText) or folder of .md/.txt files; "
+            "None (and no --chatchat-root): the shipped policy corpus"
+        },
+    )
+    chatchat_root: Path | None = field(
+        default=None, metadata={"help": "read the chunks of this Chatchat root's KB instead"}
+    )
+    kb: str | None = field(
+        default=None, metadata={"help": "knowledge base in --chatchat-root; None: its DEFAULT_KNOWLEDGE_BASE"}
+    )
+    work_dir: Path | None = field(
+        default=None,
+        metadata={
+            "help": "with --corpus: build the Chatchat root that splits it here and keep it; None: a temporary folder"
+        },
+    )
     kinds: str = field(default="ict,heading", metadata={"help": f"comma list of {', '.join(KINDS)}; --llm adds llm"})
     ict_per_chunk: int = field(default=1, metadata={"help": "inverse-cloze queries per chunk"})
-    llm: str | None = field(default=None, metadata={
-        "nargs": "?", "const": DEFAULT_LLM_URL, "metavar": "URL",
-        "help": f"write questions with this OpenAI-compatible endpoint (bare --llm: {DEFAULT_LLM_URL}, Ollama)"})
+    llm: str | None = field(
+        default=None,
+        metadata={
+            "nargs": "?",
+            "const": DEFAULT_LLM_URL,
+            "metavar": "URL",
+            "help": f"write questions with this OpenAI-compatible endpoint (bare --llm: {DEFAULT_LLM_URL}, Ollama)",
+        },
+    )
     llm_model: str = field(default="qwen2.5:7b", metadata={"help": "chat model of --llm"})
     llm_questions: int = field(default=2, metadata={"help": "questions asked per chunk"})
     llm_timeout: float = field(default=300.0, metadata={"help": "seconds to wait for one answer"})
-    model: Path | None = field(default=None, metadata={"help": "also mine negatives with this PolicyBertEmbeddings model"})
+    model: Path | None = field(
+        default=None, metadata={"help": "also mine negatives with this PolicyBertEmbeddings model"}
+    )
     device: str = field(default="cpu", metadata={"help": "torch device of --model"})
     batch_size: int = field(default=32, metadata={"help": "texts per forward pass of --model"})
     window: str = field(default="3-50", metadata={"help": "ranks (1-based, inclusive) negatives are drawn from"})
@@ -61,8 +79,9 @@ def check_config(cfg: PairsConfig) -> tuple[list[str], tuple[int, int]]:
     kinds = [k.strip() for k in cfg.kinds.split(",") if k.strip()]
     unknown = sorted(set(kinds) - set(KINDS))
     if unknown or not kinds:
-        raise InputError(f"--kinds {cfg.kinds!r}: unknown {', '.join(unknown) or '(none given)'}; "
-                         f"choose from {', '.join(KINDS)}")
+        raise InputError(
+            f"--kinds {cfg.kinds!r}: unknown {', '.join(unknown) or '(none given)'}; choose from {', '.join(KINDS)}"
+        )
     if cfg.llm and "llm" not in kinds:
         kinds.append("llm")
     if "llm" in kinds and not cfg.llm:

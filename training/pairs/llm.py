@@ -43,7 +43,13 @@ class LlmQuestions:
     """
 
     def __init__(self, url: str, model: str, questions: int, timeout: float, cache: Path):
-        self.url, self.model, self.questions, self.timeout, self.cache = url.rstrip("/"), model, questions, timeout, cache
+        self.url, self.model, self.questions, self.timeout, self.cache = (
+            url.rstrip("/"),
+            model,
+            questions,
+            timeout,
+            cache,
+        )
         self.known: dict[str, list[str]] = {}
         if cache.is_file():
             for line in cache.read_text(encoding="utf-8").splitlines():
@@ -58,22 +64,29 @@ class LlmQuestions:
 
     def ask(self, text: str) -> list[str]:
         body = {
-            "model": self.model, "stream": False, "temperature": 0.7,
+            "model": self.model,
+            "stream": False,
+            "temperature": 0.7,
             "messages": [{"role": "user", "content": PROMPT.format(n=self.questions, chunk=text)}],
         }
-        request = urllib.request.Request(f"{self.url}/chat/completions", data=json.dumps(body).encode(),
-                                         headers={"Content-Type": "application/json"})
+        request = urllib.request.Request(
+            f"{self.url}/chat/completions", data=json.dumps(body).encode(), headers={"Content-Type": "application/json"}
+        )
         try:
             with urllib.request.urlopen(request, timeout=self.timeout) as response:
                 reply = json.loads(response.read())["choices"][0]["message"]["content"]
         except urllib.error.HTTPError as exc:
             detail = exc.read().decode("utf-8", "replace")[:300]
-            raise InputError(f"--llm {self.url}: HTTP {exc.code} for model {self.model!r}: {detail} (the URL should "
-                             f"end in /v1, and the model be pulled: `ollama pull {self.model}`)") from None
+            raise InputError(
+                f"--llm {self.url}: HTTP {exc.code} for model {self.model!r}: {detail} (the URL should "
+                f"end in /v1, and the model be pulled: `ollama pull {self.model}`)"
+            ) from None
         except (urllib.error.URLError, TimeoutError, ConnectionError) as exc:
             reason = getattr(exc, "reason", exc)
-            raise InputError(f"--llm {self.url}: the chat endpoint is not answering ({reason}); start it "
-                             "(`ollama serve`) or pass the URL of a running OpenAI-compatible server") from None
+            raise InputError(
+                f"--llm {self.url}: the chat endpoint is not answering ({reason}); start it "
+                "(`ollama serve`) or pass the URL of a running OpenAI-compatible server"
+            ) from None
         except (json.JSONDecodeError, KeyError, IndexError, TypeError):
             raise InputError(f"--llm {self.url}: the reply is not an OpenAI chat completion") from None
         return parse_questions(reply or "", self.questions)

@@ -86,7 +86,9 @@ def random_order(n: int, rng: random.Random) -> Iterator[int]:
 class Miner:
     """Draws each pair's negatives from the rank window of every retriever, then at random if short."""
 
-    def __init__(self, chunks: list[Chunk], retrievers: list[Retriever], window: tuple[int, int], count: int, seed: int):
+    def __init__(
+        self, chunks: list[Chunk], retrievers: list[Retriever], window: tuple[int, int], count: int, seed: int
+    ):
         self.chunks, self.retrievers, self.window, self.count = chunks, retrievers, window, count
         self.related = shared_runs(chunks)
         self.rng = random.Random(seed)
@@ -99,8 +101,11 @@ class Miner:
         rankings = [retriever.search(pair.query)[0][first - 1 : last] for retriever in self.retrievers]
         interleaved = (i for ranks in zip_longest(*rankings) for i in ranks if i is not None)
         # Distinct texts: identical chunks (a title line, a copy's chunk) would be one negative twice.
-        window = unique_in_order(self.chunks[i].text for i in unique_in_order(interleaved)
-                                 if i in pool.members and not conflicts(pair, i, self.chunks, self.related))
+        window = unique_in_order(
+            self.chunks[i].text
+            for i in unique_in_order(interleaved)
+            if i in pool.members and not conflicts(pair, i, self.chunks, self.related)
+        )
         chosen = self.rng.sample(window, min(self.count, len(window)))
         self.drawn["ranked"] += len(chosen)
         if len(chosen) < self.count:  # as hn_mine: fill up at random, here only with the pool's chunks

@@ -48,9 +48,13 @@ def inverse_cloze(chunks: list[Chunk], indices: list[int], per_chunk: int, rng: 
         for match in SENTENCE_END.finditer(text + "\n"):
             sentence = text[start : match.start()]
             stripped = sentence.strip()
-            context = f"{text[:start].rstrip()}{text[match.start():]}".strip()
-            if (MIN_SENTENCE <= len(stripped) <= MAX_SENTENCE and len(context) >= MIN_CONTEXT
-                    and stripped not in context and not _heading(stripped)):
+            context = f"{text[:start].rstrip()}{text[match.start() :]}".strip()
+            if (
+                MIN_SENTENCE <= len(stripped) <= MAX_SENTENCE
+                and len(context) >= MIN_CONTEXT
+                and stripped not in context
+                and not _heading(stripped)
+            ):
                 spans.append((stripped, context))
             start = match.end()
         chosen = rng.sample(spans, min(per_chunk, len(spans)))

@@ -7,6 +7,7 @@ import random
 from chatchat_policybert.errors import InputError
 from chatchat_policybert.evaluation.knowledge_base import Chunk
 
+
 def dev_groups(chunks: list[Chunk], ratio: float, seed: int) -> set[str]:
     """Document groups held out for dev: ``ratio`` of them, at least one, and at least one left for training.
 
