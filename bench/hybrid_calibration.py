@@ -24,16 +24,16 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the checkout: tests.support and training
-from chatchat_policybert.calibration import KS, Candidates, Fused, calibrate_root  # noqa: E402
-from chatchat_policybert.data import CORPUS_CSV, LEXICON, QUESTIONS  # noqa: E402
-from chatchat_policybert.evaluation.dataset import load_corpus, load_questions  # noqa: E402
-from chatchat_policybert.evaluation.evaluate import compare_runs, evaluate_retriever  # noqa: E402
-from chatchat_policybert.evaluation.knowledge_base import load_chunks, prepare_root  # noqa: E402
-from chatchat_policybert.files import write_json  # noqa: E402
-from chatchat_policybert.lexicon import Lexicon  # noqa: E402
-from chatchat_policybert.tokenization import DEFAULT_QUERY_INSTRUCTION  # noqa: E402
-from tests.support.tiny_models import build_tiny_policybert  # noqa: E402
-from training import pairs  # noqa: E402
+from chatchat_policybert.calibration import KS, Candidates, Fused, calibrate_root
+from chatchat_policybert.data import CORPUS_CSV, LEXICON, QUESTIONS
+from chatchat_policybert.evaluation.dataset import load_corpus, load_questions
+from chatchat_policybert.evaluation.evaluate import compare_runs, evaluate_retriever
+from chatchat_policybert.evaluation.knowledge_base import load_chunks, prepare_root
+from chatchat_policybert.files import write_json
+from chatchat_policybert.lexicon import Lexicon
+from chatchat_policybert.tokenization import DEFAULT_QUERY_INSTRUCTION
+from tests.support.tiny_models import build_tiny_policybert
+from training import pairs
 
 
 def tiny_model(out: Path) -> Path:

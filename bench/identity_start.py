@@ -28,11 +28,11 @@ import torch
 from tqdm import tqdm
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from embed import BGE_BASE, REPO, corpus_chunks, machine_line  # noqa: E402 - bench/ runs from a checkout
+from embed import BGE_BASE, REPO, corpus_chunks, machine_line
 
 sys.path.insert(0, str(REPO))
-from chatchat_policybert.configuration_policybert import FUSION_TYPES  # noqa: E402
-from chatchat_policybert.data import LEXICON  # noqa: E402
+from chatchat_policybert.configuration_policybert import FUSION_TYPES
+from chatchat_policybert.data import LEXICON
 
 
 def build(root: Path, texts: list[str], fusion: str) -> dict[str, Path]:

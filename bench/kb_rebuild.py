@@ -32,17 +32,17 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from embed import REPO, build_models, machine_line  # noqa: E402 - bench/ is not a package
+from embed import REPO, build_models, machine_line
 
 sys.path.insert(0, str(REPO))
-from chatchat_policybert import cli  # noqa: E402
-from chatchat_policybert.chatchat_process import chatchat_command, chatchat_env  # noqa: E402
-from chatchat_policybert.chatchat_root import content_dir, kb_root, pg_uri, stored_vectors, vs_type  # noqa: E402
-from chatchat_policybert.configuration_policybert import FUSION_TYPES  # noqa: E402
-from chatchat_policybert.corpus import PolicyDocument, export_policies, read_policies  # noqa: E402
-from chatchat_policybert.data import CORPUS_CSV, LEXICON  # noqa: E402
-from chatchat_policybert.demo import KB_NAME, run_step  # noqa: E402
-from chatchat_policybert.pg_store import drop_collection  # noqa: E402
+from chatchat_policybert import cli
+from chatchat_policybert.chatchat_process import chatchat_command, chatchat_env
+from chatchat_policybert.chatchat_root import content_dir, kb_root, pg_uri, stored_vectors, vs_type
+from chatchat_policybert.configuration_policybert import FUSION_TYPES
+from chatchat_policybert.corpus import PolicyDocument, export_policies, read_policies
+from chatchat_policybert.data import CORPUS_CSV, LEXICON
+from chatchat_policybert.demo import KB_NAME, run_step
+from chatchat_policybert.pg_store import drop_collection
 
 TIME_TARGET = 1.2
 RSS_TARGET_GIB = 2.0

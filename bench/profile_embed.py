@@ -29,7 +29,7 @@ import numpy as np
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from embed import build_models, corpus_chunks, machine_line  # noqa: E402 - bench/ is not a package
+from embed import build_models, corpus_chunks, machine_line
 
 VARIANTS = ("compile", "sdpa-math")
 

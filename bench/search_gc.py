@@ -20,8 +20,8 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from chatchat_policybert.data import CORPUS_CSV, QUESTIONS  # noqa: E402
-from chatchat_policybert.evaluation.dataset import load_corpus, load_questions  # noqa: E402
+from chatchat_policybert.data import CORPUS_CSV, QUESTIONS
+from chatchat_policybert.evaluation.dataset import load_corpus, load_questions
 
 
 class Collections:

@@ -40,19 +40,19 @@ import numpy as np
 from tqdm import tqdm
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from embed import REPO, machine_line  # noqa: E402 - bench/ is not a package
-from kb_rebuild import scratch_dir  # noqa: E402
+from embed import REPO, machine_line
+from kb_rebuild import scratch_dir
 
 sys.path.insert(0, str(REPO))
-from chatchat_policybert.chatchat_hook import BM25_CACHE_ENV  # noqa: E402
-from chatchat_policybert.chatchat_process import run_chatchat  # noqa: E402
-from chatchat_policybert.chatchat_root import default_kb, faiss_indexes, kb_root  # noqa: E402
-from chatchat_policybert.data import CORPUS_CSV, LEXICON, QUESTIONS  # noqa: E402
-from chatchat_policybert.ensemble_cache import save_index  # noqa: E402
-from chatchat_policybert.evaluation.dataset import load_corpus, load_questions  # noqa: E402
-from chatchat_policybert.evaluation.knowledge_base import Chunk, load_chunks, prepare_root  # noqa: E402
-from chatchat_policybert.evaluation.metrics import percentile  # noqa: E402
-from chatchat_policybert.evaluation.retrievers import ChatchatSearch  # noqa: E402
+from chatchat_policybert.chatchat_hook import BM25_CACHE_ENV
+from chatchat_policybert.chatchat_process import run_chatchat
+from chatchat_policybert.chatchat_root import default_kb, faiss_indexes, kb_root
+from chatchat_policybert.data import CORPUS_CSV, LEXICON, QUESTIONS
+from chatchat_policybert.ensemble_cache import save_index
+from chatchat_policybert.evaluation.dataset import load_corpus, load_questions
+from chatchat_policybert.evaluation.knowledge_base import Chunk, load_chunks, prepare_root
+from chatchat_policybert.evaluation.metrics import percentile
+from chatchat_policybert.evaluation.retrievers import ChatchatSearch
 
 TARGET_MS = 100.0
 TARGET_FIRST_BM25_S = 2.0

@@ -29,12 +29,12 @@ import requests
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from embed import REPO, build_models, corpus_chunks, machine_line  # noqa: E402 - bench/ is not a package
+from embed import REPO, build_models, corpus_chunks, machine_line
 
 sys.path.insert(0, str(REPO))
-from chatchat_policybert.data import LEXICON  # noqa: E402
-from chatchat_policybert.lexicon import Lexicon  # noqa: E402
-from tests.support.tiny_models import build_tiny_policybert  # noqa: E402
+from chatchat_policybert.data import LEXICON
+from chatchat_policybert.lexicon import Lexicon
+from tests.support.tiny_models import build_tiny_policybert
 
 SERVE = [str(Path(sys.executable).parent / "chatchat-policybert"), "serve"]
 TARGET_P95_S = 1.0

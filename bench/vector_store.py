@@ -31,16 +31,16 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from embed import REPO, machine_line  # noqa: E402 - bench/ is not a package
-from kb_rebuild import build_model_dirs, prepare_root, run_rebuilds, scratch_dir  # noqa: E402
+from embed import REPO, machine_line
+from kb_rebuild import build_model_dirs, prepare_root, run_rebuilds, scratch_dir
 
 sys.path.insert(0, str(REPO))  # the checkout: tests.support
-from chatchat_policybert.configuration_policybert import FUSION_TYPES  # noqa: E402
-from chatchat_policybert.corpus import read_policies  # noqa: E402
-from chatchat_policybert.data import CORPUS_CSV  # noqa: E402
-from chatchat_policybert.demo import KB_NAME  # noqa: E402
-from chatchat_policybert.evaluation.evaluate import main as evaluate  # noqa: E402
-from tests.support.pg_cluster import PgCluster  # noqa: E402
+from chatchat_policybert.configuration_policybert import FUSION_TYPES
+from chatchat_policybert.corpus import read_policies
+from chatchat_policybert.data import CORPUS_CSV
+from chatchat_policybert.demo import KB_NAME
+from chatchat_policybert.evaluation.evaluate import main as evaluate
+from tests.support.pg_cluster import PgCluster
 
 STORES = ("faiss", "pg")
 METRICS = ("R@1", "R@5", "MRR@10", "nDCG@10", "hit@5", "chunks", "p50 ms", "p95 ms")

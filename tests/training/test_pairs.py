@@ -26,7 +26,7 @@ from training.pairs.negatives import FILL_DRAWS, SHARED_RUN, Miner, Pool, confli
 from training.pairs.queries import Pair, heading_pairs, inverse_cloze
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "chatchat"))  # the stand-in lives with the Chatchat tests
-from ollama_standin import OllamaStandIn  # noqa: E402
+from ollama_standin import OllamaStandIn
 
 DOC_CHARS = 1200
 CHUNK, OVERLAP = 200, 40
