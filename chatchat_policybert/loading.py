@@ -77,7 +77,7 @@ def resolve_model_dir(name_or_path: str | os.PathLike) -> Path:
 
     try:
         return Path(snapshot_download(name))
-    except Exception as err:
+    except Exception as err:  # any hub failure means the same thing to the user
         raise ModelDirError(
             f"{name!r} is no local directory, and fetching it from the Hugging Face hub failed ({type(err).__name__}); "
             f"download it where the hub is reachable and pass the local directory instead"

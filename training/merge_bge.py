@@ -124,7 +124,7 @@ def read_state_dict(directory: Path) -> dict[str, torch.Tensor]:
         source = directory / "pytorch_model.bin"
         try:
             state = torch.load(source, map_location="cpu", weights_only=True)
-        except Exception as err:
+        except Exception as err:  # pickle/zip errors of a corrupt file
             raise InputError(f"{source}: not a readable PyTorch checkpoint ({type(err).__name__})") from None
     else:
         raise InputError(f"{directory}: no model.safetensors or pytorch_model.bin")
