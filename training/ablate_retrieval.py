@@ -295,13 +295,8 @@ class Pairs:
         )
 
 
-def train_arm(
-    cfg: RetrievalAblationConfig, arm: Arm, model_dir: Path, seed: int, run_dir: Path, data: Pairs
-) -> tuple[Path, dict]:
-    """Contrastive training of ``model_dir`` with the shared budget (two phases for ``word_warmup``).
-
-    Returns the trained model and its dev scores, the loop's own last ``held_out`` record.
-    """
+def train_arm(cfg: RetrievalAblationConfig, arm: Arm, model_dir: Path, seed: int, run_dir: Path, data: Pairs) -> Path:
+    """Contrastive training of ``model_dir`` with the shared budget (two phases for ``word_warmup``)."""
     warm = round(cfg.steps * arm.word_warmup)
     phases = (
         [("warm", warm, True), ("joint", cfg.steps - warm, False)] if warm else [("train", cfg.steps, arm.freeze_chars)]
@@ -329,16 +324,24 @@ def train_arm(
         model, tokenizer = contrastive.load_start_model(model_dir)
         contrastive.contrastive(model, tokenizer, data.train, data.dev, settings)
         model_dir = save_model_dir(model, tokenizer, out / "final")
-    return model_dir, json.loads((model_dir.parent / "metrics.json").read_text(encoding="utf-8"))[-1]["held_out"]
+    return model_dir
 
 
 def dev_scores(cfg: RetrievalAblationConfig, model_dir: Path, data: Pairs) -> dict:
-    """``training.contrastive``'s own dev ranking (every dev pos and neg, per query) of ``model_dir``."""
+    """``training.contrastive``'s own dev ranking (every dev pos and neg) of ``model_dir``: means and per-query MRR@10.
+
+    Per query, so that the arms can be compared query by query on the held-out documents, the
+    split the recipe's default is chosen on (the questions are kept for the final check).
+    """
     model, tokenizer = contrastive.load_start_model(model_dir)
     settings = contrastive.ContrastiveConfig(out=cfg.out, temperature=cfg.temperature, max_length=cfg.max_length)
     task = contrastive.ContrastiveTask(tokenizer, [], data.dev, settings, cfg.max_length)
     with torch.no_grad():
-        return task.evaluate(model.to(cfg.device))
+        per_query = task.rank_dev(model.to(cfg.device))
+    return {
+        **{key: round(float(np.mean(values)), 4) for key, values in per_query.items() if key != "loss"},
+        MRR: per_query["mrr@10"],
+    }
 
 
 def dev_bm25(data: Pairs) -> float:
@@ -406,24 +409,30 @@ class QuestionScorer:
         return json.loads(out.read_text(encoding="utf-8"))["results"]
 
 
-def word_stream(model_dir: Path, texts: list[str], max_length: int) -> tuple[list[float], list[float]]:
-    """The trained fusion scales ``s`` and, per character layer, ‖H − H_chars‖ / ‖H_chars‖; both empty without words.
+def word_stream(model_dir: Path, texts: list[str], max_length: int) -> dict:
+    """How far the trained word stream moves the model: empty without words.
 
-    The ratio is over the texts' real tokens, H with the word stream and H_chars without: without
-    its word inputs PolicyBERT is exactly its character encoder, so the ratio is how far the trained
-    word stream moves what the model computes (0 at ``--init bge``).
+    ``fusion_scales``: the trained ``s``; ``word_change``: per character layer, ‖H − H_chars‖ /
+    ‖H_chars‖ over the texts' real tokens, H with the word stream and H_chars without (without
+    its word inputs PolicyBERT is exactly its character encoder, so this is 0 at ``--init bge``);
+    ``vector_change``: the mean of 1 − cos between the served vector ([CLS], last layer) with and
+    without the words — what retrieval sees of the word stream.
     """
     model, tokenizer = contrastive.load_start_model(model_dir)
     if tokenizer.lexicon is None:
-        return [], []
-    scales = [round(float(v), 4) for v in model.fusion_scales.detach()]
+        return {"fusion_scales": [], "word_change": [], "vector_change": None}
     batch = dict(tokenizer(texts, max_length=max_length))
     chars_only = {k: v for k, v in batch.items() if not k.startswith("word")}
     mask = batch["attention_mask"].bool()
     with torch.no_grad():
         fused = model(**batch, output_hidden_states=True).hidden_states[1:]
         plain = model(**chars_only, output_hidden_states=True).hidden_states[1:]
-    return scales, [round(float((f - p)[mask].norm() / p[mask].norm()), 4) for f, p in zip(fused, plain)]
+    cosine = torch.nn.functional.cosine_similarity(fused[-1][:, 0], plain[-1][:, 0], dim=-1)
+    return {
+        "fusion_scales": [round(float(v), 4) for v in model.fusion_scales.detach()],
+        "word_change": [round(float((f - p)[mask].norm() / p[mask].norm()), 4) for f, p in zip(fused, plain)],
+        "vector_change": float((1 - cosine).mean()),
+    }
 
 
 def word_coverage(lexicon: Lexicon, scorer: QuestionScorer) -> dict[str, float]:
@@ -460,12 +469,10 @@ def run_arm(
     began = time.time()
     model_dir = fused_model(cfg, arm, start, seed, run_dir / "merged") if arm.fusion else start
     if arm.trains:
-        model_dir, dev = train_arm(cfg, arm, model_dir, seed, run_dir, data)
-    else:
-        dev = dev_scores(cfg, model_dir, data)
+        model_dir = train_arm(cfg, arm, model_dir, seed, run_dir, data)
     train_minutes = (time.time() - began) / 60
+    dev = dev_scores(cfg, model_dir, data)
     questions = scorer.score(name, model_dir, run_dir / "questions.json")
-    scales, change = word_stream(model_dir, [c.text for c in scorer.chunks[:64]], cfg.max_length)
     result = {
         "arm": name,
         "seed": seed,
@@ -473,8 +480,7 @@ def run_arm(
         "settings": asdict(arm),
         "train_minutes": round(train_minutes, 2),
         "dev": dev,
-        "fusion_scales": scales,
-        "word_change": change,
+        **word_stream(model_dir, [c.text for c in scorer.chunks[:64]], cfg.max_length),
         "questions": {
             retriever: {"metrics": r["metrics"], MRR: [q[MRR] for q in r["queries"]]}
             for retriever, r in questions.items()
@@ -516,22 +522,23 @@ def _row_key(retriever: str) -> str:
 
 
 def summarise(results: list[dict], arms: list[str], resamples: int = 1000) -> dict:
-    """Per arm: mean ± sd over seeds of each score; per-question scores averaged over seeds, bootstrapped vs
-    ``base+ft``."""
+    """Per arm: mean ± sd over seeds of each score; per-query scores (dev queries, questions) averaged over seeds,
+    bootstrapped vs ``base+ft``."""
     table: dict = {}
     per_question: dict[tuple[str, str], np.ndarray] = {}
     for name in arms:
         runs = [r for r in results if r["arm"] == name]
         row: dict = {"seeds": len(runs), "train_minutes": statistics.mean(r["train_minutes"] for r in runs)}
         row["dev " + MRR] = _mean_sd([r["dev"]["mrr@10"] for r in runs])
+        per_question[name, "dev"] = np.mean([r["dev"][MRR] for r in runs], axis=0)
         for retriever in runs[0]["questions"]:
             kind = _row_key(retriever)
             row[f"{kind} {MRR}"] = _mean_sd([r["questions"][retriever]["metrics"][MRR] for r in runs])
             per_question[name, kind] = np.mean([r["questions"][retriever][MRR] for r in runs], axis=0)
         scales = [s for r in runs for s in r["fusion_scales"]]
         row["mean |s|"] = round(float(np.mean(np.abs(scales))), 4) if scales else None
-        row["word change, last layer"] = (
-            round(float(np.mean([r["word_change"][-1] for r in runs])), 4) if runs[0]["word_change"] else None
+        row["1 − cos, vector without words"] = (
+            float(f"{np.mean([r['vector_change'] for r in runs]):.3g}") if runs[0]["word_change"] else None
         )
         table[name] = row
     for (name, kind), scores in per_question.items():
@@ -546,6 +553,30 @@ def summarise(results: list[dict], arms: list[str], resamples: int = 1000) -> di
     return table
 
 
+def verdict(table: dict) -> str:
+    """The word stream's verdict, by a rule fixed before the runs: chosen on dev, checked on the questions.
+
+    The fused arm with the best mean dev MRR@10 (held-out documents) is the candidate default; it
+    beats ``base+ft`` only if its paired 95 % interval on dev lies above 0. The questions are not
+    used for the choice: their deltas are reported as the independent check.
+    """
+    fused = [name for name in table if ARMS[name].fusion and f"Δdev vs {COMPETITOR}" in table[name]]
+    if not fused:
+        return f"verdict: no fused arm was compared with {COMPETITOR}\n"
+    best = max(fused, key=lambda name: table[name]["dev " + MRR][0])
+    delta, low, high = table[best][f"Δdev vs {COMPETITOR}"]
+    checks = ", ".join(
+        f"{column.split()[0][1:]} {value[0]:+.4f} [{value[1]:+.4f}, {value[2]:+.4f}]"
+        for column, value in table[best].items()
+        if column.startswith("Δ") and not column.startswith("Δdev")
+    )
+    won = "beats" if low > 0 else "does not beat"
+    return (
+        f"verdict: best fused arm on dev is {best} (Δdev {delta:+.4f} [{low:+.4f}, {high:+.4f}]): it {won} "
+        f"{COMPETITOR} on dev; on the questions, not used for the choice: {checks or 'not scored'}\n"
+    )
+
+
 def _bm25_key(column: str) -> str:
     """BM25's score beside a column: the dev pool's for ``dev …``, the questions' for ``dense …``/``chatchat …``."""
     return "dev" if column.startswith("dev") else "questions"
@@ -557,7 +588,9 @@ def _mean_sd(values: list[float]) -> tuple[float, float]:
 
 def markdown(table: dict, bm25: dict[str, float], speed: dict[str, float]) -> str:
     """The results table: one row per arm, then BM25 alone."""
-    columns = [c for c in next(iter(table.values())) if c not in ("seeds", "train_minutes")]
+    columns = [
+        c for c in dict.fromkeys(c for row in table.values() for c in row) if c not in ("seeds", "train_minutes")
+    ]
     lines = [
         "| arm | seeds | " + " | ".join(columns) + " | speed vs start | train min |",
         "|---|---|" + "---|" * len(columns) + "---|---|",
@@ -650,7 +683,7 @@ def main(argv: list[str] | None = None) -> None:
     coverage = {"--lexicon": word_coverage(Lexicon.load(cfg.lexicon), scorer)}
     if any(ARMS[name].kb_lexicon for name in cfg.arms):
         coverage["KB lexicon"] = word_coverage(Lexicon.load(kb_lexicon(cfg)), scorer)
-    text = markdown(table, bm25, speed) + "\n" + coverage_table(coverage)
+    text = markdown(table, bm25, speed) + "\n" + verdict(table) + "\n" + coverage_table(coverage)
     text += (
         f"\nmean ± sd over seeds {cfg.seeds}; Δ: paired bootstrap (1000) over questions of the seed-averaged MRR@10 "
         f"vs {COMPETITOR}, 95 % interval; speed: embedding time of the start ÷ the arm's, same run; "

@@ -252,25 +252,34 @@ class ContrastiveTask:
         ``dev_loss`` is ``-log`` of the softmax mass (at the training temperature) on the query's
         positives among all dev passages, a loss that falls as ranking improves.
         """
-        pool, position = self.dev_pool, self.dev_position
+        per_query = self.rank_dev(model)
+        return {
+            "dev_loss": round(float(np.mean(per_query["loss"])), 4),
+            f"mrr@{MRR_K}": round(float(np.mean(per_query[f"mrr@{MRR_K}"])), 4),
+            **{f"recall@{k}": round(float(np.mean(per_query[f"recall@{k}"])), 4) for k in RECALL_KS},
+            "dev_queries": len(self.dev),
+            "dev_passages": len(self.dev_pool),
+        }
+
+    def rank_dev(self, model: nn.Module) -> dict[str, list[float]]:
+        """Per dev query, in the dev file's order: MRR@10, Recall@1/5/10 and the loss of :meth:`evaluate`.
+
+        Kept per query so that two models can be compared query by query (a paired bootstrap,
+        as ``training.ablate --task retrieval`` does).
+        """
+        position = self.dev_position
         queries = self.embed(model, self.dev_queries)
-        scores = (queries @ self.embed(model, pool).T).numpy()
-        mrr, recall, losses = [], {k: [] for k in RECALL_KS}, []
+        scores = (queries @ self.embed(model, self.dev_pool).T).numpy()
+        per_query: dict[str, list[float]] = {f"mrr@{MRR_K}": [], **{f"recall@{k}": [] for k in RECALL_KS}, "loss": []}
         for example, row in zip(self.dev, scores):
             ranked = rank_by_score(row, depth=max(MRR_K, *RECALL_KS))
             relevant = {position[text] for text in example.pos}
-            mrr.append(mrr_at_k(ranked, relevant, MRR_K))
+            per_query[f"mrr@{MRR_K}"].append(mrr_at_k(ranked, relevant, MRR_K))
             for k in RECALL_KS:
-                recall[k].append(recall_at_k(ranked, relevant, k))
+                per_query[f"recall@{k}"].append(recall_at_k(ranked, relevant, k))
             logits = torch.from_numpy(row).double() / self.cfg.temperature
-            losses.append(float(logits.logsumexp(0) - logits[sorted(relevant)].logsumexp(0)))
-        return {
-            "dev_loss": round(float(np.mean(losses)), 4),
-            f"mrr@{MRR_K}": round(float(np.mean(mrr)), 4),
-            **{f"recall@{k}": round(float(np.mean(recall[k])), 4) for k in RECALL_KS},
-            "dev_queries": len(self.dev),
-            "dev_passages": len(pool),
-        }
+            per_query["loss"].append(float(logits.logsumexp(0) - logits[sorted(relevant)].logsumexp(0)))
+        return per_query
 
 
 def contrastive(

@@ -84,6 +84,16 @@ def test_every_arm_runs_and_differs_in_what_it_trains(tmp_path, small_csv, refer
         assert f"| {arm} |" in table
     assert "| BM25 alone |" in table and (out / "results.png").stat().st_size > 0
     assert "Δdense vs base+ft" in table and "Δdense vs base+ft" not in results["table"]["base+ft"]
+    # Dev is scored per query for every arm (the choice is made there); the verdict names the best fused arm on dev.
+    assert all(len(r["dev"]["MRR@10"]) == len(runs["base", 0]["dev"]["MRR@10"]) > 0 for r in runs.values())
+    assert all(
+        abs(sum(r["dev"]["MRR@10"]) / len(r["dev"]["MRR@10"]) - r["dev"]["mrr@10"]) < 1e-4 for r in runs.values()
+    )
+    fused = [a for a in ARMS if ARMS[a].fusion]
+    best = max(fused, key=lambda a: results["table"][a]["dev MRR@10"][0])
+    assert f"verdict: best fused arm on dev is {best} " in table and "Δdev vs base+ft" in table
+    # What retrieval sees of the word stream: the served vector moves when the words are let in (s = 1).
+    assert runs["base+ft", 0]["vector_change"] is None and runs["attn-open", 0]["vector_change"] > 0
 
     start = out / "start" / "pretrain" / "final"
     assert json.loads((start / "config.json").read_text())["model_type"] == "bert", "the start is a plain BERT"
