@@ -14,6 +14,10 @@ collection is deleted and the staging one renamed: a search sees the old collect
 one, never a mix. The shared steps (the check that every chunk became a vector, dropping the
 staging collection and putting the file rows back on failure) are those of FAISS.
 
+:class:`OwnSchema` gives ``chatchat-policybert tune``'s candidate root langchain's tables in a
+schema of their own in the deployment's database, and :func:`pg_vectors` reads a collection's
+vectors for ``tune`` and ``rollback`` to compare byte for byte.
+
 Imports of SQLAlchemy, psycopg2 and Chatchat stay inside functions: the import hook and the CLI
 import this module in processes that may not use the `pg` store at all.
 """
@@ -21,8 +25,11 @@ import this module in processes that may not use the `pg` store at all.
 from __future__ import annotations
 
 import copy
+import hashlib
 from collections.abc import Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from .errors import InputError
@@ -33,6 +40,9 @@ DRIVERS = ("psycopg2", "pgvector")
 """Modules Chatchat's pg store needs but langchain-chatchat does not declare (Chatchat issue #4905)."""
 EXTRA_HINT = "pip install 'chatchat-policybert[pg]'"
 CONNECT_TIMEOUT_S = 3
+CANDIDATE_SCHEMA_PREFIX = "policybert_candidate_"
+INSUFFICIENT_PRIVILEGE = "42501"
+"""PostgreSQL's SQLSTATE for "permission denied"."""
 
 
 def validate_uri(uri: str) -> str:
@@ -97,8 +107,7 @@ def check_server(engine: Any) -> list[tuple[str, str]]:
                 sqlalchemy.text("SELECT default_version FROM pg_available_extensions WHERE name = 'vector'")
             ).scalar()
     except Exception as exc:  # any failure to connect means "not usable now"; say which
-        reason = str(getattr(exc, "orig", exc)).strip().splitlines()[0]
-        return [("ERROR", f"PostgreSQL at {where} does not answer: {reason}")]
+        return [("ERROR", f"PostgreSQL at {where} does not answer: {_reason(exc)}")]
     findings = [("OK", f"PostgreSQL {version} answers at {where}")]
     if installed:
         findings.append(("OK", f"pgvector {installed} is created in the database"))
@@ -154,11 +163,18 @@ def _collection_id(connection: Any, name: str) -> Any:
     """The uuid of collection ``name``; None if it does not exist (nor langchain's tables, before the first kb -r)."""
     import sqlalchemy
 
-    if connection.execute(sqlalchemy.text("SELECT to_regclass(:t)"), {"t": COLLECTIONS}).scalar() is None:
+    if not _has_tables(connection):
         return None
     return connection.execute(
         sqlalchemy.text(f"SELECT uuid FROM {COLLECTIONS} WHERE name = :name"), {"name": name}
     ).scalar()
+
+
+def _has_tables(connection: Any) -> bool:
+    """Whether langchain's tables exist where the connection's ``search_path`` looks (not before the first kb -r)."""
+    import sqlalchemy
+
+    return connection.execute(sqlalchemy.text("SELECT to_regclass(:t)"), {"t": COLLECTIONS}).scalar() is not None
 
 
 def drop_collection(uri: str, name: str) -> None:
@@ -177,6 +193,172 @@ def _drop_collection(connection: Any, name: str) -> None:
             sqlalchemy.text(f"DELETE FROM {EMBEDDINGS} WHERE collection_id = :id"), {"id": collection_id}
         )
         connection.execute(sqlalchemy.text(f"DELETE FROM {COLLECTIONS} WHERE uuid = :id"), {"id": collection_id})
+
+
+def pg_vectors(uri: str, name: str) -> list[tuple[str, bytes]] | None:
+    """Every (chunk text, float32 vector bytes) of collection ``name``, sorted; None if the collection does not exist.
+
+    The pg twin of :func:`chatchat_policybert.rollback.faiss_vectors`, what "byte-identical vectors"
+    compares: by text, since every `kb -r` gives the rows new ids, and sorted, since `kb -r` inserts
+    files in the order its threads finish. pgvector stores float4, which ``real[]`` gives back exactly.
+    """
+    import numpy as np
+    import sqlalchemy
+
+    try:
+        with connected(uri) as engine, engine.connect() as connection:
+            collection_id = _collection_id(connection, name)
+            if collection_id is None:
+                return None
+            rows = connection.execute(
+                sqlalchemy.text(f"SELECT document, embedding::real[] FROM {EMBEDDINGS} WHERE collection_id = :id"),
+                {"id": collection_id},
+            ).fetchall()
+    except sqlalchemy.exc.DBAPIError as exc:
+        raise InputError(f"cannot read pg collection '{name}' at {_where(uri)}: {_reason(exc)}") from None
+    return sorted((text or "", np.asarray(vector, dtype=np.float32).tobytes()) for text, vector in rows)
+
+
+# ----------------------------------------------------------------------------- tune's candidate root
+
+
+def candidate_schema(candidate_root: Path) -> str:
+    """The schema of the candidate root at ``candidate_root``: one per folder, a name PostgreSQL takes unquoted."""
+    return CANDIDATE_SCHEMA_PREFIX + hashlib.sha256(str(candidate_root).encode()).hexdigest()[:16]
+
+
+def _where(uri: str) -> str:
+    """``uri`` with its password hidden, to name the database in a message."""
+    from sqlalchemy.engine import make_url
+
+    return make_url(uri).render_as_string(hide_password=True)
+
+
+def _rights_hint(uri: str) -> str:
+    """What the user of ``uri`` needs for tune on pg, as the statement that grants it."""
+    from sqlalchemy.engine import make_url
+
+    url = make_url(uri)
+    return (
+        f"tune builds its candidate root in a schema of its own in this database, which needs "
+        f"`GRANT CREATE ON DATABASE {url.database} TO {url.username or 'USER'}`"
+    )
+
+
+def check_schema_rights(uri: str | None) -> None:
+    """An :class:`InputError` unless the user of ``uri`` may create a schema in its database (tune on pg needs it).
+
+    Checked before tune does any work, so a missing right costs no training.
+    """
+    import sqlalchemy
+
+    if not uri:
+        raise InputError("DEFAULT_VS_TYPE is pg but kbs_config.pg.connection_uri is not set")
+    validate_uri(uri)
+    with connected(uri) as engine:
+        try:
+            with engine.connect() as connection:
+                allowed = connection.execute(
+                    sqlalchemy.text("SELECT has_database_privilege(current_database(), 'CREATE')")
+                ).scalar()
+        except sqlalchemy.exc.DBAPIError as exc:
+            raise InputError(f"PostgreSQL at {_where(uri)} does not answer: {_reason(exc)}") from None
+    if not allowed:
+        raise InputError(f"{_where(uri)}: the user may not create a schema; {_rights_hint(uri)}")
+
+
+def _reason(exc: Exception) -> str:
+    """The first line of a database error: what PostgreSQL or the driver said."""
+    return str(getattr(exc, "orig", exc)).strip().splitlines()[0]
+
+
+def _with_search_path(uri: str, path: str) -> str:
+    """``uri`` whose connections start with ``search_path`` = ``path`` (libpq's ``options``, escaped for it)."""
+    from sqlalchemy.engine import make_url
+
+    url = make_url(uri)
+    option = "-csearch_path=" + path.replace("\\", "\\\\").replace(" ", "\\ ")
+    current = url.query.get("options")
+    options = f"{current} {option}" if current else option  # a later -c wins over the URI's own
+    return url.update_query_dict({"options": options}).render_as_string(hide_password=False)
+
+
+@dataclass(frozen=True)
+class OwnSchema:
+    """Langchain's two tables in a schema of their own in the deployment's database (``tune``'s candidate root).
+
+    Why: the candidate root runs Chatchat's own `kb -r` and `search_docs` on pg, and its collection
+    has the deployment's name (the knowledge base's); in the deployment's tables its `kb -r` would
+    replace the deployment's collection before the gate decides. The candidate's URI
+    (:meth:`create`) starts every connection with ``search_path`` = the schema, then the
+    deployment's own path (where pgvector's ``vector`` type is), so every unqualified statement —
+    langchain's, Chatchat's, this module's — reaches the schema's tables. They are created here,
+    shaped as the deployment's (``LIKE … INCLUDING ALL`` plus langchain's cascading foreign key):
+    langchain's ``create_all`` would find the deployment's tables through the path and create none.
+    For the same reason a candidate root must never outlive its schema (``tune`` removes
+    the root first).
+    """
+
+    uri: str
+    """The deployment's URI."""
+    name: str
+
+    def create(self) -> str:
+        """(Re)creates the schema with empty tables; returns the URI a candidate root uses to reach them."""
+        import sqlalchemy
+
+        with connected(self.uri) as engine:
+            try:
+                with engine.begin() as connection:
+                    if not _has_tables(connection):
+                        raise InputError(
+                            f"{_where(self.uri)} has no langchain tables yet: run `chatchat kb -r` in the root first"
+                        )
+                    path = connection.execute(
+                        sqlalchemy.text(
+                            "SELECT string_agg(quote_ident(s), ',' ORDER BY n) "
+                            "FROM unnest(current_schemas(false)) WITH ORDINALITY AS t(s, n)"
+                        )
+                    ).scalar()
+                    schema = self.name
+                    for statement in (
+                        f"DROP SCHEMA IF EXISTS {schema} CASCADE",  # a half-built one from a killed run
+                        f"CREATE SCHEMA {schema}",
+                        f"CREATE TABLE {schema}.{COLLECTIONS} (LIKE {COLLECTIONS} INCLUDING ALL)",
+                        f"CREATE TABLE {schema}.{EMBEDDINGS} (LIKE {EMBEDDINGS} INCLUDING ALL)",
+                        f"ALTER TABLE {schema}.{EMBEDDINGS} ADD FOREIGN KEY (collection_id) "
+                        f"REFERENCES {schema}.{COLLECTIONS} (uuid) ON DELETE CASCADE",
+                    ):
+                        connection.execute(sqlalchemy.text(statement))
+            except sqlalchemy.exc.DBAPIError as exc:
+                denied = getattr(exc.orig, "pgcode", None) == INSUFFICIENT_PRIVILEGE
+                raise InputError(
+                    f"{_where(self.uri)}: cannot create the schema {self.name}: {_reason(exc)}"
+                    + (f"; {_rights_hint(self.uri)}" if denied else "")
+                ) from None
+        return _with_search_path(self.uri, f"{self.name},{path}" if path else self.name)
+
+    def exists(self) -> bool:
+        """Whether the schema is there: a candidate root is usable only while it is."""
+        import sqlalchemy
+
+        with connected(self.uri) as engine, engine.connect() as connection:
+            found = connection.execute(sqlalchemy.text("SELECT to_regnamespace(:s)"), {"s": self.name}).scalar()
+        return found is not None
+
+    def drop(self) -> None:
+        """Drops the schema and its tables, if it exists."""
+        import sqlalchemy
+
+        with connected(self.uri) as engine:
+            try:
+                with engine.begin() as connection:
+                    connection.execute(sqlalchemy.text(f"DROP SCHEMA IF EXISTS {self.name} CASCADE"))
+            except sqlalchemy.exc.DBAPIError as exc:
+                raise InputError(
+                    f"{_where(self.uri)}: cannot drop the candidate's schema {self.name} ({_reason(exc)}); "
+                    f"drop it with `DROP SCHEMA {self.name} CASCADE`"
+                ) from None
 
 
 # ----------------------------------------------------------------------------- kb -r

@@ -6,10 +6,11 @@ must work where only the runtime is installed, and imports point one way (``trai
 this package, never the reverse).
 
 A backup (``<run folder>/previous/``, written atomically before ``tune`` changes anything) holds
-the root's ``model_settings.yaml`` and ``kb_settings.yaml``, a copy of the knowledge base's FAISS
-folder and ``backup.json``: the knowledge base, the embed model, the served model directory and
-the SHA-256 of each of its files. Rollback checks that model directory is still the same, puts
-the two settings files back, rebuilds the knowledge base with the same transactional
+the root's ``model_settings.yaml`` and ``kb_settings.yaml``, the knowledge base's vectors (FAISS: a
+copy of its folder; pg: every chunk's text and vector bytes read from its collection, in
+``pg_vectors.jsonl``) and ``backup.json``: the knowledge base, the embed model, the served model
+directory and the SHA-256 of each of its files. Rollback checks that model directory is still the
+same, puts the two settings files back, rebuilds the knowledge base with the same transactional
 ``chatchat kb -r`` (so Chatchat's file rows match the index again) and compares the new vectors
 with the saved ones, chunk by chunk, byte for byte.
 """
@@ -17,20 +18,24 @@ with the saved ones, chunk by chunk, byte for byte.
 from __future__ import annotations
 
 import argparse
+import base64
 import hashlib
 import json
 import shutil
 from pathlib import Path
 
 from chatchat_policybert.chatchat_process import chatchat_command, run_chatchat
-from chatchat_policybert.chatchat_root import default_kb, kb_root, vector_store_dir
+from chatchat_policybert.chatchat_root import default_kb, kb_root, kb_settings, vector_store_dir
 from chatchat_policybert.errors import InputError
-from chatchat_policybert.files import atomic_path, write_json
+from chatchat_policybert.files import atomic_path, write_json, write_jsonl
+from chatchat_policybert.pg_store import pg_vectors
 from chatchat_policybert.settings import find_local_model, load_yaml
 
 SETTINGS_FILES = ("model_settings.yaml", "kb_settings.yaml")
 BACKUP_DIR = "previous"
 BACKUP_FILE = "backup.json"
+SAVED_FAISS, SAVED_PG = "vector_store", "pg_vectors.jsonl"
+"""The backup's copy of the vectors: the FAISS folder, or a pg collection's (text, vector) rows."""
 TUNE_DIR = "policybert_tune"
 
 
@@ -69,18 +74,62 @@ def faiss_vectors(vector_store: Path) -> list[tuple[str, bytes]]:
     return sorted((docstore.search(index_to_id[i]).page_content, vectors[i].tobytes()) for i in range(index.ntotal))
 
 
+def kb_vectors(root: Path, kb: str, embed_model: str) -> list[tuple[str, bytes]] | None:
+    """Every (chunk text, vector bytes) of ``kb`` in the root's store (DEFAULT_VS_TYPE), sorted; None if it has none.
+
+    FAISS: the embed model's folder (:func:`faiss_vectors`); pg: the collection the root's URI reaches
+    (:func:`chatchat_policybert.pg_store.pg_vectors`).
+    """
+    settings = kb_settings(root)
+    if settings.vs_type == "pg":
+        return pg_vectors(settings.pg_uri, kb)
+    index = vector_store_dir(root, kb, embed_model)
+    return faiss_vectors(index) if (index / "index.faiss").is_file() else None
+
+
+def vectors_place(root: Path, kb: str, embed_model: str) -> str:
+    """Where :func:`kb_vectors` reads, for a message."""
+    if kb_settings(root).vs_type == "pg":
+        return f"pg collection '{kb}'"
+    return f"FAISS index {vector_store_dir(root, kb, embed_model)}"
+
+
+def saved_copy(backup: Path) -> Path:
+    """The backup's copy of the vectors: ``pg_vectors.jsonl`` where a pg root's was saved, else the FAISS folder."""
+    pg = Path(backup) / SAVED_PG
+    return pg if pg.is_file() else Path(backup) / SAVED_FAISS
+
+
+def saved_vectors(backup: Path) -> list[tuple[str, bytes]]:
+    """The backup's vectors, as :func:`kb_vectors` gives them."""
+    saved = saved_copy(backup)
+    if saved.name != SAVED_PG:
+        return faiss_vectors(saved)
+    with saved.open(encoding="utf-8") as handle:
+        rows = [json.loads(line) for line in handle]
+    return sorted((row["text"], base64.b64decode(row["vector"])) for row in rows)
+
+
 def save_backup(root: Path, kb: str, dest: Path) -> None:
     """Keeps what ``root`` serves now for ``kb`` in ``dest`` (replaced atomically: a kill leaves the old backup or
     none)."""
     embed_model, model_dir = served_model(root)
-    index = vector_store_dir(root, kb, embed_model)
-    if not (index / "index.faiss").is_file():
-        raise InputError(f"knowledge base {kb} has no FAISS index {index}: run `chatchat kb -r -n {kb}` first")
+    vectors = kb_vectors(root, kb, embed_model)
+    if vectors is None:
+        raise InputError(
+            f"knowledge base {kb} has no {vectors_place(root, kb, embed_model)}: run `chatchat kb -r -n {kb}` first"
+        )
     with atomic_path(dest) as tmp:
         tmp.mkdir()
         for name in SETTINGS_FILES:
             shutil.copy2(Path(root) / name, tmp / name)
-        shutil.copytree(index, tmp / "vector_store")
+        if kb_settings(root).vs_type == "pg":
+            write_jsonl(
+                ({"text": text, "vector": base64.b64encode(vector).decode()} for text, vector in vectors),
+                tmp / SAVED_PG,
+            )
+        else:
+            shutil.copytree(vector_store_dir(root, kb, embed_model), tmp / SAVED_FAISS)
         write_json(
             {
                 "kb": kb,
@@ -114,10 +163,12 @@ def restore_backup(root: Path, backup: Path) -> bool:
     kb = info["kb"]
     restore_settings(root, backup)
     log = run_chatchat(chatchat_command("kb", "-r", "-n", kb), Path(root), f"chatchat kb -r -n {kb}")
-    index = vector_store_dir(root, kb, info["embed_model"])
-    if not (index / "index.faiss").is_file():
-        raise InputError(f"`chatchat kb -r -n {kb}` left no FAISS index {index}:\n{log[-2000:]}")
-    return faiss_vectors(index) == faiss_vectors(Path(backup) / "vector_store")
+    rebuilt = kb_vectors(root, kb, info["embed_model"])
+    if rebuilt is None:
+        raise InputError(
+            f"`chatchat kb -r -n {kb}` left no {vectors_place(root, kb, info['embed_model'])}:\n{log[-2000:]}"
+        )
+    return rebuilt == saved_vectors(backup)
 
 
 def run_rollback(args: argparse.Namespace) -> int:
@@ -133,6 +184,6 @@ def run_rollback(args: argparse.Namespace) -> int:
         return 0
     print(
         "WARN  vectors differ from those saved before the tune (another machine, device or dtype?): "
-        f"the index matches the restored model; the saved copy is {backup / 'vector_store'}"
+        f"the index matches the restored model; the saved copy is {saved_copy(backup)}"
     )
     return 1

@@ -14,8 +14,10 @@ is skipped when found there, so a killed or failed run continues where it stoppe
    (:class:`training.contrastive.ContrastiveConfig`; ``--contrastive-args`` overrides), resumed from
    its checkpoint; on CPU an estimate of the time is printed first.
 3. ``candidate`` — a Chatchat root of its own (the root's model and KB settings, the candidate
-   model, the KB's documents, ``chatchat kb -r``), then the FAISS ensemble's weights and threshold
-   calibrated there on the dev pairs (:mod:`chatchat_policybert.calibration`).
+   model, the KB's documents, ``chatchat kb -r``), then the ensemble's weights and threshold
+   calibrated there on the dev pairs (:mod:`chatchat_policybert.calibration`). On pg its tables are
+   in a schema of their own in the deployment's database (:class:`chatchat_policybert.pg_store.OwnSchema`),
+   dropped once the gate's decision is carried out.
 4. ``gate`` — Chatchat's own ``search_docs`` in the root as it is (before) and in the candidate
    root (after), on the held-out-document dev pairs and on ``--questions``, with BM25 alone as a
    third row, and the paired bootstrap of ``eval --require-better``. The candidate is installed
@@ -24,7 +26,7 @@ is skipped when found there, so a killed or failed run continues where it stoppe
    ``chatchat-policybert rollback`` restores), the candidate model is copied into ``ROOT/models/``,
    the settings point at it with the calibrated weights, and the KB is rebuilt with the
    transactional ``chatchat kb -r``; a failed rebuild puts the settings back. Nothing outside the
-   run folder changes before this step.
+   run folder (and, on pg, the candidate's schema) changes before this step.
 6. ``report`` — ``OUT/report.md`` (tables, commands, time per step) and ``OUT/report.png``.
 
 Exit status: 0 installed, 1 refused by the gate (the deployment unchanged), 2 a bad input.
@@ -58,7 +60,7 @@ from chatchat_policybert.calibration import (
     write_calibration,
 )
 from chatchat_policybert.chatchat_process import chatchat_command, run_chatchat
-from chatchat_policybert.chatchat_root import content_dir, default_kb, kb_settings, vector_store_dir
+from chatchat_policybert.chatchat_root import content_dir, default_kb, kb_settings
 from chatchat_policybert.embeddings import token_limit
 from chatchat_policybert.errors import InputError, run_cli
 from chatchat_policybert.evaluation.evaluate import (
@@ -71,18 +73,19 @@ from chatchat_policybert.evaluation.evaluate import (
     plot_recall,
 )
 from chatchat_policybert.evaluation.retrievers import ChatchatEnsemble, ChatchatSearch
-from chatchat_policybert.files import atomic_path, write_json
+from chatchat_policybert.files import atomic_path, read_json, write_json
 from chatchat_policybert.loading import save_model_dir
+from chatchat_policybert.pg_store import OwnSchema, candidate_schema, check_schema_rights
 from chatchat_policybert.rollback import (
     BACKUP_DIR,
-    faiss_vectors,
+    kb_vectors,
     model_manifest,
     restore_settings,
     save_backup,
     served_model,
     tune_dir,
 )
-from chatchat_policybert.settings import HYBRID_KEY, load_yaml
+from chatchat_policybert.settings import HYBRID_KEY, load_yaml, round_trip_yaml
 from training import pairs as pairs_stage
 from training.contrastive import ContrastiveConfig, ContrastiveTask, contrastive, load_start_model, read_examples
 from training.loop import CHECKPOINT, parse_config, pick_device
@@ -258,18 +261,65 @@ def step_train(run: Run, pairs_dir: Path, pairs_key: str) -> tuple[Path, str]:
 # ----------------------------------------------------------------------------- 3 candidate root
 
 
+def pg_schema(run: Run, root: Path) -> OwnSchema | None:
+    """On a pg deployment, the schema of its database holding the tables of the candidate root ``root``; else None."""
+    settings = kb_settings(run.root)
+    return OwnSchema(settings.pg_uri, candidate_schema(root)) if settings.vs_type == "pg" else None
+
+
+def release_candidates(run: Run) -> None:
+    """On pg, removes every candidate root of the run folder and drops its schema (FAISS keeps them: they are files).
+
+    Called once the gate's decision is carried out and before a new candidate is built, so the
+    deployment's database keeps no copy of the knowledge base. The root goes first: a candidate
+    root whose schema is gone would reach the deployment's own tables (see :class:`OwnSchema`).
+    """
+    for folder in sorted((run.out / "candidate").glob("*")):
+        schema = pg_schema(run, folder / "root")
+        if schema is not None:
+            shutil.rmtree(folder / "root", ignore_errors=True)
+            schema.drop()
+
+
+def decided(run: Run, key: str) -> bool:
+    """Whether the gate's decision on candidate ``key`` is carried out (refused, or installed): its root is done."""
+    gate, marker = run.out / GATE, run.out / INSTALLED
+    decision = read_json(gate) if gate.is_file() else {}
+    if decision.get("candidate") != key:
+        return False
+    return not decision["install"] or (marker.is_file() and read_json(marker).get("candidate") == key)
+
+
 def step_candidate(run: Run, final: Path, key: str, dev: Path) -> Path:
-    """A root like the deployment's serving the candidate, its KB rebuilt and its ensemble calibrated on ``dev``."""
+    """A root like the deployment's serving the candidate, its KB rebuilt and its ensemble calibrated on ``dev``.
+
+    On pg its tables are in a schema of their own in the deployment's database (:class:`OwnSchema`),
+    so its `kb -r` and searches never touch the deployment's collection.
+    """
     folder = run.out / "candidate" / key
     root = folder / "root"
+    schema = pg_schema(run, root)
     if (folder / CALIBRATION).is_file():
-        print(f"candidate: {root} is already built and calibrated")
-        return root
+        if schema is None or (root.is_dir() and schema.exists()):
+            print(f"candidate: {root} is already built and calibrated")
+            return root
+        if decided(run, key):
+            print(f"candidate: not needed, the gate decided on it already ({run.out / GATE})")
+            return root
+    release_candidates(run)  # pg: earlier candidates' schemas, a half-built one's included
     shutil.rmtree(folder, ignore_errors=True)  # a half-built one from a killed run
     settings = folder / "settings"
     settings.mkdir(parents=True)
     for name in ("model_settings.yaml", "kb_settings.yaml"):
         shutil.copy2(run.root / name, settings / name)
+    if schema is not None:
+        yaml = round_trip_yaml()
+        kb_file = settings / "kb_settings.yaml"
+        copied = yaml.load(kb_file.read_text(encoding="utf-8"))
+        copied["kbs_config"]["pg"]["connection_uri"] = schema.create()
+        with atomic_path(kb_file) as tmp, tmp.open("w", encoding="utf-8") as handle:
+            yaml.dump(copied, handle)
+        print(f"candidate: its pg tables are in the schema {schema.name} of the deployment's database")
     root.mkdir()
     run_chatchat(chatchat_command("init"), root, "chatchat init (candidate root)")
     setup = [
@@ -386,11 +436,10 @@ def step_install(run: Run, final: Path, candidate: Path, key: str) -> None:
     threshold = kb_settings(candidate).score_threshold
     update_settings(run.root, hybrid=hybrid, threshold=threshold, model_path=str(installed.relative_to(run.root)))
     embed_model, _ = served_model(run.root)
-    index = vector_store_dir(run.root, run.kb, embed_model)
     try:
         log = run_chatchat(chatchat_command("kb", "-r", "-n", run.kb), run.root, f"chatchat kb -r -n {run.kb}")
         # The rebuild must give the very vectors the gate saw in the candidate root (same model, documents, settings).
-        if faiss_vectors(index) != faiss_vectors(vector_store_dir(candidate, run.kb, embed_model)):
+        if kb_vectors(run.root, run.kb, embed_model) != kb_vectors(candidate, run.kb, embed_model):
             raise InputError(
                 f"`chatchat kb -r -n {run.kb}` did not rebuild the index with the candidate:\n{log[-2000:]}"
             )
@@ -518,11 +567,11 @@ def main(argv: list[str] | None = None) -> int:
     args.kb = args.kb or default_kb(args.root)
     if not content_dir(args.root, args.kb).is_dir():
         raise InputError(f"--kb {args.kb}: no knowledge base folder {content_dir(args.root, args.kb)}")
-    if kb_settings(args.root).vs_type != "faiss":
-        raise InputError(
-            f"{args.root}: tune supports DEFAULT_VS_TYPE faiss (its candidate root would share the pg "
-            "database with the deployment)"
-        )
+    store = kb_settings(args.root)
+    if store.vs_type == "pg":
+        check_schema_rights(store.pg_uri)  # before any work: the candidate root needs a schema of its own
+    elif store.vs_type != "faiss":
+        raise InputError(f"{args.root}: tune supports DEFAULT_VS_TYPE faiss and pg, not {store.vs_type}")
     if args.questions is not None and not args.questions.is_file():
         raise InputError(f"--questions {args.questions}: file not found")
     if args.llm and not args.llm_model:
@@ -570,6 +619,7 @@ def run_steps(run: Run) -> int:
     calibration_file = run.out / "candidate" / key / CALIBRATION
     with run.step("report"):
         report = write_report(run, gate, json.loads(calibration_file.read_text(encoding="utf-8")))
+    release_candidates(run)
     run.state["finished"] = True
     run.save()
     print(f"report: {report} and {report.with_suffix('.png')}")

@@ -7,7 +7,9 @@ network boundary by a loopback OpenAI-compatible server.
 
 from __future__ import annotations
 
+import os
 import subprocess
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -27,6 +29,8 @@ from ollama_standin import OllamaStandIn
 
 from chatchat_policybert.chatchat_process import chatchat_env
 from chatchat_policybert.corpus import PolicyDocument, read_policies
+from chatchat_policybert.errors import InputError
+from tests.support.pg_cluster import PgCluster
 
 
 @pytest.fixture(scope="session")
@@ -116,3 +120,16 @@ def server(deployment: Deployment):
     finally:
         stop_group(process)
         log.close()
+
+
+@pytest.fixture(scope="module")
+def cluster() -> Iterator[PgCluster]:
+    """A throw-away PostgreSQL + pgvector server for the module's `pg` tests (test_pg.py, test_tune.py)."""
+    try:
+        server = PgCluster.start()
+    except InputError as exc:
+        if os.environ.get("CI"):  # .ci/run installs them: in CI a missing server is a failure, not a skip
+            pytest.fail(str(exc))
+        pytest.skip(f"no PostgreSQL + pgvector here ({exc})")
+    yield server
+    server.stop()

@@ -30,7 +30,6 @@ from chatchat_policybert.calibration import Candidates, Setting, calibrate_root,
 from chatchat_policybert.chatchat_hook import BM25_CACHE_ENV
 from chatchat_policybert.chatchat_process import ChatchatWorker
 from chatchat_policybert.embeddings import PolicyBertEmbeddings
-from chatchat_policybert.errors import InputError
 from chatchat_policybert.evaluation.knowledge_base import load_chunks
 from chatchat_policybert.evaluation.retrievers import ChatchatSearch
 from chatchat_policybert.pg_store import COLLECTIONS, EMBEDDINGS, collection_size
@@ -40,18 +39,6 @@ from training import pairs
 
 pytestmark = pytest.mark.pg
 TOP_K = 5
-
-
-@pytest.fixture(scope="module")
-def cluster() -> Iterator[PgCluster]:
-    try:
-        server = PgCluster.start()
-    except InputError as exc:
-        if os.environ.get("CI"):  # .ci/run installs them: in CI a missing server is a failure, not a skip
-            pytest.fail(str(exc))
-        pytest.skip(f"no PostgreSQL + pgvector here ({exc})")
-    yield server
-    server.stop()
 
 
 @pytest.fixture(scope="module")

@@ -5,7 +5,9 @@ block at BM25 weight 0, threshold 0) — so a tune can really improve the RAG pa
 alone can bring it to BM25's level whatever the training does, and every seed is fixed. A second
 tune trained to collapse (a learning rate 1,000× the recipe's) must not beat the calibrated
 deployment the first one installed: it is refused and nothing in the root changes. A run killed
-at every step and re-run installs the very vectors the uninterrupted run installed.
+at every step and re-run installs the very vectors the uninterrupted run installed. On a
+PostgreSQL root (`pg`, a throw-away server) the same tune installs, refuses and rolls back with the
+candidate's tables in a schema of their own, and needs the right to create one.
 """
 
 from __future__ import annotations
@@ -20,12 +22,18 @@ import time
 from pathlib import Path
 
 import pytest
+import sqlalchemy
 import yaml
 from chatchat_deploy import BIN, run
+from sqlalchemy.engine import make_url
 from test_calibration import build_root
+from test_pg import collection, collection_names
 
+from chatchat_policybert.chatchat_process import chatchat_command, run_chatchat
 from chatchat_policybert.chatchat_root import content_dir, vector_store_dir
+from chatchat_policybert.pg_store import CANDIDATE_SCHEMA_PREFIX, connected, pg_vectors
 from chatchat_policybert.rollback import faiss_vectors, tune_dir
+from tests.support.pg_cluster import DATABASE, PgCluster
 
 KB = "WeiMingPolicies"
 COLLAPSE = "--lr 0.01 --warmup-proportion 0 --epochs 3"
@@ -74,9 +82,14 @@ def index_of(root: Path) -> Path:
     return vector_store_dir(root, KB, "policybert")
 
 
+def snapshot_settings(root: Path) -> dict[str, bytes]:
+    """The two settings files a tune rewrites at install, byte for byte."""
+    return {name: (root / name).read_bytes() for name in ("model_settings.yaml", "kb_settings.yaml")}
+
+
 def snapshot(root: Path) -> dict[str, bytes]:
     """Everything a refused tune must leave as it was: settings files and the FAISS folder's files."""
-    files = {name: (root / name).read_bytes() for name in ("model_settings.yaml", "kb_settings.yaml")}
+    files = snapshot_settings(root)
     files.update({f"index/{p.name}": p.read_bytes() for p in sorted(index_of(root).iterdir())})
     return files
 
@@ -190,3 +203,69 @@ def test_a_tune_killed_at_every_step_then_rerun_installs_what_an_uninterrupted_o
     assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-4000:]
     assert "pairs: re-used" in result.stdout
     assert faiss_vectors(index_of(root)) == tuned["after"]
+
+
+def on_pg(base_root: Path, uri: str, dest: Path) -> Path:
+    """A copy of the base root on the pg store at ``uri``, rebuilt there by `kb -r`; its FAISS index removed."""
+    root = copy_root(base_root, dest)
+    path = root / "kb_settings.yaml"
+    kb = yaml.safe_load(path.read_text(encoding="utf-8"))
+    kb["DEFAULT_VS_TYPE"] = "pg"
+    kb["kbs_config"]["pg"]["connection_uri"] = uri
+    path.write_text(yaml.safe_dump(kb, allow_unicode=True), encoding="utf-8")
+    shutil.rmtree(index_of(root))
+    run_chatchat(chatchat_command("kb", "-r", "-n", KB), root, f"chatchat kb -r -n {KB}")
+    return root
+
+
+def candidate_schemas(uri: str) -> list[str]:
+    """The candidate roots' schemas left in the database at ``uri``."""
+    with connected(uri) as engine, engine.connect() as connection:
+        names = connection.execute(sqlalchemy.text("SELECT nspname FROM pg_namespace")).scalars()
+        return [name for name in names if name.startswith(CANDIDATE_SCHEMA_PREFIX)]
+
+
+@pytest.mark.pg
+def test_a_tune_on_pg_installs_a_refused_one_changes_no_row_and_rollback_restores_the_vectors(
+    base_root, cluster: PgCluster, tmp_path
+):
+    cluster.execute("postgres", "CREATE DATABASE tune")  # its own database: test_pg's collections stay apart
+    cluster.execute("tune", "CREATE EXTENSION vector")
+    uri = make_url(cluster.uri).set(database="tune").render_as_string(hide_password=False)
+    root = on_pg(base_root, uri, tmp_path / "root")
+    before = pg_vectors(uri, KB)
+
+    result = tune(root)
+    assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-4000:]
+    assert f"candidate: its pg tables are in the schema {CANDIDATE_SCHEMA_PREFIX}" in result.stdout
+    assert json.loads((tune_dir(root, KB) / "gate.json").read_text(encoding="utf-8"))["install"]
+    installed = pg_vectors(uri, KB)
+    assert installed != before and [text for text, _ in installed] == [text for text, _ in before]
+    assert collection_names(uri) == [KB] and candidate_schemas(uri) == [], "the candidate's schema is dropped"
+
+    rows, settings = collection(uri), snapshot_settings(root)
+    refused = tune(root, "--contrastive-args", COLLAPSE)
+    assert refused.returncode == 1, refused.stdout[-4000:] + refused.stderr[-4000:]
+    assert refused.stderr.strip().splitlines()[-1].startswith("tune: refused, the deployment is unchanged")
+    assert collection(uri) == rows and snapshot_settings(root) == settings
+    assert collection_names(uri) == [KB] and candidate_schemas(uri) == []
+
+    rollback = run([str(BIN / "chatchat-policybert"), "rollback", "--root", str(root), "--kb", KB], dict(os.environ))
+    assert rollback.returncode == 0, rollback.stdout + rollback.stderr
+    assert "vectors byte-identical" in rollback.stdout
+    assert pg_vectors(uri, KB) == before
+
+
+@pytest.mark.pg
+def test_a_tune_on_pg_without_the_right_to_create_a_schema_stops_before_any_work(cluster: PgCluster, tmp_path):
+    cluster.execute(DATABASE, "CREATE ROLE tune_reader LOGIN")
+    uri = make_url(cluster.uri).set(username="tune_reader").render_as_string(hide_password=False)
+    settings = {"DEFAULT_VS_TYPE": "pg", "kbs_config": {"pg": {"connection_uri": uri}}}
+    (tmp_path / "kb_settings.yaml").write_text(yaml.safe_dump(settings), encoding="utf-8")
+    content_dir(tmp_path, KB).mkdir(parents=True)
+    result = tune(tmp_path)
+    error = result.stderr.strip().splitlines()[-1]
+    assert result.returncode == 2 and "Traceback" not in result.stderr, result.stderr
+    assert error.startswith(f"error: {uri}: the user may not create a schema; ")
+    assert error.endswith(f"`GRANT CREATE ON DATABASE {DATABASE} TO tune_reader`")
+    assert not tune_dir(tmp_path, KB).exists()
