@@ -40,7 +40,7 @@ def _save(model: PreTrainedModel, tokenizer: PolicyBertTokenizer, out_dir: str |
     """``perturb`` adds seeded noise (std 0.05) to every parameter, so that LayerNorms, biases and the
     gate bias are off their init values, as in a trained model: identities that only hold at init
     cannot hide bugs. The fusion scales stay as initialised (1: the thesis's formulas, which the
-    tests write out; ``tests/core/test_identity_start.py`` covers other values)."""
+    tests write out; ``tests/merge/test_identity_start.py`` covers other values)."""
     if perturb:
         with torch.no_grad():
             for name, parameter in model.named_parameters():
