@@ -80,6 +80,7 @@ from chatchat_policybert.rollback import (
     BACKUP_DIR,
     kb_vectors,
     model_manifest,
+    restore_backup,
     restore_settings,
     save_backup,
     served_model,
@@ -437,17 +438,21 @@ def step_install(run: Run, final: Path, candidate: Path, key: str) -> None:
     update_settings(run.root, hybrid=hybrid, threshold=threshold, model_path=str(installed.relative_to(run.root)))
     embed_model, _ = served_model(run.root)
     try:
-        log = run_chatchat(chatchat_command("kb", "-r", "-n", run.kb), run.root, f"chatchat kb -r -n {run.kb}")
-        # The rebuild must give the very vectors the gate saw in the candidate root (same model, documents, settings).
-        if kb_vectors(run.root, run.kb, embed_model) != kb_vectors(candidate, run.kb, embed_model):
-            raise InputError(
-                f"`chatchat kb -r -n {run.kb}` did not rebuild the index with the candidate:\n{log[-2000:]}"
-            )
+        run_chatchat(chatchat_command("kb", "-r", "-n", run.kb), run.root, f"chatchat kb -r -n {run.kb}")
     except (InputError, OSError, RuntimeError) as exc:
         restore_settings(run.root, backup)
         raise InputError(
             f"install failed, settings put back (the transactional kb -r kept the previous index): {exc}"
         ) from None
+    # The rebuild must give the very vectors the gate saw in the candidate root (same model, documents, settings);
+    # where it did not, what is served was never gated: the whole previous deployment goes back, vectors included.
+    if kb_vectors(run.root, run.kb, embed_model) != kb_vectors(candidate, run.kb, embed_model):
+        identical = restore_backup(run.root, backup)
+        raise InputError(
+            f"install refused: `chatchat kb -r -n {run.kb}` gave other vectors than the gated candidate's; the "
+            "previous model, settings and index are back"
+            + ("" if identical else f" (but its vectors differ from the saved ones: see {backup})")
+        )
     run.command(f"chatchat kb -r -n {run.kb}")
     write_json({"candidate": key, "model": str(installed), "at": _now()}, marker)
     print(

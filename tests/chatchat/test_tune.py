@@ -205,6 +205,23 @@ def test_a_tune_killed_at_every_step_then_rerun_installs_what_an_uninterrupted_o
     assert faiss_vectors(index_of(root)) == tuned["after"]
 
 
+def test_an_install_whose_rebuild_differs_from_the_gated_candidate_puts_the_whole_deployment_back(base_root, tmp_path):
+    """The gate judged the candidate root's vectors; if the deployment's `kb -r` gives others, nothing ungated stays."""
+    root = copy_root(base_root, tmp_path / "root")
+    before = snapshot(root)
+    _kill_at(root, "install", 0.0)
+    # What the gate saw now differs from what the install will build: the candidate's index is the deployment's old one.
+    (key,) = (tune_dir(root, KB) / "candidate").iterdir()
+    candidate = key / "root"
+    shutil.rmtree(index_of(candidate))
+    shutil.copytree(index_of(root), index_of(candidate))
+    result = tune(root)
+    assert result.returncode == 2, result.stdout[-4000:] + result.stderr[-4000:]
+    assert "gave other vectors than the gated candidate's" in result.stderr
+    assert snapshot_settings(root) == {k: v for k, v in before.items() if not k.startswith("index/")}
+    assert faiss_vectors(index_of(root)) == faiss_vectors(index_of(base_root))
+
+
 def on_pg(base_root: Path, uri: str, dest: Path) -> Path:
     """A copy of the base root on the pg store at ``uri``, rebuilt there by `kb -r`; its FAISS index removed."""
     root = copy_root(base_root, dest)
