@@ -108,7 +108,7 @@ COMPETITOR = "base+ft"
 
 @dataclass
 class RetrievalAblationConfig:
-    """The ablation's settings: one budget for every arm. Defaults fit ~2 h on 2 CPU cores (docs/training.md)."""
+    """The ablation's settings: one budget for every arm (about one pass over the pairs; times in docs/training.md)."""
 
     out: Path = field(
         default=Path("runs/ablate-retrieval"), metadata={"help": "folder of everything the ablation writes"}
@@ -138,7 +138,7 @@ class RetrievalAblationConfig:
         default=1, metadata={"help": "word layers of the fused arms (copies of the start's first layers)"}
     )
     steps: int = field(default=60, metadata={"help": "contrastive steps of every trained arm"})
-    batch_size: int = field(default=8, metadata={"help": "queries per contrastive step"})
+    batch_size: int = field(default=32, metadata={"help": "queries per contrastive step"})
     train_group_size: int = field(default=4, metadata={"help": "passages per query: 1 positive + hard negatives"})
     lr: float = field(default=2e-4, metadata={"help": "contrastive learning rate"})
     fusion_scale_lr: float = field(default=1e-2, metadata={"help": "learning rate of the fusion scales s (fused arms)"})
