@@ -148,6 +148,10 @@ class RetrievalAblationConfig:
         default="dense,chatchat", metadata={"help": "question scoring: dense, and chatchat (a kb -r per model)"}
     )
     device: str = field(default="cpu", metadata={"help": "torch device of every stage"})
+    table_only: bool = field(
+        default=False,
+        metadata={"help": "table the finished runs of --arms and --seeds only, start none (e.g. while others run)"},
+    )
     threads: int = field(
         default=1,
         metadata={
@@ -457,13 +461,18 @@ def word_coverage(lexicon: Lexicon, scorer: QuestionScorer) -> dict[str, float]:
     }
 
 
+def run_result(cfg: RetrievalAblationConfig, name: str, seed: int) -> Path:
+    """Where a finished run of ``name`` with ``seed`` keeps its scores (its presence means: done)."""
+    return cfg.out / "runs" / f"{name}-seed{seed}" / "result.json"
+
+
 def run_arm(
     cfg: RetrievalAblationConfig, name: str, seed: int, start: Path, data: Pairs, scorer: QuestionScorer
 ) -> dict:
     """One arm and seed, end to end; its ``result.json`` makes a re-run skip it."""
     arm = ARMS[name]
-    run_dir = cfg.out / "runs" / f"{name}-seed{seed}"
-    result_file = run_dir / "result.json"
+    result_file = run_result(cfg, name, seed)
+    run_dir = result_file.parent
     if result_file.is_file():
         return json.loads(result_file.read_text(encoding="utf-8"))
     began = time.time()
@@ -671,9 +680,16 @@ def main(argv: list[str] | None = None) -> None:
     results = []
     for seed in cfg.seeds:
         for name in cfg.arms:
-            if ARMS[name].trains or seed == cfg.seeds[0]:  # an untrained arm is the same model for every seed
-                print(f"== arm {name}, seed {seed} ==")
-                results.append(run_arm(cfg, name, seed, start, data, scorer))
+            if not (ARMS[name].trains or seed == cfg.seeds[0]):  # an untrained arm is the same model for every seed
+                continue
+            if cfg.table_only and not run_result(cfg, name, seed).is_file():
+                print(f"== arm {name}, seed {seed}: not run, left out of the table (--table-only) ==")
+                continue
+            print(f"== arm {name}, seed {seed} ==")
+            results.append(run_arm(cfg, name, seed, start, data, scorer))
+    if cfg.table_only and not results:
+        raise InputError(f"--table-only: no finished run of --arms {' '.join(cfg.arms)} in {cfg.out / 'runs'}")
+    cfg.arms = [name for name in cfg.arms if any(r["arm"] == name for r in results)]
     table = summarise(results, cfg.arms)
     first = {r["arm"]: r for r in reversed(results)}
     bm25 = {"dev": round(dev_bm25(data), 4), "questions": round(scorer.bm25.metrics[MRR], 4)}

@@ -145,3 +145,10 @@ def test_every_arm_runs_and_differs_in_what_it_trains(tmp_path, small_csv, refer
     assert [table[arm]["seeds"] for arm in ("base", "base+ft", "attn")] == [1, 2, 2]
     low, high = table["attn"]["Δdense vs base+ft"][1:]
     assert low <= high
+
+    # --table-only tables what finished and starts nothing: seed 2 was never run.
+    stamps = {p: p.stat().st_mtime_ns for p in (out / "runs").glob("*/result.json")}
+    ablate.main([*argv, "--arms", "base+ft", "attn", "--seeds", "0", "1", "2", "--table-only"])
+    assert {p: p.stat().st_mtime_ns for p in (out / "runs").glob("*/result.json")} == stamps
+    table = json.loads((out / "results.json").read_text(encoding="utf-8"))["table"]
+    assert list(table) == ["base+ft", "attn"] and [table[a]["seeds"] for a in table] == [2, 2]
