@@ -703,8 +703,9 @@ def main(argv: list[str] | None = None) -> None:
         coverage["KB lexicon"] = word_coverage(Lexicon.load(kb_lexicon(cfg)), scorer)
     text = markdown(table, bm25, speed) + "\n" + verdict(table) + "\n" + coverage_table(coverage)
     text += (
-        f"\nmean ± sd over seeds {cfg.seeds}; Δ: paired bootstrap (1000) over questions of the seed-averaged MRR@10 "
-        f"vs {COMPETITOR}, 95 % interval; speed: embedding time of the start ÷ the arm's, same run; "
+        f"\nmean ± sd over seeds {cfg.seeds}; Δ: paired bootstrap (1000) over dev queries or questions "
+        f"of the seed-averaged MRR@10 vs {COMPETITOR}, 95 % interval; "
+        "speed: embedding time of the start ÷ the arm's, same run; "
         f"{(time.time() - began) / 60:.1f} min this invocation\n"
     )
     write_json(
