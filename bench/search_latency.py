@@ -46,7 +46,7 @@ from kb_rebuild import scratch_dir
 sys.path.insert(0, str(REPO))
 from chatchat_policybert.chatchat_hook import BM25_CACHE_ENV
 from chatchat_policybert.chatchat_process import run_chatchat
-from chatchat_policybert.chatchat_root import default_kb, faiss_indexes, kb_root
+from chatchat_policybert.chatchat_root import configured_analyzer, default_kb, faiss_indexes, kb_root
 from chatchat_policybert.data import CORPUS_CSV, LEXICON, QUESTIONS
 from chatchat_policybert.ensemble_cache import save_index
 from chatchat_policybert.evaluation.dataset import load_corpus, load_questions
@@ -108,7 +108,7 @@ def scaled_kb(root: Path, kb: str, scale: int) -> str:
         faiss.write_index(copy, str(target / "index.faiss"))
         with (target / "index.pkl").open("wb") as handle:
             pickle.dump((InMemoryDocstore(entries), dict(enumerate(ids))), handle)
-        save_index(entries, target)  # the BM25 index `kb -r` saves beside the vectors
+        save_index(entries, target, configured_analyzer(root))  # the BM25 index `kb -r` saves beside the vectors
     run_chatchat([sys.executable, "-c", REGISTER_SCRIPT, kb, name], root, f"registering {name}")
     return name
 

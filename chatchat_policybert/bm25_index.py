@@ -8,8 +8,9 @@ live in a vocabulary and CSR arrays (each chunk's distinct words in first-occurr
 the transposed postings), scored with rank_bm25's arithmetic (bit-identical scores, tested), and
 saved as one safetensors file of plain arrays (no pickle) that `kb -r` writes beside ``index.faiss``
 (:mod:`chatchat_policybert.kb_rebuild`). The file carries a fingerprint of the docstore it was
-built from (chunk ids and texts in docstore order) and the tokeniser; a reader uses it only when
-both match, so a stale, foreign or damaged file costs a rebuild, never a wrong hit.
+built from (chunk ids and texts in docstore order) and the identity of the analyzer that
+tokenised it (:mod:`chatchat_policybert.analyzer`); a reader uses it only when both match, so a
+stale, foreign, other-analyzer or damaged file costs a rebuild, never a wrong hit or mixed tokens.
 """
 
 from __future__ import annotations
@@ -17,6 +18,8 @@ from __future__ import annotations
 import hashlib
 import json
 import math
+import os
+import stat
 import threading
 import zlib
 from collections import Counter
@@ -26,19 +29,13 @@ from pathlib import Path
 
 import numpy as np
 
+from chatchat_policybert.analyzer import Analyzer
 from chatchat_policybert.files import atomic_path
 
 BM25_FILE = "bm25.safetensors"
 """In the vector store folder, beside Chatchat's ``index.faiss`` and ``index.pkl``."""
 FORMAT = 1
 """Version of the file's layout; a file of another version is rebuilt."""
-
-
-def tokenizer_name() -> str:
-    """The tokeniser the counts come from (Chatchat's BM25 preprocessing): a file counted by another is not used."""
-    import jieba
-
-    return f"jieba {jieba.__version__} lcut_for_search"
 
 
 def fingerprint(ids: Sequence[str], texts: Sequence[str]) -> bytes:
@@ -133,7 +130,8 @@ class PostingsBM25Okapi:
             np.cumsum(counts.counts, out=ends[1:])
             saved = {"doc_lengths": ends[counts.offsets[1:]] - ends[counts.offsets[:-1]]}
         self.doc_lengths = saved["doc_lengths"]
-        self.avgdl = int(self.doc_lengths.sum()) / self.corpus_size
+        # An empty knowledge base scores nothing (rank_bm25 itself divides by the chunk count here).
+        self.avgdl = int(self.doc_lengths.sum()) / self.corpus_size if self.corpus_size else 1.0
         self.idf = saved.get("idf")
         if self.idf is None:
             self.idf = self._idf(np.bincount(counts.word_ids, minlength=len(counts.words)))
@@ -207,24 +205,26 @@ class PostingsBM25Okapi:
 
 @dataclass(frozen=True, eq=False)
 class ChunkIndex:
-    """A BM25 index and the chunks (ids and texts, in BM25's order) it was built from."""
+    """A BM25 index, the chunks (ids and texts, in BM25's order) it was built from and the analyzer that
+    tokenised them (its identity)."""
 
     ids: list[str]
     texts: list[str]
     bm25: PostingsBM25Okapi
+    analyzer: str
 
     def save(self, path: Path) -> None:
         """Write the index to ``path`` (atomically) as safetensors, stamped with its chunks' :func:`fingerprint`.
 
-        The metadata also holds the format, the tokeniser and a CRC-32 of every array (safetensors
-        checks the layout, not the bytes), which :func:`load` compares before using anything.
+        The metadata also holds the format, the analyzer's identity and a CRC-32 of every array
+        (safetensors checks the layout, not the bytes), which :func:`load` compares before using anything.
         """
         from safetensors.numpy import save
 
         arrays = {name: np.ascontiguousarray(array) for name, array in self.bm25.arrays().items()}
         metadata = {
             "format": str(FORMAT),
-            "tokenizer": tokenizer_name(),
+            "tokenizer": self.analyzer,
             "fingerprint": fingerprint(self.ids, self.texts).hex(),
             "crc32": json.dumps({name: zlib.crc32(array) for name, array in arrays.items()}),
         }
@@ -237,47 +237,79 @@ _tokenised_lock = threading.Lock()
 
 
 def tokenised_chunks() -> int:
-    """Chunks this process has jieba-tokenised for BM25 so far (what a saved index spares a new process)."""
+    """Chunks this process has tokenised for BM25 so far (what a saved index spares a new process)."""
     return _tokenised
 
 
-def build(ids: list[str], texts: list[str], previous: ChunkIndex | None = None) -> ChunkIndex:
-    """The BM25 index of these chunks; those of ``previous`` with the same id and text are not tokenised again."""
-    import jieba
-
+def build(ids: list[str], texts: list[str], analyzer: Analyzer, previous: ChunkIndex | None = None) -> ChunkIndex:
+    """The BM25 index of these chunks tokenised by ``analyzer``; those of ``previous`` (when the same analyzer
+    built it) with the same id and text are not tokenised again."""
     global _tokenised
+    if previous is not None and previous.analyzer != analyzer.identity:
+        previous = None  # another analyzer's counts: never mixed with these
     row_of = {} if previous is None else dict(zip(previous.ids, range(len(previous.ids))))
     corpus: list[list[str] | int] = []
     for chunk_id, text in zip(ids, texts):
         row = row_of.get(chunk_id)
-        corpus.append(row if row is not None and previous.texts[row] == text else jieba.lcut_for_search(text))
+        corpus.append(row if row is not None and previous.texts[row] == text else analyzer(text))
     new = sum(not isinstance(item, int) for item in corpus)
     with _tokenised_lock:
         _tokenised += new
     counts = count_words(corpus, None if previous is None else previous.bm25.counts)
-    return ChunkIndex(ids, texts, PostingsBM25Okapi(counts))
+    return ChunkIndex(ids, texts, PostingsBM25Okapi(counts), analyzer.identity)
 
 
 class SavedIndexUnusable(Exception):
-    """A saved index that must not be used (another docstore, tokeniser or format, or a damaged file)."""
+    """A saved index that must not be used (another docstore, analyzer or format, or a damaged file)."""
 
 
-def load(path: Path, ids: list[str], texts: list[str]) -> ChunkIndex:
-    """The index saved at ``path`` if it was built from exactly these chunks (ids and texts, in this order).
+def saved_summary(path: Path) -> tuple[str, int]:
+    """The identity of the analyzer that built the index saved at ``path`` and its chunk count (what ``doctor``
+    shows), read from the header alone.
 
-    Raises :class:`SavedIndexUnusable` saying why not (FileNotFoundError where there is no file):
-    another format, tokeniser or docstore, a damaged file (every array's CRC-32, shapes and bounds
-    are checked), so a file that does not belong is refused, never searched.
+    Raises FileNotFoundError where there is none, :class:`SavedIndexUnusable` where it is unreadable.
     """
     from safetensors import SafetensorError, safe_open
 
+    _check_regular(path)
+    try:
+        with safe_open(str(path), framework="numpy") as saved:
+            analyzer = (saved.metadata() or {}).get("tokenizer", "?")
+            offsets = saved.get_slice("offsets").get_shape()
+    except (SafetensorError, OSError, ValueError) as exc:
+        raise SavedIndexUnusable(f"unreadable ({type(exc).__name__}: {exc})") from None
+    if len(offsets) != 1 or offsets[0] < 1:
+        raise SavedIndexUnusable("word counts damaged")
+    return analyzer, offsets[0] - 1
+
+
+def _check_regular(path: Path) -> None:
+    """FileNotFoundError without a file; :class:`SavedIndexUnusable` for anything but a regular file (a FIFO
+    would block the reader forever)."""
+    info = os.stat(path)
+    if not stat.S_ISREG(info.st_mode):
+        raise SavedIndexUnusable("not a regular file")
+
+
+def load(path: Path, ids: list[str], texts: list[str], analyzer: Analyzer) -> ChunkIndex:
+    """The index saved at ``path`` if ``analyzer`` built it from exactly these chunks (ids and texts, in order).
+
+    Raises :class:`SavedIndexUnusable` saying why not (FileNotFoundError where there is no file):
+    another format, analyzer or docstore, not a regular file, a damaged file (every array's CRC-32,
+    shapes and bounds are checked), so a file that does not belong is refused, never searched.
+    """
+    from safetensors import SafetensorError, safe_open
+
+    _check_regular(path)
     try:
         with safe_open(str(path), framework="numpy") as saved:
             metadata = saved.metadata() or {}
             if metadata.get("format") != str(FORMAT):
                 raise SavedIndexUnusable(f"format {metadata.get('format')!r}, expected {str(FORMAT)!r}")
-            if metadata.get("tokenizer") != tokenizer_name():
-                raise SavedIndexUnusable(f"counted by {metadata.get('tokenizer')!r}, not {tokenizer_name()!r}")
+            if metadata.get("tokenizer") != analyzer.identity:
+                raise SavedIndexUnusable(
+                    f"built by analyzer {metadata.get('tokenizer')!r}, not the configured {analyzer.identity!r}"
+                )
             if metadata.get("fingerprint") != fingerprint(ids, texts).hex():
                 raise SavedIndexUnusable("built from other chunks than the vector store's docstore holds")
             arrays = {name: saved.get_tensor(name) for name in saved.keys()}
@@ -297,7 +329,7 @@ def load(path: Path, ids: list[str], texts: list[str]) -> ChunkIndex:
         raise SavedIndexUnusable(f"unreadable (missing or malformed {exc})") from None
     except UnicodeDecodeError as exc:
         raise SavedIndexUnusable(f"unreadable text ({exc})") from None
-    return ChunkIndex(ids, texts, PostingsBM25Okapi(counts, arrays))
+    return ChunkIndex(ids, texts, PostingsBM25Okapi(counts, arrays), analyzer.identity)
 
 
 def _checked_counts(arrays: dict[str, np.ndarray]) -> Bm25Counts:

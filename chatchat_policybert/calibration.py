@@ -19,6 +19,12 @@ Questions are either held-out pairs (``training.pairs``' ``dev.jsonl``: a query 
 it came from; the relevant document is the one whose chunk holds that passage) or labelled
 questions in the evaluation's JSONL format (``{"id", "question", "doc_title", "evidence"}``,
 titles being the knowledge base's file names without suffix).
+
+Labelled questions also choose the BM25 analyzer (:mod:`chatchat_policybert.analyzer`): the grid
+runs once per analyzer and the best MRR@10 wins, the configured analyzer on ties. Dev pairs
+cannot: their queries are sentences cut out of the chunk they point at, so BM25 finds that chunk
+whatever the tokens (MRR@10 about 0.99 with every analyzer) and the comparison says nothing about
+a user's questions; with dev pairs the configured analyzer is kept.
 """
 
 from __future__ import annotations
@@ -30,8 +36,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from chatchat_policybert.analyzer import ANALYZERS
 from chatchat_policybert.chatchat_process import ChatchatWorker
-from chatchat_policybert.chatchat_root import content_dir, kb_settings
+from chatchat_policybert.chatchat_root import configured_hybrid, content_dir, kb_settings
 from chatchat_policybert.errors import InputError
 from chatchat_policybert.evaluation.dataset import Query, load_corpus, load_questions
 from chatchat_policybert.evaluation.evaluate import MRR_K, RunResult, evaluate_retriever
@@ -40,7 +47,14 @@ from chatchat_policybert.evaluation.metrics import evidence_in_chunk, mrr_at_k, 
 from chatchat_policybert.evaluation.retrievers import ChunkLocator
 from chatchat_policybert.files import atomic_path
 from chatchat_policybert.score_threshold import score_threshold_for
-from chatchat_policybert.settings import CHATCHAT_WEIGHTS, HYBRID_KEY, PLATFORM_KEY, SettingsError, round_trip_yaml
+from chatchat_policybert.settings import (
+    CHATCHAT_WEIGHTS,
+    HYBRID_KEY,
+    PLATFORM_KEY,
+    HybridConfig,
+    SettingsError,
+    round_trip_yaml,
+)
 
 RRF_C = 60
 """LangChain's ``EnsembleRetriever.c``, the constant Chatchat's ensemble fuses with."""
@@ -92,15 +106,16 @@ def setting_grid(current: float, store: str) -> list[Setting]:
 # ----------------------------------------------------------------------------- questions
 
 
-def dev_queries(path: Path, root: Path, kb: str) -> tuple[list[Query], list[Chunk]]:
-    """The questions of ``path`` (dev pairs or evaluation JSONL, told apart by their keys) and the KB's chunks."""
+def dev_queries(path: Path, root: Path, kb: str) -> tuple[list[Query], list[Chunk], bool]:
+    """The questions of ``path`` (dev pairs or evaluation JSONL, told apart by their keys), the KB's chunks, and
+    whether the questions are labelled (evaluation JSONL: they may choose the analyzer)."""
     first = _first_object(path)
     if "query" in first and "pos" in first:
         chunks = load_chunks(root, kb, None)
-        return pair_queries(path, chunks), chunks
+        return pair_queries(path, chunks), chunks, False
     if "question" in first and "doc_title" in first:
         corpus = load_corpus(content_dir(root, kb))
-        return load_questions(path, corpus), load_chunks(root, kb, corpus)
+        return load_questions(path, corpus), load_chunks(root, kb, corpus), True
     raise InputError(
         f'{path}: expected dev pairs ({{"query", "pos", …}}, training.pairs\' dev.jsonl) or questions '
         '({"id", "question", "doc_title", "evidence"}, the evaluation\'s JSONL)'
@@ -176,7 +191,9 @@ class Candidates:
             self._worker.close()
             raise InputError(self._worker.ready["error"])
         self.top_k: int = self._worker.ready["top_k"]
-        self._known: dict[str, tuple[list[int], list[tuple[int, float]]]] = {}
+        self.analyzer: str | None = None
+        """The analyzer whose BM25 list :meth:`get` returns; None: the root's configured one."""
+        self._known: dict[tuple[str | None, str], tuple[list[int], list[tuple[int, float]]]] = {}
 
     def __enter__(self) -> Candidates:
         return self
@@ -185,14 +202,15 @@ class Candidates:
         self._worker.close()
 
     def get(self, query: str) -> tuple[list[int], list[tuple[int, float]]]:
-        """(BM25 hits, FAISS hits with their relevance score) as chunk indices, best first."""
-        if query not in self._known:
-            answer = self._worker.ask({"query": query})
-            self._known[query] = (
+        """(BM25 hits of :attr:`analyzer`, FAISS hits with their relevance score) as chunk indices, best first."""
+        key = (self.analyzer, query)
+        if key not in self._known:
+            answer = self._worker.ask({"query": query, "analyzer": self.analyzer})
+            self._known[key] = (
                 [self._locate(s, t) for s, t in answer["bm25"]],
                 [(self._locate(s, t), score) for s, t, score in answer["dense"]],
             )
-        return self._known[query]
+        return self._known[key]
 
 
 def fuse(
@@ -235,6 +253,10 @@ class Calibration:
     settings: dict[str, Setting]
     questions: int
     top_k: int
+    analyzer: str
+    """The BM25 analyzer the rows were scored with: the configured one, or the one labelled questions chose."""
+    analyzers: dict[str, float] = field(default_factory=dict)
+    """Each analyzer compared and its calibrated MRR@10 (empty: dev pairs, the configured analyzer kept)."""
     store: str = "faiss"
     source: str = ""
     kb: str = ""
@@ -265,16 +287,38 @@ def mean_mrr(retriever: Fused, queries: list[Query], chunks: list[Chunk]) -> flo
     return total / len(queries)
 
 
-def calibrate(
-    candidates: Candidates, queries: list[Query], chunks: list[Chunk], current: float, store: str
-) -> Calibration:
-    """The grid point with the highest MRR@10 (the earliest on ties) and the four rows of the table."""
-    best, best_score = None, -1.0
-    grid = setting_grid(current, store)
+def best_setting(candidates: Candidates, queries: list[Query], chunks: list[Chunk], grid: list[Setting]) -> tuple:
+    """(setting, MRR@10) of the grid point with the highest MRR@10 (the earliest on ties)."""
+    best, best_score = grid[0], -1.0
     for setting in grid:
         score = mean_mrr(Fused("grid", candidates, chunks, setting), queries, chunks)
         if score > best_score:
             best, best_score = setting, score
+    return best, best_score
+
+
+def calibrate(
+    candidates: Candidates,
+    queries: list[Query],
+    chunks: list[Chunk],
+    current: float,
+    store: str,
+    configured: str,
+    compare: tuple[str, ...] = (),
+) -> Calibration:
+    """The grid point with the highest MRR@10 (the earliest on ties) and the four rows of the table.
+
+    ``compare``: analyzers to calibrate too (labelled questions); the best one's grid point wins,
+    the ``configured`` analyzer on ties.
+    """
+    grid = setting_grid(current, store)
+    scores: dict[str, tuple[Setting, float]] = {}
+    for name in dict.fromkeys((configured, *compare)):
+        candidates.analyzer = name
+        scores[name] = best_setting(candidates, queries, chunks, grid)
+    analyzer = max(scores, key=lambda name: (scores[name][1], name == configured))
+    candidates.analyzer = analyzer
+    best = scores[analyzer][0]
     references = {
         "bm25": Setting(1.0, 0.0, NO_VECTORS),
         "dense": Setting(0.0, 1.0, LOOSEST),
@@ -285,39 +329,54 @@ def calibrate(
         name: evaluate_retriever(Fused(name, candidates, chunks, s), queries, chunks, KS)
         for name, s in references.items()
     }
-    return Calibration(best, rows, references, len(queries), candidates.top_k, store)
+    analyzers = {name: round(score, 4) for name, (_, score) in scores.items()} if compare else {}
+    return Calibration(best, rows, references, len(queries), candidates.top_k, analyzer, analyzers, store)
 
 
 def calibrate_root(root: Path, kb: str, questions: Path, log_dir: Path) -> Calibration:
-    """Calibrates a built knowledge base of ``root`` (FAISS or pg: the plugin gives both the ensemble) on ``questions``.
+    """Calibrates a built knowledge base of ``root`` (FAISS or pg: the plugin gives both the ensemble) on ``questions``;
+    labelled questions also choose among the named analyzers (module docstring).
 
     Nothing is written.
     """
     settings = kb_settings(root)
-    queries, chunks = dev_queries(questions, root, kb)
+    configured = configured_hybrid(root) or HybridConfig()
+    queries, chunks, labelled = dev_queries(questions, root, kb)
     with Candidates(root, kb, chunks, log_dir / "calibration_worker.log") as candidates:
-        calibration = calibrate(candidates, queries, chunks, settings.score_threshold, settings.vs_type)
+        calibration = calibrate(
+            candidates,
+            queries,
+            chunks,
+            settings.score_threshold,
+            settings.vs_type,
+            configured.analyzer_name,
+            ANALYZERS if labelled else (),
+        )
     calibration.source, calibration.kb = str(Path(questions).resolve()), kb
     return calibration
 
 
 def write_calibration(root: Path, calibration: Calibration) -> None:
-    """Records the choice: the ``hybrid`` block of the PolicyBERT platform, and SCORE_THRESHOLD in kb_settings.yaml."""
+    """Records the choice: the ``hybrid`` block of the PolicyBERT platform (its analyzer's word list kept), and
+    SCORE_THRESHOLD in kb_settings.yaml."""
     chosen = calibration.chosen
-    hybrid = {
-        "bm25_weight": chosen.bm25_weight,
-        "dense_weight": chosen.dense_weight,
-        "score_threshold": chosen.threshold,
-        "calibration": {
+    hybrid = HybridConfig(
+        bm25_weight=chosen.bm25_weight,
+        dense_weight=chosen.dense_weight,
+        score_threshold=chosen.threshold,
+        analyzer=calibration.analyzer,
+        analyzer_stopwords=(configured_hybrid(root) or HybridConfig()).analyzer_stopwords,
+        calibration={
             "source": calibration.source,
             "kb": calibration.kb,
             "questions": calibration.questions,
             "top_k": calibration.top_k,
             "date": calibration.date,
             "metrics": calibration.metrics(),
+            **({"analyzers": calibration.analyzers} if calibration.analyzers else {}),
         },
-    }
-    update_settings(root, hybrid=hybrid, threshold=chosen.threshold)
+    )
+    update_settings(root, hybrid=hybrid.model_dump(exclude_none=True), threshold=chosen.threshold)
 
 
 def served_platform(model_settings: Any, path: Path) -> Any:

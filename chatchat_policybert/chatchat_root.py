@@ -11,13 +11,36 @@ from pathlib import Path
 from typing import Any
 
 from .errors import InputError
-from .settings import SettingsError, load_yaml
+from .settings import HybridConfig, SettingsError, find_local_model, load_yaml, parse_hybrid
 
 
 def _settings(root: Path, name: str) -> dict[str, Any]:
     """A settings file of the root, parsed; no file: empty (Chatchat's defaults apply)."""
     path = Path(root) / name
     return load_yaml(path) if path.is_file() else {}
+
+
+def configured_hybrid(root: Path) -> HybridConfig | None:
+    """The ``hybrid`` block of the platform serving the root's DEFAULT_EMBEDDING_MODEL in-process; None without one
+    (or where that model is not served by a ``local_embeddings`` platform: stock Chatchat's ensemble)."""
+    model_settings = _settings(root, "model_settings.yaml")
+    try:
+        local = find_local_model(model_settings, None)
+    except SettingsError:
+        return None
+    platform = next(
+        p for p in model_settings.get("MODEL_PLATFORMS") or [] if p.get("platform_name") == local.platform_name
+    )
+    return parse_hybrid(platform)
+
+
+def configured_analyzer(root: Path) -> Any:
+    """The BM25 :class:`~chatchat_policybert.analyzer.Analyzer` the root's ensemble uses (Chatchat's tokens without
+    an ``analyzer:``); a word list it names that cannot be read is an InputError naming the file."""
+    from .analyzer import WITHOUT_KEY, get_analyzer
+
+    hybrid = configured_hybrid(root)
+    return get_analyzer(WITHOUT_KEY) if hybrid is None else hybrid.get_analyzer(Path(root))
 
 
 def kb_root(root: Path) -> Path:

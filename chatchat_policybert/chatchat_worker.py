@@ -143,7 +143,11 @@ def _stale_collection(store) -> str | None:
 
 
 def candidates(kb: str, top_k: int | None) -> None:
-    """Answers request lines with the BM25 and vector lists of the plugin's ensemble, before fusion and threshold."""
+    """Answers request lines with the BM25 and vector lists of the plugin's ensemble, before fusion and threshold.
+
+    A request ``{"query": …, "analyzer": NAME}`` gets the BM25 list of that analyzer (calibration
+    compares them; ask one analyzer's questions together: the kept BM25 index is one analyzer's).
+    """
     from contextlib import nullcontext
 
     from chatchat.server.knowledge_base.kb_service.base import KBServiceFactory
@@ -175,9 +179,11 @@ def candidates(kb: str, top_k: int | None) -> None:
         return
     _emit({"ready": True, "top_k": top_k})
     for line in sys.stdin:
-        query = json.loads(line)["query"]
+        request = json.loads(line)
+        query, analyzer_name = request["query"], request.get("analyzer")
         with acquire() as store:
-            bm25 = cached_bm25(store).copy(update={"k": top_k}).invoke(query)
+            analyzer = None if analyzer_name is None else ensemble_cache.analyzer_of(store, analyzer_name)
+            bm25 = cached_bm25(store, analyzer).copy(update={"k": top_k}).invoke(query)
             # What as_retriever(search_type="similarity_score_threshold") asks, with no threshold yet.
             dense = store.similarity_search_with_relevance_scores(query, k=top_k)
         _emit(

@@ -21,9 +21,12 @@ change only the new chunks are tokenised again (:func:`chatchat_policybert.bm25_
 `kb -r` saves the index beside the vectors (:func:`save_index`, called by
 :mod:`chatchat_policybert.kb_rebuild` in its staging folder), and the first question of a new
 process reads it instead of tokenising the knowledge base, when its fingerprint matches the
-docstore (:func:`chatchat_policybert.bm25_index.load`); an index built while serving is saved
-there too. The index lives in numpy arrays (:class:`~chatchat_policybert.bm25_index.PostingsBM25Okapi`),
-not in Python objects per chunk, so Python's garbage collector has nothing of it to walk.
+docstore and the configured analyzer (:func:`chatchat_policybert.bm25_index.load`); an index
+built while serving is saved there too. The analyzer is the platform's ``hybrid`` block's
+``analyzer:`` (:func:`analyzer_of`; Chatchat's own jieba tokens without one): an index another
+analyzer built — saved or kept in this process — is rebuilt, never mixed. The index lives in
+numpy arrays (:class:`~chatchat_policybert.bm25_index.PostingsBM25Okapi`), not in Python objects
+per chunk, so Python's garbage collector has nothing of it to walk.
 """
 
 from __future__ import annotations
@@ -39,9 +42,11 @@ from types import ModuleType
 from typing import Any
 
 from chatchat_policybert import bm25_index
+from chatchat_policybert.analyzer import WITHOUT_KEY, Analyzer, get_analyzer
 from chatchat_policybert.bm25_index import BM25_FILE, ChunkIndex, PostingsBM25Okapi, SavedIndexUnusable
+from chatchat_policybert.errors import InputError
 from chatchat_policybert.patches import WRAPPED_MARK
-from chatchat_policybert.settings import CHATCHAT_WEIGHTS
+from chatchat_policybert.settings import CHATCHAT_WEIGHTS, HybridConfig
 
 _logged: set[str] = set()
 
@@ -65,40 +70,57 @@ _indexes: weakref.WeakKeyDictionary[Any, _Bm25Index] = weakref.WeakKeyDictionary
 _indexes_lock = threading.Lock()
 
 
-def cached_bm25(vectorstore: Any) -> Any:
+def cached_bm25(vectorstore: Any, analyzer: Analyzer | None = None) -> Any:
     """The BM25 retriever over ``vectorstore``'s docstore, as Chatchat builds it, rebuilt only on change.
 
     Documents enter BM25 in docstore order, as in Chatchat, so scores and tie order are the same.
     A store of Chatchat's knowledge-base pool with no index in this process yet reads the one
     saved beside it (`kb -r` writes it, :func:`save_index`) when it was built from the same chunks;
     an index built here is saved there for the next process. Callers must not change the returned
-    retriever (``k`` included): copy it, as :func:`patch_ensemble` does.
+    retriever (``k`` included): copy it, as :func:`patch_ensemble` does. ``analyzer``: another than the
+    configured one (calibration compares them; the kept index is then that analyzer's, and it is
+    never saved: the file beside the vectors stays the configured analyzer's).
     """
     docstore = vectorstore.docstore._dict
     ids, docs = list(docstore), list(docstore.values())
+    configured = analyzer_of(vectorstore)
+    analyzer = analyzer or configured
     with _indexes_lock:
         current = _indexes.get(vectorstore)
-    if current is not None and _same(current.docs, docs) and current.ids == ids:
+    if (
+        current is not None
+        and current.chunks.analyzer == analyzer.identity
+        and _same(current.docs, docs)
+        and current.ids == ids
+    ):
         return current.retriever
     from chatchat.server.utils import logger
 
     start = time.perf_counter()
     folder = _pool_folder(vectorstore)
     texts = [doc.page_content for doc in docs]
-    chunks = _read_saved(folder / BM25_FILE, ids, texts, logger) if current is None and folder is not None else None
+    chunks = (
+        _read_saved(folder / BM25_FILE, ids, texts, analyzer, logger)
+        if (current is None or current.chunks.analyzer != analyzer.identity) and folder is not None
+        else None
+    )
     if chunks is not None:
         logger.info(
             f"BM25 index of {len(ids)} chunks read from {folder / BM25_FILE} in {time.perf_counter() - start:.2f} s"
         )
     else:
         before = bm25_index.tokenised_chunks()
-        chunks = bm25_index.build(ids, texts, current.chunks if current is not None else None)
-        saved = folder is not None and _save(chunks, folder / BM25_FILE, logger)
+        chunks = bm25_index.build(ids, texts, analyzer, current.chunks if current is not None else None)
+        saved = (
+            folder is not None
+            and analyzer.identity == configured.identity
+            and _save(chunks, folder / BM25_FILE, logger)
+        )
         logger.info(
             f"BM25 index of {len(ids)} chunks built ({bm25_index.tokenised_chunks() - before} tokenised) in "
             f"{time.perf_counter() - start:.2f} s" + (f", saved to {folder / BM25_FILE}" if saved else "")
         )
-    retriever = bm25_retriever(chunks.bm25, docs)
+    retriever = bm25_retriever(chunks.bm25, docs, analyzer)
     with _indexes_lock:
         _indexes[vectorstore] = _Bm25Index(ids, docs, chunks, retriever)
     return retriever
@@ -109,39 +131,42 @@ def _same(kept: list[Any], now: list[Any]) -> bool:
     return len(kept) == len(now) and all(map(operator.is_, kept, now))
 
 
-def bm25_retriever(bm25: PostingsBM25Okapi, docs: list[Any]) -> Any:
-    """LangChain's ``BM25Retriever`` over ``docs`` scored by ``bm25``, as ``BM25Retriever.from_documents`` with
-    Chatchat's jieba preprocessing builds it, minus the per-Document copies (``construct``: no validation
-    copying every chunk; the FAISS half of the ensemble returns the docstore's own Documents too)."""
-    import jieba
+def bm25_retriever(bm25: PostingsBM25Okapi, docs: list[Any], analyzer: Analyzer) -> Any:
+    """LangChain's ``BM25Retriever`` over ``docs`` scored by ``bm25``, as ``BM25Retriever.from_documents`` builds
+    it with ``analyzer`` as its preprocessing (Chatchat's: ``jieba.lcut_for_search``), minus the per-Document
+    copies (``construct``: no validation copying every chunk; the FAISS half returns the docstore's own Documents)."""
     from langchain_community.retrievers import BM25Retriever
 
-    return BM25Retriever.construct(vectorizer=bm25, docs=docs, preprocess_func=jieba.lcut_for_search)
+    return BM25Retriever.construct(vectorizer=bm25, docs=docs, preprocess_func=analyzer)
 
 
-def build_bm25(documents: list[tuple[str, Any]], previous: ChunkIndex | None) -> tuple[Any, ChunkIndex]:
+def build_bm25(
+    documents: list[tuple[str, Any]], analyzer: Analyzer, previous: ChunkIndex | None
+) -> tuple[Any, ChunkIndex]:
     """A BM25 retriever over ``documents`` ((id, Document) pairs, in BM25's order) and the index it used.
 
-    Only chunks whose id and text are not in ``previous`` (the last build) are tokenised.
-    Shared by the FAISS ensemble and the pg one (:mod:`chatchat_policybert.pg_search`).
+    Only chunks whose id and text are not in ``previous`` (the last build, by the same analyzer) are
+    tokenised. Shared by the FAISS ensemble and the pg one (:mod:`chatchat_policybert.pg_search`).
     """
-    chunks = bm25_index.build([i for i, _ in documents], [d.page_content for _, d in documents], previous)
-    return bm25_retriever(chunks.bm25, [d for _, d in documents]), chunks
+    chunks = bm25_index.build([i for i, _ in documents], [d.page_content for _, d in documents], analyzer, previous)
+    return bm25_retriever(chunks.bm25, [d for _, d in documents], analyzer), chunks
 
 
-def save_index(docstore: dict[str, Any], folder: Path) -> None:
-    """Build the BM25 index of a FAISS docstore's ``{id: Document}`` and save it in the vector store ``folder``.
+def save_index(docstore: dict[str, Any], folder: Path, analyzer: Analyzer) -> None:
+    """Build the BM25 index of a FAISS docstore's ``{id: Document}`` with ``analyzer`` and save it in ``folder``.
 
     `kb -r` calls it on its staging folder, so that the swap puts vectors and BM25 in place together.
     """
-    if docstore:  # an empty knowledge base has nothing for BM25 to count (rank_bm25 divides by the chunk count)
-        bm25_index.build(list(docstore), [doc.page_content for doc in docstore.values()]).save(folder / BM25_FILE)
+    if docstore:  # an empty knowledge base has nothing to count; a search of it builds the empty index
+        chunks = bm25_index.build(list(docstore), [doc.page_content for doc in docstore.values()], analyzer)
+        chunks.save(folder / BM25_FILE)
 
 
-def _read_saved(path: Path, ids: list[str], texts: list[str], logger: Any) -> ChunkIndex | None:
-    """The index saved at ``path`` if built from these chunks; one that is not is logged (a warning) and not used."""
+def _read_saved(path: Path, ids: list[str], texts: list[str], analyzer: Analyzer, logger: Any) -> ChunkIndex | None:
+    """The index saved at ``path`` if ``analyzer`` built it from these chunks; one that is not is logged (a warning)
+    and not used."""
     try:
-        return bm25_index.load(path, ids, texts)
+        return bm25_index.load(path, ids, texts, analyzer)
     except FileNotFoundError:
         return None
     except SavedIndexUnusable as exc:
@@ -174,31 +199,65 @@ def _pool_folder(vectorstore: Any) -> Path | None:
     return None
 
 
-def hybrid_weights(vectorstore: Any) -> tuple[float, float]:
-    """(BM25, dense) weights for a search of ``vectorstore``: its PolicyBERT platform's ``hybrid`` block, else
-    Chatchat's 0.5/0.5.
+def hybrid_config(vectorstore: Any) -> HybridConfig | None:
+    """The ``hybrid`` block of the PolicyBERT platform that embeds ``vectorstore``; None without one.
 
     Read from Chatchat's settings on every search (Chatchat's own platform lookup, one dict
     comprehension), so a calibration written while Chatchat runs applies from the next question
     wherever Chatchat reloads its settings. A broken block is logged once through Chatchat's logger
-    and Chatchat's weights are used: retrieval keeps working while ``doctor`` names the problem.
+    and taken as absent (Chatchat's weights and tokens): retrieval keeps working while ``doctor``
+    names the problem.
     """
     from chatchat_policybert.chatchat_hook import platform_of
     from chatchat_policybert.settings import SettingsError, parse_hybrid
 
     platform_name = platform_of(getattr(vectorstore, "embedding_function", None))
     if platform_name is None:
-        return CHATCHAT_WEIGHTS
-    from chatchat.server.utils import get_config_platforms, logger
+        return None
+    from chatchat.server.utils import get_config_platforms
 
     try:
-        hybrid = parse_hybrid(get_config_platforms().get(platform_name, {}))
+        return parse_hybrid(get_config_platforms().get(platform_name, {}))
     except SettingsError as exc:
-        if str(exc) not in _logged:
-            _logged.add(str(exc))
-            logger.error(f"{exc}: the BM25 + vector ensemble uses Chatchat's weights {CHATCHAT_WEIGHTS}")
-        return CHATCHAT_WEIGHTS
+        _log_once(f"{exc}: the BM25 + vector ensemble uses Chatchat's weights {CHATCHAT_WEIGHTS} and tokens")
+        return None
+
+
+def hybrid_weights(vectorstore: Any) -> tuple[float, float]:
+    """(BM25, dense) weights for a search of ``vectorstore``: its platform's ``hybrid`` block, else Chatchat's
+    0.5/0.5."""
+    hybrid = hybrid_config(vectorstore)
     return CHATCHAT_WEIGHTS if hybrid is None else hybrid.weights
+
+
+def analyzer_of(vectorstore: Any, name: str | None = None) -> Analyzer:
+    """The BM25 analyzer for ``vectorstore``: its platform's ``hybrid`` block's, else Chatchat's tokens.
+
+    ``name`` asks for another analyzer with the block's word lists (calibration compares them). A
+    word list the block names that cannot be read is logged once (the file and why) and Chatchat's
+    tokens are used; the index then carries their identity, so the fixed list rebuilds it.
+    """
+    hybrid = hybrid_config(vectorstore)
+    if hybrid is None:
+        hybrid = HybridConfig()
+    if name is not None:
+        hybrid = hybrid.model_copy(update={"analyzer": name})
+    from chatchat.settings import Settings
+
+    try:
+        return hybrid.get_analyzer(Path(Settings.CHATCHAT_ROOT))
+    except InputError as exc:
+        _log_once(f"analyzer {hybrid.analyzer_name!r}: {exc}: BM25 uses Chatchat's tokens ({WITHOUT_KEY})")
+        return get_analyzer(WITHOUT_KEY)
+
+
+def _log_once(message: str) -> None:
+    """Log ``message`` as an error through Chatchat's logger, once per process."""
+    if message not in _logged:
+        _logged.add(message)
+        from chatchat.server.utils import logger
+
+        logger.error(message)
 
 
 def ensemble(vectorstore: Any, bm25: Any, top_k: int, score_threshold: int | float) -> Any:

@@ -1,4 +1,4 @@
-"""Atomic writes: a file or directory appears complete or not at all; and the one JSON file reader.
+"""Atomic writes: a file or directory appears complete or not at all; the one JSON reader and text-file reader.
 
 Every writer of a model directory, a corpus, a metrics file or a checkpoint goes through
 :func:`atomic_path` (JSON and JSON-lines files through :func:`write_json` / :func:`write_jsonl`),
@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import stat
 import tempfile
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
@@ -60,3 +61,25 @@ def read_json(file: Path, error: type[InputError] = InputError) -> Any:
         return json.loads(file.read_text(encoding="utf-8"))
     except (json.JSONDecodeError, UnicodeDecodeError) as err:
         raise error(f"{file}: not valid JSON ({err})") from None
+
+
+def read_text_file(path: Path, what: str, max_bytes: int) -> str:
+    """The UTF-8 text of a regular file of at most ``max_bytes``; else an ``InputError`` naming ``what`` and the file.
+
+    Why a regular file: opening a FIFO or a device blocks or reads forever where a list was expected.
+    """
+    try:
+        info = os.stat(path)
+    except OSError:
+        raise InputError(f"{what} {path}: not found") from None
+    if not stat.S_ISREG(info.st_mode):
+        raise InputError(f"{what} {path}: not a regular file")
+    if info.st_size > max_bytes:
+        raise InputError(f"{what} {path}: {info.st_size:,} bytes, more than the {max_bytes:,} allowed")
+    try:
+        text = Path(path).read_text(encoding="utf-8")
+    except UnicodeDecodeError as err:
+        raise InputError(f"{what} {path}: not UTF-8 text ({err.reason} at byte {err.start})") from None
+    if not text.strip():
+        raise InputError(f"{what} {path}: empty")
+    return text

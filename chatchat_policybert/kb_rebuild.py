@@ -268,10 +268,10 @@ class FaissStaging:
             yield
             filled = kb_faiss_pool.get((kb_name, staging_name))
             if filled is not None and not switched_off(BM25_CACHE_ENV):
-                from chatchat_policybert.ensemble_cache import save_index
+                from chatchat_policybert.ensemble_cache import analyzer_of, save_index
 
                 with filled.acquire() as store:
-                    save_index(store.docstore._dict, self.staging)
+                    save_index(store.docstore._dict, self.staging, analyzer_of(store))
         finally:
             service.do_init = original_init
             kb_faiss_pool.pop((kb_name, staging_name))

@@ -42,6 +42,7 @@ from chatchat_policybert.patches import WRAPPED_MARK
 from chatchat_policybert.pg_store import COLLECTIONS, EMBEDDINGS
 
 if TYPE_CHECKING:
+    from chatchat_policybert.analyzer import Analyzer
     from chatchat_policybert.bm25_index import ChunkIndex
 
 MODEL_SETTINGS = "model_settings.yaml"
@@ -134,24 +135,26 @@ def forget(kb_name: str) -> None:
             del _stores[key]
 
 
-def cached_bm25(store: Any) -> Any | None:
+def cached_bm25(store: Any, analyzer: Analyzer | None = None) -> Any | None:
     """The BM25 retriever over the rows of ``store``'s collection, rebuilt only when they changed; None without rows.
 
     Callers must not change the returned retriever (``k`` included): copy it, as
-    :func:`chatchat_policybert.ensemble_cache.ensemble` does.
+    :func:`chatchat_policybert.ensemble_cache.ensemble` does. ``analyzer``: another than the
+    configured one (calibration compares them).
     """
     import sqlalchemy
     from langchain_core.documents import Document
 
-    from chatchat_policybert.ensemble_cache import build_bm25
+    from chatchat_policybert.ensemble_cache import analyzer_of, build_bm25
 
+    analyzer = analyzer or analyzer_of(store)
     with store._bind.connect() as connection:
         fingerprint = tuple(
             tuple(row) for row in connection.execute(sqlalchemy.text(FINGERPRINT), {"name": store.collection_name})
         )
         with _indexes_lock:
             current = _indexes.get(store)
-        if current is not None and current.fingerprint == fingerprint:
+        if current is not None and current.fingerprint == fingerprint and current.tokens.analyzer == analyzer.identity:
             return current.retriever
         # Read after the fingerprint: rows changed in between are at least as new as it says, so the
         # next search sees a newer fingerprint and rebuilds (tokens kept); never older rows kept as current.
@@ -161,7 +164,7 @@ def cached_bm25(store: Any) -> Any | None:
     documents = [
         (row_id, Document(page_content=text or "", metadata=metadata or {})) for row_id, text, metadata in rows
     ]
-    retriever, tokens = build_bm25(documents, current.tokens if current is not None else None)
+    retriever, tokens = build_bm25(documents, analyzer, current.tokens if current is not None else None)
     with _indexes_lock:
         _indexes[store] = _PgBm25(fingerprint, retriever, tokens)
     return retriever

@@ -89,8 +89,7 @@ class LocalEmbeddingsConfig(EmbeddingOptions):
 
     def resolved_model_path(self, root: Path) -> Path:
         """Relative model paths are taken relative to CHATCHAT_ROOT, like Chatchat's own paths."""
-        path = Path(self.model_path).expanduser()
-        return path if path.is_absolute() else (root / path)
+        return _under_root(root, self.model_path)
 
     def constructor_kwargs(self, root: Path) -> dict[str, Any]:
         """Keyword arguments for the embeddings class: the model path and the options the block sets.
@@ -100,6 +99,12 @@ class LocalEmbeddingsConfig(EmbeddingOptions):
         """
         options = self.model_dump(include=set(EmbeddingOptions.model_fields), exclude_unset=True)
         return {"model_name_or_path": str(self.resolved_model_path(root)), **options}
+
+
+def _under_root(root: Path, value: str) -> Path:
+    """A path from a settings file: relative ones are relative to CHATCHAT_ROOT, like Chatchat's own paths."""
+    path = Path(value).expanduser()
+    return path if path.is_absolute() else (root / path)
 
 
 class LocalPlatform(NamedTuple):
@@ -216,6 +221,33 @@ class HybridConfig(BaseModel):
     """The SCORE_THRESHOLD the weights were chosen with (doctor warns when kb_settings.yaml differs)."""
     calibration: dict[str, Any] | None = None
     """What the choice was made on: the question file, the knowledge base, top_k, the date and per-row metrics."""
+    analyzer: str | None = None
+    """How BM25 tokenises (:mod:`chatchat_policybert.analyzer`); absent: ``chatchat``, Chatchat's own tokens."""
+    analyzer_stopwords: str | None = None
+    """The ``policy`` analyzer's stopwords (one per line; relative to CHATCHAT_ROOT); absent: the shipped list."""
+
+    @field_validator("analyzer")
+    @classmethod
+    def _known_analyzer(cls, value: str | None) -> str | None:
+        from chatchat_policybert.analyzer import ANALYZERS
+
+        if value is not None and value not in ANALYZERS:
+            raise ValueError(f"unknown analyzer {value!r}; choose one of {', '.join(ANALYZERS)}")
+        return value
+
+    @property
+    def analyzer_name(self) -> str:
+        """The configured analyzer, ``chatchat`` where the block does not say (an upgrade keeps stock hits)."""
+        from chatchat_policybert.analyzer import WITHOUT_KEY
+
+        return self.analyzer or WITHOUT_KEY
+
+    def get_analyzer(self, root: Path) -> Any:
+        """The configured :class:`~chatchat_policybert.analyzer.Analyzer`, its word lists resolved against ``root``."""
+        from chatchat_policybert.analyzer import get_analyzer
+
+        stopwords = None if self.analyzer_stopwords is None else _under_root(root, self.analyzer_stopwords)
+        return get_analyzer(self.analyzer_name, stopwords)
 
     @field_validator("dense_weight")
     @classmethod

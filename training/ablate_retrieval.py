@@ -42,6 +42,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from chatchat_policybert.analyzer import NEW_DEPLOYMENT, get_analyzer
 from chatchat_policybert.data import CORPUS_CSV, LEXICON, QUESTIONS, STOPWORDS
 from chatchat_policybert.embeddings import PolicyBertEmbeddings
 from chatchat_policybert.errors import InputError
@@ -353,7 +354,7 @@ def dev_bm25(data: Pairs) -> float:
     dev = data.dev
     pool = list(dict.fromkeys(text for e in dev for text in (*e.pos, *e.neg)))
     position = {text: i for i, text in enumerate(pool)}
-    bm25 = Bm25([Chunk(str(i), text, str(i)) for i, text in enumerate(pool)], depth=10)
+    bm25 = Bm25([Chunk(str(i), text, str(i)) for i, text in enumerate(pool)], 10, get_analyzer(NEW_DEPLOYMENT))
     return float(
         np.mean([mrr_at_k(rank_by_score(bm25.scores(e.query), 10), {position[t] for t in e.pos}, 10) for e in dev])
     )
@@ -378,7 +379,8 @@ class QuestionScorer:
         with tempfile.TemporaryDirectory(prefix="policybert-ablate-") as tmp:
             root = Path(tmp) / "root"
             self.chunks = load_chunks(root, prepare_root(root, self.corpus, None, build_index=False), self.corpus)
-        self.bm25 = evaluate.evaluate_retriever(Bm25(self.chunks, DEPTH), self.queries, self.chunks, self.KS)
+        bm25 = Bm25(self.chunks, DEPTH, get_analyzer(NEW_DEPLOYMENT))
+        self.bm25 = evaluate.evaluate_retriever(bm25, self.queries, self.chunks, self.KS)
 
     def score(self, label: str, model_dir: Path, out: Path) -> dict[str, dict]:
         """``{retriever: {"metrics": …, "queries": […]}}`` for dense (and chatchat), cached in ``out``.

@@ -60,7 +60,7 @@ from chatchat_policybert.calibration import (
     write_calibration,
 )
 from chatchat_policybert.chatchat_process import chatchat_command, run_chatchat
-from chatchat_policybert.chatchat_root import content_dir, default_kb, kb_settings
+from chatchat_policybert.chatchat_root import configured_analyzer, content_dir, default_kb, kb_settings
 from chatchat_policybert.embeddings import token_limit
 from chatchat_policybert.errors import InputError, run_cli
 from chatchat_policybert.evaluation.evaluate import (
@@ -107,8 +107,8 @@ def digest(*parts: object) -> str:
 
 
 def content_key(root: Path, kb: str, llm: str | None, llm_model: str | None, pairs_args: str = "") -> str:
-    """What the pairs depend on: every document of the KB (path and bytes), the chunking settings, the LLM, the
-    flags."""
+    """What the pairs depend on: every document of the KB (path and bytes), the chunking settings, the BM25 analyzer
+    of the negatives (the root's), the LLM, the flags."""
     folder = content_dir(root, kb)
     files = {
         p.relative_to(folder).as_posix(): hashlib.sha256(p.read_bytes()).hexdigest()
@@ -116,7 +116,9 @@ def content_key(root: Path, kb: str, llm: str | None, llm_model: str | None, pai
         if p.is_file()
     }
     settings = load_yaml(Path(root) / "kb_settings.yaml")
-    return digest(files, {k: settings.get(k) for k in CHUNKING_KEYS}, llm, llm_model if llm else None, pairs_args)
+    chunking = {k: settings.get(k) for k in CHUNKING_KEYS}
+    analyzer = configured_analyzer(root).identity
+    return digest(files, chunking, analyzer, llm, llm_model if llm else None, pairs_args)
 
 
 class Run:
@@ -378,7 +380,7 @@ def step_gate(run: Run, candidate: Path, key: str, question_sets: dict[str, Path
             return gate
     sets: dict[str, Any] = {}
     for label, file in question_sets.items():
-        queries, chunks = dev_queries(file, run.root, run.kb)
+        queries, chunks, _ = dev_queries(file, run.root, run.kb)
         with Candidates(candidate, run.kb, chunks, run.out / "logs" / "gate_candidates.log") as candidates:
             bm25 = evaluate_retriever(
                 Fused("bm25 alone", candidates, chunks, Setting(1.0, 0.0, NO_VECTORS)), queries, chunks, KS

@@ -16,8 +16,9 @@ from pathlib import Path
 from typing import Any
 
 from ..chatchat_root import VS_TYPES, KbSettings, index_size, kb_root, kb_settings, vector_store_dir
+from ..errors import InputError
 from ..score_threshold import TARGET_COSINE, cosine_cut, score_threshold_for
-from ..settings import SettingsError, find_local_model, load_yaml, parse_hybrid
+from ..settings import HybridConfig, SettingsError, find_local_model, load_yaml, parse_hybrid
 from .common import add_root_argument
 
 PTH_NAME = "chatchat_policybert_hook.pth"
@@ -145,10 +146,13 @@ def diagnose(root: Path, load_model: bool) -> list[Finding]:
         add("OK", f"SCORE_THRESHOLD {threshold} keeps {label} hits with cosine >= {cosine:.2f}")
 
     findings.extend(_check_interrupted_swaps(root))
+    analyzer = None
     if local is not None:
-        findings.extend(_check_hybrid(model_settings, local.platform_name, threshold, store))
+        hybrid_findings, analyzer = _check_hybrid(model_settings, local.platform_name, threshold, store, root)
+        findings.extend(hybrid_findings)
     if store == "faiss":
-        findings.extend(_check_kb(root, settings, str(model_settings.get("DEFAULT_EMBEDDING_MODEL", "")), None))
+        embed_model = str(model_settings.get("DEFAULT_EMBEDDING_MODEL", ""))
+        findings.extend(_check_kb(root, settings, embed_model, None, analyzer))
         return findings
     from ..pg_store import check_configured, check_server, connected
 
@@ -161,20 +165,32 @@ def diagnose(root: Path, load_model: bool) -> list[Finding]:
         server = [Finding(level, message) for level, message in check_server(engine)]
         findings.extend(server)
         if not any(f.level == "ERROR" for f in server):
-            findings.extend(_check_kb(root, settings, "", engine))
+            findings.extend(_check_kb(root, settings, "", engine, analyzer))
     return findings
 
 
-def _check_hybrid(model_settings: dict[str, Any], platform_name: str, threshold: float, store: str) -> list[Finding]:
-    """The ensemble's weights, threshold and the dev metrics they were chosen on (the platform's ``hybrid``)."""
+def _check_hybrid(
+    model_settings: dict[str, Any], platform_name: str, threshold: float, store: str, root: Path
+) -> tuple[list[Finding], Any]:
+    """The ensemble's weights, threshold and the dev metrics they were chosen on (the platform's ``hybrid``), the
+    BM25 analyzer it configures, and that analyzer (None where it cannot be built)."""
     from ..calibration import describe
 
     platform = next(p for p in model_settings.get("MODEL_PLATFORMS") or [] if p.get("platform_name") == platform_name)
     try:
         hybrid = parse_hybrid(platform)
     except SettingsError as exc:
-        return [Finding("ERROR", f"{exc}: the ensemble falls back to Chatchat's 0.5/0.5")]
-    return [Finding(level, message) for level, message in describe(hybrid, threshold, store)]
+        return [Finding("ERROR", f"{exc}: the ensemble falls back to Chatchat's 0.5/0.5 and tokens")], None
+    findings = [Finding(level, message) for level, message in describe(hybrid, threshold, store)]
+    block = hybrid or HybridConfig()
+    try:
+        analyzer = block.get_analyzer(root)
+    except InputError as exc:
+        message = f"BM25 analyzer {block.analyzer_name}: {exc}; the ensemble falls back to Chatchat's tokens"
+        return [*findings, Finding("ERROR", message)], None
+    unset = "" if block.analyzer else " (the hybrid block has no `analyzer:`: Chatchat's own tokens)"
+    findings.append(Finding("OK", f"BM25 analyzer {block.analyzer_name}{unset}: {analyzer.identity}"))
+    return findings, analyzer
 
 
 def _check_model(local: Any, root: Path) -> list[Finding]:
@@ -191,8 +207,11 @@ def _check_model(local: Any, root: Path) -> list[Finding]:
     return [Finding(level, f"model {path} loads: dimension {len(vector)}, query vector norm {norm:.4f}")]
 
 
-def _check_kb(root: Path, settings: KbSettings, embed_model: str, engine: Any | None) -> list[Finding]:
-    """The default knowledge base's folder and vectors: in FAISS (``engine`` None) or in pg through ``engine``."""
+def _check_kb(
+    root: Path, settings: KbSettings, embed_model: str, engine: Any | None, analyzer: Any | None
+) -> list[Finding]:
+    """The default knowledge base's folder and vectors: in FAISS (``engine`` None, with the BM25 index saved beside
+    them) or in pg through ``engine`` (BM25 is built in memory there)."""
     name = settings.default_kb
     kb_dir = kb_root(root) / name
     if not kb_dir.is_dir():
@@ -207,7 +226,33 @@ def _check_kb(root: Path, settings: KbSettings, embed_model: str, engine: Any | 
     index = vector_store_dir(root, name, embed_model) / "index.faiss"
     if not index.is_file():
         return [Finding("WARN", f"knowledge base '{name}' has no FAISS index {index}: run `chatchat kb -r -n {name}`")]
-    return [Finding("OK", f"knowledge base '{name}' has a FAISS index for '{embed_model}'")]
+    return [
+        Finding("OK", f"knowledge base '{name}' has a FAISS index for '{embed_model}'"),
+        _check_saved_bm25(index.parent, name, analyzer),
+    ]
+
+
+def _check_saved_bm25(folder: Path, kb: str, analyzer: Any | None) -> Finding:
+    """The BM25 index `kb -r` saved beside the FAISS index: a regular, readable file, as many chunks as the index
+    has vectors, built by the configured analyzer — else the first question tokenises the whole KB."""
+    from ..bm25_index import BM25_FILE, SavedIndexUnusable, saved_summary
+
+    path = folder / BM25_FILE
+    rebuild = f"run `chatchat kb -r -n {kb}`, or the first question of each process tokenises every chunk"
+    try:
+        built_by, chunks = saved_summary(path)
+    except FileNotFoundError:
+        return Finding("WARN", f"knowledge base '{kb}' has no saved BM25 index {path}: {rebuild}")
+    except SavedIndexUnusable as exc:
+        return Finding("WARN", f"saved BM25 index {path} is not used ({exc}): {rebuild}")
+    vectors = index_size(folder)
+    if chunks != vectors:
+        return Finding("WARN", f"saved BM25 index {path} counts {chunks} chunks, the FAISS index {vectors}: {rebuild}")
+    if analyzer is not None and built_by != analyzer.identity:
+        return Finding(
+            "WARN", f"saved BM25 index {path} was built by analyzer {built_by!r}, not the configured one: {rebuild}"
+        )
+    return Finding("OK", f"saved BM25 index {path}: {chunks} chunks, analyzer {built_by!r}")
 
 
 def _check_interrupted_swaps(root: Path) -> list[Finding]:

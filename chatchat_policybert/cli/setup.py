@@ -11,11 +11,12 @@ import math
 from pathlib import Path
 from typing import Any
 
-from ..chatchat_root import VS_TYPES, content_dir, default_kb
+from ..analyzer import ANALYZERS, NEW_DEPLOYMENT
+from ..chatchat_root import VS_TYPES, configured_analyzer, content_dir, default_kb, faiss_indexes
 from ..dtypes import DTYPE_CHOICES
 from ..errors import InputError
 from ..score_threshold import TARGET_COSINE, score_threshold_for
-from ..settings import PLATFORM_KEY, SettingsError, round_trip_yaml
+from ..settings import HYBRID_KEY, PLATFORM_KEY, SettingsError, round_trip_yaml
 from .common import add_root_argument
 from .doctor import PG_HYBRID_NOTE, diagnose, report
 
@@ -58,6 +59,13 @@ def register(commands: Any) -> None:
         "--keep-other-platforms",
         action="store_true",
         help="keep existing MODEL_PLATFORMS entries whose names the shipped file does not use",
+    )
+    setup.add_argument(
+        "--analyzer",
+        choices=ANALYZERS,
+        help="how BM25 tokenises (the hybrid block's analyzer): policy (stopwords and punctuation out, Chinese "
+        "character bigrams in) or chatchat (Chatchat's own jieba tokens); default: what the merged "
+        f"model_settings.yaml says (the shipped one: {NEW_DEPLOYMENT}). A change takes effect with `chatchat kb -r`",
     )
     setup.add_argument("--no-check", action="store_true", help="skip the doctor's checks after merging")
     setup.add_argument(
@@ -102,11 +110,15 @@ def merge_settings(target: Any, shipped: Any, keep_other_platforms: bool) -> Non
             target[key] = value
 
 
-def _policybert_block(model_settings: Any) -> Any:
+def _policybert_platform(model_settings: Any) -> Any:
     for platform in model_settings.get("MODEL_PLATFORMS") or []:
         if PLATFORM_KEY in platform:
-            return platform[PLATFORM_KEY]
+            return platform
     raise SettingsError(f"the shipped model_settings.yaml has no platform with '{PLATFORM_KEY}'")
+
+
+def _policybert_block(model_settings: Any) -> Any:
+    return _policybert_platform(model_settings)[PLATFORM_KEY]
 
 
 def run_setup(args: argparse.Namespace) -> int:
@@ -133,6 +145,8 @@ def run_setup(args: argparse.Namespace) -> int:
         shipped = yaml.load((source / name).read_text(encoding="utf-8"))
         if name == "model_settings.yaml":
             block = _policybert_block(shipped)
+            if args.analyzer is not None:
+                _policybert_platform(shipped).setdefault(HYBRID_KEY, {})["analyzer"] = args.analyzer
             if args.model is not None:
                 block["model_path"] = str(args.model.resolve())
             for key in ("device", "dtype"):
@@ -154,11 +168,30 @@ def run_setup(args: argparse.Namespace) -> int:
     kb_dir = content_dir(root, default_kb(root))
     kb_dir.mkdir(parents=True, exist_ok=True)
     print(f"OK    knowledge base folder {kb_dir} (put documents here, then `chatchat kb -r -n {kb_dir.parent.name}`)")
+    _say_analyzer(root, kb_dir.parent.name)
     if args.calibrate is not None:
         calibrate_setup(root, args.kb or default_kb(root), args.calibrate)
     if args.no_check:
         return 0
     return report(diagnose(root, load_model=True))
+
+
+def _say_analyzer(root: Path, kb: str) -> None:
+    """Which analyzer BM25 now uses, and that `kb -r` is due where the KB's saved BM25 index was built by another."""
+    from ..bm25_index import BM25_FILE, SavedIndexUnusable, saved_summary
+
+    analyzer = configured_analyzer(root)
+    print(f"OK    BM25 analyzer {analyzer.name} ({analyzer.identity})")
+    for index in faiss_indexes(root, kb):
+        try:
+            built_by = saved_summary(index.parent / BM25_FILE)[0]
+        except (FileNotFoundError, SavedIndexUnusable):
+            built_by = None
+        if built_by != analyzer.identity:
+            print(
+                f"NOTE  the BM25 index of {kb} ({index.parent.name}) was built by {built_by or 'no saved index'}: "
+                f"run `chatchat kb -r -n {kb}` so that BM25 uses {analyzer.name} without tokenising at every start"
+            )
 
 
 def calibrate_setup(root: Path, kb: str, questions: Path) -> None:

@@ -32,7 +32,8 @@ from pathlib import Path
 
 from tqdm import tqdm
 
-from chatchat_policybert.chatchat_root import default_kb, stored_vectors
+from chatchat_policybert.analyzer import ANALYZERS, NEW_DEPLOYMENT, Analyzer
+from chatchat_policybert.chatchat_root import configured_analyzer, default_kb, stored_vectors
 from chatchat_policybert.data import CORPUS_CSV, QUESTIONS
 from chatchat_policybert.errors import InputError, run_cli
 from chatchat_policybert.evaluation.dataset import Corpus, Query, load_beir, load_corpus, load_questions
@@ -277,6 +278,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     retrieval.add_argument("--device", default="cpu", help="torch device of the dense models")
     retrieval.add_argument("--batch-size", type=int, default=32, help="texts per forward pass")
     retrieval.add_argument("--depth", type=int, default=100, help="chunks ranked by bm25/dense/rrf per query")
+    retrieval.add_argument(
+        "--analyzer",
+        choices=ANALYZERS,
+        help="how the bm25 and rrf rows tokenise (default: --chatchat-root's configured analyzer, else "
+        f"{NEW_DEPLOYMENT}); chatchat is Chatchat's own jieba tokens. The temporary root's ensemble uses it too",
+    )
     chatchat = parser.add_argument_group("Chatchat")
     chatchat.add_argument(
         "--chatchat-root", type=Path, help="evaluate this built root's KB as it is (default: build a temporary root)"
@@ -351,17 +358,20 @@ def _run(
         kb = args.kb or default_kb(root)
         if "chatchat" in kinds and not stored_vectors(root, kb):
             raise InputError(f"{root}: knowledge base {kb} has no vectors; run `chatchat kb -r -n {kb}`")
+        analyzer = _analyzer(args.analyzer, root)
     else:
-        kb = prepare_root(root, corpus, models[0][1] if models else None, build_index="chatchat" in kinds)
+        analyzer = _analyzer(args.analyzer or NEW_DEPLOYMENT, None)
+        model = models[0][1] if models else None
+        kb = prepare_root(root, corpus, model, build_index="chatchat" in kinds, analyzer=analyzer.name)
     chunks = load_chunks(root, kb, corpus)
     distinct = len({d.group for d in corpus.documents})
     print(
         f"{len(queries)} queries; {distinct} distinct documents, {len(set(corpus.kb_files.values()))} in KB {kb} "
-        f"({root}) as {len(chunks)} Chatchat chunks"
+        f"({root}) as {len(chunks)} Chatchat chunks; BM25 analyzer {analyzer.identity}"
     )
 
     results = []
-    bm25 = Bm25(chunks, args.depth) if {"bm25", "rrf"} & set(kinds) else None
+    bm25 = Bm25(chunks, args.depth, analyzer) if {"bm25", "rrf"} & set(kinds) else None
     if "bm25" in kinds:
         results.append(evaluate_retriever(bm25, queries, chunks, ks))
     for n, (label, path) in enumerate(models):
@@ -382,6 +392,13 @@ def _run(
             for threshold in args.score_threshold or [None]:
                 results.append(evaluate_retriever(ChatchatEnsemble(worker, threshold), queries, chunks, ks))
     return results
+
+
+def _analyzer(name: str | None, root: Path | None) -> Analyzer:
+    """``name``'s analyzer; without a name, the one ``root``'s settings configure (the deployment's own)."""
+    from chatchat_policybert.analyzer import get_analyzer
+
+    return get_analyzer(name) if name is not None else configured_analyzer(root)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -30,14 +30,17 @@ class Chunk:
     """Document group (identical-text documents share one), see ``chatchat_policybert.evaluation.dataset``."""
 
 
-def prepare_root(root: Path, corpus: Corpus, model: Path | None, build_index: bool) -> str:
+def prepare_root(root: Path, corpus: Corpus, model: Path | None, build_index: bool, analyzer: str | None = None) -> str:
     """Initialises ``root`` as the README does, loads ``corpus`` into the default KB; returns its name.
 
-    ``chatchat kb -r`` exits 0 even when embedding fails, so success is judged by the index file.
+    ``analyzer``: the BM25 analyzer ``setup`` writes (default: a new deployment's). ``chatchat kb -r``
+    exits 0 even when embedding fails, so success is judged by the index file.
     """
     root.mkdir(parents=True, exist_ok=True)
     run_chatchat(chatchat_command("init"), root, "chatchat init")
     setup = [sys.executable, "-m", "chatchat_policybert.cli", "setup", "--root", str(root), "--no-check"]
+    if analyzer is not None:
+        setup += ["--analyzer", analyzer]
     if model is not None:
         setup += ["--model", str(Path(model).resolve())]
     run_chatchat(setup, root, "chatchat-policybert setup")

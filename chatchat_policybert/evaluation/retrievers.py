@@ -3,8 +3,9 @@
 Each ``search(query)`` returns chunk indices, best first, and the seconds the search took.
 
 - ``Bm25`` — what Chatchat's ensemble uses: LangChain's ``BM25Retriever`` (rank_bm25 Okapi)
-  over ``jieba.lcut_for_search`` tokens, but built once instead of on every query and scored
-  from postings, as the deployment's patched ensemble does (:mod:`chatchat_policybert.ensemble_cache`).
+  over an analyzer's tokens (:mod:`chatchat_policybert.analyzer`: ``chatchat`` is Chatchat's
+  ``jieba.lcut_for_search``), but built once instead of on every query and scored from postings,
+  as the deployment's patched ensemble does (:mod:`chatchat_policybert.ensemble_cache`).
 - ``Dense`` — exact inner product of ``PolicyBertEmbeddings`` vectors (unit length, so cosine),
   queries with the model directory's instruction, else bge's (the class default).
 - ``Rrf`` — reciprocal-rank fusion of two retrievers' full rankings.
@@ -22,6 +23,7 @@ from typing import Protocol
 import numpy as np
 from tqdm import tqdm
 
+from chatchat_policybert.analyzer import Analyzer
 from chatchat_policybert.bm25_index import PostingsBM25Okapi
 from chatchat_policybert.chatchat_process import ChatchatWorker
 from chatchat_policybert.errors import InputError
@@ -38,18 +40,16 @@ class Retriever(Protocol):
 
 
 class Bm25:
-    """Chatchat's BM25 half, built once over all chunks and ranking them all (up to ``depth``)."""
+    """Chatchat's BM25 half with ``analyzer``'s tokens, built once over all chunks and ranking them all (up to
+    ``depth``); named ``bm25:ANALYZER``."""
 
-    def __init__(self, chunks: list[Chunk], depth: int, name: str = "bm25"):
-        import jieba
-
-        jieba.setLogLevel(60)
-        self.name, self.depth = name, depth
-        # Chatchat's BM25Retriever.from_texts scorer (jieba's search tokens, BM25Okapi), with the same
-        # scores read from postings, whose cost does not grow with the KB per query token
-        # (training.pairs asks one query per pair).
-        self._tokenize = jieba.lcut_for_search
-        self._bm25 = PostingsBM25Okapi.from_tokens([self._tokenize(c.text) for c in chunks])
+    def __init__(self, chunks: list[Chunk], depth: int, analyzer: Analyzer):
+        self.name, self.depth = f"bm25:{analyzer.name}", depth
+        # Chatchat's BM25Retriever.from_texts scorer (BM25Okapi), with the same scores read from
+        # postings, whose cost does not grow with the KB per query token (training.pairs asks one
+        # query per pair).
+        self._tokenize = analyzer
+        self._bm25 = PostingsBM25Okapi.from_tokens([analyzer(c.text) for c in chunks])
 
     def scores(self, query: str) -> np.ndarray:
         """Every chunk's BM25 score for ``query``, in chunk order."""

@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 import requests
+import yaml
 from ollama_standin import OllamaStandIn
 
 BIN = Path(sys.executable).parent
@@ -68,6 +69,17 @@ class Deployment:
                 settings.read_text(encoding="utf-8").replace(str(self.root), str(dest)), encoding="utf-8"
             )
         return dest
+
+
+def set_analyzer(root: Path, name: str | None) -> None:
+    """Point the root's ensemble at BM25 analyzer ``name`` in its hybrid block, as a user edits it; None removes the
+    key, as in a deployment set up before analyzers existed."""
+    path = root / "model_settings.yaml"
+    settings = yaml.safe_load(path.read_text(encoding="utf-8"))
+    platform = next(p for p in settings["MODEL_PLATFORMS"] if "local_embeddings" in p)
+    hybrid = {k: v for k, v in (platform.get("hybrid") or {}).items() if k != "analyzer"}
+    platform["hybrid"] = hybrid if name is None else {**hybrid, "analyzer": name}
+    path.write_text(yaml.safe_dump(settings, allow_unicode=True), encoding="utf-8")
 
 
 def wait_until(check, process: subprocess.Popen, log_path: Path, what: str, timeout: float = 180) -> None:

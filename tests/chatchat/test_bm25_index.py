@@ -8,6 +8,7 @@ is refused, never read.
 from __future__ import annotations
 
 import json
+import os
 
 import jieba
 import numpy as np
@@ -15,9 +16,13 @@ import pytest
 from rank_bm25 import BM25Okapi
 
 from chatchat_policybert import bm25_index
+from chatchat_policybert.analyzer import get_analyzer
 from chatchat_policybert.bm25_index import BM25_FILE, SavedIndexUnusable, build, load
 from chatchat_policybert.corpus import read_policies
 from chatchat_policybert.data import CORPUS_CSV, QUESTIONS
+
+CHATCHAT = get_analyzer("chatchat")
+POLICY = get_analyzer("policy")
 
 
 @pytest.fixture(scope="module")
@@ -43,14 +48,14 @@ def assert_scores_as_rank_bm25(index: bm25_index.ChunkIndex, queries: list[list[
 
 
 def test_incremental_build_tokenises_only_new_chunks_and_scores_as_a_fresh_one(chunks, queries):
-    first = build([i for i, _ in chunks], [t for _, t in chunks])
+    first = build([i for i, _ in chunks], [t for _, t in chunks], CHATCHAT)
     # A KB that lost some files and gained others (Chatchat deletes and re-adds): new order, new words.
     kept = chunks[30:] + chunks[5:20]
     added = [(f"new{n}", f"新增政策第{n}条：深海牧场与冰川观测站的补贴标准。") for n in range(7)]
     changed = [("id25", "同一个编号下的新文本：人才公寓申报")]
     now = kept[:10] + added + kept[10:] + changed
     before = bm25_index.tokenised_chunks()
-    second = build([i for i, _ in now], [t for _, t in now], first)
+    second = build([i for i, _ in now], [t for _, t in now], CHATCHAT, first)
     assert bm25_index.tokenised_chunks() - before == len(added) + len(changed)
     assert second.bm25.counts.words != first.bm25.counts.words  # words of dropped chunks are gone
     assert_scores_as_rank_bm25(second, queries)
@@ -59,25 +64,25 @@ def test_incremental_build_tokenises_only_new_chunks_and_scores_as_a_fresh_one(c
 def test_saved_index_reads_back_for_its_chunks_only(tmp_path, chunks, queries):
     ids, texts = [i for i, _ in chunks], [t for _, t in chunks]
     path = tmp_path / BM25_FILE
-    build(ids, texts).save(path)
+    build(ids, texts, CHATCHAT).save(path)
     before = bm25_index.tokenised_chunks()
-    loaded = load(path, ids, texts)
+    loaded = load(path, ids, texts, CHATCHAT)
     assert bm25_index.tokenised_chunks() == before
     assert_scores_as_rank_bm25(loaded, queries)
 
     other_texts = texts[:-1] + [texts[-1] + "。"]
     for other_ids, other in ((ids, other_texts), (ids[::-1], texts[::-1]), (ids[:-1], texts[:-1])):
         with pytest.raises(SavedIndexUnusable, match="built from other chunks"):
-            load(path, other_ids, other)
+            load(path, other_ids, other, CHATCHAT)
     with pytest.raises(FileNotFoundError):
-        load(tmp_path / "none.npz", ids, texts)
+        load(tmp_path / "none.npz", ids, texts, CHATCHAT)
 
 
 @pytest.mark.parametrize("damage", ["truncated", "flipped byte", "not a zip"])
 def test_damaged_file_is_refused(tmp_path, chunks, damage):
     ids, texts = [i for i, _ in chunks], [t for _, t in chunks]
     path = tmp_path / BM25_FILE
-    build(ids, texts).save(path)
+    build(ids, texts, CHATCHAT).save(path)
     data = bytearray(path.read_bytes())
     if damage == "truncated":
         data = data[: len(data) // 2]
@@ -87,4 +92,43 @@ def test_damaged_file_is_refused(tmp_path, chunks, damage):
         data = b"not an index" + data[12:]
     path.write_bytes(bytes(data))
     with pytest.raises(SavedIndexUnusable, match="unreadable"):
-        load(path, ids, texts)
+        load(path, ids, texts, CHATCHAT)
+
+
+def test_an_index_another_analyzer_built_is_refused_and_never_reused_in_part(tmp_path, chunks):
+    ids, texts = [i for i, _ in chunks], [t for _, t in chunks]
+    path = tmp_path / BM25_FILE
+    chatchat = build(ids, texts, CHATCHAT)
+    chatchat.save(path)
+    with pytest.raises(SavedIndexUnusable, match="built by analyzer 'jieba .* lcut_for_search', not the configured"):
+        load(path, ids, texts, POLICY)
+    before = bm25_index.tokenised_chunks()
+    policy = build(ids, texts, POLICY, chatchat)  # same chunks, other analyzer: every chunk tokenised anew
+    assert bm25_index.tokenised_chunks() - before == len(ids)
+    fresh = build(ids, texts, POLICY)
+    assert policy.analyzer == fresh.analyzer == POLICY.identity != CHATCHAT.identity
+    assert policy.bm25.counts.words == fresh.bm25.counts.words
+    assert np.array_equal(policy.bm25.get_scores(POLICY("数据 要素")), fresh.bm25.get_scores(POLICY("数据 要素")))
+
+
+def test_a_saved_index_that_is_not_a_regular_file_is_refused_without_blocking(tmp_path, chunks):
+    ids, texts = [i for i, _ in chunks], [t for _, t in chunks]
+    fifo = tmp_path / BM25_FILE
+    os.mkfifo(fifo)  # opening it for reading would wait for a writer forever
+    with pytest.raises(SavedIndexUnusable, match="not a regular file"):
+        load(fifo, ids, texts, CHATCHAT)
+    with pytest.raises(SavedIndexUnusable, match="not a regular file"):
+        bm25_index.saved_summary(fifo)
+
+
+@pytest.mark.parametrize("analyzer", [CHATCHAT, POLICY], ids=["chatchat", "policy"])
+def test_an_empty_knowledge_base_scores_nothing(analyzer):
+    empty = build([], [], analyzer)
+    assert empty.bm25.get_scores(analyzer("数据要素")).shape == (0,)
+    assert empty.bm25.get_top_n(analyzer("数据要素"), [], n=5) == []
+
+
+def test_saved_summary_reads_the_analyzer_and_chunk_count(tmp_path, chunks):
+    ids, texts = [i for i, _ in chunks], [t for _, t in chunks]
+    build(ids, texts, POLICY).save(tmp_path / BM25_FILE)
+    assert bm25_index.saved_summary(tmp_path / BM25_FILE) == (POLICY.identity, len(ids))

@@ -12,12 +12,15 @@ dev metrics; a stale index or a wrong file is one error line.
 from __future__ import annotations
 
 import os
+import re
 from pathlib import Path
 
 import pytest
 import yaml
-from chatchat_deploy import BIN, run
+from chatchat_deploy import BIN, run, set_analyzer
 
+from chatchat_policybert.analyzer import ANALYZERS, get_analyzer
+from chatchat_policybert.bm25_index import BM25_FILE, saved_summary
 from chatchat_policybert.calibration import (
     Candidates,
     Setting,
@@ -26,12 +29,12 @@ from chatchat_policybert.calibration import (
     fuse,
     write_calibration,
 )
-from chatchat_policybert.chatchat_root import content_dir
+from chatchat_policybert.chatchat_root import configured_analyzer, configured_hybrid, content_dir, faiss_indexes
 from chatchat_policybert.errors import InputError
-from chatchat_policybert.evaluation.dataset import load_corpus
+from chatchat_policybert.evaluation.dataset import load_corpus, load_questions
 from chatchat_policybert.evaluation.evaluate import evaluate_retriever
-from chatchat_policybert.evaluation.knowledge_base import prepare_root
-from chatchat_policybert.evaluation.retrievers import ChatchatEnsemble, ChatchatSearch
+from chatchat_policybert.evaluation.knowledge_base import load_chunks, prepare_root
+from chatchat_policybert.evaluation.retrievers import Bm25, ChatchatEnsemble, ChatchatSearch
 from chatchat_policybert.settings import HybridConfig, SettingsError, parse_hybrid
 from chatchat_policybert.tokenization import DEFAULT_QUERY_INSTRUCTION
 from tests.support.tiny_models import build_tiny_policybert
@@ -85,13 +88,13 @@ def set_hybrid(root: Path, bm25_weight: float, dense_weight: float) -> None:
     path = root / "model_settings.yaml"
     settings = yaml.safe_load(path.read_text(encoding="utf-8"))
     platform = next(p for p in settings["MODEL_PLATFORMS"] if "local_embeddings" in p)
-    platform["hybrid"] = {"bm25_weight": bm25_weight, "dense_weight": dense_weight}
+    platform["hybrid"] = {**(platform.get("hybrid") or {}), "bm25_weight": bm25_weight, "dense_weight": dense_weight}
     path.write_text(yaml.safe_dump(settings, allow_unicode=True), encoding="utf-8")
 
 
 def test_the_fusion_scored_is_what_search_docs_returns(calibrated_root):
     root, kb, _, dev = calibrated_root
-    queries, chunks = dev_queries(dev, root, kb)
+    queries, chunks, _ = dev_queries(dev, root, kb)
     texts = [q.text for q in queries[:8]]
     with Candidates(root, kb, chunks, root / "logs" / "candidates.log") as candidates:
         lists = {text: candidates.get(text) for text in texts}
@@ -134,7 +137,7 @@ def test_calibration_is_never_below_either_half_and_is_what_the_rag_path_then_sc
         == calibration.chosen.threshold
     )
     # Chatchat's own search_docs at the recorded settings (threshold: the one it now passes by default).
-    queries, chunks = dev_queries(dev, root, kb)
+    queries, chunks, _ = dev_queries(dev, root, kb)
     with ChatchatSearch(root, kb, chunks, calibration.top_k, root / "logs" / "search.log") as search:
         deployed = evaluate_retriever(ChatchatEnsemble(search, None), queries, chunks, [1, 5, 10])
     assert deployed.metrics["MRR@10"] == pytest.approx(mrr["calibrated"], abs=1e-12)
@@ -190,18 +193,116 @@ def test_labelled_questions_in_the_evaluation_format_calibrate_too(calibrated_ro
         lines.append({"id": f"q{i}", "question": text[40:70], "doc_title": f"policy{i}", "evidence": text[40:90]})
     questions = tmp_path / "questions.jsonl"
     questions.write_text("".join(json.dumps(line, ensure_ascii=False) + "\n" for line in lines), encoding="utf-8")
-    queries, chunks = dev_queries(questions, root, kb)
+    queries, chunks, _ = dev_queries(questions, root, kb)
     assert [q.qid for q in queries] == [f"q{i}" for i in range(N_DOCUMENTS)]
     assert all(len(q.gains) == 1 for q in queries) and {c.source for c in chunks} == {
         f"policy{i}.md" for i in range(N_DOCUMENTS)
     }
+    saved = faiss_indexes(root, kb)[0].parent / BM25_FILE
+    built_by = saved_summary(saved)[0]
     calibration = calibrate_root(root, kb, questions, tmp_path)
     mrr = {name: row.metrics["MRR@10"] for name, row in calibration.rows.items()}
     assert calibration.questions == N_DOCUMENTS and mrr["calibrated"] >= max(
         mrr["bm25"], mrr["dense"], mrr["hybrid 0.5"]
     )
+    # Labelled questions compared every analyzer; the index saved beside the vectors is still the configured one's.
+    assert set(calibration.analyzers) == set(ANALYZERS)
+    assert saved_summary(saved)[0] == built_by == configured_analyzer(root).identity
 
     wrong = tmp_path / "wrong.jsonl"
     wrong.write_text('{"query": 1}\n', encoding="utf-8")
     with pytest.raises(InputError, match=r"wrong.jsonl: expected dev pairs"):
         dev_queries(wrong, root, kb)
+
+
+def test_setup_and_doctor_show_the_analyzer_and_an_index_another_analyzer_built(calibrated_root, tmp_path):
+    root, kb, model, _ = calibrated_root
+    original = (root / "model_settings.yaml").read_bytes()
+    env = dict(os.environ)
+
+    def doctor() -> list[str]:
+        return run(
+            [str(BIN / "chatchat-policybert"), "doctor", "--no-load", "--root", str(root)], env
+        ).stdout.splitlines()
+
+    try:
+        lines = doctor()  # the root as setup made it: policy, and `kb -r` saved its index with it
+        assert any(line.startswith("OK    BM25 analyzer policy: policy v1 ") for line in lines), lines
+        assert any(line.startswith("OK    saved BM25 index ") and "analyzer 'policy v1" in line for line in lines)
+        set_analyzer(root, None)  # an upgraded deployment: no `analyzer:` in its hybrid block
+        lines = doctor()
+        assert any(line.startswith("OK    BM25 analyzer chatchat (the hybrid block has no") for line in lines), lines
+        assert any(
+            line.startswith("WARN  saved BM25 index ") and "was built by analyzer 'policy v1" in line for line in lines
+        ), lines
+        set_analyzer(root, "policy")
+        (root / "stop.txt").write_bytes("的\n".encode("utf-16"))
+        settings = yaml.safe_load((root / "model_settings.yaml").read_text(encoding="utf-8"))
+        next(p for p in settings["MODEL_PLATFORMS"] if "local_embeddings" in p)["hybrid"]["analyzer_stopwords"] = (
+            "stop.txt"
+        )
+        (root / "model_settings.yaml").write_text(yaml.safe_dump(settings, allow_unicode=True), encoding="utf-8")
+        lines = doctor()
+        assert any(
+            line.startswith(f"ERROR BM25 analyzer policy: stopword file {root / 'stop.txt'}: not UTF-8")
+            for line in lines
+        ), lines
+    finally:
+        (root / "model_settings.yaml").write_bytes(original)
+    shown = run(
+        [
+            str(BIN / "chatchat-policybert"),
+            "setup",
+            "--root",
+            str(root),
+            "--model",
+            str(model),
+            "--analyzer",
+            "chatchat",
+            "--no-check",
+        ],
+        env,
+    )
+    try:
+        assert shown.returncode == 0, shown.stderr
+        assert "OK    BM25 analyzer chatchat (jieba " in shown.stdout
+        assert f"NOTE  the BM25 index of {kb} (policybert) was built by policy v1 " in shown.stdout
+        assert f"run `chatchat kb -r -n {kb}`" in shown.stdout
+    finally:
+        (root / "model_settings.yaml").write_bytes(original)
+
+
+def test_labelled_questions_choose_the_analyzer_that_clearly_wins(calibrated_root, tmp_path):
+    """Questions of two-character pieces of one document (the pieces a paraphrase shares): the policy analyzer's
+    bigrams match them where jieba's words often do not. The root is configured for chatchat; calibration on the
+    labelled questions must pick policy, and record it."""
+    import json
+
+    root, kb, _, _ = calibrated_root
+    original = (root / "model_settings.yaml").read_bytes()
+    corpus = load_corpus(content_dir(root, kb))
+    lines = []
+    for i in range(N_DOCUMENTS):
+        text = (content_dir(root, kb) / f"policy{i}.md").read_text(encoding="utf-8")
+        runs = [r for r in re.findall(r"[\u4e00-\u9fff]{5,}", text[100:])][:6]
+        pieces = "，".join(r[1:3] for r in runs)
+        lines.append({"id": f"b{i}", "question": pieces, "doc_title": f"policy{i}", "evidence": runs[0]})
+    questions = tmp_path / "bigram_questions.jsonl"
+    questions.write_text("".join(json.dumps(line, ensure_ascii=False) + "\n" for line in lines), encoding="utf-8")
+    queries = load_questions(questions, corpus)
+    chunks = load_chunks(root, kb, corpus)
+    reference = {
+        name: evaluate_retriever(Bm25(chunks, 10, get_analyzer(name)), queries, chunks, [1, 5, 10]).metrics["MRR@10"]
+        for name in ANALYZERS
+    }
+    assert reference["policy"] >= reference["chatchat"] + 0.2, reference  # a KB where policy clearly wins
+    try:
+        set_analyzer(root, "chatchat")
+        calibration = calibrate_root(root, kb, questions, tmp_path)
+        assert calibration.analyzer == "policy" and set(calibration.analyzers) == set(ANALYZERS)
+        assert calibration.analyzers["policy"] > calibration.analyzers["chatchat"]
+        write_calibration(root, calibration)
+        assert configured_hybrid(root).analyzer == "policy"
+        assert configured_hybrid(root).calibration["analyzers"] == calibration.analyzers
+    finally:
+        (root / "model_settings.yaml").write_bytes(original)

@@ -15,7 +15,7 @@ import uuid
 import numpy as np
 import pytest
 import requests
-from chatchat_deploy import BIN, EMBED_MODEL, KB_NAME, Deployment
+from chatchat_deploy import BIN, EMBED_MODEL, KB_NAME, Deployment, set_analyzer
 from rank_bm25 import BM25Okapi
 
 from chatchat_policybert.bm25_index import BM25_FILE, PostingsBM25Okapi
@@ -75,11 +75,14 @@ def test_postings_bm25_scores_bit_identical_to_rank_bm25():
         assert postings.get_top_n(query, texts, n=10) == reference.get_top_n(query, texts, n=10)
 
 
-def test_cached_ensemble_ranks_as_chatchat_and_passes_top_k(deployment: Deployment):
+def test_cached_ensemble_ranks_as_chatchat_and_passes_top_k(deployment: Deployment, tmp_path):
+    """A deployment whose hybrid block has no ``analyzer:`` (set up before analyzers) keeps stock Chatchat's hits."""
     questions = shipped_questions()
+    root = deployment.copy_root(tmp_path / "root")
+    set_analyzer(root, None)
     result = subprocess.run(
         [str(BIN / "python"), "-c", COMPARE_SCRIPT],
-        env=deployment.env,
+        env={**deployment.env, "CHATCHAT_ROOT": str(root)},
         input=json.dumps(questions),
         capture_output=True,
         text=True,
@@ -155,12 +158,11 @@ def test_api_changes_reach_the_next_question(server, policies):
 
 FIRST_QUESTION_SCRIPT = f"""
 import json, sys
-import jieba
 import numpy as np
 from chatchat.server.knowledge_base.kb_doc_api import search_docs
 from chatchat.server.knowledge_base.kb_service.base import KBServiceFactory
 from chatchat_policybert import bm25_index
-from chatchat_policybert.ensemble_cache import build_bm25, cached_bm25
+from chatchat_policybert.ensemble_cache import analyzer_of, build_bm25, cached_bm25
 
 questions = json.load(sys.stdin)
 first = search_docs(query=questions[0], knowledge_base_name="{KB_NAME}", top_k=5, score_threshold=2.0,
@@ -168,10 +170,12 @@ first = search_docs(query=questions[0], knowledge_base_name="{KB_NAME}", top_k=5
 tokenised = bm25_index.tokenised_chunks()
 with KBServiceFactory.get_service_by_name("{KB_NAME}").load_vector_store().acquire() as vs:
     served = cached_bm25(vs)
-    fresh, _ = build_bm25(list(vs.docstore._dict.items()), None)
+    analyzer = analyzer_of(vs)
+    fresh, _ = build_bm25(list(vs.docstore._dict.items()), analyzer, None)
     chunks = len(vs.docstore._dict)
-queries = [jieba.lcut_for_search(q) for q in questions]
+queries = [analyzer(q) for q in questions]
 print(json.dumps({{
+    "analyzer": analyzer.name,
     "tokenised_by_first_question": tokenised,
     "first_hits": len(first),
     "chunks": chunks,
@@ -215,7 +219,14 @@ def test_kb_r_saves_bm25_and_a_new_process_reads_it_without_tokenising(deploymen
     assert f"BM25 index of {found['chunks']} chunks read from" in log and "not used" not in log
 
 
-@pytest.mark.parametrize("damage", ["stale", "truncated"])
+def test_the_demo_deployment_searches_with_the_policy_analyzer(deployment: Deployment):
+    settings = (deployment.root / "model_settings.yaml").read_text(encoding="utf-8")
+    assert "analyzer: policy" in settings
+    found, _ = first_question(deployment.env)
+    assert found["analyzer"] == "policy"
+
+
+@pytest.mark.parametrize("damage", ["stale", "truncated", "other analyzer"])
 def test_unusable_saved_bm25_is_rebuilt_with_one_warning_and_saved_again(deployment: Deployment, tmp_path, damage: str):
     root = deployment.copy_root(tmp_path / "root")
     env = {**deployment.env, "CHATCHAT_ROOT": str(root)}
@@ -233,11 +244,39 @@ def test_unusable_saved_bm25_is_rebuilt_with_one_warning_and_saved_again(deploym
         )
         assert added.returncode == 0, added.stderr[-3000:]
         reason = "built from other chunks"
-    else:
+    elif damage == "truncated":
         saved.write_bytes(saved.read_bytes()[:-1000])
         reason = "unreadable"
+    else:  # the user switched the analyzer and did not run `kb -r`: never the old tokens with the new ones
+        set_analyzer(root, "chatchat")
+        reason = "built by analyzer 'policy v1"
     found, log = first_question(env)
     assert found["tokenised_by_first_question"] == found["chunks"]
     assert log.count(f"saved BM25 index {saved} not used") == 1 and reason in log
     found, log = first_question(env)  # the rebuild was saved for the next process
     assert found["tokenised_by_first_question"] == 0 and "not used" not in log
+
+
+EMPTY_KB_SCRIPT = """
+import json
+from chatchat.server.knowledge_base.kb_api import create_kb, delete_kb
+from chatchat.server.knowledge_base.kb_doc_api import search_docs
+
+created = create_kb(knowledge_base_name="empty_kb", vector_store_type="faiss", kb_info="", embed_model="policybert")
+hits = search_docs(query="数据要素", knowledge_base_name="empty_kb", top_k=5, score_threshold=1.0, file_name="",
+                   metadata={})
+deleted = delete_kb("empty_kb")
+print("@@probe@@" + json.dumps({"created": created.code, "hits": hits, "deleted": deleted.code}))
+"""
+
+
+def test_an_empty_faiss_knowledge_base_answers_with_no_hits(deployment: Deployment):
+    """A knowledge base created through Chatchat's API but not filled: no hits and no error (rank_bm25, and this
+    package's scorer before, divided by the chunk count)."""
+    result = subprocess.run(
+        [str(BIN / "python"), "-c", EMPTY_KB_SCRIPT], env=deployment.env, capture_output=True, text=True, timeout=600
+    )
+    line = next((line for line in result.stdout.splitlines() if line.startswith("@@probe@@")), None)
+    assert line is not None, result.stdout[-3000:] + result.stderr[-3000:]
+    assert json.loads(line[len("@@probe@@") :]) == {"created": 200, "hits": [], "deleted": 200}
+    assert "Traceback" not in result.stderr and "ZeroDivisionError" not in result.stderr

@@ -184,8 +184,8 @@ def test_wheel_ships_its_data_and_evaluates_outside_the_repository(
     )
     assert result.returncode == 0, result.stderr[-4000:]
     report = json.loads((tmp_path / "eval.json").read_text(encoding="utf-8"))
-    assert report["queries"] == 3 and set(report["results"]) == {"bm25"}
-    assert 0.0 < report["results"]["bm25"]["metrics"]["R@10"] <= 1.0
+    assert report["queries"] == 3 and set(report["results"]) == {"bm25:policy"}
+    assert 0.0 < report["results"]["bm25:policy"]["metrics"]["R@10"] <= 1.0
 
 
 def test_uninstall_removes_the_hook_quietly(fresh_venv: Path):

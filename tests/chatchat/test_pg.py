@@ -29,6 +29,8 @@ from test_kb_rebuild_failures import Root, make_root, rebuild
 from chatchat_policybert.calibration import Candidates, Setting, calibrate_root, fuse
 from chatchat_policybert.chatchat_hook import BM25_CACHE_ENV
 from chatchat_policybert.chatchat_process import ChatchatWorker
+from chatchat_policybert.chatchat_root import configured_analyzer
+from chatchat_policybert.data import QUESTIONS
 from chatchat_policybert.embeddings import PolicyBertEmbeddings
 from chatchat_policybert.evaluation.knowledge_base import load_chunks
 from chatchat_policybert.evaluation.retrievers import ChatchatSearch
@@ -321,11 +323,39 @@ def test_the_pg_hybrid_finds_bm25_matches_the_dense_search_misses(pg_root: Root,
     assert set(found) - set(found_dense), "the hybrid finds exact-wording chunks the vectors alone miss"
 
 
+SEARCH_PROBE = textwrap.dedent("""
+    import json, sys
+    from chatchat.server.knowledge_base.kb_doc_api import search_docs
+
+    request = json.loads(sys.argv[1])
+    hits = [[d["page_content"] for d in search_docs(query=query, knowledge_base_name=request["kb"],
+             top_k=request["top_k"], score_threshold=request["threshold"], file_name="", metadata={})]
+            for query in request["queries"]]
+    print("@@probe@@" + json.dumps(hits, ensure_ascii=False))
+""")
+
+
+def test_pg_and_faiss_find_the_same_bm25_hits_with_the_same_analyzer(pg_root: Root, deployment: Deployment):
+    """The same chunks on both stores, BM25 alone (no vector hit passes 2.0): the same hits, in the same order."""
+    queries = [json.loads(line)["question"] for line in QUESTIONS.read_text(encoding="utf-8").splitlines()[:20]]
+    request = json.dumps({"kb": KB_NAME, "queries": queries, "top_k": TOP_K, "threshold": 2.0}, ensure_ascii=False)
+    hits = {}
+    for name, root, env in (("pg", pg_root.path, pg_root.env), ("faiss", deployment.root, deployment.env)):
+        assert configured_analyzer(root).name == "policy"
+        result = run([str(BIN / "python"), "-c", SEARCH_PROBE, request], env)
+        line = next((line for line in result.stdout.splitlines() if line.startswith("@@probe@@")), None)
+        assert line is not None, result.stdout[-3000:] + result.stderr[-3000:]
+        hits[name] = json.loads(line[len("@@probe@@") :])
+    assert sum(map(len, hits["pg"])) >= len(queries)
+    assert hits["pg"] == hits["faiss"]
+
+
 def set_hybrid(root: Root, bm25_weight: float, dense_weight: float) -> None:
+    """Weights in the root's hybrid block (its analyzer kept)."""
     path = root.path / "model_settings.yaml"
     settings = yaml.safe_load(path.read_text(encoding="utf-8"))
     platform = next(p for p in settings["MODEL_PLATFORMS"] if "local_embeddings" in p)
-    platform["hybrid"] = {"bm25_weight": bm25_weight, "dense_weight": dense_weight}
+    platform["hybrid"] = {**(platform.get("hybrid") or {}), "bm25_weight": bm25_weight, "dense_weight": dense_weight}
     path.write_text(yaml.safe_dump(settings, allow_unicode=True), encoding="utf-8")
 
 

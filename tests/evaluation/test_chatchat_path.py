@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 import yaml
 
+from chatchat_policybert.chatchat_root import configured_analyzer
 from chatchat_policybert.embeddings import PolicyBertEmbeddings
 from chatchat_policybert.evaluation.dataset import load_corpus
 from chatchat_policybert.evaluation.evaluate import main
@@ -94,8 +95,9 @@ def test_configured_threshold_is_the_roots(worker, repo_root):
 
 
 def test_default_threshold_trap_leaves_bm25_only(built, worker):
-    _, _, _, _, chunks = built
-    bm25 = Bm25(chunks, depth=len(chunks))
+    root, _, _, _, chunks = built
+    bm25 = Bm25(chunks, len(chunks), configured_analyzer(root))  # the root's BM25 half: setup's policy analyzer
+    assert bm25.name == "bm25:policy"
     retriever = ChatchatEnsemble(worker, 2.0)
     for query in QUERIES:
         ranking, seconds = retriever.search(query)
@@ -154,7 +156,7 @@ def test_cli_on_the_built_root(built, tmp_path, capsys):
     )
     table = capsys.readouterr().out
     results = json.loads(out.read_text(encoding="utf-8"))["results"]
-    assert list(results) == ["bm25", "dense:tiny", "rrf(dense:tiny+bm25)"]
+    assert list(results) == ["bm25:policy", "dense:tiny", "rrf(dense:tiny+bm25:policy)"]
     for name, result in results.items():
         assert name in table
         metrics = result["metrics"]

@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 
+from chatchat_policybert.analyzer import NEW_DEPLOYMENT, get_analyzer
 from chatchat_policybert.errors import InputError, run_cli
 from chatchat_policybert.evaluation.dataset import load_corpus, text_group
 from chatchat_policybert.evaluation.knowledge_base import Chunk, load_chunks
@@ -211,7 +212,7 @@ def test_negatives_come_from_the_rank_window_then_at_random(chunks):
     related = shared_runs(chunks)
     pool = Pool(range(len(chunks)))
     pair = Pair("ict", chunks[12].text[:30], chunks[12].text[30:], 12)
-    bm25 = Bm25(chunks, len(chunks))
+    bm25 = Bm25(chunks, len(chunks), get_analyzer(NEW_DEPLOYMENT))  # what build_pairs mines with by default
     ranking = bm25.search(pair.query)[0]
     allowed = [i for i in ranking[2:30] if not conflicts(pair, i, chunks, related)]
     assert len({chunks[i].text for i in allowed}) >= NEGATIVES
@@ -257,7 +258,7 @@ def large_kb(chunks) -> tuple[list[Chunk], Bm25]:
         *(Chunk(f"doc0_annex{k}.md", f"附件{k}", group) for k in range(FILLERS)),
         *(Chunk(f"notice{k}.md", f"第{k}号公告", f"notice{k}") for k in range(FILLERS)),
     ]
-    return large, Bm25(large, 3)
+    return large, Bm25(large, 3, get_analyzer(NEW_DEPLOYMENT))
 
 
 def test_random_order_draws_each_position_once_and_lazily():
@@ -308,7 +309,7 @@ def test_filling_up_ends_short_when_the_pool_has_too_few_allowed_chunks(large_kb
 
 def test_dense_model_mines_too(tmp_path, chunks, tiny_model_dir):
     summary = build_pairs(config(tmp_path, model=tiny_model_dir("gate")), chunks)
-    assert summary["miners"] == ["bm25", "dense:model"]
+    assert summary["miners"] == ["bm25:policy", "dense:model"] and summary["analyzer"].startswith("policy v1 ")
     check_no_false_negatives(tmp_path, chunks)
 
 

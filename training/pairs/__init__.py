@@ -19,7 +19,10 @@ content folder is split with that root's settings. Queries need no labels:
   in ``OUT/llm_cache.jsonl`` as they arrive, so an interrupted run resumes where it stopped.
 
 Hard negatives are drawn from a rank window (``--window 3-50``, as FlagEmbedding's ``hn_mine``)
-of BM25 (Chatchat's, jieba tokens) and, with ``--model``, of the dense model's ranking. A
+of BM25 and, with ``--model``, of the dense model's ranking. BM25 tokenises as the deployment
+does (``--analyzer``; default: the root's configured analyzer, else ``policy``): the chunks the
+deployed BM25 half ranks high for a query are the ones the dense half must learn to rank below
+the answer, so the pairs (and ``tune``'s cache of them) follow the analyzer. A
 negative is never a false negative by construction: see :func:`.negatives.conflicts`. Whole documents
 (identical copies together) are held out as the dev split; train lines never contain dev text.
 
@@ -48,7 +51,8 @@ from pathlib import Path
 
 from tqdm import tqdm
 
-from chatchat_policybert.chatchat_root import default_kb
+from chatchat_policybert.analyzer import NEW_DEPLOYMENT, Analyzer, get_analyzer
+from chatchat_policybert.chatchat_root import configured_analyzer, default_kb
 from chatchat_policybert.data import CORPUS_CSV
 from chatchat_policybert.errors import InputError
 from chatchat_policybert.evaluation.dataset import load_corpus
@@ -83,6 +87,15 @@ def chunk_source(cfg: PairsConfig) -> Iterator[tuple[list[Chunk], Path]]:
         yield load_chunks(root, prepare_root(root, corpus, None, build_index=False), corpus), source
 
 
+def pairs_analyzer(cfg: PairsConfig) -> Analyzer:
+    """The BM25 analyzer of the negatives: ``--analyzer``, else the root's configured one, else a new deployment's."""
+    if cfg.analyzer is not None:
+        return get_analyzer(cfg.analyzer)
+    if cfg.chatchat_root is not None:
+        return configured_analyzer(cfg.chatchat_root.resolve())
+    return get_analyzer(NEW_DEPLOYMENT)
+
+
 def build_pairs(cfg: PairsConfig, chunks: list[Chunk]) -> dict:
     """Writes train.jsonl and dev.jsonl for ``chunks`` into ``cfg.out``; returns the summary pairs.json holds."""
     started = time.perf_counter()
@@ -104,7 +117,8 @@ def build_pairs(cfg: PairsConfig, chunks: list[Chunk]) -> dict:
     pairs = list(unique.values())
 
     pools = {"train": Pool([i for i, c in enumerate(chunks) if c.group not in dev]), "dev": Pool(range(len(chunks)))}
-    retrievers: list[Retriever] = [Bm25(chunks, window[1])]
+    analyzer = pairs_analyzer(cfg)
+    retrievers: list[Retriever] = [Bm25(chunks, window[1], analyzer)]
     if cfg.model is not None:
         from chatchat_policybert.embeddings import PolicyBertEmbeddings
 
@@ -125,6 +139,7 @@ def build_pairs(cfg: PairsConfig, chunks: list[Chunk]) -> dict:
     counts = [len(line["neg"]) for line in all_lines]
     return {
         "chunks": len(chunks),
+        "analyzer": analyzer.identity,
         "documents": len({c.group for c in chunks}),
         "dev_documents": len(dev),
         "pairs": {split: dict(sorted(c.items())) for split, c in kinds_by_split.items()},

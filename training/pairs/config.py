@@ -6,6 +6,7 @@ import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from chatchat_policybert.analyzer import check_name
 from chatchat_policybert.errors import InputError
 from training.loop import require_positive, require_share
 
@@ -56,6 +57,13 @@ class PairsConfig:
     )
     device: str = field(default="cpu", metadata={"help": "torch device of --model"})
     batch_size: int = field(default=32, metadata={"help": "texts per forward pass of --model"})
+    analyzer: str | None = field(
+        default=None,
+        metadata={
+            "help": "BM25 analyzer of the negatives (chatchat or policy); None: --chatchat-root's configured one, "
+            "else policy, a new deployment's (the chunks the deployment's BM25 ranks high are the negatives)"
+        },
+    )
     window: str = field(default="3-50", metadata={"help": "ranks (1-based, inclusive) negatives are drawn from"})
     negatives: int = field(default=15, metadata={"help": "hard negatives per pair"})
     dev_ratio: float = field(default=0.1, metadata={"help": "share of documents held out for dev.jsonl"})
@@ -74,6 +82,8 @@ def check_config(cfg: PairsConfig) -> tuple[list[str], tuple[int, int]]:
     """The pair kinds and the rank window; every bad setting is an :class:`InputError` before any work starts."""
     require_positive(cfg, ("ict_per_chunk", "llm_questions", "negatives", "batch_size", "llm_timeout"))
     require_share(cfg, ("dev_ratio",), open_high=True)
+    if cfg.analyzer is not None:
+        check_name(cfg.analyzer, "--analyzer")
     if cfg.model is not None and not cfg.model.is_dir():
         raise InputError(f"--model {cfg.model}: not a model directory")
     kinds = [k.strip() for k in cfg.kinds.split(",") if k.strip()]
