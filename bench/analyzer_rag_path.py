@@ -70,21 +70,31 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--model", type=Path, help="model directory (default: build the demo's offline model)")
     parser.add_argument("--questions", type=Path, help="a labelled confirmation set (the evaluation's JSONL)")
     parser.add_argument("--reps", type=int, default=2, help="`kb -r` runs per root, the roots taking turns")
-    parser.add_argument("--keep", type=Path, help="build the roots here and keep them")
+    parser.add_argument("--keep", type=Path, help="build the roots here and keep them (roots found there are reused)")
+    parser.add_argument("--rebuild-only", action="store_true", help="time `kb -r` only (no calibration, no search)")
     parser.add_argument("--out", type=Path, help="write every number as JSON (a Markdown table beside it)")
     args = parser.parse_args(argv)
 
     with tempfile.TemporaryDirectory(prefix="analyzer-rag-") as tmp:
         work = (args.keep or Path(tmp)).resolve()
-        model = args.model or build_local_model(work / "model", LEXICON, CORPUS_CSV)
+        built = work / "model" / "config.json"
+        model = args.model or (
+            built.parent if built.is_file() else build_local_model(work / "model", LEXICON, CORPUS_CSV)
+        )
         corpus = load_corpus(CORPUS_CSV)
         roots = {arm: work / f"root-{arm}" for arm in ARMS}
         for arm, root in roots.items():
-            prepare_root(root, corpus, model, build_index=False, analyzer=arm)
+            if not (root / "model_settings.yaml").is_file():
+                prepare_root(root, corpus, model, build_index=False, analyzer=arm)
         seconds: dict[str, list[float]] = {arm: [] for arm in ARMS}
         for _ in range(args.reps):
             for arm, root in roots.items():
                 seconds[arm].append(rebuild_seconds(root))
+        kb_r = {arm: statistics.median(s) for arm, s in seconds.items()}
+        print(f"`kb -r` (median of {args.reps}): " + ", ".join(f"{arm} {s:.1f} s" for arm, s in kb_r.items()))
+        if args.rebuild_only:
+            print(f"policy / chatchat: {kb_r['policy'] / kb_r['chatchat']:.3f}x; every run: {seconds}")
+            return 0
         pairs = work / "pairs"
         subprocess.run(
             [sys.executable, "-m", "training.pairs", "--chatchat-root", str(roots["chatchat"]), "--out", str(pairs)],
@@ -102,7 +112,6 @@ def main(argv: list[str] | None = None) -> int:
 
     machine = machine_line("cpu", torch.get_num_threads())
     lines = [f"{machine}; model {model.name}; `kb -r` median of {args.reps} per root", ""]
-    kb_r = {arm: statistics.median(s) for arm, s in seconds.items()}
     lines.append(
         f"`kb -r`: chatchat {kb_r['chatchat']:.1f} s, policy {kb_r['policy']:.1f} s "
         f"({kb_r['policy'] / kb_r['chatchat']:.3f}x)"

@@ -162,6 +162,7 @@ def _policy(recipe: Recipe, stopwords_path: Path, lexicon_path: Path | None) -> 
     return Analyzer("policy" if recipe == POLICY else recipe.label, identity, tokenize)
 
 
+@functools.lru_cache(maxsize=1 << 16)  # tokens repeat (a KB's vocabulary is tens of thousands): look each up once
 def _is_filler(token: str) -> bool:
     """Whether a token is only punctuation, symbols or white space (Unicode categories P*, S*, Z*, C*)."""
     return all(unicodedata.category(c)[0] in "PSZC" for c in token)

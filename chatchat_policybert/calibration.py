@@ -428,7 +428,7 @@ def _dump(yaml: Any, data: Any, path: Path) -> None:
 def describe(hybrid: Any, configured_threshold: float, store: str = "faiss") -> list[tuple[str, str]]:
     """``doctor``'s lines for a platform's ``hybrid`` block (a :class:`~chatchat_policybert.settings.HybridConfig` or
     None)."""
-    if hybrid is None:
+    if hybrid is None or (hybrid.calibration is None and hybrid.weights == CHATCHAT_WEIGHTS):
         return [
             (
                 "OK",

@@ -33,7 +33,7 @@ from chatchat_policybert.chatchat_root import configured_analyzer
 from chatchat_policybert.data import QUESTIONS
 from chatchat_policybert.embeddings import PolicyBertEmbeddings
 from chatchat_policybert.evaluation.knowledge_base import load_chunks
-from chatchat_policybert.evaluation.retrievers import ChatchatSearch
+from chatchat_policybert.evaluation.retrievers import Bm25, ChatchatSearch
 from chatchat_policybert.pg_store import COLLECTIONS, EMBEDDINGS, collection_size
 from chatchat_policybert.score_threshold import cosine_cut, score_threshold_for
 from tests.support.pg_cluster import PgCluster
@@ -336,7 +336,9 @@ SEARCH_PROBE = textwrap.dedent("""
 
 
 def test_pg_and_faiss_find_the_same_bm25_hits_with_the_same_analyzer(pg_root: Root, deployment: Deployment):
-    """The same chunks on both stores, BM25 alone (no vector hit passes 2.0): the same hits, in the same order."""
+    """The same chunks on both stores, BM25 alone (no vector hit passes 2.0): the same hits in the same order, up to
+    ties. The stores hold the chunks in different orders (FAISS: the docstore's; pg: by row id), and rank_bm25's
+    average idf is a float sum in corpus order, so two chunks whose scores tie to 1e-9 may come in either order."""
     queries = [json.loads(line)["question"] for line in QUESTIONS.read_text(encoding="utf-8").splitlines()[:20]]
     request = json.dumps({"kb": KB_NAME, "queries": queries, "top_k": TOP_K, "threshold": 2.0}, ensure_ascii=False)
     hits = {}
@@ -347,7 +349,15 @@ def test_pg_and_faiss_find_the_same_bm25_hits_with_the_same_analyzer(pg_root: Ro
         assert line is not None, result.stdout[-3000:] + result.stderr[-3000:]
         hits[name] = json.loads(line[len("@@probe@@") :])
     assert sum(map(len, hits["pg"])) >= len(queries)
-    assert hits["pg"] == hits["faiss"]
+    chunks = load_chunks(deployment.root, KB_NAME, None)
+    bm25 = Bm25(chunks, len(chunks), configured_analyzer(deployment.root))
+    for query, faiss_hits, pg_hits in zip(queries, hits["faiss"], hits["pg"]):
+        scores: dict[str, float] = {}
+        for chunk, score in zip(chunks, bm25.scores(query)):
+            scores[chunk.text] = max(score, scores.get(chunk.text, score))
+        assert [round(scores[t], 9) for t in pg_hits] == [round(scores[t], 9) for t in faiss_hits], query
+    identical = sum(f == p for f, p in zip(hits["faiss"], hits["pg"]))
+    assert identical >= len(queries) - 2, f"only {identical} of {len(queries)} questions got identical hits"
 
 
 def set_hybrid(root: Root, bm25_weight: float, dense_weight: float) -> None:
