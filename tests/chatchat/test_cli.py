@@ -34,6 +34,19 @@ MODEL_PLATFORMS:
 """
 
 
+INIT_LIKE_BASIC_SETTINGS = """\
+# written by chatchat init
+API_SERVER:
+  host: 0.0.0.0
+  port: 7861
+  public_host: 127.0.0.1
+  public_port: 7861
+WEBUI_SERVER:
+  host: 0.0.0.0
+  port: 8501
+"""
+
+
 def cli(*args: str, env: dict | None = None):
     return run([str(BIN / "chatchat-policybert"), *args], env or dict(os.environ), timeout=120)
 
@@ -43,6 +56,7 @@ def make_root(tmp_path: Path) -> Path:
     root.mkdir()
     (root / "model_settings.yaml").write_text(INIT_LIKE_MODEL_SETTINGS, encoding="utf-8")
     (root / "kb_settings.yaml").write_text("DEFAULT_KNOWLEDGE_BASE: samples\nSCORE_THRESHOLD: 2.0\n", encoding="utf-8")
+    (root / "basic_settings.yaml").write_text(INIT_LIKE_BASIC_SETTINGS, encoding="utf-8")
     return root
 
 
@@ -95,6 +109,26 @@ def test_setup_merges_settings_and_keeps_comments(tmp_path: Path, tiny_model: Pa
     assert again.returncode == 0
     names = [p["platform_name"] for p in yaml.safe_load((root / "model_settings.yaml").read_text())["MODEL_PLATFORMS"]]
     assert names == ["policybert", "ollama"]  # without --keep-other-platforms only the shipped ones remain
+
+
+def test_setup_binds_chatchat_to_this_machine_unless_asked(tmp_path: Path, tiny_model: Path):
+    """`chatchat init` writes 0.0.0.0 (Chatchat's API has no authentication): setup writes 127.0.0.1, doctor warns."""
+    root = make_root(tmp_path)
+
+    def hosts() -> list[str]:
+        basic = yaml.safe_load((root / "basic_settings.yaml").read_text(encoding="utf-8"))
+        assert basic["API_SERVER"]["port"] == 7861 and basic["WEBUI_SERVER"]["port"] == 8501  # the rest is kept
+        return [basic["API_SERVER"]["host"], basic["WEBUI_SERVER"]["host"]]
+
+    doctor = cli("doctor", "--root", str(root), "--no-load")
+    assert "WARN  API_SERVER.host 0.0.0.0 in basic_settings.yaml: reachable from other machines" in doctor.stdout
+    assert "WARN  WEBUI_SERVER.host 0.0.0.0" in doctor.stdout
+    assert cli("setup", "--root", str(root), "--model", str(tiny_model), "--no-check").returncode == 0
+    assert hosts() == ["127.0.0.1", "127.0.0.1"]
+    assert "# written by chatchat init" in (root / "basic_settings.yaml").read_text(encoding="utf-8")
+    assert "0.0.0.0" not in cli("doctor", "--root", str(root), "--no-load").stdout
+    exposed = cli("setup", "--root", str(root), "--model", str(tiny_model), "--bind", "0.0.0.0", "--no-check")
+    assert exposed.returncode == 0 and hosts() == ["0.0.0.0", "0.0.0.0"]
 
 
 def test_setup_before_chatchat_init_says_what_to_run(tmp_path: Path):

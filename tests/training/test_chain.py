@@ -12,6 +12,8 @@ import torch
 from chatchat_policybert.errors import InputError
 from chatchat_policybert.loading import load_model_dir, load_policybert
 from chatchat_policybert.modeling import PolicyBertForSequenceClassification
+from chatchat_policybert.tokenization import DEFAULT_QUERY_INSTRUCTION
+from tests.support.outside_chatchat import check_loads_outside_chatchat
 from training import build_lexicon, finetune, merge_bge, pretrain
 from training.policysm import read_pairs
 
@@ -158,6 +160,9 @@ def test_chain_into_a_merged_model(tmp_path, corpus_dir, policysm_dir, data_dir,
     assert torch.equal(
         model.word_embeddings.word_embeddings.weight, classifier.bert.word_embeddings.word_embeddings.weight
     )
+    # Every stage's directory (its task head included) embeds alike with sentence-transformers and AutoModel.
+    for stage in ("pre/final", "ft/final", "export"):
+        check_loads_outside_chatchat(tmp_path / stage, query_prompt=DEFAULT_QUERY_INSTRUCTION)
 
 
 def test_finetune_rejects_corrupt_data(tmp_path, tiny_model_dir):

@@ -35,6 +35,7 @@ from chatchat_policybert.errors import run_cli
 from chatchat_policybert.loading import load_policybert
 from chatchat_policybert.settings import LocalEmbeddingsConfig
 from chatchat_policybert.tokenization import DEFAULT_QUERY_INSTRUCTION, PROMPTS_FILE
+from tests.support.outside_chatchat import check_loads_outside_chatchat
 from training.contrastive import ContrastiveConfig, ContrastiveTask, info_nce, main, read_examples
 
 CHUNK, QUERY, DEV_EVERY = 100, 32, 5
@@ -383,3 +384,4 @@ def test_query_instruction_is_saved_and_served(tiny_model_dir, pairs, tmp_path):
     for served in (hook, PolicyBertEmbeddings(final)):
         assert served.embed_query(query) == served.embed_documents([instruction + query])[0]
         assert served.embed_query(query) != served.embed_documents([DEFAULT_QUERY_INSTRUCTION + query])[0]
+    check_loads_outside_chatchat(final, query_prompt=instruction)

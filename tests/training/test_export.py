@@ -24,6 +24,7 @@ from safetensors.torch import load_file
 from chatchat_policybert.embeddings import PolicyBertEmbeddings
 from chatchat_policybert.errors import run_cli
 from chatchat_policybert.loading import load_policybert
+from tests.support.outside_chatchat import check_loads_outside_chatchat
 from training import contrastive, finetune, pretrain
 from training.export import main
 
@@ -111,6 +112,7 @@ def test_a_stopped_run_exports_its_checkpoint(stage, stopped, tiny_model_dir, tm
     assert all(torch.equal(encoder[k], weights[prefix + k]) for k in encoder)
     vectors = np.array(PolicyBertEmbeddings(tmp_path / "model").embed_documents(TEXTS))
     assert vectors.shape == (2, 32) and np.allclose(np.linalg.norm(vectors, axis=1), 1.0)
+    check_loads_outside_chatchat(tmp_path / "model")
 
 
 def test_a_finished_runs_last_checkpoint_exports_its_final(stopped, stage_argv, tiny_model_dir, tmp_path):
