@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 import os
 import shutil
+import sys
 from pathlib import Path
 
 import pytest
@@ -13,6 +14,7 @@ from chatchat_deploy import BIN, Deployment, run
 from test_kb_swap import files, write_index
 
 from chatchat_policybert.cli import main
+from chatchat_policybert.errors import plain_text
 from chatchat_policybert.kb_rebuild import RETIRED_SUFFIX, recover_swap
 from chatchat_policybert.score_threshold import cosine_cut
 from chatchat_policybert.settings import SettingsError, find_local_model, parse_config
@@ -67,6 +69,22 @@ def test_every_command_explains_every_option(command, capsys, options_without_he
     assert exit_info.value.code == 0
     text = capsys.readouterr().out
     assert text.startswith("usage: chatchat-policybert") and options_without_help(text) == []
+    assert plain_text(text) == text, "no ``code`` or :func:`name` markup"
+
+
+@pytest.mark.parametrize("command", [[], ["setup"], ["doctor"], ["serve"], ["eval"], ["rollback"]])
+def test_help_prints_no_warning_and_loads_no_model_code(command):
+    """The installed command as a user starts it: nothing on stderr (e.g. requests' RequestsDependencyWarning, issue
+    32), and neither torch nor Chatchat imported before the arguments are parsed (what keeps --help fast)."""
+    code = (
+        "import sys\nfrom chatchat_policybert.cli import main\n"
+        "try:\n    main(sys.argv[1:])\nexcept SystemExit:\n    pass\n"
+        "print(sorted(m for m in ('torch', 'transformers', 'chatchat') if m in sys.modules), file=sys.stderr)\n"
+    )
+    imported = run([sys.executable, "-c", code, *command, "--help"], dict(os.environ), timeout=120)
+    assert imported.stderr == "[]\n"
+    result = cli(*command, "--help")
+    assert result.returncode == 0 and result.stderr == ""
 
 
 def test_faiss_cosine_cut_matches_chatchat_rule():

@@ -9,7 +9,7 @@ import json
 import pytest
 import torch
 
-from chatchat_policybert.errors import InputError
+from chatchat_policybert.errors import InputError, plain_text
 from chatchat_policybert.loading import load_model_dir, load_policybert
 from chatchat_policybert.modeling import PolicyBertForSequenceClassification
 from chatchat_policybert.tokenization import DEFAULT_QUERY_INSTRUCTION
@@ -42,6 +42,7 @@ def test_every_stage_has_help(stage, argv, capsys, options_without_help):
     text = capsys.readouterr().out
     assert "usage: python -m training." in text
     assert options_without_help(text) == []
+    assert plain_text(text) == text, "no ``code`` or :func:`name` markup"
 
 
 def test_chain_into_a_merged_model(tmp_path, corpus_dir, policysm_dir, data_dir, tiny_model_dir):
