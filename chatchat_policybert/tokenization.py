@@ -361,6 +361,11 @@ class PolicyBertTokenizerFast(BertTokenizerFast):
             return batch
         texts = [text] if isinstance(text, str) else list(text)
         pairs = None if text_pair is None else ([text_pair] if isinstance(text_pair, str) else list(text_pair))
+        if len(batch.encodings) != len(texts) or not all(isinstance(t, str) for t in texts + (pairs or [])):
+            raise ValueError(
+                "PolicyBertTokenizerFast: word inputs need one encoding per text, each a str "
+                "(not is_split_into_words or return_overflowing_tokens)"
+            )
         words = PolicyBertTokenizer(self, self.lexicon, self.max_words, self.max_words_span)
         batch.update(words.word_inputs(batch.encodings, texts, pairs))
         return batch

@@ -204,3 +204,7 @@ def test_word_inputs_only_with_tensors(tiny_model_dir):
     tensors = tokenizer(TEXTS[:2], padding=True, return_tensors="pt")
     assert tensors["word_matching_matrix"].shape[:2] == tensors["input_ids"].shape
     assert torch.all(tensors["word_attention_mask"].sum(dim=1) > 0)
+    with pytest.raises(ValueError, match="one encoding per text"):
+        tokenizer(
+            TEXTS[:1], max_length=16, truncation=True, padding=True, return_overflowing_tokens=True, return_tensors="pt"
+        )
