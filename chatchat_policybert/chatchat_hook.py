@@ -128,6 +128,8 @@ def _register_on_use(auto_module: ModuleType) -> None:
 
 
 def _registering_first(load: object) -> object:
+    """``load`` (an Auto class's loader) preceded by importing :data:`REGISTERING_MODULES`, once they are not yet."""
+
     @functools.wraps(load)
     def registered_load(cls: type, *args: object, **kwargs: object) -> object:
         for name in REGISTERING_MODULES:

@@ -34,6 +34,7 @@ from .errors import InputError
 from .files import atomic_path, read_json
 from .lexicon import LEXICON_FILE
 from .modeling import TASK_HEADS, PolicyBertModel
+from .settings import EmbeddingOptions
 from .tokenization import PROMPTS_FILE, TOKENIZER_CONFIG, PolicyBertTokenizer
 
 WEIGHT_FILES = ("model.safetensors", "pytorch_model.bin")
@@ -150,7 +151,7 @@ def refuse_remote_code(path: Path, config: dict) -> None:
     prompt that a careless "y" answers). Loading also passes ``trust_remote_code=False``.
     ``config`` is ``config.json`` as the loader has read it; ``tokenizer_config.json`` is read here.
     """
-    contents = {path / "config.json": config}  # and the tokenizer's config, the other file auto_map may be in
+    contents = {path / "config.json": config}
     if (path / TOKENIZER_CONFIG).is_file():
         contents[path / TOKENIZER_CONFIG] = read_json(path / TOKENIZER_CONFIG, ModelDirError)
     for file, content in contents.items():
@@ -383,9 +384,6 @@ ST_MODULES = (
     ("1_Pooling", "sentence_transformers.sentence_transformer.modules.pooling.Pooling"),
     ("2_Normalize", "sentence_transformers.base.modules.normalize.Normalize"),
 )
-ST_MAX_LENGTH = 512
-"""The token limit written for sentence-transformers: ``PolicyBertEmbeddings``' default ``max_length``,
-capped (as it caps it) by the model's positions."""
 
 
 def sentence_transformers_files(model: PreTrainedModel, tokenizer: PolicyBertTokenizer) -> dict[str, str]:
@@ -399,7 +397,8 @@ def sentence_transformers_files(model: PreTrainedModel, tokenizer: PolicyBertTok
     def dump(content: object) -> str:
         return json.dumps(content, ensure_ascii=False, indent=2) + "\n"
 
-    max_length = min(ST_MAX_LENGTH, model.config.max_position_embeddings)
+    # PolicyBertEmbeddings' default max_length, capped as it caps it by the model's positions.
+    max_length = min(EmbeddingOptions.model_fields["max_length"].default, model.config.max_position_embeddings)
     return {
         "modules.json": dump(
             [

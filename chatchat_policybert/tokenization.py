@@ -30,6 +30,8 @@ from .lexicon import LEXICON_FILE, Lexicon
 
 SPECIAL_TOKENS = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
 TOKENIZER_CONFIG = "tokenizer_config.json"
+"""The tokenizer's settings (its class, the k_w settings); beside config.json, the file whose ``auto_map`` would make
+transformers import Python code shipped in the directory (:func:`chatchat_policybert.loading.refuse_remote_code`)."""
 PROMPTS_FILE = "config_sentence_transformers.json"
 """Where a model directory keeps its query instruction: sentence-transformers' file, ``{"prompts": {"query": …}}``."""
 DEFAULT_QUERY_INSTRUCTION = "为这个句子生成表示以用于检索相关文章："
