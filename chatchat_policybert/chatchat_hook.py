@@ -13,6 +13,14 @@ the pg store one store object per knowledge base and the same BM25 + vector ense
 (`chatchat_policybert.pg_search`); set CHATCHAT_POLICYBERT_BM25_CACHE=0 for Chatchat's own search
 on both stores (BM25 rebuilt per question on FAISS, dense-only on pg), e.g. to compare.
 
+The same finder makes transformers' Auto classes know model type ``policybert`` in every process
+of the environment, so that ``SentenceTransformer(dir)`` and ``AutoModel.from_pretrained(dir)`` load a
+PolicyBERT directory without remote code: when an Auto module loads, its ``from_pretrained`` /
+``from_config`` first import the modules that register ``policybert`` (:data:`AUTO_CLASSES`). Not
+at the Auto module's own import: transformers imports those modules from inside its own, half
+initialised, modules, where importing a model then fails. With the hook off, importing
+``chatchat_policybert.modeling`` and ``chatchat_policybert.tokenization`` registers them.
+
 The wrapper serves embed models whose platform entry has a `local_embeddings` block (see
 `chatchat_policybert.settings`) and delegates everything else to Chatchat unchanged. One
 embeddings object per configuration is kept per process, because Chatchat calls
@@ -51,6 +59,14 @@ UTILS_MODULE = "chatchat.server.utils"
 MIGRATE_MODULE = "chatchat.server.knowledge_base.migrate"
 ENSEMBLE_MODULE = "chatchat.server.file_rag.retrievers.ensemble"
 PG_MODULE = "chatchat.server.knowledge_base.kb_service.pg_kb_service"
+AUTO_CLASSES = {
+    "transformers.models.auto.configuration_auto": ("AutoConfig",),
+    "transformers.models.auto.auto_factory": ("_BaseAutoModelClass",),
+    "transformers.models.auto.tokenization_auto": ("AutoTokenizer",),
+}
+"""transformers' Auto modules -> their classes whose loaders register ``policybert`` first."""
+REGISTERING_MODULES = ("chatchat_policybert.modeling", "chatchat_policybert.tokenization")
+"""The modules that register ``policybert`` with AutoConfig / AutoModel* / AutoTokenizer when imported."""
 DISABLE_ENV = "CHATCHAT_POLICYBERT_HOOK"
 BM25_CACHE_ENV = "CHATCHAT_POLICYBERT_BM25_CACHE"
 
@@ -102,6 +118,29 @@ def _patch_pg(module: ModuleType) -> None:
     patch_pg(module)
 
 
+def _register_on_use(auto_module: ModuleType) -> None:
+    """Make the loaders of ``auto_module``'s Auto classes import :data:`REGISTERING_MODULES` first."""
+    for owner in (getattr(auto_module, name) for name in AUTO_CLASSES[auto_module.__name__]):
+        for name in ("from_pretrained", "from_config"):
+            method = owner.__dict__.get(name)
+            if isinstance(method, classmethod) and not getattr(method.__func__, WRAPPED_MARK, False):
+                setattr(owner, name, classmethod(_registering_first(method.__func__)))
+
+
+def _registering_first(load: object) -> object:
+    """``load`` (an Auto class's loader) preceded by importing :data:`REGISTERING_MODULES`, once they are not yet."""
+
+    @functools.wraps(load)
+    def registered_load(cls: type, *args: object, **kwargs: object) -> object:
+        for name in REGISTERING_MODULES:
+            if name not in sys.modules:  # a module half imported registers at its own end
+                importlib.import_module(name)
+        return load(cls, *args, **kwargs)
+
+    setattr(registered_load, WRAPPED_MARK, True)
+    return registered_load
+
+
 def _patchers() -> dict[str, object]:
     """Module name -> function that patches it right after it executes."""
     return {
@@ -109,6 +148,7 @@ def _patchers() -> dict[str, object]:
         MIGRATE_MODULE: _patch_migrate,
         ENSEMBLE_MODULE: _patch_ensemble,
         PG_MODULE: _patch_pg,
+        **dict.fromkeys(AUTO_CLASSES, _register_on_use),
     }
 
 

@@ -6,6 +6,7 @@ inside a root (its commands, the worker) is in :mod:`chatchat_policybert.chatcha
 
 from __future__ import annotations
 
+import ipaddress
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -41,6 +42,26 @@ def configured_analyzer(root: Path) -> Any:
 
     hybrid = configured_hybrid(root)
     return get_analyzer(WITHOUT_KEY) if hybrid is None else hybrid.get_analyzer(Path(root))
+
+
+SERVERS = ("API_SERVER", "WEBUI_SERVER")
+"""The keys of basic_settings.yaml whose ``host`` Chatchat's API and WebUI bind (``chatchat init``: 0.0.0.0)."""
+
+
+def is_loopback(host: str) -> bool:
+    """Whether binding ``host`` keeps a server on this machine (``localhost``, 127.0.0.0/8, ::1)."""
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:  # a host name: it may resolve to any interface
+        return False
+
+
+def server_hosts(root: Path) -> dict[str, str]:
+    """``host`` of each of :data:`SERVERS` in basic_settings.yaml (missing: Chatchat's default, 0.0.0.0 off Windows)."""
+    basic = _settings(root, "basic_settings.yaml")
+    return {key: str((basic.get(key) or {}).get("host", "0.0.0.0")) for key in SERVERS}
 
 
 def kb_root(root: Path) -> Path:

@@ -14,7 +14,6 @@ exactly as a user's commands would run it.
 
 from __future__ import annotations
 
-import argparse
 import subprocess
 import sys
 import urllib.request
@@ -27,7 +26,7 @@ from .cli import main as cli_main
 from .cli.doctor import llm_reachable
 from .corpus import PolicyDocument, export_policies, read_policies
 from .data import CORPUS_CSV, LEXICON
-from .errors import InputError, run_cli
+from .errors import InputError, PlainArgumentParser, run_cli
 
 KB_NAME = "WeiMingPolicies"
 EMBED_MODEL = "policybert"
@@ -129,7 +128,7 @@ def ollama_answers(url: str) -> bool:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m chatchat_policybert.demo", description=__doc__.split("\n\n")[0])
+    parser = PlainArgumentParser(prog="python -m chatchat_policybert.demo", description=__doc__.split("\n\n")[0])
     parser.add_argument("--root", type=Path, required=True, help="Chatchat data root to create or update")
     parser.add_argument("--model", type=Path, help="PolicyBERT directory (default: ROOT/models/policybert, obtained)")
     parser.add_argument("--corpus", type=Path, default=CORPUS_CSV, help="policy CSV (default: the shipped corpus)")

@@ -82,9 +82,23 @@ class PolicyBertEmbeddings(Embeddings):
     model directory's (``training.contrastive --query-instruction`` saves it), else bge's.
     """
 
-    def __init__(self, model_name_or_path: str | os.PathLike, **options: Any):
-        """``options``: the fields of :class:`~chatchat_policybert.settings.EmbeddingOptions`, where each is
-        declared once with its default and limits; a bad one is a ``SettingsError`` (a ``ValueError``)."""
+    def __init__(
+        self,
+        model_name_or_path: str | os.PathLike | None = None,
+        *,
+        model_path: str | os.PathLike | None = None,
+        **options: Any,
+    ):
+        """The model directory is ``model_name_or_path`` (LangChain's ``HuggingFace*Embeddings`` name) or
+        ``model_path`` (the settings' key), one of the two. ``options``: the fields of
+        :class:`~chatchat_policybert.settings.EmbeddingOptions`, where each is declared once with its
+        default and limits; a bad one is a ``SettingsError`` (a ``ValueError``)."""
+        if (model_name_or_path is None) == (model_path is None):
+            raise ValueError(
+                "PolicyBertEmbeddings: pass the model directory once, as model_name_or_path or as model_path "
+                f"(got model_name_or_path={model_name_or_path!r}, model_path={model_path!r})"
+            )
+        model_name_or_path = model_path if model_name_or_path is None else model_name_or_path
         checked = EmbeddingOptions.checked(**options)
         device = checked.device
         dtype = auto_dtype(device) if checked.dtype == "auto" else checked.dtype
@@ -149,3 +163,12 @@ class PolicyBertEmbeddings(Embeddings):
         if not isinstance(text, str):
             raise ValueError(f"query is {type(text).__name__}, expected str")
         return self._embed([self.query_instruction + text])[0].tolist()
+
+    def encode_queries(self, queries: list[str]) -> np.ndarray:
+        """FlagEmbedding's name: the query vectors (instruction prefixed) as one float32 array, a row per query."""
+        check_texts(list(queries), "query")
+        return self._embed([self.query_instruction + query for query in queries])
+
+    def encode_corpus(self, corpus: list[str]) -> np.ndarray:
+        """FlagEmbedding's name: the document vectors (no instruction) as one float32 array, a row per document."""
+        return self._embed(list(corpus))

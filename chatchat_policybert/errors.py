@@ -4,12 +4,15 @@ A bad input (a file, a directory, a flag, a settings value) raises :class:`Input
 subclass, with a message that names the input and says what was expected. :func:`run_cli` turns
 it into one line ``error: …`` on stderr and exit status :data:`EXIT_INPUT_ERROR`, the status
 argparse itself uses for a bad command line, so a user never sees a traceback for a mistake of theirs.
+Every command's parser is a :class:`PlainArgumentParser`, whose ``--help`` prints no docstring markup.
 Ctrl-C is no mistake either: it ends in one line ``interrupted: …`` and exit status
 :data:`EXIT_INTERRUPTED`; a long run says there where it can be resumed from (:class:`Interrupted`).
 """
 
 from __future__ import annotations
 
+import argparse
+import re
 import sys
 from collections.abc import Callable, Sequence
 
@@ -36,3 +39,26 @@ def run_cli(main: Callable[[Sequence[str] | None], int | None], argv: Sequence[s
     except KeyboardInterrupt as exc:
         print(f"interrupted: {exc}" if str(exc) else "interrupted", file=sys.stderr)
         return EXIT_INTERRUPTED
+
+
+_ROLE = re.compile(r":(?:func|class|mod|meth|data|attr|exc):`~?([^`]+)`")
+
+
+def plain_text(text: str) -> str:
+    """Docstring markup as a terminal should show it: ``code`` as `code`, :func:`name` as name."""
+    return _ROLE.sub(r"\1", text).replace("``", "`")
+
+
+class PlainHelp:
+    """Mixed into an ``ArgumentParser``: ``--help`` shows :func:`plain_text`.
+
+    Why: descriptions and flag help are the modules' docstrings, written in the markup of the API
+    documentation, which a terminal prints raw.
+    """
+
+    def format_help(self) -> str:
+        return plain_text(super().format_help())  # type: ignore[misc]
+
+
+class PlainArgumentParser(PlainHelp, argparse.ArgumentParser):
+    """The ``ArgumentParser`` of every command (its subcommands' parsers are of its class too)."""

@@ -34,13 +34,12 @@ from .errors import InputError
 from .files import atomic_path, read_json
 from .lexicon import LEXICON_FILE
 from .modeling import TASK_HEADS, PolicyBertModel
-from .tokenization import PolicyBertTokenizer
+from .settings import EmbeddingOptions
+from .tokenization import PROMPTS_FILE, TOKENIZER_CONFIG, PolicyBertTokenizer
 
 WEIGHT_FILES = ("model.safetensors", "pytorch_model.bin")
 TOKENIZER_FILES = ("tokenizer.json", "vocab.txt")
 SUPPORTED_TYPES = ("policybert", "bert")
-# Beside config.json, the file whose ``auto_map`` would make transformers import Python code shipped in the directory.
-TOKENIZER_CONFIG = "tokenizer_config.json"
 # Rows an embedding may have beyond the tokenizer's vocabulary: checkpoints pad their embedding to a
 # multiple of 64 or 128 for speed, so unused rows up to that are normal; more means the wrong tokenizer.
 MAX_UNUSED_VOCAB_ROWS = 127
@@ -287,6 +286,15 @@ def _check_loading_info(
         )
 
 
+def check_loaded(path: str | os.PathLike, model: PreTrainedModel, info: dict) -> None:
+    """The refusals of :func:`load_model_dir` for a model transformers has loaded by itself (``AutoModel``).
+
+    Missing tensors are allowed only for the heads a stage creates (the pooler, :data:`TASK_HEADS`).
+    """
+    _check_loading_info(Path(path), type(model), info, ("pooler.", *TASK_HEADS))
+    check_finite(model, Path(path))
+
+
 def load_model_dir(
     name_or_path: str | os.PathLike,
     model_class: type[PreTrainedModel] | None = None,
@@ -367,16 +375,74 @@ def load_policybert(
     return load_model_dir(name_or_path, allow_missing=("pooler.",), device=device)
 
 
+# sentence-transformers' description of a model directory: its own Transformer module at the root (which
+# reaches PolicyBERT through transformers' Auto classes, registered by this package), [CLS] pooling
+# and L2 normalisation, i.e. what PolicyBertEmbeddings computes. Its own classes only: sentence-
+# transformers imports any other class named in modules.json only with trust_remote_code=True.
+ST_MODULES = (
+    ("", "sentence_transformers.base.modules.transformer.Transformer"),
+    ("1_Pooling", "sentence_transformers.sentence_transformer.modules.pooling.Pooling"),
+    ("2_Normalize", "sentence_transformers.base.modules.normalize.Normalize"),
+)
+
+
+def sentence_transformers_files(model: PreTrainedModel, tokenizer: PolicyBertTokenizer) -> dict[str, str]:
+    """The files that make a model directory a sentence-transformers one (path -> JSON text).
+
+    ``SentenceTransformer(dir)`` then embeds as :class:`~chatchat_policybert.embeddings.PolicyBertEmbeddings`
+    does by default: the [CLS] state, normalised, of at most ``min(512, positions)`` tokens, with
+    the query prompt the model was trained with (``prompt_name="query"``; documents get none).
+    """
+
+    def dump(content: object) -> str:
+        return json.dumps(content, ensure_ascii=False, indent=2) + "\n"
+
+    # PolicyBertEmbeddings' default max_length, capped as it caps it by the model's positions.
+    max_length = min(EmbeddingOptions.model_fields["max_length"].default, model.config.max_position_embeddings)
+    return {
+        "modules.json": dump(
+            [
+                {"idx": i, "name": str(i), "path": folder, "type": module}
+                for i, (folder, module) in enumerate(ST_MODULES)
+            ]
+        ),
+        "sentence_bert_config.json": dump(
+            {
+                "transformer_task": "feature-extraction",
+                "modality_config": {"text": {"method": "forward", "method_output_name": "last_hidden_state"}},
+                "module_output_name": "token_embeddings",
+                "processing_kwargs": {"text": {"max_length": max_length}},
+            }
+        ),
+        "1_Pooling/config.json": dump(
+            {"embedding_dimension": model.config.hidden_size, "pooling_mode": "cls", "include_prompt": True}
+        ),
+        "2_Normalize/config.json": dump(
+            {"module_input_name": "sentence_embedding", "module_output_name": "sentence_embedding"}
+        ),
+        PROMPTS_FILE: dump(
+            {
+                "model_type": "SentenceTransformer",
+                "prompts": {"query": tokenizer.query_prompt, "document": ""},
+                "default_prompt_name": None,
+                "similarity_fn_name": "cosine",
+            }
+        ),
+    }
+
+
 def save_model_dir(
     model: PreTrainedModel,
     tokenizer: PolicyBertTokenizer,
     out: str | os.PathLike,
     extra_files: dict[str, str] | None = None,
 ) -> Path:
-    """Write model (safetensors), tokenizer, lexicon and ``extra_files`` (name -> text) to ``out`` atomically."""
+    """Write model (safetensors), tokenizer, lexicon, sentence-transformers' files
+    (:func:`sentence_transformers_files`) and ``extra_files`` (name -> text) to ``out`` atomically."""
     with atomic_path(out) as scratch:
         model.save_pretrained(scratch)
         tokenizer.save_pretrained(scratch)
-        for name, text in (extra_files or {}).items():
+        for name, text in {**sentence_transformers_files(model, tokenizer), **(extra_files or {})}.items():
+            (scratch / name).parent.mkdir(parents=True, exist_ok=True)
             (scratch / name).write_text(text, encoding="utf-8")
     return Path(out)

@@ -25,6 +25,7 @@ compute its [CLS] row alone (:class:`ClsOnlyLayer`, used by ``PolicyBertEmbeddin
 
 from __future__ import annotations
 
+import os
 import re
 from dataclasses import dataclass
 
@@ -418,6 +419,25 @@ class PolicyBertPreTrainedModel(PreTrainedModel):
     # Directories saved before the fusion scales existed load them from ``fusion_scale_init``,
     # whose default 1.0 is the formulas those models were trained with.
     _keys_to_ignore_on_load_missing = [r"(^|\.)fusion_scales$"]
+
+    @classmethod
+    def from_pretrained(cls, pretrained_model_name_or_path: str | os.PathLike, *model_args, **kwargs):
+        """transformers' loading (``AutoModel.from_pretrained``, sentence-transformers), with the loader's refusals.
+
+        transformers would randomly initialise an encoder tensor the checkpoint lacks and load NaN
+        weights, both silently; :func:`chatchat_policybert.loading.check_loaded` refuses them as
+        ``load_model_dir`` does (heads a stage creates, the pooler and :data:`TASK_HEADS`, may be
+        missing). A caller that asks for the loading info checks it itself (``load_model_dir`` does).
+        """
+        if kwargs.get("output_loading_info"):
+            return super().from_pretrained(pretrained_model_name_or_path, *model_args, **kwargs)
+        from .loading import check_loaded  # loading imports this module
+
+        model, info = super().from_pretrained(
+            pretrained_model_name_or_path, *model_args, output_loading_info=True, **kwargs
+        )
+        check_loaded(pretrained_model_name_or_path, model, info)
+        return model
 
     @torch.no_grad()
     def _init_weights(self, module: nn.Module) -> None:

@@ -27,7 +27,6 @@ import asyncio
 import base64
 import copy
 import hmac
-import ipaddress
 import json
 import logging
 import math
@@ -193,16 +192,6 @@ class HeaderTimeoutProtocol(H11Protocol):
 def header_timeout_protocol(limits: ServerLimits) -> type[HeaderTimeoutProtocol]:
     """The protocol class to pass as ``uvicorn.run(http=...)``: headers get ``limits.read_timeout_s`` too."""
     return type("HeaderTimeoutProtocol", (HeaderTimeoutProtocol,), {"header_timeout_s": limits.read_timeout_s})
-
-
-def is_loopback(host: str) -> bool:
-    """Whether binding ``host`` keeps the server on this machine (``localhost``, 127.0.0.0/8, ::1)."""
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:  # a host name: it may resolve to any interface
-        return False
 
 
 class RequestError(Exception):

@@ -29,6 +29,9 @@ from .files import read_json
 from .lexicon import LEXICON_FILE, Lexicon
 
 SPECIAL_TOKENS = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
+TOKENIZER_CONFIG = "tokenizer_config.json"
+"""The tokenizer's settings (its class, the k_w settings); beside config.json, the file whose ``auto_map`` would make
+transformers import Python code shipped in the directory (:func:`chatchat_policybert.loading.refuse_remote_code`)."""
 PROMPTS_FILE = "config_sentence_transformers.json"
 """Where a model directory keeps its query instruction: sentence-transformers' file, ``{"prompts": {"query": …}}``."""
 DEFAULT_QUERY_INSTRUCTION = "为这个句子生成表示以用于检索相关文章："
@@ -135,10 +138,13 @@ class PolicyBertTokenizer:
         path = Path(path)
         if config is None:
             config = PreTrainedConfig.from_pretrained(path) if (path / "config.json").is_file() else PreTrainedConfig()
-        lexicon = Lexicon.load(path / LEXICON_FILE) if (path / LEXICON_FILE).is_file() else None
+        # Never import Python from a model directory (see loading.refuse_remote_code).
+        tokenizer = AutoTokenizer.from_pretrained(path, config=config, trust_remote_code=False)
+        lexicon = getattr(tokenizer, "lexicon", None)  # a PolicyBertTokenizerFast has read it already
+        if lexicon is None and (path / LEXICON_FILE).is_file():
+            lexicon = Lexicon.load(path / LEXICON_FILE)
         return cls(
-            # Never import Python from a model directory (see loading.refuse_remote_code).
-            AutoTokenizer.from_pretrained(path, config=config, trust_remote_code=False),
+            tokenizer,
             lexicon,
             max_words=getattr(config, "max_words", PolicyBertConfig.max_words),
             max_words_span=getattr(config, "max_words_span", PolicyBertConfig.max_words_span),
@@ -151,13 +157,28 @@ class PolicyBertTokenizer:
         return [len(ids) for ids in encoded["input_ids"]]
 
     def save_pretrained(self, path: str | os.PathLike) -> None:
+        """The tokenizer files and the lexicon; ``tokenizer_config.json`` names :class:`PolicyBertTokenizerFast`
+        where there is a lexicon, so that ``AutoTokenizer`` gives the word inputs too.
+
+        The query instruction is saved with the rest of sentence-transformers' files by
+        :func:`chatchat_policybert.loading.save_model_dir`.
+        """
         path = Path(path)
         self.tokenizer.save_pretrained(path)
+        config_file = path / TOKENIZER_CONFIG
+        config = json.loads(config_file.read_text(encoding="utf-8"))
+        for key in ("lexicon_file", "max_words", "max_words_span"):
+            config.pop(key, None)
         if self.lexicon is not None:
             self.lexicon.save(path / LEXICON_FILE)
-        if self.query_instruction is not None:
-            prompts = {"prompts": {"query": self.query_instruction, "document": ""}, "default_prompt_name": None}
-            (path / PROMPTS_FILE).write_text(json.dumps(prompts, ensure_ascii=False, indent=2) + "\n", encoding="utf-8")
+            config.update(
+                tokenizer_class=PolicyBertTokenizerFast.__name__,
+                max_words=self.max_words,
+                max_words_span=self.max_words_span,
+            )
+        elif config.get("tokenizer_class") == PolicyBertTokenizerFast.__name__:
+            config["tokenizer_class"] = "BertTokenizer"
+        config_file.write_text(json.dumps(config, ensure_ascii=False, indent=2) + "\n", encoding="utf-8")
 
     def word_spans(self, encoding: Encoding, texts: tuple[str, ...]) -> np.ndarray:
         """All lexicon words of one example that align with its tokens: rows ``(word_id, first, last)``."""
@@ -198,6 +219,53 @@ class PolicyBertTokenizer:
             text, text_pair, max_length=max_length or self.model_max_length, truncation=True
         ).encodings
 
+    def word_inputs(
+        self,
+        encodings: list[Encoding],
+        text: list[str],
+        text_pair: list[str] | None = None,
+        *,
+        shuffle_words: bool = False,
+        seed: int | None = None,
+        return_word_spans: bool = False,
+    ) -> dict:
+        """The word inputs of ``encodings`` (of ``text``/``text_pair``, padded to one length or not):
+        ``word_ids``, ``word_attention_mask``, ``word_matching_matrix`` and, with ``return_word_spans``,
+        ``word_spans`` (see :meth:`collate`).
+
+        Shared by :meth:`collate` and :class:`PolicyBertTokenizerFast`, so the runtime and transformers'
+        ``AutoTokenizer`` feed the model the same words.
+        """
+        length = max(len(e.ids) for e in encodings)
+        rng = random.Random(seed) if shuffle_words else None
+        all_spans, kept = [], []
+        for i, encoding in enumerate(encodings):
+            spans = self.word_spans(encoding, (text[i],) if text_pair is None else (text[i], text_pair[i]))
+            all_spans.append(spans)
+            order = list(range(len(spans)))
+            if rng is not None:
+                rng.shuffle(order)
+            # The budget follows the text's tokens, not the padding: the same words with or without it.
+            kept.append(spans[order[: self.word_budget(sum(encoding.attention_mask))]])
+
+        width = max(1, max(map(len, kept)))
+        word_ids = np.zeros((len(encodings), width), dtype=np.int64)
+        matching = np.zeros((len(encodings), length, width), dtype=np.float32)
+        for b, spans in enumerate(kept):
+            word_ids[b, : len(spans)] = spans[:, 0]
+            lengths = spans[:, 2] - spans[:, 1]
+            columns = np.repeat(np.arange(len(spans)), lengths)
+            tokens = np.repeat(spans[:, 1] - np.cumsum(lengths) + lengths, lengths) + np.arange(lengths.sum())
+            matching[b, tokens, columns] = 1.0
+        inputs = {
+            "word_ids": torch.from_numpy(word_ids),
+            "word_attention_mask": torch.from_numpy((word_ids != 0).astype(np.int64)),
+            "word_matching_matrix": torch.from_numpy(matching),
+        }
+        if return_word_spans:
+            inputs["word_spans"] = [[tuple(map(int, row)) for row in spans] for spans in all_spans]
+        return inputs
+
     def collate(
         self,
         encodings: list[Encoding],
@@ -236,30 +304,11 @@ class PolicyBertTokenizer:
         )
         if self.lexicon is None:
             return batch
-        rng = random.Random(seed) if shuffle_words else None
-        all_spans, kept = [], []
-        for i, encoding in enumerate(encodings):
-            spans = self.word_spans(encoding, (text[i],) if text_pair is None else (text[i], text_pair[i]))
-            all_spans.append(spans)
-            order = list(range(len(spans)))
-            if rng is not None:
-                rng.shuffle(order)
-            kept.append(spans[order[: self.word_budget(len(encoding.ids))]])
-
-        width = max(1, max(map(len, kept)))
-        word_ids = np.zeros((size, width), dtype=np.int64)
-        matching = np.zeros((size, length, width), dtype=np.float32)
-        for b, spans in enumerate(kept):
-            word_ids[b, : len(spans)] = spans[:, 0]
-            lengths = spans[:, 2] - spans[:, 1]
-            columns = np.repeat(np.arange(len(spans)), lengths)
-            tokens = np.repeat(spans[:, 1] - np.cumsum(lengths) + lengths, lengths) + np.arange(lengths.sum())
-            matching[b, tokens, columns] = 1.0
-        batch["word_ids"] = torch.from_numpy(word_ids)
-        batch["word_attention_mask"] = torch.from_numpy((word_ids != 0).astype(np.int64))
-        batch["word_matching_matrix"] = torch.from_numpy(matching)
-        if return_word_spans:
-            batch["word_spans"] = [[tuple(map(int, row)) for row in spans] for spans in all_spans]
+        batch.update(
+            self.word_inputs(
+                encodings, text, text_pair, shuffle_words=shuffle_words, seed=seed, return_word_spans=return_word_spans
+            )
+        )
         return batch
 
     def __call__(
@@ -279,3 +328,49 @@ class PolicyBertTokenizer:
         return self.collate(
             encodings, texts, pairs, shuffle_words=shuffle_words, seed=seed, return_word_spans=return_word_spans
         )
+
+
+class PolicyBertTokenizerFast(BertTokenizerFast):
+    """The tokenizer transformers' ``AutoTokenizer`` gives for a PolicyBERT directory: BERT's, plus the word inputs.
+
+    Why: ``AutoModel.from_pretrained(dir)(**tokenizer(texts, padding=True, return_tensors="pt"))``
+    and sentence-transformers' ``Transformer`` module (which calls it that way) must feed the model
+    the words :class:`PolicyBertTokenizer` feeds it, or their vectors silently differ from the
+    served ones. The word inputs are padded tensors (a words x tokens matrix per text), so they are
+    added where ``return_tensors="pt"`` asks for tensors; other calls return BERT's inputs alone.
+    ``lexicon.txt`` is read as one of the tokenizer's files; the k_w settings come from
+    ``tokenizer_config.json``, which :meth:`PolicyBertTokenizer.save_pretrained` writes.
+    """
+
+    vocab_files_names = {**BertTokenizerFast.vocab_files_names, "lexicon_file": LEXICON_FILE}
+
+    def __init__(
+        self,
+        *args,
+        lexicon_file: str | os.PathLike | None = None,
+        max_words: int = PolicyBertConfig.max_words,
+        max_words_span: int = PolicyBertConfig.max_words_span,
+        **kwargs,
+    ):
+        super().__init__(*args, **kwargs)
+        self.lexicon = Lexicon.load(lexicon_file) if lexicon_file is not None else None
+        self.max_words = max_words
+        self.max_words_span = max_words_span
+
+    def __call__(self, text=None, text_pair=None, *args, **kwargs) -> BatchEncoding:
+        batch = super().__call__(text, text_pair, *args, **kwargs)
+        if self.lexicon is None or kwargs.get("return_tensors") != "pt" or text is None:
+            return batch
+        texts = [text] if isinstance(text, str) else list(text)
+        pairs = None if text_pair is None else ([text_pair] if isinstance(text_pair, str) else list(text_pair))
+        if len(batch.encodings) != len(texts) or not all(isinstance(t, str) for t in texts + (pairs or [])):
+            raise ValueError(
+                "PolicyBertTokenizerFast: word inputs need one encoding per text, each a str "
+                "(not is_split_into_words or return_overflowing_tokens)"
+            )
+        words = PolicyBertTokenizer(self, self.lexicon, self.max_words, self.max_words_span)
+        batch.update(words.word_inputs(batch.encodings, texts, pairs))
+        return batch
+
+
+AutoTokenizer.register(PolicyBertConfig, fast_tokenizer_class=PolicyBertTokenizerFast, exist_ok=True)

@@ -23,7 +23,7 @@ import torch
 
 from chatchat_policybert.configuration_policybert import PolicyBertConfig
 from chatchat_policybert.data import CORPUS_CSV, LEXICON
-from chatchat_policybert.errors import InputError, run_cli
+from chatchat_policybert.errors import InputError, PlainArgumentParser, run_cli
 from chatchat_policybert.files import write_json
 from chatchat_policybert.lexicon import Lexicon, LexiconError
 from chatchat_policybert.modeling import PolicyBertForPreTraining, PolicyBertForSequenceClassification
@@ -92,7 +92,7 @@ def main(argv: list[str] | None = None) -> None:
     """``--task fusion`` (default): this module's pre-training ablation; ``--task retrieval``:
     :mod:`training.ablate_retrieval`."""
     argv = sys.argv[1:] if argv is None else list(argv)
-    task = argparse.ArgumentParser(add_help=False)
+    task = PlainArgumentParser(add_help=False)
     task.add_argument("--task", choices=TASKS, default="fusion")
     chosen, rest = task.parse_known_args(argv)
     if chosen.task == "retrieval":
@@ -101,7 +101,7 @@ def main(argv: list[str] | None = None) -> None:
 
 
 def fusion_ablation(argv: list[str]) -> None:
-    parser = argparse.ArgumentParser(
+    parser = PlainArgumentParser(
         prog="python -m training.ablate",
         description=__doc__.split("\n\n")[0],
         formatter_class=argparse.ArgumentDefaultsHelpFormatter,

@@ -14,7 +14,6 @@ lexicon (Jaccard and recall of the reference).
 
 from __future__ import annotations
 
-import argparse
 import logging
 import sys
 from collections import Counter
@@ -23,7 +22,7 @@ from pathlib import Path
 
 from tqdm import tqdm
 
-from chatchat_policybert.errors import InputError, run_cli
+from chatchat_policybert.errors import InputError, PlainArgumentParser, run_cli
 from chatchat_policybert.files import atomic_path, write_json
 from training._common import copy_license, read_corpus
 
@@ -121,7 +120,7 @@ def overlap(words: Iterable[str], reference: Iterable[str]) -> dict[str, float |
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(prog="python -m training.build_lexicon", description=__doc__.split("\n\n")[0])
+    parser = PlainArgumentParser(prog="python -m training.build_lexicon", description=__doc__.split("\n\n")[0])
     parser.add_argument("--corpus", type=Path, required=True, help="corpus.jsonl from training.corpus")
     parser.add_argument(
         "--out", type=Path, required=True, help="output folder: lexicon.txt (word,count), lexicon_stats.json"

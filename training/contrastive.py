@@ -292,8 +292,11 @@ def contrastive(
 ) -> tuple[list[dict], bool]:
     """Trains ``model`` in place on the pairs; returns the per-epoch metrics and whether all steps ran.
 
+    ``tokenizer`` takes ``cfg.query_instruction``, so that every directory saved from it (``final/``
+    here and in ``training.tune``) serves queries with the instruction the model was trained with.
     ``inputs``, the command line's, only goes into ``run.json`` (see :func:`training.loop.train`).
     """
+    tokenizer.query_instruction = cfg.query_instruction
     if cfg.freeze_chars:
         freeze_character_encoder(model)
     task = ContrastiveTask(tokenizer, train_examples, dev_examples, cfg, token_limit(model, cfg.max_length))
@@ -324,7 +327,6 @@ def main(argv: list[str] | None = None) -> None:
     model, tokenizer = load_start_model(inputs.model)
     _, finished = contrastive(model, tokenizer, train_examples, dev_examples, cfg, inputs)
     if finished and is_main_process():
-        tokenizer.query_instruction = cfg.query_instruction  # the model is served with what it was trained with
         save_model_dir(model, tokenizer, cfg.out / "final")
         print(f"model → {cfg.out / 'final'}")
 

@@ -12,7 +12,6 @@ PolicySM pairs up later.
 
 from __future__ import annotations
 
-import argparse
 import hashlib
 import re
 import sys
@@ -23,7 +22,7 @@ from pathlib import Path
 import pandas as pd
 from tqdm import tqdm
 
-from chatchat_policybert.errors import InputError, run_cli
+from chatchat_policybert.errors import InputError, PlainArgumentParser, run_cli
 from chatchat_policybert.files import write_json
 from training._common import Document, copy_license, write_corpus
 
@@ -240,7 +239,7 @@ def build_corpus(raw_docs: list[RawDocument], min_chars: int = 10) -> tuple[list
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(prog="python -m training.corpus", description=__doc__.split("\n\n")[0])
+    parser = PlainArgumentParser(prog="python -m training.corpus", description=__doc__.split("\n\n")[0])
     parser.add_argument(
         "--input", type=Path, required=True, help="CSV with a contentText column, or a folder of .txt/.md files"
     )

@@ -25,7 +25,7 @@ from transformers import PreTrainedModel
 
 from chatchat_policybert.errors import InputError, run_cli
 from chatchat_policybert.loading import save_model_dir
-from chatchat_policybert.tokenization import PolicyBertTokenizer
+from chatchat_policybert.tokenization import DEFAULT_QUERY_INSTRUCTION, PolicyBertTokenizer
 from training import contrastive, finetune, pretrain
 from training.loop import CHECKPOINT, RESUMABLE, RUN, TrainConfig, describe_changes, parse_config, read_checkpoint_file
 
@@ -195,6 +195,8 @@ def export(cfg: ExportConfig) -> tuple[str, int]:
             f"expected the directory the {stage} run started from"
         )
     model.load_state_dict(weights)
+    if stage == "contrastive":  # served with the query instruction it trains with, as its final/ would be
+        tokenizer.query_instruction = saved["config"].get("query_instruction", DEFAULT_QUERY_INSTRUCTION)
     save_model_dir(model, tokenizer, cfg.out)
     return stage, saved["state"]["step"]
 

@@ -36,7 +36,7 @@ from torch import nn
 from tqdm import tqdm
 from transformers import HfArgumentParser, get_linear_schedule_with_warmup
 
-from chatchat_policybert.errors import InputError, Interrupted
+from chatchat_policybert.errors import InputError, Interrupted, PlainHelp
 from chatchat_policybert.files import atomic_path, write_json
 
 Precision = Literal["auto", "fp32", "bf16", "fp16"]
@@ -130,7 +130,7 @@ class Task(Protocol):
         """Held-out metrics; main process only, the model unwrapped, in eval mode, under no_grad and autocast."""
 
 
-class _Parser(HfArgumentParser):
+class _Parser(PlainHelp, HfArgumentParser):
     """Bad flags become an :class:`InputError` (one line, exit 2 through ``run_cli``), like every other bad input."""
 
     def error(self, message: str) -> None:  # type: ignore[override]

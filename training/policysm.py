@@ -13,14 +13,13 @@ without a header, like ``chatchat_policybert/data/policy_sm/dev.tsv``.
 
 from __future__ import annotations
 
-import argparse
 import random
 import sys
 from pathlib import Path
 
 from tqdm import tqdm
 
-from chatchat_policybert.errors import InputError, run_cli
+from chatchat_policybert.errors import InputError, PlainArgumentParser, run_cli
 from chatchat_policybert.files import atomic_path, write_json
 from training._common import Document, SentencePair, copy_license, read_corpus
 from training.corpus import split_clauses
@@ -210,7 +209,7 @@ def balance(splits: dict[str, list[SentencePair]]) -> dict[str, dict[str, int]]:
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(prog="python -m training.policysm", description=__doc__.split("\n\n")[0])
+    parser = PlainArgumentParser(prog="python -m training.policysm", description=__doc__.split("\n\n")[0])
     parser.add_argument("--corpus", type=Path, required=True, help="corpus.jsonl from training.corpus")
     parser.add_argument(
         "--out", type=Path, required=True, help="output folder: policysm1/ and policysm2/ with train/dev/test.tsv"

@@ -62,7 +62,7 @@ from chatchat_policybert.calibration import (
 from chatchat_policybert.chatchat_process import chatchat_command, run_chatchat
 from chatchat_policybert.chatchat_root import configured_analyzer, content_dir, default_kb, kb_settings
 from chatchat_policybert.embeddings import token_limit
-from chatchat_policybert.errors import InputError, run_cli
+from chatchat_policybert.errors import InputError, PlainArgumentParser, run_cli
 from chatchat_policybert.evaluation.evaluate import (
     EXIT_WORSE,
     MRR_K,
@@ -522,7 +522,7 @@ def write_report(run: Run, gate: dict[str, Any], calibration: dict[str, Any] | N
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = PlainArgumentParser(
         prog="chatchat-policybert tune", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     parser.add_argument(

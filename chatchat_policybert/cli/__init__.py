@@ -22,7 +22,7 @@ import sys
 from collections.abc import Sequence
 from typing import Any
 
-from ..errors import InputError, run_cli
+from ..errors import InputError, PlainArgumentParser, run_cli
 from . import doctor, rollback, serve, setup
 from . import eval as eval_command
 from .common import default_root
@@ -39,7 +39,7 @@ COMMANDS = (setup, doctor, serve, rollback, eval_command)
 
 def build_parser() -> argparse.ArgumentParser:
     """The main parser: each command module adds its own subparser, then the plugin commands' help lines."""
-    parser = argparse.ArgumentParser(
+    parser = PlainArgumentParser(
         prog="chatchat-policybert",
         description="Use PolicyBERT as the embedding model of a stock Langchain-Chatchat 0.3.1.3.",
     )

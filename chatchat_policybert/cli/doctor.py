@@ -15,7 +15,16 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ..chatchat_root import VS_TYPES, KbSettings, index_size, kb_root, kb_settings, vector_store_dir
+from ..chatchat_root import (
+    VS_TYPES,
+    KbSettings,
+    index_size,
+    is_loopback,
+    kb_root,
+    kb_settings,
+    server_hosts,
+    vector_store_dir,
+)
 from ..errors import InputError
 from ..score_threshold import TARGET_COSINE, cosine_cut, score_threshold_for
 from ..settings import HybridConfig, SettingsError, find_local_model, load_yaml, parse_hybrid
@@ -114,6 +123,14 @@ def diagnose(root: Path, load_model: bool) -> list[Finding]:
         )
     else:
         add("OK", f"import hook installed: {pth}")
+
+    for key, host in server_hosts(root).items():
+        if not is_loopback(host):
+            add(
+                "WARN",
+                f"{key}.host {host} in basic_settings.yaml: reachable from other machines (Chatchat's API has no "
+                f"authentication); `chatchat-policybert setup --bind 127.0.0.1` keeps it on this machine",
+            )
 
     chunk = settings.chunk_size
     if local is not None:

@@ -60,13 +60,13 @@ def run_serve(args: argparse.Namespace) -> int:
     import uvicorn
 
     from ..chatchat_hook import load_embeddings
+    from ..chatchat_root import is_loopback
     from ..server import (
         API_KEY_ENV,
         SHUTDOWN_GRACE_S,
         ServerLimits,
         create_app,
         header_timeout_protocol,
-        is_loopback,
         thread_local_counter,
     )
     from ..settings import LocalEmbeddingsConfig

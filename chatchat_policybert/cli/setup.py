@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from ..analyzer import ANALYZERS, NEW_DEPLOYMENT
-from ..chatchat_root import VS_TYPES, configured_analyzer, content_dir, default_kb, faiss_indexes
+from ..chatchat_root import SERVERS, VS_TYPES, configured_analyzer, content_dir, default_kb, faiss_indexes
 from ..dtypes import DTYPE_CHOICES
 from ..errors import InputError
 from ..score_threshold import TARGET_COSINE, score_threshold_for
@@ -21,6 +21,7 @@ from .common import add_root_argument
 from .doctor import PG_HYBRID_NOTE, diagnose, report
 
 SETTINGS_FILES = ("model_settings.yaml", "kb_settings.yaml")
+BASIC_SETTINGS = "basic_settings.yaml"
 
 
 def register(commands: Any) -> None:
@@ -66,6 +67,13 @@ def register(commands: Any) -> None:
         help="how BM25 tokenises (the hybrid block's analyzer): policy (stopwords and punctuation out, Chinese "
         "character bigrams in) or chatchat (Chatchat's own jieba tokens); default: what the merged "
         f"model_settings.yaml says (the shipped one: {NEW_DEPLOYMENT}). A change takes effect with `chatchat kb -r`",
+    )
+    setup.add_argument(
+        "--bind",
+        default="127.0.0.1",
+        metavar="HOST",
+        help="address Chatchat's API and WebUI listen on (default 127.0.0.1: this machine only; `chatchat init` "
+        "writes 0.0.0.0, which exposes the unauthenticated API to the network)",
     )
     setup.add_argument("--no-check", action="store_true", help="skip the doctor's checks after merging")
     setup.add_argument(
@@ -140,6 +148,7 @@ def run_setup(args: argparse.Namespace) -> int:
             raise InputError("--vs pg needs --pg-uri postgresql+psycopg2://USER:PASSWORD@HOST:PORT/DATABASE")
         validate_uri(args.pg_uri)
     yaml = round_trip_yaml()
+    basic = _bound(root, args.bind, yaml)  # checked before any file is written
     source = args.settings_dir or shipped_settings_dir()
     for name in SETTINGS_FILES:
         shipped = yaml.load((source / name).read_text(encoding="utf-8"))
@@ -164,6 +173,9 @@ def run_setup(args: argparse.Namespace) -> int:
         with path.open("w", encoding="utf-8") as handle:
             yaml.dump(current, handle)
         print(f"OK    merged {source / name} into {path}")
+    with (root / BASIC_SETTINGS).open("w", encoding="utf-8") as handle:
+        yaml.dump(basic, handle)
+    print(f"OK    Chatchat's API and WebUI listen on {args.bind} ({root / BASIC_SETTINGS})")
     _link_nltk_data(root)
     kb_dir = content_dir(root, default_kb(root))
     kb_dir.mkdir(parents=True, exist_ok=True)
@@ -220,6 +232,19 @@ def _choose_store(kb_settings: Any, store: str, uri: str | None) -> None:
         kb_settings["kbs_config"] = {store: {"connection_uri": uri}}
     if store == "pg":
         print(f"NOTE  {PG_HYBRID_NOTE}")
+
+
+def _bound(root: Path, host: str, yaml: Any) -> Any:
+    """basic_settings.yaml with ``host`` for Chatchat's API and WebUI (comments and other keys kept), to write."""
+    path = root / BASIC_SETTINGS
+    if not path.is_file():
+        raise InputError(f"{root} has no {BASIC_SETTINGS}: run `CHATCHAT_ROOT={root} chatchat init` first")
+    basic = yaml.load(path.read_text(encoding="utf-8")) or {}
+    for key in SERVERS:
+        if not isinstance(basic.get(key), dict):
+            raise InputError(f"{path}: {key} is {basic.get(key)!r}, expected a mapping with host and port")
+        basic[key]["host"] = host
+    return basic
 
 
 def _link_nltk_data(root: Path) -> None:

@@ -35,7 +35,7 @@ from tqdm import tqdm
 from chatchat_policybert.analyzer import ANALYZERS, NEW_DEPLOYMENT, Analyzer
 from chatchat_policybert.chatchat_root import configured_analyzer, default_kb, stored_vectors
 from chatchat_policybert.data import CORPUS_CSV, QUESTIONS
-from chatchat_policybert.errors import InputError, run_cli
+from chatchat_policybert.errors import InputError, PlainArgumentParser, run_cli
 from chatchat_policybert.evaluation.dataset import Corpus, Query, load_beir, load_corpus, load_questions
 from chatchat_policybert.evaluation.knowledge_base import Chunk, indexed_vectors, load_chunks, prepare_root
 from chatchat_policybert.evaluation.metrics import (
@@ -227,7 +227,7 @@ def parse_model(spec: str) -> tuple[str, Path]:
 
 def build_parser() -> argparse.ArgumentParser:
     """The parser of ``chatchat-policybert eval`` on its own (for :func:`main`)."""
-    parser = argparse.ArgumentParser(
+    parser = PlainArgumentParser(
         prog="chatchat-policybert eval", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     add_arguments(parser)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 import os
 import shutil
+import sys
 from pathlib import Path
 
 import pytest
@@ -13,6 +14,7 @@ from chatchat_deploy import BIN, Deployment, run
 from test_kb_swap import files, write_index
 
 from chatchat_policybert.cli import main
+from chatchat_policybert.errors import plain_text
 from chatchat_policybert.kb_rebuild import RETIRED_SUFFIX, recover_swap
 from chatchat_policybert.score_threshold import cosine_cut
 from chatchat_policybert.settings import SettingsError, find_local_model, parse_config
@@ -34,6 +36,19 @@ MODEL_PLATFORMS:
 """
 
 
+INIT_LIKE_BASIC_SETTINGS = """\
+# written by chatchat init
+API_SERVER:
+  host: 0.0.0.0
+  port: 7861
+  public_host: 127.0.0.1
+  public_port: 7861
+WEBUI_SERVER:
+  host: 0.0.0.0
+  port: 8501
+"""
+
+
 def cli(*args: str, env: dict | None = None):
     return run([str(BIN / "chatchat-policybert"), *args], env or dict(os.environ), timeout=120)
 
@@ -43,6 +58,7 @@ def make_root(tmp_path: Path) -> Path:
     root.mkdir()
     (root / "model_settings.yaml").write_text(INIT_LIKE_MODEL_SETTINGS, encoding="utf-8")
     (root / "kb_settings.yaml").write_text("DEFAULT_KNOWLEDGE_BASE: samples\nSCORE_THRESHOLD: 2.0\n", encoding="utf-8")
+    (root / "basic_settings.yaml").write_text(INIT_LIKE_BASIC_SETTINGS, encoding="utf-8")
     return root
 
 
@@ -53,6 +69,22 @@ def test_every_command_explains_every_option(command, capsys, options_without_he
     assert exit_info.value.code == 0
     text = capsys.readouterr().out
     assert text.startswith("usage: chatchat-policybert") and options_without_help(text) == []
+    assert plain_text(text) == text, "no ``code`` or :func:`name` markup"
+
+
+@pytest.mark.parametrize("command", [[], ["setup"], ["doctor"], ["serve"], ["eval"], ["rollback"]])
+def test_help_prints_no_warning_and_loads_no_model_code(command):
+    """The installed command as a user starts it: nothing on stderr (e.g. requests' RequestsDependencyWarning, issue
+    32), and neither torch nor Chatchat imported before the arguments are parsed (what keeps --help fast)."""
+    code = (
+        "import sys\nfrom chatchat_policybert.cli import main\n"
+        "try:\n    main(sys.argv[1:])\nexcept SystemExit:\n    pass\n"
+        "print(sorted(m for m in ('torch', 'transformers', 'chatchat') if m in sys.modules), file=sys.stderr)\n"
+    )
+    imported = run([sys.executable, "-c", code, *command, "--help"], dict(os.environ), timeout=120)
+    assert imported.stderr == "[]\n"
+    result = cli(*command, "--help")
+    assert result.returncode == 0 and result.stderr == ""
 
 
 def test_faiss_cosine_cut_matches_chatchat_rule():
@@ -95,6 +127,26 @@ def test_setup_merges_settings_and_keeps_comments(tmp_path: Path, tiny_model: Pa
     assert again.returncode == 0
     names = [p["platform_name"] for p in yaml.safe_load((root / "model_settings.yaml").read_text())["MODEL_PLATFORMS"]]
     assert names == ["policybert", "ollama"]  # without --keep-other-platforms only the shipped ones remain
+
+
+def test_setup_binds_chatchat_to_this_machine_unless_asked(tmp_path: Path, tiny_model: Path):
+    """`chatchat init` writes 0.0.0.0 (Chatchat's API has no authentication): setup writes 127.0.0.1, doctor warns."""
+    root = make_root(tmp_path)
+
+    def hosts() -> list[str]:
+        basic = yaml.safe_load((root / "basic_settings.yaml").read_text(encoding="utf-8"))
+        assert basic["API_SERVER"]["port"] == 7861 and basic["WEBUI_SERVER"]["port"] == 8501  # the rest is kept
+        return [basic["API_SERVER"]["host"], basic["WEBUI_SERVER"]["host"]]
+
+    doctor = cli("doctor", "--root", str(root), "--no-load")
+    assert "WARN  API_SERVER.host 0.0.0.0 in basic_settings.yaml: reachable from other machines" in doctor.stdout
+    assert "WARN  WEBUI_SERVER.host 0.0.0.0" in doctor.stdout
+    assert cli("setup", "--root", str(root), "--model", str(tiny_model), "--no-check").returncode == 0
+    assert hosts() == ["127.0.0.1", "127.0.0.1"]
+    assert "# written by chatchat init" in (root / "basic_settings.yaml").read_text(encoding="utf-8")
+    assert "0.0.0.0" not in cli("doctor", "--root", str(root), "--no-load").stdout
+    exposed = cli("setup", "--root", str(root), "--model", str(tiny_model), "--bind", "0.0.0.0", "--no-check")
+    assert exposed.returncode == 0 and hosts() == ["0.0.0.0", "0.0.0.0"]
 
 
 def test_setup_before_chatchat_init_says_what_to_run(tmp_path: Path):

@@ -33,6 +33,7 @@ from chatchat_policybert.chatchat_process import chatchat_command, run_chatchat
 from chatchat_policybert.chatchat_root import content_dir, vector_store_dir
 from chatchat_policybert.pg_store import CANDIDATE_SCHEMA_PREFIX, connected, pg_vectors
 from chatchat_policybert.rollback import faiss_vectors, tune_dir
+from tests.support.outside_chatchat import check_loads_outside_chatchat
 from tests.support.pg_cluster import DATABASE, PgCluster
 
 KB = "WeiMingPolicies"
@@ -125,6 +126,7 @@ def test_a_tune_that_improves_installs_and_rollback_restores_byte_identical_vect
     settings = yaml.safe_load((root / "model_settings.yaml").read_text(encoding="utf-8"))
     platform = next(p for p in settings["MODEL_PLATFORMS"] if "local_embeddings" in p)
     assert platform["local_embeddings"]["model_path"].startswith("models/policybert-WeiMingPolicies-")
+    check_loads_outside_chatchat(root / platform["local_embeddings"]["model_path"])  # the installed copy
     assert "calibration" in platform["hybrid"]
     report = (out / "report.md").read_text(encoding="utf-8")
     assert "decision: **installed**" in report and "| after |" in report and "| bm25 alone |" in report

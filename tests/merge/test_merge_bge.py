@@ -17,6 +17,8 @@ from chatchat_policybert.errors import run_cli as run_main
 from chatchat_policybert.lexicon import Lexicon
 from chatchat_policybert.loading import load_policybert
 from chatchat_policybert.modeling import PolicyBertModel
+from chatchat_policybert.tokenization import DEFAULT_QUERY_INSTRUCTION
+from tests.support.outside_chatchat import check_loads_outside_chatchat
 from tests.support.tiny_models import build_tiny_bert, tiny_config
 from training.merge_bge import main as merge_main
 
@@ -111,6 +113,7 @@ def test_build_with_zen(tmp_path, bge_dir, lexicon_file, texts):
     assert "zen:embeddings.word_embeddings.weight" in report["dropped"]
     vectors = PolicyBertEmbeddings(out).embed_documents(texts)
     assert len(vectors) == 3 and len(vectors[0]) == 32
+    check_loads_outside_chatchat(out, query_prompt=DEFAULT_QUERY_INSTRUCTION)
 
 
 def test_build_without_zen_equals_bge_on_text_without_words(tmp_path, bge_dir, lexicon_file):
@@ -282,7 +285,7 @@ def _fresh(tmp_path: Path, bge_dir: Path, lexicon_file: Path) -> Path:
 
 def test_failed_merge_keeps_previous_output(tmp_path, bge_dir, lexicon_file):
     out = _fresh(tmp_path, bge_dir, lexicon_file)
-    before = {p.name: p.read_bytes() for p in out.iterdir()}
+    before = {p.relative_to(out): p.read_bytes() for p in out.rglob("*") if p.is_file()}
     broken_zen = tmp_path / "zen"
     broken_zen.mkdir()
     (broken_zen / "ngram.txt").write_text("数据,3\n", encoding="utf-8")
@@ -303,7 +306,7 @@ def test_failed_merge_keeps_previous_output(tmp_path, bge_dir, lexicon_file):
         ],
     )
     assert rc == 2
-    assert {p.name: p.read_bytes() for p in out.iterdir()} == before
+    assert {p.relative_to(out): p.read_bytes() for p in out.rglob("*") if p.is_file()} == before
 
 
 def test_cli_process_exit_code_and_message_offline(tmp_path, lexicon_file):

@@ -9,9 +9,11 @@ import json
 import pytest
 import torch
 
-from chatchat_policybert.errors import InputError
+from chatchat_policybert.errors import InputError, plain_text
 from chatchat_policybert.loading import load_model_dir, load_policybert
 from chatchat_policybert.modeling import PolicyBertForSequenceClassification
+from chatchat_policybert.tokenization import DEFAULT_QUERY_INSTRUCTION
+from tests.support.outside_chatchat import check_loads_outside_chatchat
 from training import build_lexicon, finetune, merge_bge, pretrain
 from training.policysm import read_pairs
 
@@ -40,6 +42,7 @@ def test_every_stage_has_help(stage, argv, capsys, options_without_help):
     text = capsys.readouterr().out
     assert "usage: python -m training." in text
     assert options_without_help(text) == []
+    assert plain_text(text) == text, "no ``code`` or :func:`name` markup"
 
 
 def test_chain_into_a_merged_model(tmp_path, corpus_dir, policysm_dir, data_dir, tiny_model_dir):
@@ -158,6 +161,9 @@ def test_chain_into_a_merged_model(tmp_path, corpus_dir, policysm_dir, data_dir,
     assert torch.equal(
         model.word_embeddings.word_embeddings.weight, classifier.bert.word_embeddings.word_embeddings.weight
     )
+    # Every stage's directory (its task head included) embeds alike with sentence-transformers and AutoModel.
+    for stage in ("pre/final", "ft/final", "export"):
+        check_loads_outside_chatchat(tmp_path / stage, query_prompt=DEFAULT_QUERY_INSTRUCTION)
 
 
 def test_finetune_rejects_corrupt_data(tmp_path, tiny_model_dir):

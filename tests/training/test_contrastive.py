@@ -32,10 +32,11 @@ from safetensors.torch import load_file
 from chatchat_policybert.chatchat_hook import load_embeddings
 from chatchat_policybert.embeddings import PolicyBertEmbeddings
 from chatchat_policybert.errors import run_cli
-from chatchat_policybert.loading import load_policybert
+from chatchat_policybert.loading import load_policybert, save_model_dir
 from chatchat_policybert.settings import LocalEmbeddingsConfig
 from chatchat_policybert.tokenization import DEFAULT_QUERY_INSTRUCTION, PROMPTS_FILE
-from training.contrastive import ContrastiveConfig, ContrastiveTask, info_nce, main, read_examples
+from tests.support.outside_chatchat import check_loads_outside_chatchat
+from training.contrastive import ContrastiveConfig, ContrastiveTask, contrastive, info_nce, main, read_examples
 
 CHUNK, QUERY, DEV_EVERY = 100, 32, 5
 
@@ -370,6 +371,17 @@ def test_false_negatives_are_counted_in_a_warning(tmp_path, capsys):
     assert "warning" not in capsys.readouterr().err
 
 
+def test_the_training_function_saves_its_instruction_with_any_caller(tiny_model_dir, pairs, tmp_path):
+    """``tune`` calls ``contrastive()`` and saves the model itself: the instruction must come with the tokenizer."""
+    model, tokenizer = load_policybert(tiny_model_dir("attn"))
+    cfg = ContrastiveConfig(
+        out=tmp_path / "run", query_instruction="检索：", max_steps=1, batch_size=4, train_group_size=2, device="cpu"
+    )
+    contrastive(model, tokenizer, read_examples(pairs["train"], 1), read_examples(pairs["dev"], 0), cfg)
+    saved = save_model_dir(model, tokenizer, tmp_path / "final")
+    assert PolicyBertEmbeddings(saved).query_instruction == "检索："
+
+
 def test_query_instruction_is_saved_and_served(tiny_model_dir, pairs, tmp_path):
     """``--query-instruction X`` is saved with the model, and the embeddings that the hook and ``serve``
     build (``load_embeddings`` from a settings block) and that ``eval`` builds prefix queries with X."""
@@ -383,3 +395,4 @@ def test_query_instruction_is_saved_and_served(tiny_model_dir, pairs, tmp_path):
     for served in (hook, PolicyBertEmbeddings(final)):
         assert served.embed_query(query) == served.embed_documents([instruction + query])[0]
         assert served.embed_query(query) != served.embed_documents([DEFAULT_QUERY_INSTRUCTION + query])[0]
+    check_loads_outside_chatchat(final, query_prompt=instruction)

@@ -24,11 +24,14 @@ from safetensors.torch import load_file
 from chatchat_policybert.embeddings import PolicyBertEmbeddings
 from chatchat_policybert.errors import run_cli
 from chatchat_policybert.loading import load_policybert
+from tests.support.outside_chatchat import check_loads_outside_chatchat
 from training import contrastive, finetune, pretrain
 from training.export import main
 
 STEPS = ["--max-steps", "3", "--batch-size", "4", "--max-length", "32", "--lr", "1e-3", "--device", "cpu"]
 TEXTS = ["国务院关于数据要素的意见", "住房公积金"]
+INSTRUCTION = "检索政策："
+"""The contrastive runs' --query-instruction: the exported directory must serve queries with it, as final/ would."""
 
 
 @pytest.fixture(scope="module")
@@ -62,7 +65,8 @@ def stage_argv(
         ),
         "contrastive": (
             contrastive.main,
-            ["--model", start, "--train", str(pairs["train"]), "--dev", str(pairs["dev"]), "--train-group-size", "2"],
+            ["--model", start, "--train", str(pairs["train"]), "--dev", str(pairs["dev"]), "--train-group-size", "2"]
+            + ["--query-instruction", INSTRUCTION],
         ),
     }
 
@@ -111,6 +115,7 @@ def test_a_stopped_run_exports_its_checkpoint(stage, stopped, tiny_model_dir, tm
     assert all(torch.equal(encoder[k], weights[prefix + k]) for k in encoder)
     vectors = np.array(PolicyBertEmbeddings(tmp_path / "model").embed_documents(TEXTS))
     assert vectors.shape == (2, 32) and np.allclose(np.linalg.norm(vectors, axis=1), 1.0)
+    check_loads_outside_chatchat(tmp_path / "model", query_prompt=INSTRUCTION if stage == "contrastive" else None)
 
 
 def test_a_finished_runs_last_checkpoint_exports_its_final(stopped, stage_argv, tiny_model_dir, tmp_path):

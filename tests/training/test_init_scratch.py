@@ -10,6 +10,8 @@ from transformers import BertForPreTraining, BertModel
 from chatchat_policybert.errors import InputError
 from chatchat_policybert.evaluation.dataset import load_corpus
 from chatchat_policybert.loading import load_policybert
+from chatchat_policybert.tokenization import DEFAULT_QUERY_INSTRUCTION
+from tests.support.outside_chatchat import check_loads_outside_chatchat
 from training import init_scratch, pretrain
 
 
@@ -46,6 +48,7 @@ def test_a_plain_bert_over_the_corpus_characters(tmp_path, small_csv):
     # Pre-training takes it as BertForPreTraining (no lexicon: masking per character).
     trainable, _ = pretrain.load_start_model(out)
     assert type(trainable) is BertForPreTraining
+    check_loads_outside_chatchat(out, query_prompt=DEFAULT_QUERY_INSTRUCTION)
 
 
 def test_refuses_heads_that_do_not_divide_the_hidden_size(tmp_path):
