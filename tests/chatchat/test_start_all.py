@@ -8,7 +8,6 @@ import pickle
 import time
 
 import faiss
-import jieba
 import numpy as np
 import pytest
 import requests
@@ -17,6 +16,7 @@ from chatchat_deploy import KB_NAME, Deployment
 from langchain_community.retrievers import BM25Retriever
 from ollama_standin import REPLY
 
+from chatchat_policybert.chatchat_root import configured_analyzer
 from chatchat_policybert.embeddings import PolicyBertEmbeddings
 from chatchat_policybert.score_threshold import cosine_cut
 
@@ -32,7 +32,9 @@ class Retrievers:
             docstore, self.index_to_id = pickle.load(handle)
         self.docs = docstore._dict
         self.embeddings = PolicyBertEmbeddings(str(deployment.model_dir))
-        self.bm25 = BM25Retriever.from_documents(list(self.docs.values()), preprocess_func=jieba.lcut_for_search)
+        # The deployment's BM25 tokens: the analyzer its setup configured (policy).
+        analyzer = configured_analyzer(deployment.root)
+        self.bm25 = BM25Retriever.from_documents(list(self.docs.values()), preprocess_func=analyzer)
         self.bm25.k = TOP_K
 
     def faiss(self, query: str, score_threshold: float) -> list[str]:
