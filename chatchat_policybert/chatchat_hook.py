@@ -10,7 +10,8 @@ before anything can import the name. It also makes `kb -r` transactional for FAI
 (`chatchat_policybert.kb_rebuild`), by wrapping `migrate.folder2db` the same way, and keeps the
 FAISS ensemble's BM25 index between questions (`chatchat_policybert.ensemble_cache`), and gives
 the pg store one store object per knowledge base and the same BM25 + vector ensemble
-(`chatchat_policybert.pg_search`); set CHATCHAT_POLICYBERT_BM25_CACHE=0 for Chatchat's own search
+(`chatchat_policybert.pg_search`), and warms the model and the default knowledge base when the API
+starts (`chatchat_policybert.warm_up`); set CHATCHAT_POLICYBERT_BM25_CACHE=0 for Chatchat's own search
 on both stores (BM25 rebuilt per question on FAISS, dense-only on pg), e.g. to compare.
 
 The wrapper serves embed models whose platform entry has a `local_embeddings` block (see
@@ -51,6 +52,7 @@ UTILS_MODULE = "chatchat.server.utils"
 MIGRATE_MODULE = "chatchat.server.knowledge_base.migrate"
 ENSEMBLE_MODULE = "chatchat.server.file_rag.retrievers.ensemble"
 PG_MODULE = "chatchat.server.knowledge_base.kb_service.pg_kb_service"
+APP_MODULE = "chatchat.server.api_server.server_app"
 DISABLE_ENV = "CHATCHAT_POLICYBERT_HOOK"
 BM25_CACHE_ENV = "CHATCHAT_POLICYBERT_BM25_CACHE"
 
@@ -102,6 +104,13 @@ def _patch_pg(module: ModuleType) -> None:
     patch_pg(module)
 
 
+def _patch_app(module: ModuleType) -> None:
+    from chatchat_policybert.warm_up import WARM_UP_ENV, patch_app
+
+    if not switched_off(WARM_UP_ENV):
+        patch_app(module)
+
+
 def _patchers() -> dict[str, object]:
     """Module name -> function that patches it right after it executes."""
     return {
@@ -109,6 +118,7 @@ def _patchers() -> dict[str, object]:
         MIGRATE_MODULE: _patch_migrate,
         ENSEMBLE_MODULE: _patch_ensemble,
         PG_MODULE: _patch_pg,
+        APP_MODULE: _patch_app,
     }
 
 
