@@ -50,6 +50,7 @@ import datetime
 import hashlib
 import json
 import math
+import resource
 import shlex
 import shutil
 import sys
@@ -82,7 +83,6 @@ from chatchat_policybert.evaluation.evaluate import (
     compare_runs,
     evaluate_retriever,
     gate_failure,
-    plot_recall,
 )
 from chatchat_policybert.evaluation.retrievers import ChatchatEnsemble, ChatchatSearch
 from chatchat_policybert.files import atomic_path, read_json, write_json
@@ -117,6 +117,12 @@ KS = [1, 5, 10]
 SHOWN = ("R@1", "R@5", f"MRR@{MRR_K}", f"nDCG@{MRR_K}")
 STATE, GATE, CALIBRATION, BUDGET = "tune.json", "gate.json", "calibration.json", "budget.json"
 EXIT_INTERRUPTED = 130  # the shell's status for a Ctrl-C
+ACTIVATION_BUDGET_BYTES = 4 * 2**30
+"""What one training step's activations may hold: a step whose batch would hold more runs its texts in chunks
+under activation checkpointing (``--embed-chunk``, same loss and gradient; docs/training.md, "Memory")."""
+WORD_STREAM_SLACK = 1.3
+"""Measured / estimated activation bytes per text on the demo's model (36 MB against 28 MB at 502 tokens): the
+word stream's cross-attention and the allocator's slack, which :func:`activation_bytes_per_text` leaves out."""
 
 
 def digest(*parts: object) -> str:
@@ -170,15 +176,35 @@ class Run:
 
     @contextlib.contextmanager
     def step(self, name: str) -> Iterator[None]:
-        """Prints the step's header and adds its time to the state when it ends without an error."""
+        """Prints the step's header; adds its time and its peak memory to the state when it ends without an error."""
         number = STEPS.index(name) + 1
         print(f"[{number}/{len(STEPS)}] {name}", flush=True)
         started = time.perf_counter()
+        _reset_peak_rss()
         yield
         record = self.state["steps"].setdefault(name, {"seconds": 0.0})
         record["seconds"] = round(record["seconds"] + time.perf_counter() - started, 1)
         record["finished"] = _now()
+        peak = _peak_rss_mb()
+        if peak is not None:
+            record["peak_rss_mb"] = max(record.get("peak_rss_mb", 0), peak)
+        record["children_peak_rss_mb"] = round(resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024)
         self.save()
+
+
+def _reset_peak_rss() -> None:
+    """Starts this process's peak-RSS count (``VmHWM``) anew, so that each step's peak is its own (Linux)."""
+    with contextlib.suppress(OSError), open("/proc/self/clear_refs", "w") as handle:
+        handle.write("5")
+
+
+def _peak_rss_mb() -> int | None:
+    """This process's peak resident memory since :func:`_reset_peak_rss`, in MB; None where /proc has no VmHWM."""
+    with contextlib.suppress(OSError), open("/proc/self/status", encoding="ascii") as handle:
+        for line in handle:
+            if line.startswith("VmHWM:"):
+                return round(int(line.split()[1]) / 1024)
+    return None
 
 
 def _now() -> str:
@@ -229,6 +255,37 @@ def estimate_seconds(model: Any, tokenizer: Any, train: list, dev: list, cfg: Co
     per_step = time.perf_counter() - started
     model.zero_grad(set_to_none=True)
     return per_step * steps, steps
+
+
+def activation_bytes_per_text(config: Any, length: int) -> float:
+    """Estimated bytes a training step keeps for the backward pass per text of ``length`` tokens (float32, eager).
+
+    Per layer and head the attention keeps its ``length``² scores, probabilities, dropout mask and
+    dropped probabilities (4 + 4 + 1 + 4 bytes an entry): at 512 tokens that is what dominates,
+    about 0.5 GB a text for bge-base (12 layers × 12 heads) against 26 MB for the demo's model
+    (2 × 4); the rest of a layer keeps some 12 hidden and 2 intermediate float32 vectors a token.
+    """
+    layers, heads = config.num_hidden_layers, config.num_attention_heads
+    attention = layers * heads * length * length * 13
+    rest = layers * length * (12 * config.hidden_size + 2 * config.intermediate_size) * 4
+    return (attention + rest) * WORD_STREAM_SLACK
+
+
+def bounded_chunk(model: Any, cfg: ContrastiveConfig) -> int | None:
+    """``--embed-chunk`` for a step within :data:`ACTIVATION_BUDGET_BYTES`, None where the whole batch fits."""
+    rows = cfg.batch_size // cfg.grad_accum * (1 + cfg.train_group_size)
+    per_text = activation_bytes_per_text(model.config, token_limit(model, cfg.max_length))
+    fits = int(ACTIVATION_BUDGET_BYTES // per_text)
+    if fits >= rows:
+        return None
+    chunk = max(1, fits)
+    print(
+        f"train: the step's {rows} texts would hold about {rows * per_text / 2**30:.1f} GB of activations; "
+        f"they run {chunk} at a time under activation checkpointing (same loss and gradient; "
+        "--contrastive-args '--embed-chunk N' sets it)",
+        flush=True,
+    )
+    return chunk
 
 
 def budget_steps(
@@ -295,6 +352,8 @@ def step_train(run: Run, pairs_dir: Path, pairs_key: str) -> tuple[Path, str]:
         )
     )
     model, tokenizer = load_start_model(run.start)
+    if cfg.embed_chunk is None:
+        cfg.embed_chunk = bounded_chunk(model, cfg)
     if args.budget is not None:
         cfg.max_steps = budget_steps(run, out / BUDGET, model, tokenizer, train, dev, cfg)
     elif pick_device(cfg.device).type == "cpu" and not cfg.resume:
@@ -390,7 +449,9 @@ def step_candidate(run: Run, final: Path, key: str, dev: Path) -> Path:
     ]
     run_chatchat(setup, root, "chatchat-policybert setup (candidate root)")
     shutil.copytree(content_dir(run.root, run.kb), content_dir(root, run.kb), dirs_exist_ok=True)
-    run_chatchat(chatchat_command("kb", "-r", "-n", run.kb), root, f"chatchat kb -r -n {run.kb} (candidate root)")
+    run_chatchat(
+        chatchat_command("kb", "-r", "-n", run.kb), root, f"chatchat kb -r -n {run.kb} (candidate root)", progress=True
+    )
     run.command(
         f"CHATCHAT_ROOT={root} chatchat init && chatchat-policybert setup --model {final} "
         f"--settings-dir {settings} && cp -r <KB content> && chatchat kb -r -n {run.kb}"
@@ -545,7 +606,7 @@ def step_install(run: Run, final: Path, candidate: Path, key: str) -> None:
     update_settings(run.root, hybrid=hybrid, threshold=threshold, model_path=str(installed.relative_to(run.root)))
     embed_model, _ = served_model(run.root)
     try:
-        run_chatchat(chatchat_command("kb", "-r", "-n", run.kb), run.root, f"chatchat kb -r -n {run.kb}")
+        run_chatchat(chatchat_command("kb", "-r", "-n", run.kb), run.root, f"chatchat kb -r -n {run.kb}", progress=True)
     except (InputError, OSError, RuntimeError) as exc:
         restore_settings(run.root, backup)
         raise InputError(
@@ -664,7 +725,6 @@ def write_report(run: Run, gate: dict[str, Any], calibration: dict[str, Any] | N
             f"steps at {budget['seconds_per_step']:.2f} s a step" + (f"; {cut} steps cut" if cut else "; none cut"),
             "",
         ]
-    results = []
     for label, data in gate["sets"].items():
         lines += [
             f"## {label}: {data['questions']} questions (`{data['file']}`), top_k {data['top_k']}",
@@ -674,7 +734,6 @@ def write_report(run: Run, gate: dict[str, Any], calibration: dict[str, Any] | N
         ]
         for name, metrics in data["rows"].items():
             lines.append(f"| {name} | " + " | ".join(f"{metrics[k]:.3f}" for k in SHOWN) + " |")
-            results.append(RunResult(f"{label}: {name}", metrics))
         mrr = next(d for d in data["deltas"] if d["metric"] == f"MRR@{MRR_K}")
         lines += [
             "",
@@ -691,18 +750,82 @@ def write_report(run: Run, gate: dict[str, Any], calibration: dict[str, Any] | N
         *run.state["commands"],
         "```",
         "",
-        "## Time per step",
+        "## Time and memory per step",
         "",
-        "| step | seconds |",
-        "|---|---|",
-        *(f"| {name} | {record['seconds']:.1f} |" for name, record in run.state["steps"].items()),
+        "Peak RSS of the tune process during the step, and the largest child process (`kb -r`, the "
+        "Chatchat workers) it had waited for by the step's end.",
+        "",
+        "| step | seconds | peak RSS (MB) | largest child so far (MB) |",
+        "|---|---|---|---|",
+        *(
+            f"| {name} | {record['seconds']:.1f} | {record.get('peak_rss_mb', '–')} | "
+            f"{record.get('children_peak_rss_mb', '–')} |"
+            for name, record in run.state["steps"].items()
+        ),
         "",
     ]
     report = run.out / "report.md"
     with atomic_path(report) as tmp:
         tmp.write_text("\n".join(lines), encoding="utf-8")
-    plot_recall(results, KS, run.out / "report.png")
+    plot_gate(run.kb, gate, run.out / "report.png")
     return report
+
+
+def plot_gate(kb: str, gate: dict[str, Any], path: Path) -> None:
+    """The gate as a reviewer's slide: MRR@10 of before / after / BM25 alone per question set (left) and after −
+    before with its 95% interval against zero (right), the decision in the title.
+
+    Why two panels: on a small KB every recall bar sits near 1 and the difference the gate
+    judged is invisible on a 0–1 axis; the interval panel shows it at its own scale.
+    """
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    key = f"MRR@{MRR_K}"
+    labels = list(gate["sets"])
+    paths = ("before", "after", "bm25 alone")
+    deltas = [next(d for d in gate["sets"][label]["deltas"] if d["metric"] == key) for label in labels]
+    fig, (left, right) = plt.subplots(1, 2, figsize=(10, 4.2), gridspec_kw={"width_ratios": [3, 2]})
+    width = 0.8 / len(paths)
+    for j, name in enumerate(paths):
+        xs = [i + (j - 1) * width for i in range(len(labels))]
+        bars = left.bar(xs, [gate["sets"][label]["rows"][name][key] for label in labels], width, label=name)
+        left.bar_label(bars, fmt="%.3f", fontsize=8)
+    left.set_xticks(
+        range(len(labels)), [f"{label}\n({gate['sets'][label]['questions']} questions)" for label in labels]
+    )
+    left.set_ylim(0, 1.12)
+    left.set_ylabel(key)
+    left.set_title(f"{key} on Chatchat's search_docs", fontsize=10)
+    left.legend(fontsize=8, ncol=3, loc="upper center", bbox_to_anchor=(0.5, -0.16), frameon=False)
+    ys = list(range(len(labels)))
+    centres = [d["delta"] for d in deltas]
+    errors = [[d["delta"] - d["low"] for d in deltas], [d["high"] - d["delta"] for d in deltas]]
+    right.errorbar(centres, ys, xerr=errors, fmt="o", capsize=5, color="black")
+    for y, d in zip(ys, deltas):
+        right.annotate(
+            f"{d['delta']:+.3f} [{d['low']:+.3f}, {d['high']:+.3f}]",
+            (d["delta"], y),
+            xytext=(0, 9),
+            textcoords="offset points",
+            ha="center",
+            fontsize=8,
+        )
+    right.axvline(0, color="grey", linewidth=1, linestyle="--")
+    right.margins(x=0.25)
+    right.set_yticks(ys, labels)
+    right.set_ylim(-0.6, len(labels) - 0.4)
+    right.set_xlabel(f"after − before, {key} (95% CI, paired bootstrap)")
+    right.set_title("the difference the gate judged", fontsize=10)
+    verdict = "installed" if gate["install"] else "refused"
+    fig.suptitle(f"chatchat-policybert tune {kb}: {verdict} (dev pairs {centres[0]:+.3f} {key})", fontsize=12)
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with atomic_path(path) as tmp:
+        fig.savefig(tmp, dpi=120, format="png")
+    plt.close(fig)
 
 
 # ----------------------------------------------------------------------------- the command

@@ -139,7 +139,10 @@ def test_a_tune_that_improves_installs_and_rollback_restores_byte_identical_vect
     report = (out / "report.md").read_text(encoding="utf-8")
     assert "decision: **installed**" in report and "| after |" in report and "| bm25 alone |" in report
     assert (out / "report.png").stat().st_size > 1000
-    assert re.search(r"\| train \| \d+\.\d \|", report) and "python -m training.pairs" in report
+    assert re.search(r"\| train \| \d+\.\d \| \d+ \| \d+ \|", report) and "python -m training.pairs" in report
+    state = json.loads((out / "tune.json").read_text(encoding="utf-8"))
+    assert all(step["peak_rss_mb"] > 50 for step in state["steps"].values()), state["steps"]
+    assert "chatchat kb -r -n WeiMingPolicies (candidate root): started" in tuned["stdout"]
     assert "train: on CPU, about" in tuned["stdout"]
     # The decision is on the terminal and in the report, and says what the calibration chose.
     chosen = json.loads(next((out / "candidate").glob("*/calibration.json")).read_text(encoding="utf-8"))["chosen"]
