@@ -258,7 +258,7 @@ def restore_backup(root: Path, backup: Path) -> bool:
     info = check_backup(root, backup)
     kb = info["kb"]
     restore_settings(root, backup)
-    print(f"rollback: settings restored; `chatchat kb -r -n {kb}` rebuilds the index (previous model)", flush=True)
+    print(f"settings put back from {backup}; `chatchat kb -r -n {kb}` rebuilds the index", flush=True)
     log = run_chatchat(chatchat_command("kb", "-r", "-n", kb), Path(root), f"chatchat kb -r -n {kb}", progress=True)
     rebuilt = kb_vectors(root, kb, info["embed_model"])
     if rebuilt is None:

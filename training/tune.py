@@ -15,6 +15,8 @@ is skipped when found there, so a killed or failed run continues where it stoppe
    (:class:`training.contrastive.ContrastiveConfig`; ``--contrastive-args`` overrides), resumed from
    its checkpoint; on CPU an estimate of the time is printed first. ``--budget MINUTES`` sizes the
    steps from one timed step so that training takes about that long (the report says what was cut).
+   A step whose activations would exceed 4 GiB runs its texts in chunks (``--embed-chunk``, the
+   same loss and gradient): the recipe's batch at 512 tokens needs some 300 GB for bge-base.
 3. ``candidate`` — a Chatchat root of its own (the root's model and KB settings, the candidate
    model, the KB's documents, ``chatchat kb -r``), then the ensemble's weights and threshold
    calibrated there on the dev pairs (:mod:`chatchat_policybert.calibration`). On pg its tables are
