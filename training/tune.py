@@ -395,16 +395,17 @@ def release_candidates(run: Run) -> None:
             schema.drop()
 
 
-def decided(run: Run, key: str) -> bool:
-    """Whether the gate's decision on candidate ``key`` is carried out (refused, or installed): its root is done."""
+def decided(run: Run, key: str, inputs: str) -> bool:
+    """Whether the gate's decision on candidate ``key`` for these gate ``inputs`` (:func:`gate_inputs`) is carried
+    out (refused, or installed): its root is done. Other inputs decide again, on the candidate root."""
     gate, marker = run.out / GATE, run.out / INSTALLED
     decision = read_json(gate) if gate.is_file() else {}
-    if decision.get("candidate") != key:
+    if decision.get("candidate") != key or decision.get("inputs") != inputs:
         return False
     return not decision["install"] or (marker.is_file() and read_json(marker).get("candidate") == key)
 
 
-def step_candidate(run: Run, final: Path, key: str, dev: Path) -> Path:
+def step_candidate(run: Run, final: Path, key: str, dev: Path, inputs: str) -> Path:
     """A root like the deployment's serving the candidate, its KB rebuilt and its ensemble calibrated on ``dev``.
 
     On pg its tables are in a schema of their own in the deployment's database (:class:`OwnSchema`),
@@ -417,7 +418,7 @@ def step_candidate(run: Run, final: Path, key: str, dev: Path) -> Path:
         if schema is None or (root.is_dir() and schema.exists()):
             print(f"candidate: {root} is already built and calibrated")
             return root
-        if decided(run, key):
+        if decided(run, key, inputs):
             print(f"candidate: not needed, the gate decided on it already ({run.out / GATE})")
             return root
     release_candidates(run)  # pg: earlier candidates' schemas, a half-built one's included
@@ -509,7 +510,7 @@ def gate_inputs(run: Run, key: str, question_sets: dict[str, Path]) -> str:
     return digest(key, questions, corpus, deployment, run.state["start_files"])
 
 
-def step_gate(run: Run, candidate: Path, key: str, question_sets: dict[str, Path]) -> dict[str, Any]:
+def step_gate(run: Run, candidate: Path, key: str, question_sets: dict[str, Path], inputs: str) -> dict[str, Any]:
     """Before / after / BM25 alone on each question set, the paired deltas, and the decision (``OUT/gate.json``).
 
     A decision is re-used only for the same inputs (:func:`gate_inputs`). Deciding again after an
@@ -517,7 +518,6 @@ def step_gate(run: Run, candidate: Path, key: str, question_sets: dict[str, Path
     backup, so that "before" is what the root served before the tune.
     """
     path = run.out / GATE
-    inputs = gate_inputs(run, key, question_sets)
     if path.is_file():
         gate = read_json(path)
         if gate.get("candidate") == key and gate.get("inputs") == inputs:
@@ -958,11 +958,12 @@ def run_steps(run: Run) -> int:
     dev = pairs_dir / "dev.jsonl"
     with run.step("train"):
         final, key = step_train(run, pairs_dir, pairs_key)
-    with run.step("candidate"):
-        candidate = step_candidate(run, final, key, dev)
     question_sets = {"dev pairs": dev, **({"questions": args.questions.resolve()} if args.questions else {})}
+    inputs = gate_inputs(run, key, question_sets)
+    with run.step("candidate"):
+        candidate = step_candidate(run, final, key, dev, inputs)
     with run.step("gate"):
-        gate = step_gate(run, candidate, key, question_sets)
+        gate = step_gate(run, candidate, key, question_sets, inputs)
     calibration = read_json(run.out / "candidate" / key / CALIBRATION)
     decision = decision_lines(gate, calibration, training_mrr(final))
     print("\n".join(gate_rows(gate)))
