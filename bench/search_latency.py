@@ -21,7 +21,9 @@ worker's log; p50/p95/max are over the questions after it. Both workers' hits ar
 question by question. Workers run torch with ``--torch-threads`` (default 1): on a busy machine
 multi-threaded torch makes even the tiny model's query embedding slow and noisy, in both paths.
 Targets (reported, not asserted) at the largest scale: cached p95 <= 100 ms, and the first
-question reads the saved BM25 index in <= 2 s.
+question reads the saved BM25 index in <= 2 s. These workers never warm up; the first against the
+second question after ``chatchat start --api``, with the plugin's warm-up and without, is
+``bench/first_question.py``.
 """
 
 from __future__ import annotations

@@ -40,13 +40,13 @@ from chatchat_policybert.analyzer import ANALYZERS
 from chatchat_policybert.chatchat_process import ChatchatWorker
 from chatchat_policybert.chatchat_root import configured_hybrid, content_dir, kb_settings
 from chatchat_policybert.errors import InputError
-from chatchat_policybert.evaluation.dataset import Query, load_corpus, load_questions
+from chatchat_policybert.evaluation.dataset import Query, kb_questions, utf8_text
 from chatchat_policybert.evaluation.evaluate import MRR_K, RunResult, evaluate_retriever
 from chatchat_policybert.evaluation.knowledge_base import Chunk, load_chunks
 from chatchat_policybert.evaluation.metrics import evidence_in_chunk, mrr_at_k, unique_in_order
 from chatchat_policybert.evaluation.retrievers import ChunkLocator
 from chatchat_policybert.files import atomic_path
-from chatchat_policybert.score_threshold import score_threshold_for
+from chatchat_policybert.score_threshold import cosine_cut, score_threshold_for
 from chatchat_policybert.settings import (
     CHATCHAT_WEIGHTS,
     HYBRID_KEY,
@@ -106,16 +106,30 @@ def setting_grid(current: float, store: str) -> list[Setting]:
 # ----------------------------------------------------------------------------- questions
 
 
-def dev_queries(path: Path, root: Path, kb: str) -> tuple[list[Query], list[Chunk], bool]:
+def dev_queries(
+    path: Path, root: Path, kb: str, corpus_path: Path | None = None
+) -> tuple[list[Query], list[Chunk], bool]:
     """The questions of ``path`` (dev pairs or evaluation JSONL, told apart by their keys), the KB's chunks, and
-    whether the questions are labelled (evaluation JSONL: they may choose the analyzer)."""
-    first = _first_object(path)
-    if "query" in first and "pos" in first:
+    whether the questions are labelled (evaluation JSONL: they may choose the analyzer).
+
+    Evaluation JSONL is read by :func:`~chatchat_policybert.evaluation.dataset.kb_questions`
+    (``doc_title``: a title of ``corpus_path``, else a KB file name).
+    """
+    if is_pairs_file(path):
         chunks = load_chunks(root, kb, None)
         return pair_queries(path, chunks), chunks, False
+    corpus, queries = kb_questions(path, content_dir(root, kb), corpus_path)
+    return queries, load_chunks(root, kb, corpus), True
+
+
+def is_pairs_file(path: Path) -> bool:
+    """Whether ``path`` holds dev pairs (else evaluation JSONL questions); an :class:`InputError` where it is
+    neither."""
+    first = _first_object(path)
+    if "query" in first and "pos" in first:
+        return True
     if "question" in first and "doc_title" in first:
-        corpus = load_corpus(content_dir(root, kb))
-        return load_questions(path, corpus), load_chunks(root, kb, corpus), True
+        return False
     raise InputError(
         f'{path}: expected dev pairs ({{"query", "pos", …}}, training.pairs\' dev.jsonl) or questions '
         '({"id", "question", "doc_title", "evidence"}, the evaluation\'s JSONL)'
@@ -125,16 +139,15 @@ def dev_queries(path: Path, root: Path, kb: str) -> tuple[list[Query], list[Chun
 def _first_object(path: Path) -> dict[str, Any]:
     if not Path(path).is_file():
         raise InputError(f"{path}: question file not found")
-    with Path(path).open(encoding="utf-8") as handle:
-        for lineno, line in enumerate(handle, 1):
-            if line.strip():
-                try:
-                    obj = json.loads(line)
-                except json.JSONDecodeError:
-                    raise InputError(f"{path}:{lineno}: not JSON") from None
-                if not isinstance(obj, dict):
-                    raise InputError(f"{path}:{lineno}: expected a JSON object")
-                return obj
+    for lineno, line in enumerate(utf8_text(path).splitlines(), 1):
+        if line.strip():
+            try:
+                obj = json.loads(line)
+            except json.JSONDecodeError:
+                raise InputError(f"{path}:{lineno}: not JSON") from None
+            if not isinstance(obj, dict):
+                raise InputError(f"{path}:{lineno}: expected a JSON object")
+            return obj
     raise InputError(f"{path}: no questions in the file")
 
 
@@ -147,7 +160,7 @@ def pair_queries(path: Path, chunks: list[Chunk]) -> list[Query]:
     changed since the pairs were made) is an error naming its line.
     """
     queries = []
-    for lineno, line in enumerate(Path(path).read_text(encoding="utf-8").splitlines(), 1):
+    for lineno, line in enumerate(utf8_text(path).splitlines(), 1):
         if not line.strip():
             continue
         try:
@@ -446,6 +459,22 @@ def describe(hybrid: Any, configured_threshold: float, store: str = "faiss") -> 
     ]
     info = hybrid.calibration or {}
     metrics = info.get("metrics") or {}
+    if hybrid.dense_weight == 0 or cosine_cut(configured_threshold, store) > 1.0:
+        key = f"MRR@{MRR_K}"
+        scores = {name: (metrics.get(name) or {}).get(key) for name in ("dense", "bm25")}
+        measured = (
+            f"; on the calibration questions the vectors alone scored {key} {scores['dense']:.3f}, BM25 alone "
+            f"{scores['bm25']:.3f}"
+            if None not in scores.values()
+            else ""
+        )
+        lines.append(
+            (
+                "OK",
+                "the ensemble is BM25 alone (dense weight 0, or no vector hit passes SCORE_THRESHOLD): the served "
+                f"model's vectors are not used by the RAG path{measured}",
+            )
+        )
     if metrics:
         key = f"MRR@{MRR_K}"
         shown = ", ".join(f"{name} {values.get(key, float('nan')):.3f}" for name, values in metrics.items())

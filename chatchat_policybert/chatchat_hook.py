@@ -10,7 +10,8 @@ before anything can import the name. It also makes `kb -r` transactional for FAI
 (`chatchat_policybert.kb_rebuild`), by wrapping `migrate.folder2db` the same way, and keeps the
 FAISS ensemble's BM25 index between questions (`chatchat_policybert.ensemble_cache`), and gives
 the pg store one store object per knowledge base and the same BM25 + vector ensemble
-(`chatchat_policybert.pg_search`); set CHATCHAT_POLICYBERT_BM25_CACHE=0 for Chatchat's own search
+(`chatchat_policybert.pg_search`), and warms the model and the default knowledge base when the API
+starts (`chatchat_policybert.warm_up`); set CHATCHAT_POLICYBERT_BM25_CACHE=0 for Chatchat's own search
 on both stores (BM25 rebuilt per question on FAISS, dense-only on pg), e.g. to compare.
 
 The same finder makes transformers' Auto classes know model type ``policybert`` in every process
@@ -67,6 +68,7 @@ AUTO_CLASSES = {
 """transformers' Auto modules -> their classes whose loaders register ``policybert`` first."""
 REGISTERING_MODULES = ("chatchat_policybert.modeling", "chatchat_policybert.tokenization")
 """The modules that register ``policybert`` with AutoConfig / AutoModel* / AutoTokenizer when imported."""
+APP_MODULE = "chatchat.server.api_server.server_app"
 DISABLE_ENV = "CHATCHAT_POLICYBERT_HOOK"
 BM25_CACHE_ENV = "CHATCHAT_POLICYBERT_BM25_CACHE"
 
@@ -141,6 +143,13 @@ def _registering_first(load: object) -> object:
     return registered_load
 
 
+def _patch_app(module: ModuleType) -> None:
+    from chatchat_policybert.warm_up import WARM_UP_ENV, patch_app
+
+    if not switched_off(WARM_UP_ENV):
+        patch_app(module)
+
+
 def _patchers() -> dict[str, object]:
     """Module name -> function that patches it right after it executes."""
     return {
@@ -149,6 +158,7 @@ def _patchers() -> dict[str, object]:
         ENSEMBLE_MODULE: _patch_ensemble,
         PG_MODULE: _patch_pg,
         **dict.fromkeys(AUTO_CLASSES, _register_on_use),
+        APP_MODULE: _patch_app,
     }
 
 

@@ -12,6 +12,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -38,12 +39,40 @@ def chatchat_env(root: Path) -> dict[str, str]:
     return env
 
 
-def run_chatchat(args: list[str], root: Path, what: str, timeout: float = 3600) -> str:
-    """Run one command against ``root``; its log, or an :class:`InputError` with the log's tail."""
-    result = subprocess.run(args, env=chatchat_env(root), capture_output=True, text=True, timeout=timeout)
-    log = result.stdout + result.stderr
-    if result.returncode != 0:
-        raise InputError(f"{what} failed (exit {result.returncode}):\n{log[-LOG_TAIL:]}")
+HEARTBEAT_S = 30.0
+"""How often a long command run with ``progress`` says it is still running."""
+
+
+def run_chatchat(args: list[str], root: Path, what: str, timeout: float = 3600, progress: bool = False) -> str:
+    """Run one command against ``root``; its log, or an :class:`InputError` with the log's tail.
+
+    ``progress``: say when it starts and, every :data:`HEARTBEAT_S` seconds, that it still runs (a
+    `kb -r` of a real knowledge base takes minutes, its log is captured, and silence looks like a hang).
+    """
+    if progress:
+        print(f"{what}: started", flush=True)
+    started = time.monotonic()
+    with subprocess.Popen(
+        args, env=chatchat_env(root), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    ) as process:
+        try:
+            while True:
+                left = timeout - (time.monotonic() - started)
+                try:
+                    stdout, stderr = process.communicate(timeout=min(HEARTBEAT_S, left) if progress else left)
+                    break
+                except subprocess.TimeoutExpired:
+                    if time.monotonic() - started >= timeout:
+                        raise
+                    print(f"{what}: still running, {time.monotonic() - started:.0f} s", flush=True)
+        except BaseException:  # a timeout or Ctrl-C: the child goes too, as with subprocess.run
+            process.kill()
+            raise
+    log = stdout + stderr
+    if process.returncode != 0:
+        raise InputError(f"{what} failed (exit {process.returncode}):\n{log[-LOG_TAIL:]}")
+    if progress:
+        print(f"{what}: done in {time.monotonic() - started:.0f} s", flush=True)
     return log
 
 

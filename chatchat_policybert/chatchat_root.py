@@ -7,6 +7,7 @@ inside a root (its commands, the worker) is in :mod:`chatchat_policybert.chatcha
 from __future__ import annotations
 
 import ipaddress
+import math
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -97,9 +98,12 @@ def kb_settings(root: Path) -> KbSettings:
     def number(key: str, kind: type, default: float) -> Any:
         value = data.get(key, default)
         try:
-            return kind(value)
+            number = kind(value)
         except (TypeError, ValueError):
             raise SettingsError(f"{path}: {key} {value!r} is not a number") from None
+        if not math.isfinite(number):  # YAML's .nan / .inf: every comparison with NaN is false
+            raise SettingsError(f"{path}: {key} {value!r} is not a finite number")
+        return number
 
     return KbSettings(
         default_kb=str(data.get("DEFAULT_KNOWLEDGE_BASE", defaults.default_kb)),

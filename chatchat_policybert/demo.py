@@ -120,7 +120,7 @@ def build_local_model(out_dir: Path, lexicon: Path, corpus: Path) -> Path:
 def run_step(title: str, args: list[str], root: Path) -> None:
     """``chatchat ARGS`` in ``root``, shown as the user would type it; a failure ends the demo."""
     print(f"[{title}] chatchat {' '.join(args)}", flush=True)
-    run_chatchat(chatchat_command(*args), root, f"chatchat {args[0]}")
+    run_chatchat(chatchat_command(*args), root, f"chatchat {' '.join(args)}", progress=True)
 
 
 def ollama_answers(url: str) -> bool:

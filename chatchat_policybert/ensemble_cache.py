@@ -32,6 +32,7 @@ per chunk, so Python's garbage collector has nothing of it to walk.
 from __future__ import annotations
 
 import functools
+import math
 import operator
 import threading
 import time
@@ -265,6 +266,13 @@ def ensemble(vectorstore: Any, bm25: Any, top_k: int, score_threshold: int | flo
     ``score_threshold``, ``top_k`` from each, with :func:`hybrid_weights`: the FAISS ensemble and the pg one."""
     from langchain.retrievers import EnsembleRetriever
 
+    if not math.isfinite(score_threshold):  # NaN passes no hit and no check: say so once rather than drop them silently
+        message = f"SCORE_THRESHOLD {score_threshold} is not a number: no vector hit can pass, the search is BM25 only"
+        if message not in _logged:
+            from chatchat.server.utils import logger
+
+            _logged.add(message)
+            logger.error(f"{message}; set it in kb_settings.yaml (`chatchat-policybert doctor` checks it)")
     dense = vectorstore.as_retriever(
         search_type="similarity_score_threshold",
         search_kwargs={"score_threshold": score_threshold, "k": top_k},

@@ -35,6 +35,7 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
+from torch.utils.checkpoint import checkpoint
 from tqdm import tqdm
 from transformers import PreTrainedModel
 
@@ -79,9 +80,18 @@ class ContrastiveConfig(TrainConfig):
         metadata={"help": "prefix of every query (bge's); saved with the model, whose queries are served with it"},
     )
 
+    embed_chunk: int | None = field(
+        default=None,
+        metadata={
+            "help": "texts per forward pass within a step (one process only): each chunk's activations are "
+            "recomputed in the backward pass, so memory holds one chunk's, not the whole batch's "
+            "(queries + queries x train_group_size texts); the loss and gradient are the whole batch's"
+        },
+    )
+
     def __post_init__(self) -> None:
         super().__post_init__()
-        require_positive(self, ("temperature", "train_group_size"))
+        require_positive(self, ("temperature", "train_group_size", "embed_chunk"))
 
 
 @dataclass
@@ -232,8 +242,30 @@ class ContrastiveTask:
         follows from its row count, with no tensor to read back from the device.
         """
         num_queries = len(batch["input_ids"]) // (1 + self.cfg.train_group_size)
-        vectors = cls_vectors(model, batch)
+        vectors = self.vectors(model, batch)
         return info_nce(vectors[:num_queries], vectors[num_queries:], self.cfg.train_group_size, self.cfg.temperature)
+
+    def vectors(self, model: nn.Module, batch: dict[str, torch.Tensor]) -> torch.Tensor:
+        """:func:`cls_vectors` of the batch; with ``embed_chunk``, ``embed_chunk`` rows at a time under activation
+        checkpointing.
+
+        Why: the attention of one padded batch of ``batch_size × (1 + train_group_size)`` texts of
+        512 tokens holds gigabytes for the backward pass (eager attention keeps every head's
+        512 × 512 scores, probabilities and dropout mask per text), whatever the model's width.
+        Checkpointed chunks keep only their inputs and the vectors; the backward pass recomputes
+        one chunk at a time (same random state, same autocast), so the loss and the gradient stay
+        the whole batch's — InfoNCE still scores every query against every passage of the batch.
+        """
+        rows, chunk = len(batch["input_ids"]), self.cfg.embed_chunk
+        if chunk is None or rows <= chunk or not torch.is_grad_enabled():
+            return cls_vectors(model, batch)
+        if dist.is_available() and dist.is_initialized():
+            raise InputError("--embed-chunk runs in one process (DistributedDataParallel expects one forward a step)")
+        parts = [
+            checkpoint(cls_vectors, model, {k: v[start : start + chunk] for k, v in batch.items()}, use_reentrant=False)
+            for start in range(0, rows, chunk)
+        ]
+        return torch.cat(parts)
 
     def embed(self, model: nn.Module, texts: list[str]) -> torch.Tensor:
         """Unit vectors of ``texts`` in batches of ``eval_batch_size`` (longest first, as serving sorts)."""

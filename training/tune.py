@@ -1,6 +1,7 @@
 """``chatchat-policybert tune --kb NAME``: from a knowledge base to a better deployed retriever, never a worse one.
 
     chatchat-policybert tune --kb WeiMingPolicies                       # inside a root `setup` prepared
+    chatchat-policybert tune --kb WeiMingPolicies --budget 20           # training sized to about 20 min
     chatchat-policybert tune --kb WeiMingPolicies --llm --questions my_questions.jsonl
     python -m training.tune --root ~/chatchat --kb WeiMingPolicies      # the same
     chatchat-policybert rollback --kb WeiMingPolicies                   # undo the last installed tune
@@ -12,7 +13,10 @@ is skipped when found there, so a killed or failed run continues where it stoppe
    writes questions), cached per KB content: unchanged documents re-use the pairs.
 2. ``train`` — ``training.contrastive`` from the model the root serves, with the recipe's defaults
    (:class:`training.contrastive.ContrastiveConfig`; ``--contrastive-args`` overrides), resumed from
-   its checkpoint; on CPU an estimate of the time is printed first.
+   its checkpoint; on CPU an estimate of the time is printed first. ``--budget MINUTES`` sizes the
+   steps from one timed step so that training takes about that long (the report says what was cut).
+   A step whose activations would exceed 4 GiB runs its texts in chunks (``--embed-chunk``, the
+   same loss and gradient): the recipe's batch at 512 tokens needs some 300 GB for bge-base.
 3. ``candidate`` — a Chatchat root of its own (the root's model and KB settings, the candidate
    model, the KB's documents, ``chatchat kb -r``), then the ensemble's weights and threshold
    calibrated there on the dev pairs (:mod:`chatchat_policybert.calibration`). On pg its tables are
@@ -21,13 +25,21 @@ is skipped when found there, so a killed or failed run continues where it stoppe
 4. ``gate`` — Chatchat's own ``search_docs`` in the root as it is (before) and in the candidate
    root (after), on the held-out-document dev pairs and on ``--questions``, with BM25 alone as a
    third row, and the paired bootstrap of ``eval --require-better``. The candidate is installed
-   only when its MRR@10 on the dev pairs is higher and, with ``--questions``, not lower there.
+   only when its MRR@10 on the dev pairs is higher and, with ``--questions``, not lower there. The
+   rows, the interval and what the candidate changes (e.g. "the calibration chose BM25 alone") are
+   printed. The decision is cached with its inputs (candidate, question files' contents, the
+   deployment's settings and model): a change of any of them decides again.
 5. ``install`` — the previous model, settings and vectors are kept (``OUT/previous``, what
    ``chatchat-policybert rollback`` restores), the candidate model is copied into ``ROOT/models/``,
    the settings point at it with the calibrated weights, and the KB is rebuilt with the
    transactional ``chatchat kb -r``; a failed rebuild puts the settings back. Nothing outside the
    run folder (and, on pg, the candidate's schema) changes before this step.
 6. ``report`` — ``OUT/report.md`` (tables, commands, time per step) and ``OUT/report.png``.
+
+Before step 1 every input is checked (the KB name, ``--questions`` against the KB's documents,
+the flags), and the knowledge base's tune lock is taken: a second ``tune`` or a ``rollback`` of
+the same knowledge base is refused while one runs. After ``rollback`` the same command installs
+the rolled-back candidate again, and says so.
 
 Exit status: 0 installed, 1 refused by the gate (the deployment unchanged), 2 a bad input.
 """
@@ -40,6 +52,7 @@ import datetime
 import hashlib
 import json
 import math
+import resource
 import shlex
 import shutil
 import sys
@@ -55,6 +68,7 @@ from chatchat_policybert.calibration import (
     Setting,
     calibrate_root,
     dev_queries,
+    is_pairs_file,
     served_platform,
     update_settings,
     write_calibration,
@@ -63,6 +77,7 @@ from chatchat_policybert.chatchat_process import chatchat_command, run_chatchat
 from chatchat_policybert.chatchat_root import configured_analyzer, content_dir, default_kb, kb_settings
 from chatchat_policybert.embeddings import token_limit
 from chatchat_policybert.errors import InputError, PlainArgumentParser, run_cli
+from chatchat_policybert.evaluation.dataset import kb_questions
 from chatchat_policybert.evaluation.evaluate import (
     EXIT_WORSE,
     MRR_K,
@@ -70,14 +85,18 @@ from chatchat_policybert.evaluation.evaluate import (
     compare_runs,
     evaluate_retriever,
     gate_failure,
-    plot_recall,
 )
 from chatchat_policybert.evaluation.retrievers import ChatchatEnsemble, ChatchatSearch
 from chatchat_policybert.files import atomic_path, read_json, write_json
+from chatchat_policybert.kb_rebuild import check_kb_name
 from chatchat_policybert.loading import save_model_dir
 from chatchat_policybert.pg_store import OwnSchema, candidate_schema, check_schema_rights
 from chatchat_policybert.rollback import (
     BACKUP_DIR,
+    INSTALL_STARTED,
+    INSTALLED,
+    ROLLED_BACK,
+    SETTINGS_FILES,
     kb_vectors,
     model_manifest,
     restore_backup,
@@ -85,11 +104,12 @@ from chatchat_policybert.rollback import (
     save_backup,
     served_model,
     tune_dir,
+    tune_lock,
 )
 from chatchat_policybert.settings import HYBRID_KEY, load_yaml, round_trip_yaml
 from training import pairs as pairs_stage
 from training.contrastive import ContrastiveConfig, ContrastiveTask, contrastive, load_start_model, read_examples
-from training.loop import CHECKPOINT, parse_config, pick_device
+from training.loop import CHECKPOINT, METRICS, parse_config, pick_device
 from training.pairs.config import DEFAULT_LLM_URL, PairsConfig, check_config
 
 STEPS = ("pairs", "train", "candidate", "gate", "install", "report")
@@ -97,8 +117,14 @@ CHUNKING_KEYS = ("TEXT_SPLITTER_NAME", "CHUNK_SIZE", "OVERLAP_SIZE", "ZH_TITLE_E
 """kb_settings.yaml keys that change the chunks (a new SCORE_THRESHOLD must not invalidate cached pairs)."""
 KS = [1, 5, 10]
 SHOWN = ("R@1", "R@5", f"MRR@{MRR_K}", f"nDCG@{MRR_K}")
-STATE, GATE, CALIBRATION, INSTALLED = "tune.json", "gate.json", "calibration.json", "installed.json"
+STATE, GATE, CALIBRATION, BUDGET = "tune.json", "gate.json", "calibration.json", "budget.json"
 EXIT_INTERRUPTED = 130  # the shell's status for a Ctrl-C
+ACTIVATION_BUDGET_BYTES = 4 * 2**30
+"""What one training step's activations may hold: a step whose batch would hold more runs its texts in chunks
+under activation checkpointing (``--embed-chunk``, same loss and gradient; docs/training.md, "Memory")."""
+WORD_STREAM_SLACK = 1.3
+"""Measured / estimated activation bytes per text on the demo's model (36 MB against 28 MB at 502 tokens): the
+word stream's cross-attention and the allocator's slack, which :func:`activation_bytes_per_text` leaves out."""
 
 
 def digest(*parts: object) -> str:
@@ -154,15 +180,35 @@ class Run:
 
     @contextlib.contextmanager
     def step(self, name: str) -> Iterator[None]:
-        """Prints the step's header and adds its time to the state when it ends without an error."""
+        """Prints the step's header; adds its time and its peak memory to the state when it ends without an error."""
         number = STEPS.index(name) + 1
         print(f"[{number}/{len(STEPS)}] {name}", flush=True)
         started = time.perf_counter()
+        _reset_peak_rss()
         yield
         record = self.state["steps"].setdefault(name, {"seconds": 0.0})
         record["seconds"] = round(record["seconds"] + time.perf_counter() - started, 1)
         record["finished"] = _now()
+        peak = _peak_rss_mb()
+        if peak is not None:
+            record["peak_rss_mb"] = max(record.get("peak_rss_mb", 0), peak)
+        record["children_peak_rss_mb"] = round(resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024)
         self.save()
+
+
+def _reset_peak_rss() -> None:
+    """Starts this process's peak-RSS count (``VmHWM``) anew, so that each step's peak is its own (Linux)."""
+    with contextlib.suppress(OSError), open("/proc/self/clear_refs", "w") as handle:
+        handle.write("5")
+
+
+def _peak_rss_mb() -> int | None:
+    """This process's peak resident memory since :func:`_reset_peak_rss`, in MB; None where /proc has no VmHWM."""
+    with contextlib.suppress(OSError), open("/proc/self/status", encoding="ascii") as handle:
+        for line in handle:
+            if line.startswith("VmHWM:"):
+                return round(int(line.split()[1]) / 1024)
+    return None
 
 
 def _now() -> str:
@@ -215,10 +261,73 @@ def estimate_seconds(model: Any, tokenizer: Any, train: list, dev: list, cfg: Co
     return per_step * steps, steps
 
 
+def activation_bytes_per_text(config: Any, length: int) -> float:
+    """Estimated bytes a training step keeps for the backward pass per text of ``length`` tokens (float32, eager).
+
+    Per layer and head the attention keeps its ``length``² scores, probabilities, dropout mask and
+    dropped probabilities (4 + 4 + 1 + 4 bytes an entry): at 512 tokens that is what dominates,
+    about 0.5 GB a text for bge-base (12 layers × 12 heads) against 26 MB for the demo's model
+    (2 × 4); the rest of a layer keeps some 12 hidden and 2 intermediate float32 vectors a token.
+    """
+    layers, heads = config.num_hidden_layers, config.num_attention_heads
+    attention = layers * heads * length * length * 13
+    rest = layers * length * (12 * config.hidden_size + 2 * config.intermediate_size) * 4
+    return (attention + rest) * WORD_STREAM_SLACK
+
+
+def bounded_chunk(model: Any, cfg: ContrastiveConfig) -> int | None:
+    """``--embed-chunk`` for a step within :data:`ACTIVATION_BUDGET_BYTES`, None where the whole batch fits."""
+    rows = cfg.batch_size // cfg.grad_accum * (1 + cfg.train_group_size)
+    per_text = activation_bytes_per_text(model.config, token_limit(model, cfg.max_length))
+    fits = int(ACTIVATION_BUDGET_BYTES // per_text)
+    if fits >= rows:
+        return None
+    chunk = max(1, fits)
+    print(
+        f"train: the step's {rows} texts would hold about {rows * per_text / 2**30:.1f} GB of activations; "
+        f"they run {chunk} at a time under activation checkpointing (same loss and gradient; "
+        "--contrastive-args '--embed-chunk N' sets it)",
+        flush=True,
+    )
+    return chunk
+
+
+def budget_steps(
+    run: Run, plan: Path, model: Any, tokenizer: Any, train: list, dev: list, cfg: ContrastiveConfig
+) -> int:
+    """The training steps that fit ``--budget`` minutes at the rate of one timed step (at most the recipe's).
+
+    The plan is kept in the training folder (``budget.json``) so that a resumed run trains to the
+    same step count, and in the run's state for the report.
+    """
+    if plan.is_file():
+        budget = read_json(plan)
+    else:
+        seconds, planned = estimate_seconds(model, tokenizer, train, dev, cfg)
+        per_step = seconds / planned
+        budget = {
+            "minutes": run.args.budget,
+            "seconds_per_step": round(per_step, 3),
+            "planned_steps": planned,
+            "steps": max(1, min(planned, int(run.args.budget * 60 / per_step))),
+        }
+        write_json(budget, plan)
+    run.state["budget"] = budget
+    run.save()
+    cut = budget["planned_steps"] - budget["steps"]
+    print(
+        f"train: --budget {budget['minutes']:g} min at {budget['seconds_per_step']:.2f} s a step (one step timed): "
+        f"{budget['steps']} of the recipe's {budget['planned_steps']} steps"
+        + (f" ({cut} cut)" if cut else " (none cut)"),
+        flush=True,
+    )
+    return budget["steps"]
+
+
 def step_train(run: Run, pairs_dir: Path, pairs_key: str) -> tuple[Path, str]:
     """The candidate model (``OUT/train/KEY/final``), trained or resumed from its checkpoint; KEY names its inputs."""
     args = run.args
-    key = digest(pairs_key, run.state["start_files"], args.contrastive_args)
+    key = digest(pairs_key, run.state["start_files"], args.contrastive_args, *([args.budget] if args.budget else []))
     out = run.out / "train" / key
     final = out / "final"
     if (final / "config.json").is_file():
@@ -247,11 +356,15 @@ def step_train(run: Run, pairs_dir: Path, pairs_key: str) -> tuple[Path, str]:
         )
     )
     model, tokenizer = load_start_model(run.start)
-    if pick_device(cfg.device).type == "cpu" and not cfg.resume:
+    if cfg.embed_chunk is None:
+        cfg.embed_chunk = bounded_chunk(model, cfg)
+    if args.budget is not None:
+        cfg.max_steps = budget_steps(run, out / BUDGET, model, tokenizer, train, dev, cfg)
+    elif pick_device(cfg.device).type == "cpu" and not cfg.resume:
         seconds, steps = estimate_seconds(model, tokenizer, train, dev, cfg)
         print(
             f"train: on CPU, about {seconds / 60:.1f} min for {steps} steps (one step timed); "
-            f"a GPU (--device cuda) is much faster",
+            f"`--budget MINUTES` sizes the steps to a time; a GPU (--device cuda) is much faster",
             flush=True,
         )
     _, finished = contrastive(model, tokenizer, train, dev, cfg)
@@ -284,16 +397,17 @@ def release_candidates(run: Run) -> None:
             schema.drop()
 
 
-def decided(run: Run, key: str) -> bool:
-    """Whether the gate's decision on candidate ``key`` is carried out (refused, or installed): its root is done."""
+def decided(run: Run, key: str, inputs: str) -> bool:
+    """Whether the gate's decision on candidate ``key`` for these gate ``inputs`` (:func:`gate_inputs`) is carried
+    out (refused, or installed): its root is done. Other inputs decide again, on the candidate root."""
     gate, marker = run.out / GATE, run.out / INSTALLED
     decision = read_json(gate) if gate.is_file() else {}
-    if decision.get("candidate") != key:
+    if decision.get("candidate") != key or decision.get("inputs") != inputs:
         return False
     return not decision["install"] or (marker.is_file() and read_json(marker).get("candidate") == key)
 
 
-def step_candidate(run: Run, final: Path, key: str, dev: Path) -> Path:
+def step_candidate(run: Run, final: Path, key: str, dev: Path, inputs: str) -> Path:
     """A root like the deployment's serving the candidate, its KB rebuilt and its ensemble calibrated on ``dev``.
 
     On pg its tables are in a schema of their own in the deployment's database (:class:`OwnSchema`),
@@ -306,7 +420,7 @@ def step_candidate(run: Run, final: Path, key: str, dev: Path) -> Path:
         if schema is None or (root.is_dir() and schema.exists()):
             print(f"candidate: {root} is already built and calibrated")
             return root
-        if decided(run, key):
+        if decided(run, key, inputs):
             print(f"candidate: not needed, the gate decided on it already ({run.out / GATE})")
             return root
     release_candidates(run)  # pg: earlier candidates' schemas, a half-built one's included
@@ -340,7 +454,9 @@ def step_candidate(run: Run, final: Path, key: str, dev: Path) -> Path:
     ]
     run_chatchat(setup, root, "chatchat-policybert setup (candidate root)")
     shutil.copytree(content_dir(run.root, run.kb), content_dir(root, run.kb), dirs_exist_ok=True)
-    run_chatchat(chatchat_command("kb", "-r", "-n", run.kb), root, f"chatchat kb -r -n {run.kb} (candidate root)")
+    run_chatchat(
+        chatchat_command("kb", "-r", "-n", run.kb), root, f"chatchat kb -r -n {run.kb} (candidate root)", progress=True
+    )
     run.command(
         f"CHATCHAT_ROOT={root} chatchat init && chatchat-policybert setup --model {final} "
         f"--settings-dir {settings} && cp -r <KB content> && chatchat kb -r -n {run.kb}"
@@ -370,17 +486,60 @@ def deployed(root: Path, kb: str, name: str, queries: list, chunks: list, top_k:
         return evaluate_retriever(retriever, queries, chunks, KS)
 
 
-def step_gate(run: Run, candidate: Path, key: str, question_sets: dict[str, Path]) -> dict[str, Any]:
-    """Before / after / BM25 alone on each question set, the paired deltas, and the decision (``OUT/gate.json``)."""
+def _sha256(path: Path) -> str:
+    return hashlib.sha256(Path(path).read_bytes()).hexdigest()
+
+
+def _record(run: Run, name: str) -> dict[str, Any]:
+    """An install-state file of the run folder (``installed.json``, …), empty when absent."""
+    path = run.out / name
+    return read_json(path) if path.is_file() else {}
+
+
+def install_interrupted(run: Run, key: str) -> bool:
+    """Whether an install of candidate ``key`` saved its backup and then stopped before it finished."""
+    return _record(run, INSTALL_STARTED).get("candidate") == key and _record(run, INSTALLED).get("candidate") != key
+
+
+def gate_inputs(run: Run, key: str, question_sets: dict[str, Path]) -> str:
+    """Everything the gate's decision depends on: the candidate, each question file's content, ``--corpus``, and the
+    deployment "before" measures — its settings files and served model, as they were before an interrupted install
+    of ``key`` began (the backup holds them) or as the root has them now."""
+    settings_from = run.out / BACKUP_DIR if install_interrupted(run, key) else run.root
+    deployment = {name: _sha256(settings_from / name) for name in SETTINGS_FILES}
+    questions = {label: _sha256(file) for label, file in question_sets.items()}
+    corpus = str(run.args.corpus) if run.args.corpus else None
+    return digest(key, questions, corpus, deployment, run.state["start_files"])
+
+
+def step_gate(run: Run, candidate: Path, key: str, question_sets: dict[str, Path], inputs: str) -> dict[str, Any]:
+    """Before / after / BM25 alone on each question set, the paired deltas, and the decision (``OUT/gate.json``).
+
+    A decision is re-used only for the same inputs (:func:`gate_inputs`). Deciding again after an
+    interrupted install of the same candidate first puts the previous deployment back from its
+    backup, so that "before" is what the root served before the tune.
+    """
     path = run.out / GATE
     if path.is_file():
-        gate = json.loads(path.read_text(encoding="utf-8"))
-        if gate.get("candidate") == key:
-            print(f"gate: decided already ({path})")
+        gate = read_json(path)
+        if gate.get("candidate") == key and gate.get("inputs") == inputs:
+            print(f"gate: decided already on the same questions and deployment ({path})")
             return gate
+        if gate.get("candidate") == key:
+            print("gate: its inputs changed (a question file, --corpus or the deployment): deciding again", flush=True)
+    if _record(run, INSTALLED).get("candidate") == key:
+        raise InputError(
+            f"candidate {key} is installed already and the gate's inputs changed: "
+            f"`chatchat-policybert rollback --kb {run.kb}` first, then tune again to gate it on these"
+        )
+    if install_interrupted(run, key):
+        print("gate: undoing the interrupted install of this candidate first (the root as before the tune)", flush=True)
+        restore_backup(run.root, run.out / BACKUP_DIR)
+        (run.out / INSTALL_STARTED).unlink()
     sets: dict[str, Any] = {}
     for label, file in question_sets.items():
-        queries, chunks, _ = dev_queries(file, run.root, run.kb)
+        corpus = run.args.corpus if label == "questions" else None
+        queries, chunks, _ = dev_queries(file, run.root, run.kb, corpus)
         with Candidates(candidate, run.kb, chunks, run.out / "logs" / "gate_candidates.log") as candidates:
             bm25 = evaluate_retriever(
                 Fused("bm25 alone", candidates, chunks, Setting(1.0, 0.0, NO_VECTORS)), queries, chunks, KS
@@ -406,7 +565,7 @@ def step_gate(run: Run, candidate: Path, key: str, question_sets: dict[str, Path
         )
     if "questions" in sets and sets["questions"]["failure"]:
         reasons.append(f"questions: {sets['questions']['failure']}")
-    gate = {"candidate": key, "sets": sets, "install": not reasons, "reasons": reasons}
+    gate = {"candidate": key, "inputs": inputs, "sets": sets, "install": not reasons, "reasons": reasons}
     write_json(gate, path)
     run.command(
         "the gate: chatchat-policybert eval --chatchat-root ROOT --retrievers chatchat (before, after) with "
@@ -421,16 +580,27 @@ def step_gate(run: Run, candidate: Path, key: str, question_sets: dict[str, Path
 def step_install(run: Run, final: Path, candidate: Path, key: str) -> None:
     """Keeps the previous deployment, installs the candidate with its calibrated settings, rebuilds the KB."""
     marker = run.out / INSTALLED
-    if marker.is_file() and json.loads(marker.read_text(encoding="utf-8")).get("candidate") == key:
-        print("install: done already")
-        return
-    backup = run.out / BACKUP_DIR
-    started = run.out / "install_started.json"
-    if not (started.is_file() and json.loads(started.read_text(encoding="utf-8")).get("candidate") == key):
-        save_backup(run.root, run.kb, backup)  # before anything in the root changes
-        write_json({"candidate": key}, started)
     models = run.root / "models"
     installed = models / f"policybert-{run.kb}-{key}"
+    if _record(run, INSTALLED).get("candidate") == key:
+        served = served_model(run.root)[1]
+        if served == installed:
+            print(f"install: done already ({installed} serves {run.kb})")
+            return
+        print(f"install: {installed} was installed but the root serves {served}: installing it again", flush=True)
+        marker.unlink()
+    rolled_back = _record(run, ROLLED_BACK)
+    if rolled_back.get("candidate") == key:
+        print(
+            f"install: this candidate was installed and rolled back ({rolled_back.get('rolled_back')}); installing it "
+            f"again (`chatchat-policybert rollback --kb {run.kb}` undoes it again)",
+            flush=True,
+        )
+    backup = run.out / BACKUP_DIR
+    started = run.out / INSTALL_STARTED
+    if _record(run, INSTALL_STARTED).get("candidate") != key:
+        save_backup(run.root, run.kb, backup)  # before anything in the root changes
+        write_json({"candidate": key}, started)
     if not (installed / "config.json").is_file():
         with atomic_path(installed) as tmp:
             shutil.copytree(final, tmp)
@@ -440,7 +610,7 @@ def step_install(run: Run, final: Path, candidate: Path, key: str) -> None:
     update_settings(run.root, hybrid=hybrid, threshold=threshold, model_path=str(installed.relative_to(run.root)))
     embed_model, _ = served_model(run.root)
     try:
-        run_chatchat(chatchat_command("kb", "-r", "-n", run.kb), run.root, f"chatchat kb -r -n {run.kb}")
+        run_chatchat(chatchat_command("kb", "-r", "-n", run.kb), run.root, f"chatchat kb -r -n {run.kb}", progress=True)
     except (InputError, OSError, RuntimeError) as exc:
         restore_settings(run.root, backup)
         raise InputError(
@@ -457,15 +627,85 @@ def step_install(run: Run, final: Path, candidate: Path, key: str) -> None:
         )
     run.command(f"chatchat kb -r -n {run.kb}")
     write_json({"candidate": key, "model": str(installed), "at": _now()}, marker)
+    (run.out / ROLLED_BACK).unlink(missing_ok=True)
     print(
         f"install: {installed} serves {run.kb}; `chatchat-policybert rollback --kb {run.kb}` restores the previous one"
     )
 
 
+# ----------------------------------------------------------------------------- the decision, in words
+
+
+def training_mrr(final: Path) -> tuple[float, float, int] | None:
+    """(start, end) dev MRR@10 of the training (``metrics.json`` beside ``final``) and its dev passage count."""
+    path = final.parent / METRICS
+    history = read_json(path) if path.is_file() else []
+    scored = [r["held_out"] for r in history if isinstance(r, dict) and isinstance(r.get("held_out"), dict)]
+    if not scored:
+        return None
+    key = f"mrr@{MRR_K}"
+    return scored[0][key], scored[-1][key], scored[-1].get("dev_passages", 0)
+
+
+def decision_lines(gate: dict[str, Any], calibration: dict[str, Any], training: tuple | None) -> list[str]:
+    """What the gate decided and what the candidate changes on the RAG path, in sentences a user can check.
+
+    Why: "installed" alone hides the usual case of a small KB — the calibration puts the dense
+    weight at 0, so what is served is BM25 alone and the trained vectors are not used — and the
+    two dense MRR figures (training's and calibration's, on the same dev pairs) look contradictory.
+    """
+    chosen = calibration["chosen"]
+    dev = gate["sets"]["dev pairs"]
+    rows, key = dev["rows"], f"MRR@{MRR_K}"
+    mrr = next(d for d in dev["deltas"] if d["metric"] == key)
+    lines = [
+        f"{'installed' if gate['install'] else 'refused'}: after − before {key} on the {dev['questions']} dev pairs "
+        f"{mrr['delta']:+.4f} (95% CI [{mrr['low']:+.4f}, {mrr['high']:+.4f}], paired bootstrap)"
+        + ("" if gate["install"] else "; " + "; ".join(gate["reasons"]))
+    ]
+    if chosen["dense_weight"] == 0 or chosen["threshold"] >= NO_VECTORS:
+        same = " — the 'after' row is BM25 alone" if rows["after"] == rows["bm25 alone"] else ""
+        lines.append(
+            f"the calibration chose BM25 alone (BM25 {chosen['bm25_weight']:g} / dense {chosen['dense_weight']:g}, "
+            f"threshold {chosen['threshold']:g}): the trained vectors are not used by the RAG path{same}; what "
+            "changed is the ensemble's setting, not the ranking of the model"
+        )
+    elif chosen["bm25_weight"] == 0:
+        lines.append(
+            f"the calibration chose the vectors alone (threshold {chosen['threshold']:g}): the RAG path ranks by "
+            "the trained model only"
+        )
+    else:
+        lines.append(
+            f"the calibration chose BM25 {chosen['bm25_weight']:g} / dense {chosen['dense_weight']:g} at threshold "
+            f"{chosen['threshold']:g}: the trained vectors are one half of the fusion"
+        )
+    if training is not None:
+        start, end, passages = training
+        dense = calibration["metrics"]["dense"][key]
+        lines.append(
+            f"training moved the model's dev {key} from {start:.4f} to {end:.4f}; that figure ranks each dev query's "
+            f"own passage among the {passages} passages of the dev file (hard negatives of the same documents "
+            f"included), while calibration's dense row ({dense:.3f}) ranks the KB's documents by their best chunk "
+            "(any chunk of the right document counts): the same dev pairs, two different questions"
+        )
+    return lines
+
+
+def gate_rows(gate: dict[str, Any]) -> list[str]:
+    """The gate's rows per question set, for the terminal."""
+    lines = []
+    for label, data in gate["sets"].items():
+        lines.append(f"gate: {label}, {data['questions']} questions, top_k {data['top_k']}")
+        for name, metrics in data["rows"].items():
+            lines.append(f"  {name:<11} " + "  ".join(f"{k} {metrics[k]:.3f}" for k in SHOWN))
+    return lines
+
+
 # ----------------------------------------------------------------------------- 6 report
 
 
-def write_report(run: Run, gate: dict[str, Any], calibration: dict[str, Any] | None) -> Path:
+def write_report(run: Run, gate: dict[str, Any], calibration: dict[str, Any] | None, decision: list[str]) -> Path:
     """``report.md`` and ``report.png`` in the run folder."""
     lines = [
         f"# chatchat-policybert tune — {run.kb}",
@@ -476,8 +716,19 @@ def write_report(run: Run, gate: dict[str, Any], calibration: dict[str, Any] | N
         f"- decision: **{'installed' if gate['install'] else 'refused'}**"
         + ("" if gate["install"] else ": " + "; ".join(gate["reasons"])),
         "",
+        "## What changed",
+        "",
+        *(f"- {line}" for line in decision),
+        "",
     ]
-    results = []
+    budget = run.state.get("budget")
+    if budget:
+        cut = budget["planned_steps"] - budget["steps"]
+        lines += [
+            f"- `--budget {budget['minutes']:g}`: {budget['steps']} of the recipe's {budget['planned_steps']} training "
+            f"steps at {budget['seconds_per_step']:.2f} s a step" + (f"; {cut} steps cut" if cut else "; none cut"),
+            "",
+        ]
     for label, data in gate["sets"].items():
         lines += [
             f"## {label}: {data['questions']} questions (`{data['file']}`), top_k {data['top_k']}",
@@ -487,7 +738,6 @@ def write_report(run: Run, gate: dict[str, Any], calibration: dict[str, Any] | N
         ]
         for name, metrics in data["rows"].items():
             lines.append(f"| {name} | " + " | ".join(f"{metrics[k]:.3f}" for k in SHOWN) + " |")
-            results.append(RunResult(f"{label}: {name}", metrics))
         mrr = next(d for d in data["deltas"] if d["metric"] == f"MRR@{MRR_K}")
         lines += [
             "",
@@ -504,18 +754,82 @@ def write_report(run: Run, gate: dict[str, Any], calibration: dict[str, Any] | N
         *run.state["commands"],
         "```",
         "",
-        "## Time per step",
+        "## Time and memory per step",
         "",
-        "| step | seconds |",
-        "|---|---|",
-        *(f"| {name} | {record['seconds']:.1f} |" for name, record in run.state["steps"].items()),
+        "Peak RSS of the tune process during the step, and the largest child process (`kb -r`, the "
+        "Chatchat workers) it had waited for by the step's end.",
+        "",
+        "| step | seconds | peak RSS (MB) | largest child so far (MB) |",
+        "|---|---|---|---|",
+        *(
+            f"| {name} | {record['seconds']:.1f} | {record.get('peak_rss_mb', '–')} | "
+            f"{record.get('children_peak_rss_mb', '–')} |"
+            for name, record in run.state["steps"].items()
+        ),
         "",
     ]
     report = run.out / "report.md"
     with atomic_path(report) as tmp:
         tmp.write_text("\n".join(lines), encoding="utf-8")
-    plot_recall(results, KS, run.out / "report.png")
+    plot_gate(run.kb, gate, run.out / "report.png")
     return report
+
+
+def plot_gate(kb: str, gate: dict[str, Any], path: Path) -> None:
+    """The gate as a reviewer's slide: MRR@10 of before / after / BM25 alone per question set (left) and after −
+    before with its 95% interval against zero (right), the decision in the title.
+
+    Why two panels: on a small KB every recall bar sits near 1 and the difference the gate
+    judged is invisible on a 0–1 axis; the interval panel shows it at its own scale.
+    """
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    key = f"MRR@{MRR_K}"
+    labels = list(gate["sets"])
+    paths = ("before", "after", "bm25 alone")
+    deltas = [next(d for d in gate["sets"][label]["deltas"] if d["metric"] == key) for label in labels]
+    fig, (left, right) = plt.subplots(1, 2, figsize=(10, 4.2), gridspec_kw={"width_ratios": [3, 2]})
+    width = 0.8 / len(paths)
+    for j, name in enumerate(paths):
+        xs = [i + (j - 1) * width for i in range(len(labels))]
+        bars = left.bar(xs, [gate["sets"][label]["rows"][name][key] for label in labels], width, label=name)
+        left.bar_label(bars, fmt="%.3f", fontsize=8)
+    left.set_xticks(
+        range(len(labels)), [f"{label}\n({gate['sets'][label]['questions']} questions)" for label in labels]
+    )
+    left.set_ylim(0, 1.12)
+    left.set_ylabel(key)
+    left.set_title(f"{key} on Chatchat's search_docs", fontsize=10)
+    left.legend(fontsize=8, ncol=3, loc="upper center", bbox_to_anchor=(0.5, -0.16), frameon=False)
+    ys = list(range(len(labels)))
+    centres = [d["delta"] for d in deltas]
+    errors = [[d["delta"] - d["low"] for d in deltas], [d["high"] - d["delta"] for d in deltas]]
+    right.errorbar(centres, ys, xerr=errors, fmt="o", capsize=5, color="black")
+    for y, d in zip(ys, deltas):
+        right.annotate(
+            f"{d['delta']:+.3f} [{d['low']:+.3f}, {d['high']:+.3f}]",
+            (d["delta"], y),
+            xytext=(0, 9),
+            textcoords="offset points",
+            ha="center",
+            fontsize=8,
+        )
+    right.axvline(0, color="grey", linewidth=1, linestyle="--")
+    right.margins(x=0.25)
+    right.set_yticks(ys, labels)
+    right.set_ylim(-0.6, len(labels) - 0.4)
+    right.set_xlabel(f"after − before, {key} (95% CI, paired bootstrap)")
+    right.set_title("the difference the gate judged", fontsize=10)
+    verdict = "installed" if gate["install"] else "refused"
+    fig.suptitle(f"chatchat-policybert tune {kb}: {verdict} (dev pairs {centres[0]:+.3f} {key})", fontsize=12)
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with atomic_path(path) as tmp:
+        fig.savefig(tmp, dpi=120, format="png")
+    plt.close(fig)
 
 
 # ----------------------------------------------------------------------------- the command
@@ -544,8 +858,22 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--questions",
         type=Path,
-        help="your labelled questions for the gate, the evaluation's JSONL "
-        '({"id", "question", "doc_title", "evidence"}; doc_title = a KB file name without suffix)',
+        help="your labelled questions for the gate, the evaluation's JSONL, as `chatchat-policybert eval` reads "
+        '({"id", "question", "doc_title", "evidence"}; doc_title = a KB file name without suffix, or a --corpus '
+        "title); checked against the KB before any work",
+    )
+    parser.add_argument(
+        "--corpus",
+        type=Path,
+        help="with --questions: the policy CSV or folder the KB was loaded from, whose titles doc_title names "
+        "(e.g. the shipped questions with the shipped corpus)",
+    )
+    parser.add_argument(
+        "--budget",
+        type=float,
+        metavar="MINUTES",
+        help="size the training to about MINUTES on this machine (steps from one timed step, at most the "
+        "recipe's; the report says what was cut); pairs, candidate, gate and install take minutes more",
     )
     parser.add_argument(
         "--device", default="auto", help="training device: auto (a GPU where there is one), cpu, cuda, …"
@@ -561,9 +889,23 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--contrastive-args",
         default="",
-        help="flags for training.contrastive overriding the recipe's defaults, e.g. '--epochs 2'",
+        help="flags for training.contrastive overriding the recipe's defaults, e.g. '--max-steps 100' "
+        "(fewer steps, a shorter run) or '--lr 2e-5'",
     )
     return parser
+
+
+def check_questions(args: argparse.Namespace) -> None:
+    """``--questions`` read and checked against the KB's documents now, not after hours of training: every problem
+    (encoding, JSON, unknown titles, evidence) in one error block."""
+    if args.corpus is not None and args.questions is None:
+        raise InputError("--corpus only applies with --questions")
+    if args.questions is None:
+        return
+    if not args.questions.is_file():
+        raise InputError(f"--questions {args.questions}: file not found")
+    if not is_pairs_file(args.questions):  # dev pairs are checked against the chunks at the gate
+        kb_questions(args.questions, content_dir(args.root, args.kb), args.corpus)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -572,6 +914,7 @@ def main(argv: list[str] | None = None) -> int:
 
     args.root = (args.root or default_root()).resolve()
     args.kb = args.kb or default_kb(args.root)
+    check_kb_name(args.kb)  # `--kb ../x` would put the run folder outside policybert_tune/
     if not content_dir(args.root, args.kb).is_dir():
         raise InputError(f"--kb {args.kb}: no knowledge base folder {content_dir(args.root, args.kb)}")
     store = kb_settings(args.root)
@@ -579,8 +922,9 @@ def main(argv: list[str] | None = None) -> int:
         check_schema_rights(store.pg_uri)  # before any work: the candidate root needs a schema of its own
     elif store.vs_type != "faiss":
         raise InputError(f"{args.root}: tune supports DEFAULT_VS_TYPE faiss and pg, not {store.vs_type}")
-    if args.questions is not None and not args.questions.is_file():
-        raise InputError(f"--questions {args.questions}: file not found")
+    check_questions(args)
+    if args.budget is not None and not (math.isfinite(args.budget) and args.budget > 0):
+        raise InputError(f"--budget {args.budget:g}: expected a positive number of minutes")
     if args.llm and not args.llm_model:
         args.llm_model = str(load_yaml(args.root / "model_settings.yaml").get("DEFAULT_LLM_MODEL") or "")
         if not args.llm_model:
@@ -596,15 +940,16 @@ def main(argv: list[str] | None = None) -> int:
     )
     train_config(Path("unused"), args.device, args.contrastive_args)
     args.out = (args.out or tune_dir(args.root, args.kb)).resolve()
-    run = Run(args)
-    print(f"tune {args.kb} in {args.root}: start model {run.start}; run folder {args.out}")
-    try:
-        return run_steps(run)
-    except KeyboardInterrupt:
-        print(f"tune: interrupted; the same command continues from {args.out}", file=sys.stderr)
-        return EXIT_INTERRUPTED
-    except OSError as exc:  # a full disk, a folder removed under it: one line, and the run folder to continue from
-        raise InputError(f"tune stopped: {exc}; the same command continues from {args.out}") from None
+    with tune_lock(args.root, args.kb, "tune"):
+        run = Run(args)
+        print(f"tune {args.kb} in {args.root}: start model {run.start}; run folder {args.out}")
+        try:
+            return run_steps(run)
+        except KeyboardInterrupt:
+            print(f"tune: interrupted; the same command continues from {args.out}", file=sys.stderr)
+            return EXIT_INTERRUPTED
+        except OSError as exc:  # a full disk, a folder removed under it: one line, and the run folder to continue from
+            raise InputError(f"tune stopped: {exc}; the same command continues from {args.out}") from None
 
 
 def run_steps(run: Run) -> int:
@@ -615,17 +960,21 @@ def run_steps(run: Run) -> int:
     dev = pairs_dir / "dev.jsonl"
     with run.step("train"):
         final, key = step_train(run, pairs_dir, pairs_key)
-    with run.step("candidate"):
-        candidate = step_candidate(run, final, key, dev)
     question_sets = {"dev pairs": dev, **({"questions": args.questions.resolve()} if args.questions else {})}
+    inputs = gate_inputs(run, key, question_sets)
+    with run.step("candidate"):
+        candidate = step_candidate(run, final, key, dev, inputs)
     with run.step("gate"):
-        gate = step_gate(run, candidate, key, question_sets)
+        gate = step_gate(run, candidate, key, question_sets, inputs)
+    calibration = read_json(run.out / "candidate" / key / CALIBRATION)
+    decision = decision_lines(gate, calibration, training_mrr(final))
+    print("\n".join(gate_rows(gate)))
+    print("\n".join(f"decision: {line}" for line in decision), flush=True)
     if gate["install"]:
         with run.step("install"):
             step_install(run, final, candidate, key)
-    calibration_file = run.out / "candidate" / key / CALIBRATION
     with run.step("report"):
-        report = write_report(run, gate, json.loads(calibration_file.read_text(encoding="utf-8")))
+        report = write_report(run, gate, calibration, decision)
     release_candidates(run)
     run.state["finished"] = True
     run.save()

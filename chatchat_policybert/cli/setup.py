@@ -137,8 +137,10 @@ def run_setup(args: argparse.Namespace) -> int:
         raise InputError(f"{root} has no {', '.join(missing)}: run `CHATCHAT_ROOT={root} chatchat init` first")
     if args.kb is not None and args.calibrate is None:
         raise InputError("--kb only applies with --calibrate")
-    if args.calibrate is not None and not args.calibrate.is_file():
-        raise InputError(f"{args.calibrate}: question file not found")
+    if args.calibrate is not None:
+        from ..calibration import is_pairs_file
+
+        is_pairs_file(args.calibrate)  # found, UTF-8 and JSON before the root changes (a GBK file: one line)
     if args.pg_uri is not None and args.vs != "pg":
         raise InputError("--pg-uri is only used with --vs pg")
     if args.vs == "pg":

@@ -151,19 +151,49 @@ def _load_folder(path: Path) -> Corpus:
 
 def _read_jsonl(path: Path) -> list[tuple[int, Any]]:
     """(line number, object) pairs; every malformed line is reported as ``file:line``."""
-    if not path.is_file():
-        raise InputError(f"{path}: file not found")
     rows, errors = [], []
-    with path.open(encoding="utf-8") as handle:
-        for lineno, line in enumerate(handle, 1):
-            if not line.strip():
-                continue
-            try:
-                rows.append((lineno, json.loads(line)))
-            except json.JSONDecodeError as exc:
-                errors.append(f"{path}:{lineno}: malformed JSON ({exc.msg} at column {exc.colno})")
+    for lineno, line in enumerate(utf8_text(path).splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            rows.append((lineno, json.loads(line)))
+        except json.JSONDecodeError as exc:
+            errors.append(f"{path}:{lineno}: malformed JSON ({exc.msg} at column {exc.colno})")
     _raise_all(errors)
     return rows
+
+
+def utf8_text(path: Path) -> str:
+    """A question or corpus file's text; one :class:`InputError` where it is missing or not UTF-8 (a GBK export)."""
+    path = Path(path)
+    if not path.is_file():
+        raise InputError(f"{path}: file not found")
+    try:
+        return path.read_text(encoding="utf-8")
+    except UnicodeDecodeError as err:
+        raise _not_utf8(path, err) from None
+
+
+def kb_questions(path: Path, kb_content: Path, corpus_path: Path | None = None) -> tuple[Corpus, list[Query]]:
+    """Labelled questions against a Chatchat knowledge base: the one loader of ``eval --chatchat-root``, ``tune
+    --questions`` and calibration.
+
+    ``doc_title`` is a title of ``corpus_path`` (the policy CSV or folder the knowledge base was
+    loaded from, e.g. the shipped questions with the shipped corpus), else a file name of the
+    knowledge base's ``kb_content`` folder without its suffix. With a corpus, every file of the
+    knowledge base must be one the corpus exports, so that chunks map to its documents.
+    """
+    corpus = load_corpus(corpus_path if corpus_path is not None else kb_content)
+    if corpus_path is not None:
+        files = {p.relative_to(kb_content).as_posix() for p in Path(kb_content).rglob("*") if p.is_file()}
+        unknown = sorted(files - set(corpus.kb_files))
+        if unknown:
+            raise InputError(
+                f"--corpus {corpus_path}: the knowledge base {kb_content} holds files it does not export "
+                f"({', '.join(unknown[:3])}{'…' if len(unknown) > 3 else ''}): pass the corpus the KB was loaded "
+                "from, or leave --corpus out and use the KB's file names as doc_title"
+            )
+    return corpus, load_questions(path, corpus)
 
 
 def load_questions(path: Path, corpus: Corpus) -> list[Query]:

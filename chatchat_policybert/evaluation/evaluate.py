@@ -33,10 +33,10 @@ from pathlib import Path
 from tqdm import tqdm
 
 from chatchat_policybert.analyzer import ANALYZERS, NEW_DEPLOYMENT, Analyzer
-from chatchat_policybert.chatchat_root import configured_analyzer, default_kb, stored_vectors
+from chatchat_policybert.chatchat_root import configured_analyzer, content_dir, default_kb, stored_vectors
 from chatchat_policybert.data import CORPUS_CSV, QUESTIONS
 from chatchat_policybert.errors import InputError, PlainArgumentParser, run_cli
-from chatchat_policybert.evaluation.dataset import Corpus, Query, load_beir, load_corpus, load_questions
+from chatchat_policybert.evaluation.dataset import Corpus, Query, kb_questions, load_beir, load_corpus, load_questions
 from chatchat_policybert.evaluation.knowledge_base import Chunk, indexed_vectors, load_chunks, prepare_root
 from chatchat_policybert.evaluation.metrics import (
     first_evidence_rank,
@@ -246,7 +246,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--questions",
         type=Path,
         help='JSONL: {"id", "question", "doc_title", "evidence"[, "doc_index"]} '
-        "(default: the shipped questions, with the shipped corpus)",
+        "(default: the shipped questions, with the shipped corpus); doc_title is a --corpus title, or with "
+        "--chatchat-root and no --corpus a file name of the KB without its suffix",
     )
     data.add_argument("--beir", type=Path, help="BEIR/C-MTEB folder: corpus.jsonl, queries.jsonl, qrels/*.tsv")
     data.add_argument("--beir-split", help="qrels/<split>.tsv to use (default: the only one, else test)")
@@ -335,11 +336,17 @@ def _load_data(args: argparse.Namespace) -> tuple[Corpus, list[Query]]:
         if args.corpus or args.questions:
             raise InputError("use either --beir or --corpus/--questions")
         corpus, queries = load_beir(args.beir, args.beir_split)
+    elif args.chatchat_root is not None and args.questions is not None:
+        root = args.chatchat_root.resolve()
+        corpus, queries = kb_questions(args.questions, content_dir(root, args.kb or default_kb(root)), args.corpus)
     elif (args.corpus is None) == (args.questions is None):
         corpus = load_corpus(args.corpus or CORPUS_CSV)
         queries = load_questions(args.questions or QUESTIONS, corpus)
     else:
-        raise InputError("give --corpus and --questions together (or neither, for the shipped policy set), or --beir")
+        raise InputError(
+            "give --corpus and --questions together (or neither, for the shipped policy set; with --chatchat-root, "
+            "--questions alone names the KB's files), or --beir"
+        )
     return corpus, queries[: args.limit] if args.limit else queries
 
 

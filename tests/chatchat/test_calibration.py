@@ -154,6 +154,14 @@ def test_setup_calibrate_records_the_choice_and_doctor_shows_it(calibrated_root,
     assert missing.returncode == 2 and missing.stderr.strip().splitlines() == [
         f"error: {tmp_path / 'nope.jsonl'}: question file not found"
     ]
+    gbk = tmp_path / "gbk.jsonl"  # a question file saved as GBK: one line, before the root's settings change
+    gbk.write_bytes(dev.read_text(encoding="utf-8").encode("gbk", errors="replace"))
+    kept = {name: (root / name).read_bytes() for name in ("model_settings.yaml", "kb_settings.yaml")}
+    encoded = cli("setup", "--model", str(model), "--calibrate", str(gbk), "--no-check")
+    assert encoded.returncode == 2 and "Traceback" not in encoded.stderr, encoded.stderr
+    line = encoded.stderr.strip().splitlines()[-1]
+    assert line.startswith(f"error: {gbk}: not UTF-8 text") and "iconv -f GBK -t UTF-8" in line, line
+    assert {name: (root / name).read_bytes() for name in kept} == kept
     other = cli("setup", "--model", str(tiny_model_dir("attn", seed=5)), "--calibrate", str(dev), "--no-check")
     assert other.returncode == 2, other.stdout + other.stderr
     assert "not made by the configured model" in other.stderr and other.stderr.count("\n") == 1

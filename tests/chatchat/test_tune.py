@@ -42,11 +42,19 @@ PAIRS = "--dev-ratio 0.5 --ict-per-chunk 3"
 """Half the 6 documents held out, 3 queries a chunk: about 18 dev questions."""
 
 
-def copy_root(source: Path, dest: Path) -> Path:
-    """A copy whose settings' absolute paths (KB folder, info.db) point at the copy, not at ``source``."""
-    shutil.copytree(source, dest, symlinks=True, ignore=shutil.ignore_patterns("logs", "policybert_tune"))
-    for settings in dest.glob("*.yaml"):
-        settings.write_text(settings.read_text(encoding="utf-8").replace(str(source), str(dest)), encoding="utf-8")
+def copy_root(source: Path, dest: Path, keep_runs: bool = False) -> Path:
+    """A copy whose settings' absolute paths (KB folder, info.db) point at the copy, not at ``source``.
+
+    ``keep_runs``: with the tune run folders too (their backup, state and candidate roots), every
+    YAML and JSON file's paths pointing at the copy.
+    """
+    ignored = ("logs",) if keep_runs else ("logs", "policybert_tune")
+    shutil.copytree(source, dest, symlinks=True, ignore=shutil.ignore_patterns(*ignored))
+    texts = [*dest.rglob("*.yaml"), *dest.rglob("*.json")] if keep_runs else list(dest.glob("*.yaml"))
+    for settings in texts:
+        text = settings.read_text(encoding="utf-8")
+        if str(source) in text:
+            settings.write_text(text.replace(str(source), str(dest)), encoding="utf-8")
     return dest
 
 
@@ -105,6 +113,7 @@ def tuned(base_root, tmp_path_factory) -> dict:
     result = tune(root)
     assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-4000:]
     installed = copy_root(root, tmp_path_factory.mktemp("installed") / "root")  # before any test rolls `root` back
+    installed_run = copy_root(root, tmp_path_factory.mktemp("installed_run") / "root", keep_runs=True)
     return {
         "root": root,
         "out": tune_dir(root, KB),
@@ -113,6 +122,7 @@ def tuned(base_root, tmp_path_factory) -> dict:
         "after": faiss_vectors(index_of(root)),
         "stdout": result.stdout,
         "installed": installed,
+        "installed_run": installed_run,
     }
 
 
@@ -131,8 +141,23 @@ def test_a_tune_that_improves_installs_and_rollback_restores_byte_identical_vect
     report = (out / "report.md").read_text(encoding="utf-8")
     assert "decision: **installed**" in report and "| after |" in report and "| bm25 alone |" in report
     assert (out / "report.png").stat().st_size > 1000
-    assert re.search(r"\| train \| \d+\.\d \|", report) and "python -m training.pairs" in report
+    assert re.search(r"\| train \| \d+\.\d \| \d+ \| \d+ \|", report) and "python -m training.pairs" in report
+    state = json.loads((out / "tune.json").read_text(encoding="utf-8"))
+    assert all(step["peak_rss_mb"] > 50 for step in state["steps"].values()), state["steps"]
+    assert "chatchat kb -r -n WeiMingPolicies (candidate root): started" in tuned["stdout"]
     assert "train: on CPU, about" in tuned["stdout"]
+    # The decision is on the terminal and in the report, and says what the calibration chose.
+    chosen = json.loads(next((out / "candidate").glob("*/calibration.json")).read_text(encoding="utf-8"))["chosen"]
+    mrr = next(d for d in gate["sets"]["dev pairs"]["deltas"] if d["metric"] == "MRR@10")
+    said = f"decision: installed: after − before MRR@10 on the {gate['sets']['dev pairs']['questions']} dev pairs"
+    assert f"{said} {mrr['delta']:+.4f} (95% CI [{mrr['low']:+.4f}, {mrr['high']:+.4f}]" in tuned["stdout"]
+    assert re.search(r"\n  after +R@1 \d\.\d{3}  R@5 \d\.\d{3}  MRR@10 \d\.\d{3}", tuned["stdout"])
+    bm25_alone = chosen["dense_weight"] == 0 or chosen["threshold"] >= 2.0
+    sentence = "the calibration chose BM25 alone" if bm25_alone else "the calibration chose"
+    assert f"decision: {sentence}" in tuned["stdout"] and sentence in report
+    assert "training moved the model's dev MRR@10 from" in report and "two different questions" in report
+    doctor = run([str(BIN / "chatchat-policybert"), "doctor", "--root", str(root), "--no-load"], dict(os.environ))
+    assert ("the ensemble is BM25 alone" in doctor.stdout) == bm25_alone, doctor.stdout
 
     rollback = run([str(BIN / "chatchat-policybert"), "rollback", "--root", str(root), "--kb", KB], dict(os.environ))
     assert rollback.returncode == 0, rollback.stdout + rollback.stderr
@@ -288,3 +313,168 @@ def test_a_tune_on_pg_without_the_right_to_create_a_schema_stops_before_any_work
     assert error.startswith(f"error: {uri}: the user may not create a schema; ")
     assert error.endswith(f"`GRANT CREATE ON DATABASE {DATABASE} TO tune_reader`")
     assert not tune_dir(tmp_path, KB).exists()
+
+
+# ----------------------------------------------------------------------------- issue 31: inputs, state, locks
+
+
+def policybert(root: Path, *args: str, timeout: float = 600) -> subprocess.CompletedProcess:
+    return run([str(BIN / "chatchat-policybert"), *args, "--root", str(root)], dict(os.environ), timeout=timeout)
+
+
+def messages(stderr: str) -> list[str]:
+    """A command's stderr lines without Python's warnings of the environment (e.g. requests' version check)."""
+    lines = stderr.strip().splitlines()
+    warned = {i for i, line in enumerate(lines) if re.search(r"\w+Warning: ", line)}
+    warned |= {i + 1 for i in warned if i + 1 < len(lines) and lines[i + 1].startswith("  ")}
+    return [line for i, line in enumerate(lines) if i not in warned]
+
+
+def one_error_line(result: subprocess.CompletedProcess) -> str:
+    """The single ``error: …`` line of a refused command (exit 2, no traceback)."""
+    assert result.returncode == 2 and "Traceback" not in result.stderr, result.stdout[-3000:] + result.stderr[-3000:]
+    (line,) = messages(result.stderr)
+    assert line.startswith("error: "), line
+    return line
+
+
+def kb_questions_file(root: Path, path: Path, titles: list[str] | None = None) -> Path:
+    """Questions in the evaluation's JSONL on the first 3 documents of the KB (doc_title: their file names, or
+    ``titles``); the evidence is a passage of each document, the question a part of it."""
+    rows = []
+    for i, document in enumerate(sorted(content_dir(root, KB).iterdir())[:3]):
+        text = document.read_text(encoding="utf-8")
+        evidence = text[40:90]
+        title = titles[i] if titles else document.stem
+        rows.append({"id": f"q{i}", "question": evidence[5:35], "doc_title": title, "evidence": evidence})
+    path.write_text("".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows), encoding="utf-8")
+    return path
+
+
+@pytest.mark.parametrize(
+    "damage",
+    ["truncated model_settings.yaml", "backup.json not JSON", "truncated index.faiss"],
+)
+def test_a_damaged_backup_is_refused_in_one_line_and_the_root_is_unchanged(tuned, tmp_path, damage):
+    root = copy_root(tuned["installed_run"], tmp_path / "root", keep_runs=True)
+    previous = tune_dir(root, KB) / "previous"
+    if damage == "truncated model_settings.yaml":
+        os.truncate(previous / "model_settings.yaml", 300)
+    elif damage == "backup.json not JSON":
+        (previous / "backup.json").write_text("{not json", encoding="utf-8")
+    else:
+        os.truncate(previous / "vector_store" / "index.faiss", 100)
+    kept = snapshot(root)
+    error = one_error_line(policybert(root, "rollback", "--kb", KB))
+    assert "nothing restored" in error or "not valid JSON" in error, error
+    assert snapshot(root) == kept
+    assert (tune_dir(root, KB) / "installed.json").is_file(), "a refused rollback keeps the install's record"
+
+
+def test_rollback_then_the_same_tune_installs_again_and_says_so(tuned, tmp_path):
+    root = copy_root(tuned["installed_run"], tmp_path / "root", keep_runs=True)
+    rollback = policybert(root, "rollback", "--kb", KB)
+    assert rollback.returncode == 0, rollback.stdout + rollback.stderr
+    assert faiss_vectors(index_of(root)) == tuned["before"]
+    out = tune_dir(root, KB)
+    assert not (out / "installed.json").exists() and (out / "rolled_back.json").is_file()
+
+    again = tune(root)
+    assert again.returncode == 0, again.stdout[-4000:] + again.stderr[-4000:]
+    assert "install: done already" not in again.stdout
+    assert "was installed and rolled back" in again.stdout and "installing it again" in again.stdout
+    assert faiss_vectors(index_of(root)) == tuned["after"], "the report says installed: the root serves it"
+    assert "decision: **installed**" in (out / "report.md").read_text(encoding="utf-8")
+
+
+def test_a_new_questions_file_is_gated_again_not_answered_from_the_cache(tuned, tmp_path):
+    root = copy_root(tuned["installed_run"], tmp_path / "root", keep_runs=True)
+    assert policybert(root, "rollback", "--kb", KB).returncode == 0
+    questions = kb_questions_file(root, tmp_path / "questions.jsonl")
+    result = tune(root, "--questions", str(questions))
+    assert result.returncode in (0, 1), result.stdout[-4000:] + result.stderr[-4000:]
+    assert "gate: decided already" not in result.stdout and "deciding again" in result.stdout
+    gate = json.loads((tune_dir(root, KB) / "gate.json").read_text(encoding="utf-8"))
+    assert gate["sets"]["questions"]["file"] == str(questions) and gate["sets"]["questions"]["questions"] == 3
+
+
+@pytest.mark.parametrize("problem", ["GBK", "corpus titles"])
+def test_questions_are_checked_before_any_work(base_root, tmp_path, problem):
+    root = copy_root(base_root, tmp_path / "root")
+    questions = tmp_path / "questions.jsonl"
+    if problem == "GBK":
+        kb_questions_file(root, questions)
+        questions.write_bytes(questions.read_text(encoding="utf-8").encode("gbk"))
+        error = one_error_line(tune(root, "--questions", str(questions)))
+        assert error.startswith(f"error: {questions}: not UTF-8 text"), error
+    else:
+        titles = ["中共中央 国务院关于构建数据基础制度更好发挥数据要素作用的意见", "数据安全法", "个人信息保护法"]
+        kb_questions_file(root, questions, titles)
+        result = tune(root, "--questions", str(questions))
+        assert result.returncode == 2 and "Traceback" not in result.stderr, result.stderr[-3000:]
+        errors = messages(result.stderr)  # one error block: every line of the file at once
+        assert errors[0].startswith(f"error: {questions}:1: unknown doc_title"), errors
+        assert all(e.startswith(f"{questions}:{i}: unknown doc_title") for i, e in enumerate(errors[1:], 2))
+        assert len(errors) == 3, errors
+    assert not tune_dir(root, KB).exists(), "refused before step 1: no run folder"
+
+
+def test_a_kb_name_outside_the_knowledge_base_folder_is_refused_before_touching_disk(base_root, tmp_path):
+    root = copy_root(base_root, tmp_path / "root")
+    error = one_error_line(tune(root, "--kb", f"../knowledge_base/{KB}"))
+    assert "is not a single folder name" in error, error
+    assert not list(root.rglob("tune.json")) and not (root / "policybert_tune").exists()
+
+
+def test_one_tune_of_a_kb_at_a_time_and_no_rollback_under_it(base_root, tmp_path):
+    root = copy_root(base_root, tmp_path / "root")
+    first = subprocess.Popen(
+        [str(BIN / "chatchat-policybert"), "tune", "--root", str(root), "--kb", KB, "--pairs-args", PAIRS],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        start_new_session=True,
+    )
+    try:
+        for line in first.stdout:
+            if line.startswith("[1/6] pairs"):
+                break
+        state = (tune_dir(root, KB) / "tune.json").read_bytes()
+        second = one_error_line(tune(root))
+        assert second.startswith(f"error: tune --kb {KB}: a tune or rollback of it is running"), second
+        refused = one_error_line(policybert(root, "rollback", "--kb", KB))
+        assert refused.startswith(f"error: rollback --kb {KB}: a tune or rollback of it is running"), refused
+        assert (tune_dir(root, KB) / "tune.json").read_bytes() == state or first.poll() is None
+    finally:
+        os.killpg(first.pid, signal.SIGKILL)
+        first.wait()
+
+
+def test_doctor_reports_a_nan_score_threshold_as_an_error(base_root, tmp_path):
+    root = copy_root(base_root, tmp_path / "root")
+    path = root / "kb_settings.yaml"
+    path.write_text(re.sub(r"SCORE_THRESHOLD: .*", "SCORE_THRESHOLD: .nan", path.read_text(encoding="utf-8")))
+    doctor = policybert(root, "doctor", "--no-load")
+    assert doctor.returncode == 1, doctor.stdout + doctor.stderr
+    assert f"ERROR {path}: SCORE_THRESHOLD nan is not a finite number" in doctor.stdout, doctor.stdout
+    assert "cosine >= nan" not in doctor.stdout
+
+
+def test_tune_help_shows_budget_and_a_budget_sizes_the_training_steps(tuned, tmp_path):
+    help_text = run([str(BIN / "chatchat-policybert"), "tune", "--help"], dict(os.environ)).stdout
+    assert "--budget MINUTES" in help_text and "'--max-steps 100'" in help_text
+    from training.tune import Run, build_parser, step_pairs, step_train
+
+    root = copy_root(tuned["installed"], tmp_path / "root")
+    shutil.copytree(tuned["out"] / "pairs", tune_dir(root, KB) / "pairs")  # the finished run's pairs
+    flags = ["--root", str(root), "--kb", KB, "--pairs-args", PAIRS, "--contrastive-args", "--epochs 50"]
+    args = build_parser().parse_args([*flags, "--budget", "0.02"])
+    args.out = tune_dir(root, KB)
+    run_ = Run(args)
+    pairs_dir, pairs_key = step_pairs(run_)
+    final, key = step_train(run_, pairs_dir, pairs_key)
+    budget = json.loads((final.parent / "budget.json").read_text(encoding="utf-8"))
+    assert budget["steps"] == max(1, min(budget["planned_steps"], int(1.2 / budget["seconds_per_step"])))
+    assert budget["steps"] < budget["planned_steps"], budget
+    history = json.loads((final.parent / "metrics.json").read_text(encoding="utf-8"))
+    assert history[-1]["step"] == budget["steps"] and (final / "config.json").is_file()

@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import pickle
 from collections import Counter
+from pathlib import Path
 
 import faiss
 import numpy as np
@@ -166,3 +167,20 @@ def test_cli_on_the_built_root(built, tmp_path, capsys):
         # with 3 documents every document is retrieved by rank 3
         assert all(len(q["docs"]) == N_DOCUMENTS for q in result["queries"])
     assert plot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_cli_on_a_built_root_reads_questions_naming_its_kb_files_without_corpus(built, tmp_path, capsys):
+    """`eval --chatchat-root R --questions Q`: doc_title is a file name of R's knowledge base (the help's promise)."""
+    root, kb, corpus, _, _ = built
+    files = sorted(corpus.kb_files)
+    by_group = {d.group: d for d in corpus.documents}
+    rows = [
+        {"id": f"q{i}", "question": query, "doc_title": Path(name).stem, "evidence": by_group[group].text[200:240]}
+        for i, (query, (name, group)) in enumerate(zip(QUERIES, ((f, corpus.kb_files[f]) for f in files)))
+    ]
+    out = tmp_path / "results.json"
+    questions = write_jsonl(tmp_path / "q.jsonl", rows)
+    main(["--questions", str(questions), "--chatchat-root", str(root), "--retrievers", "bm25", "--out", str(out)])
+    result = json.loads(out.read_text(encoding="utf-8"))["results"]["bm25"]
+    assert [q["id"] for q in result["queries"]] == [row["id"] for row in rows]
+    assert "3 queries" in capsys.readouterr().out

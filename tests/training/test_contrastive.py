@@ -136,6 +136,32 @@ def test_loss_is_taken_on_the_served_vectors(tiny_model_dir, pairs, tmp_path):
     assert loss.item() == pytest.approx(info_nce(queries, passages, 2, 0.05).item(), rel=1e-4)
 
 
+def test_embed_chunk_gives_the_whole_batch_loss_and_gradient(tiny_model_dir, pairs, tmp_path):
+    """``--embed-chunk`` (what ``tune`` uses to bound memory) changes how the batch is run, not what is learnt.
+
+    The model is in eval mode (no dropout), so the chunked, checkpointed forward and backward must
+    give the one-pass loss and every parameter's gradient; chunks of 3 rows split queries from
+    their passages, so InfoNCE must still see the whole batch.
+    """
+    model, tokenizer = load_policybert(tiny_model_dir("gate", perturb=True))
+    model.eval()
+    examples = read_examples(pairs["train"], 3)
+    results = []
+    for chunk in (None, 3):
+        cfg = ContrastiveConfig(out=tmp_path, train_group_size=4, temperature=0.05, embed_chunk=chunk)
+        task = ContrastiveTask(tokenizer, examples, [], cfg, max_length=512)
+        model.zero_grad(set_to_none=True)
+        loss = task.loss(model, task.batch([0, 1, 2, 3], "0-0-0"))
+        loss.backward()
+        grads = {name: p.grad.clone() for name, p in model.named_parameters() if p.grad is not None}
+        results.append((loss.item(), grads))
+    (whole_loss, whole), (chunked_loss, chunked) = results
+    assert chunked_loss == pytest.approx(whole_loss, rel=1e-5)
+    assert whole.keys() == chunked.keys() and len(whole) > 10
+    for name, grad in whole.items():
+        torch.testing.assert_close(chunked[name], grad, rtol=1e-4, atol=1e-6, msg=name)
+
+
 def test_training_lowers_dev_loss(start_model, pairs, tmp_path):
     """The dev loss (held-out chunks, all dev passages as candidates) falls well below the start's.
 
