@@ -237,6 +237,18 @@ def test_setup_and_doctor_show_the_analyzer_and_an_index_another_analyzer_built(
         lines = doctor()  # the root as setup made it: policy, and `kb -r` saved its index with it
         assert any(line.startswith("OK    BM25 analyzer policy: policy v1 ") for line in lines), lines
         assert any(line.startswith("OK    saved BM25 index ") and "analyzer 'policy v1" in line for line in lines)
+        saved = faiss_indexes(root, kb)[0].parent / BM25_FILE
+        kept = saved.read_bytes()
+        saved.unlink()
+        os.mkfifo(saved)  # a reader that opened it would wait forever
+        try:
+            lines = doctor()
+        finally:
+            saved.unlink()
+            saved.write_bytes(kept)
+        assert any(
+            line.startswith(f"WARN  saved BM25 index {saved} is not used (not a regular file)") for line in lines
+        ), lines
         set_analyzer(root, None)  # an upgraded deployment: no `analyzer:` in its hybrid block
         lines = doctor()
         assert any(line.startswith("OK    BM25 analyzer chatchat (the hybrid block has no") for line in lines), lines
