@@ -62,6 +62,8 @@ class _KeptStore:
 _stores: dict[tuple[str, str], _KeptStore] = {}
 """(knowledge base, embed model) -> its kept store."""
 _stores_lock = threading.Lock()
+_load_lock = threading.Lock()
+"""Held while a store is (re)built; :data:`_stores_lock` only guards the dict."""
 
 
 @dataclass(frozen=True)
@@ -96,12 +98,24 @@ def store_for(service: Any, load: Any) -> Any:
     hook keeps one per configuration) or, for a model the hook does not serve (Chatchat makes a new
     object on every call), if neither object is the hook's; a new PolicyBERT model gets a new store.
     """
+    key = (service.kb_name, service.embed_model)
+    with _stores_lock:
+        kept = _stores.get(key)
+    if kept is not None and _mtime_ns(kept.settings_file) == kept.settings_mtime_ns:
+        return kept.store
+    # One load at a time: two threads building a PGVector at once (the API's warm-up and a first question)
+    # race in SQLAlchemy's metadata ("Table 'langchain_pg_collection' is already defined").
+    with _load_lock:
+        return _fresh_store(service, load, key)
+
+
+def _fresh_store(service: Any, load: Any, key: tuple[str, str]) -> Any:
+    """:func:`store_for`'s slow path, under ``_load_lock``: the kept store again if still valid, else a new one."""
     from chatchat.server.utils import get_Embeddings
     from chatchat.settings import Settings
 
     from chatchat_policybert.chatchat_hook import platform_of
 
-    key = (service.kb_name, service.embed_model)
     with _stores_lock:
         kept = _stores.get(key)
     if kept is not None:
