@@ -181,6 +181,6 @@ def test_cli_on_a_built_root_reads_questions_naming_its_kb_files_without_corpus(
     out = tmp_path / "results.json"
     questions = write_jsonl(tmp_path / "q.jsonl", rows)
     main(["--questions", str(questions), "--chatchat-root", str(root), "--retrievers", "bm25", "--out", str(out)])
-    result = json.loads(out.read_text(encoding="utf-8"))["results"]["bm25"]
+    result = json.loads(out.read_text(encoding="utf-8"))["results"]["bm25:policy"]  # the root's configured analyzer
     assert [q["id"] for q in result["queries"]] == [row["id"] for row in rows]
     assert "3 queries" in capsys.readouterr().out
