@@ -19,10 +19,10 @@ $(VENV)/.installed: setup.cfg setup.py pyproject.toml constraints.txt
 
 # ruff, configured in pyproject.toml: the linter, then the formatter's check (`ruff format .` formats).
 lint: setup
-	$(BIN)/ruff check . && $(BIN)/ruff format --check .
+	$(BIN)/ruff check . && $(BIN)/ruff format --check . && $(BIN)/lint-imports
 
 test: setup
-	$(BIN)/ruff check . && $(BIN)/ruff format --check .
+	$(BIN)/ruff check . && $(BIN)/ruff format --check . && $(BIN)/lint-imports
 	$(BIN)/python -m pytest -q
 
 # CHATCHAT_ROOT defaults to ./chatchat-root; pass MODEL=DIR to use a trained PolicyBERT.

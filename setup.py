@@ -20,7 +20,7 @@ PTH_NAME = "chatchat_policybert_hook.pth"
 # meta-path finder and never raises; a package that is gone (half-removed install) is skipped
 # quietly instead of printing a traceback at every start.
 PTH_CONTENT = (
-    'import sys; exec("try:\\n from chatchat_policybert.chatchat_hook import install\\n'
+    'import sys; exec("try:\\n from chatchat_policybert.plugin.hook import install\\n'
     'except ModuleNotFoundError:\\n pass\\nelse:\\n install()")\n'
 )
 

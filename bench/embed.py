@@ -58,11 +58,11 @@ def build_models(
     ``names``."""
     from transformers import BertConfig, BertModel
 
-    from chatchat_policybert.configuration_policybert import FUSION_TYPES, PolicyBertConfig
-    from chatchat_policybert.lexicon import Lexicon
-    from chatchat_policybert.loading import save_model_dir
-    from chatchat_policybert.modeling import PolicyBertModel
-    from chatchat_policybert.tokenization import PolicyBertTokenizer, build_char_tokenizer
+    from chatchat_policybert.model.configuration_policybert import FUSION_TYPES, PolicyBertConfig
+    from chatchat_policybert.model.lexicon import Lexicon
+    from chatchat_policybert.model.loading import save_model_dir
+    from chatchat_policybert.model.modeling_policybert import PolicyBertModel
+    from chatchat_policybert.model.tokenization_policybert import PolicyBertTokenizer, build_char_tokenizer
 
     tokenizer = build_char_tokenizer(texts)
     lexicon = Lexicon.load(LEXICON)
@@ -124,11 +124,11 @@ def encoder_flops(config, tokens: np.ndarray, words: np.ndarray, groups: np.ndar
 def full_forward_vectors(model, tokenizer, texts: list[str], batch_size: int, device: str) -> np.ndarray:
     """Unit [CLS] vectors of ``texts`` from the model's whole forward pass in fp32, in order, ``batch_size`` at a time.
 
-    ``model`` and ``tokenizer`` as :func:`~chatchat_policybert.loading.load_policybert` returns them
+    ``model`` and ``tokenizer`` as :func:`~chatchat_policybert.model.loading.load_policybert` returns them
     (fp32, eval mode, on ``device``). Every layer runs over every position (no ``ClsOnlyLayer``):
     the vectors that the embeddings' shortcuts must reproduce, compared in the ``min cos full`` column.
     """
-    from chatchat_policybert.embeddings import cls_vectors
+    from chatchat_policybert.model.embeddings import cls_vectors
 
     with torch.inference_mode():
         return np.concatenate(
@@ -154,7 +154,7 @@ def worker(
             model.to(getattr(torch, dtype))
         encode = lambda texts: model.encode(texts, batch_size=batch_size, convert_to_numpy=True)  # noqa: E731
     else:
-        from chatchat_policybert.embeddings import PolicyBertEmbeddings
+        from chatchat_policybert.model.embeddings import PolicyBertEmbeddings
 
         model = PolicyBertEmbeddings(
             model_dir, device=device, dtype=dtype, batch_size=batch_size, batch_tokens=batch_tokens
@@ -228,10 +228,10 @@ def main() -> None:
     args = parser.parse_args()
 
     sys.path.insert(0, str(REPO))
-    from chatchat_policybert.configuration_policybert import FUSION_TYPES
-    from chatchat_policybert.embeddings import auto_dtype
-    from chatchat_policybert.loading import load_policybert
-    from chatchat_policybert.modeling import coverage_groups, merge_repeated_words
+    from chatchat_policybert.model.configuration_policybert import FUSION_TYPES
+    from chatchat_policybert.model.embeddings import auto_dtype
+    from chatchat_policybert.model.loading import load_policybert
+    from chatchat_policybert.model.modeling_policybert import coverage_groups, merge_repeated_words
 
     if args.device.startswith("cuda") and not torch.cuda.is_available():
         parser.error(f"--device {args.device}: torch sees no CUDA GPU here")

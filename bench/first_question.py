@@ -23,9 +23,9 @@ from pathlib import Path
 import requests
 import yaml
 
-from chatchat_policybert.chatchat_process import chatchat_env
+from chatchat_policybert.chatchat.process import chatchat_env
+from chatchat_policybert.chatchat.switches import WARM_UP_ENV
 from chatchat_policybert.files import write_json
-from chatchat_policybert.warm_up import WARM_UP_ENV
 
 QUESTIONS = ("数据出境需要安全评估吗", "个人信息被泄露怎么办", "公共数据怎么开放共享", "新能源汽车补贴")
 WARMED = "policybert warm-up:"

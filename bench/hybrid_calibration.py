@@ -6,7 +6,7 @@
 A Chatchat root is built the README's way with the whole shipped corpus and the model (default: the
 tests' tiny random-weight PolicyBERT over the corpus's characters, a weak model), the dev pairs of
 ``training.pairs`` (held-out documents) are made from that root's KB (or ``--dev`` is used), and
-:func:`chatchat_policybert.calibration.calibrate_root` chooses the ensemble's weights and threshold
+:func:`chatchat_policybert.deploy.calibration.calibrate_root` chooses the ensemble's weights and threshold
 on them. Then the 49 shipped questions — never used for the choice — are scored at the same four
 settings, each row exactly what the plugin's ensemble returns (the fusion equals ``search_docs``:
 ``tests/chatchat/test_calibration.py``), with the paired bootstrap interval of calibrated minus the
@@ -24,14 +24,14 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the checkout: tests.support and training
-from chatchat_policybert.calibration import KS, Candidates, Fused, calibrate_root
 from chatchat_policybert.data import CORPUS_CSV, LEXICON, QUESTIONS
+from chatchat_policybert.deploy.calibration import KS, Candidates, Fused, calibrate_root
 from chatchat_policybert.evaluation.dataset import load_corpus, load_questions
 from chatchat_policybert.evaluation.evaluate import compare_runs, evaluate_retriever
 from chatchat_policybert.evaluation.knowledge_base import load_chunks, prepare_root
 from chatchat_policybert.files import write_json
-from chatchat_policybert.lexicon import Lexicon
-from chatchat_policybert.tokenization import DEFAULT_QUERY_INSTRUCTION
+from chatchat_policybert.model.lexicon import Lexicon
+from chatchat_policybert.model.tokenization_policybert import DEFAULT_QUERY_INSTRUCTION
 from tests.support.tiny_models import build_tiny_policybert
 from training import pairs
 

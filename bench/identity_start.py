@@ -31,8 +31,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from embed import BGE_BASE, REPO, corpus_chunks, machine_line
 
 sys.path.insert(0, str(REPO))
-from chatchat_policybert.configuration_policybert import FUSION_TYPES
 from chatchat_policybert.data import LEXICON
+from chatchat_policybert.model.configuration_policybert import FUSION_TYPES
 
 
 def build(root: Path, texts: list[str], fusion: str) -> dict[str, Path]:
@@ -40,11 +40,11 @@ def build(root: Path, texts: list[str], fusion: str) -> dict[str, Path]:
     them."""
     from transformers import BertConfig, BertModel
 
-    from chatchat_policybert.configuration_policybert import PolicyBertConfig
-    from chatchat_policybert.lexicon import Lexicon
-    from chatchat_policybert.loading import save_model_dir
-    from chatchat_policybert.modeling import PolicyBertModel
-    from chatchat_policybert.tokenization import PolicyBertTokenizer, build_char_tokenizer
+    from chatchat_policybert.model.configuration_policybert import PolicyBertConfig
+    from chatchat_policybert.model.lexicon import Lexicon
+    from chatchat_policybert.model.loading import save_model_dir
+    from chatchat_policybert.model.modeling_policybert import PolicyBertModel
+    from chatchat_policybert.model.tokenization_policybert import PolicyBertTokenizer, build_char_tokenizer
     from training.merge_bge import INITS
 
     tokenizer = build_char_tokenizer(texts)
@@ -78,8 +78,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--device", default="cpu", help="torch device")
     parser.add_argument("--json", type=Path, help="also write the results here")
     args = parser.parse_args(argv)
-    from chatchat_policybert.embeddings import PolicyBertEmbeddings
-    from chatchat_policybert.tokenization import DEFAULT_QUERY_INSTRUCTION
+    from chatchat_policybert.model.embeddings import PolicyBertEmbeddings
+    from chatchat_policybert.model.tokenization_policybert import DEFAULT_QUERY_INSTRUCTION
 
     texts = corpus_chunks(args.chars, args.chunks)
     with tempfile.TemporaryDirectory(prefix="bench-identity-") as tmp:

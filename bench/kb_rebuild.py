@@ -36,13 +36,14 @@ from embed import REPO, build_models, machine_line
 
 sys.path.insert(0, str(REPO))
 from chatchat_policybert import cli
-from chatchat_policybert.chatchat_process import chatchat_command, chatchat_env
-from chatchat_policybert.chatchat_root import content_dir, kb_root, pg_uri, stored_vectors, vs_type
-from chatchat_policybert.configuration_policybert import FUSION_TYPES
+from chatchat_policybert.chatchat.process import chatchat_command, chatchat_env
+from chatchat_policybert.chatchat.root import content_dir, kb_root, pg_uri, vs_type
 from chatchat_policybert.corpus import PolicyDocument, export_policies, read_policies
 from chatchat_policybert.data import CORPUS_CSV, LEXICON
 from chatchat_policybert.demo import KB_NAME, run_step
-from chatchat_policybert.pg_store import drop_collection
+from chatchat_policybert.model.configuration_policybert import FUSION_TYPES
+from chatchat_policybert.stores.base import stored_vectors
+from chatchat_policybert.stores.pg_store import drop_collection
 
 TIME_TARGET = 1.2
 RSS_TARGET_GIB = 2.0
@@ -65,7 +66,7 @@ def build_model_dirs(root: Path, size: str, fusion: str, texts: list[str], plain
         dirs = build_models(root, texts, names=("plain", fusion) if plain else (fusion,))
         dirs["policybert"] = dirs.pop(fusion)
         return dirs
-    from chatchat_policybert.lexicon import Lexicon
+    from chatchat_policybert.model.lexicon import Lexicon
     from tests.support.tiny_models import build_tiny_bert, build_tiny_policybert
 
     dirs = {"policybert": build_tiny_policybert(root / fusion, texts, Lexicon.load(LEXICON), fusion=fusion)}

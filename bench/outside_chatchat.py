@@ -27,8 +27,8 @@ sys.path.insert(0, str(REPO))
 
 from chatchat_policybert.corpus import read_policies  # noqa: E402
 from chatchat_policybert.data import CORPUS_CSV, LEXICON  # noqa: E402
-from chatchat_policybert.embeddings import PolicyBertEmbeddings  # noqa: E402
-from chatchat_policybert.lexicon import Lexicon  # noqa: E402
+from chatchat_policybert.model.embeddings import PolicyBertEmbeddings  # noqa: E402
+from chatchat_policybert.model.lexicon import Lexicon  # noqa: E402
 from tests.support.outside_chatchat import TEXTS  # noqa: E402
 from tests.support.tiny_models import build_tiny_bert, build_tiny_policybert  # noqa: E402
 

@@ -36,7 +36,7 @@ VARIANTS = ("compile", "sdpa-math")
 
 def word_shapes(embeddings, texts: list[str]) -> str:
     """Distinct words per text, the width a batch pads them to, and coverage groups per text."""
-    from chatchat_policybert.modeling import coverage_groups, merge_repeated_words
+    from chatchat_policybert.model.modeling_policybert import coverage_groups, merge_repeated_words
 
     batch = embeddings.tokenizer(texts)
     ids, _, merged = merge_repeated_words(
@@ -65,7 +65,7 @@ def operator_shares(embed: Callable[[], object], rows: int = 6) -> list[tuple[st
 @contextlib.contextmanager
 def part_timers(model) -> Iterator[dict[str, float]]:
     """Wall seconds per part of ``model``, summed by forward hooks while open."""
-    from chatchat_policybert import modeling
+    from chatchat_policybert.model import modeling_policybert as modeling
 
     seconds: dict[str, float] = defaultdict(float)
     parts = [("character layers", layer) for layer in model.encoder.layer[:-1]] + [
@@ -123,7 +123,7 @@ def main() -> None:
             f"expected names among {', '.join(VARIANTS)}"
         )
 
-    from chatchat_policybert.embeddings import PolicyBertEmbeddings
+    from chatchat_policybert.model.embeddings import PolicyBertEmbeddings
 
     texts = corpus_chunks(args.chars, args.chunks)
     print(machine_line("cpu", torch.get_num_threads()))

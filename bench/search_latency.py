@@ -46,15 +46,17 @@ from embed import REPO, machine_line
 from kb_rebuild import scratch_dir
 
 sys.path.insert(0, str(REPO))
-from chatchat_policybert.chatchat_hook import BM25_CACHE_ENV
-from chatchat_policybert.chatchat_process import run_chatchat
-from chatchat_policybert.chatchat_root import configured_analyzer, default_kb, faiss_indexes, kb_root
+from chatchat_policybert.chatchat.process import run_chatchat
+from chatchat_policybert.chatchat.root import default_kb, kb_root
+from chatchat_policybert.chatchat.switches import BM25_CACHE_ENV
 from chatchat_policybert.data import CORPUS_CSV, LEXICON, QUESTIONS
-from chatchat_policybert.ensemble_cache import save_index
 from chatchat_policybert.evaluation.dataset import load_corpus, load_questions
 from chatchat_policybert.evaluation.knowledge_base import Chunk, load_chunks, prepare_root
 from chatchat_policybert.evaluation.metrics import percentile
 from chatchat_policybert.evaluation.retrievers import ChatchatSearch
+from chatchat_policybert.retrieval.ensemble import save_index
+from chatchat_policybert.retrieval.hybrid import configured_analyzer
+from chatchat_policybert.stores.faiss_store import faiss_indexes
 
 TARGET_MS = 100.0
 TARGET_FIRST_BM25_S = 2.0
@@ -70,7 +72,7 @@ add_kb_to_db(kb_name=sys.argv[2], kb_info="synthetic copies of " + sys.argv[1],
 def build_root(work: Path) -> Path:
     """A root with the whole corpus in its default KB, indexed by a tiny random PolicyBERT; reused when already
     built."""
-    from chatchat_policybert.lexicon import Lexicon
+    from chatchat_policybert.model.lexicon import Lexicon
     from tests.support.tiny_models import build_tiny_policybert
 
     root = work / "root"

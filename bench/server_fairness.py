@@ -33,7 +33,7 @@ from embed import REPO, build_models, corpus_chunks, machine_line
 
 sys.path.insert(0, str(REPO))
 from chatchat_policybert.data import LEXICON
-from chatchat_policybert.lexicon import Lexicon
+from chatchat_policybert.model.lexicon import Lexicon
 from tests.support.tiny_models import build_tiny_policybert
 
 SERVE = [str(Path(sys.executable).parent / "chatchat-policybert"), "serve"]

@@ -22,8 +22,8 @@ from pathlib import Path
 
 import torch
 
-from chatchat_policybert.embeddings import token_limit
 from chatchat_policybert.files import write_json
+from chatchat_policybert.model.embeddings import token_limit
 from training.contrastive import ContrastiveConfig, ContrastiveTask, load_start_model, read_examples
 from training.tune import _peak_rss_mb, _reset_peak_rss
 

@@ -17,7 +17,7 @@ and pg (a throw-away PostgreSQL + pgvector cluster on loopback, :mod:`tests.supp
 2. `chatchat-policybert eval --chatchat-root ROOT --retrievers chatchat` per root: the shipped
    questions through Chatchat's own `search_docs` at the root's SCORE_THRESHOLD (cosine >= 0.5
    on both stores); p50/p95 are `search_docs`'s own time per query, measured in the worker.
-   Both stores run the plugin's BM25 + dense ensemble (pg: :mod:`chatchat_policybert.pg_search`);
+   Both stores run the plugin's BM25 + dense ensemble (pg: :mod:`chatchat_policybert.stores.pg_search`);
    `CHATCHAT_POLICYBERT_BM25_CACHE=0` measures Chatchat's own search instead (pg: dense only, at
    most 5 hits, a new store per search).
 """
@@ -35,11 +35,11 @@ from embed import REPO, machine_line
 from kb_rebuild import build_model_dirs, prepare_root, run_rebuilds, scratch_dir
 
 sys.path.insert(0, str(REPO))  # the checkout: tests.support
-from chatchat_policybert.configuration_policybert import FUSION_TYPES
 from chatchat_policybert.corpus import read_policies
 from chatchat_policybert.data import CORPUS_CSV
 from chatchat_policybert.demo import KB_NAME
 from chatchat_policybert.evaluation.evaluate import main as evaluate
+from chatchat_policybert.model.configuration_policybert import FUSION_TYPES
 from tests.support.pg_cluster import PgCluster
 
 STORES = ("faiss", "pg")

@@ -14,7 +14,7 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
-from .errors import InputError
+from chatchat_policybert.errors import InputError
 
 MIN_CONTENT_CHARS = 200
 COLUMNS = ("title", "contentText")

@@ -20,13 +20,14 @@ import urllib.request
 from collections.abc import Sequence
 from pathlib import Path
 
-from .chatchat_process import ChatchatWorker, chatchat_command, run_chatchat
-from .chatchat_root import content_dir, index_size, vector_store_dir
-from .cli import main as cli_main
-from .cli.doctor import llm_reachable
-from .corpus import PolicyDocument, export_policies, read_policies
-from .data import CORPUS_CSV, LEXICON
-from .errors import InputError, PlainArgumentParser, run_cli
+from chatchat_policybert.chatchat.process import ChatchatWorker, chatchat_command, run_chatchat
+from chatchat_policybert.chatchat.root import content_dir, vector_store_dir
+from chatchat_policybert.cli import main as cli_main
+from chatchat_policybert.cli.doctor import llm_reachable
+from chatchat_policybert.corpus import PolicyDocument, export_policies, read_policies
+from chatchat_policybert.data import CORPUS_CSV, LEXICON
+from chatchat_policybert.errors import InputError, PlainArgumentParser, run_cli
+from chatchat_policybert.stores.faiss_store import index_size
 
 KB_NAME = "WeiMingPolicies"
 EMBED_MODEL = "policybert"

@@ -24,6 +24,16 @@ class InputError(ValueError):
     """A user's input that cannot be used; the message names it and what was expected."""
 
 
+class SettingsError(InputError):
+    """A settings file, platform entry or option that cannot be used; the message names the culprit."""
+
+
+def validation_problems(exc: Exception, whole: str) -> str:
+    """A pydantic ``ValidationError`` as one line: each failed field as ``name: message``; ``whole`` names a failure
+    of the block itself."""
+    return "; ".join(f"{'.'.join(str(p) for p in err['loc']) or whole}: {err['msg']}" for err in exc.errors())
+
+
 class Interrupted(KeyboardInterrupt):
     """Ctrl-C, with a message saying what was kept (e.g. the checkpoint a training run resumes from)."""
 

@@ -18,7 +18,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from .errors import InputError
+from chatchat_policybert.errors import InputError
 
 
 @contextmanager

@@ -17,8 +17,8 @@ from transformers import BertTokenizerFast
 
 from chatchat_policybert.corpus import PolicyDocument, read_policies
 from chatchat_policybert.data import CORPUS_CSV, DATA_DIR, LEXICON
-from chatchat_policybert.lexicon import Lexicon
-from chatchat_policybert.tokenization import build_char_tokenizer
+from chatchat_policybert.model.lexicon import Lexicon
+from chatchat_policybert.model.tokenization_policybert import build_char_tokenizer
 from tests.support.tiny_models import build_tiny_bert, build_tiny_policybert
 
 REPO_ROOT = Path(__file__).resolve().parents[1]

@@ -21,13 +21,13 @@ from pathlib import Path
 
 import torch
 
-from chatchat_policybert.configuration_policybert import PolicyBertConfig
 from chatchat_policybert.data import CORPUS_CSV, LEXICON
 from chatchat_policybert.errors import InputError, PlainArgumentParser, run_cli
 from chatchat_policybert.files import write_json
-from chatchat_policybert.lexicon import Lexicon, LexiconError
-from chatchat_policybert.modeling import PolicyBertForPreTraining, PolicyBertForSequenceClassification
-from chatchat_policybert.tokenization import PolicyBertTokenizer, build_char_tokenizer
+from chatchat_policybert.model.configuration_policybert import PolicyBertConfig
+from chatchat_policybert.model.lexicon import Lexicon, LexiconError
+from chatchat_policybert.model.modeling_policybert import PolicyBertForPreTraining, PolicyBertForSequenceClassification
+from chatchat_policybert.model.tokenization_policybert import PolicyBertTokenizer, build_char_tokenizer
 from training import ablate_retrieval
 from training.corpus import build_corpus, load_documents
 from training.finetune import FinetuneConfig, finetune

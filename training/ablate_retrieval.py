@@ -42,9 +42,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from chatchat_policybert.analyzer import NEW_DEPLOYMENT, get_analyzer
 from chatchat_policybert.data import CORPUS_CSV, LEXICON, QUESTIONS, STOPWORDS
-from chatchat_policybert.embeddings import PolicyBertEmbeddings
 from chatchat_policybert.errors import InputError
 from chatchat_policybert.evaluation import evaluate
 from chatchat_policybert.evaluation.dataset import load_corpus, load_questions
@@ -52,8 +50,10 @@ from chatchat_policybert.evaluation.knowledge_base import Chunk, load_chunks, pr
 from chatchat_policybert.evaluation.metrics import mrr_at_k, paired_bootstrap_interval, rank_by_score
 from chatchat_policybert.evaluation.retrievers import Bm25, Dense
 from chatchat_policybert.files import write_json
-from chatchat_policybert.lexicon import Lexicon
-from chatchat_policybert.loading import save_model_dir
+from chatchat_policybert.model.embeddings import PolicyBertEmbeddings
+from chatchat_policybert.model.lexicon import Lexicon
+from chatchat_policybert.model.loading import save_model_dir
+from chatchat_policybert.retrieval.analyzer import NEW_DEPLOYMENT, get_analyzer
 from training import build_lexicon, contrastive, init_scratch, merge_bge, pairs, pretrain
 from training import corpus as corpus_stage
 from training._common import read_corpus

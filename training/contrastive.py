@@ -7,7 +7,7 @@ the micro-batch — its positive, its own hard negatives and all other queries' 
 negatives) — and, across processes, against every other process's passages too (FlagEmbedding's
 ``negatives_cross_device``); the loss is the cross-entropy of the positive at temperature
 ``--temperature`` (0.02, bge's). Queries carry bge's retrieval instruction, documents do not, and
-vectors are the L2-normalised [CLS] states computed by :func:`chatchat_policybert.embeddings.cls_vectors`
+vectors are the L2-normalised [CLS] states computed by :func:`chatchat_policybert.model.embeddings.cls_vectors`
 on the tokenizer's own batches: the model is trained on exactly the vectors it will serve.
 
 The character encoder, the word stream, the fusions and the fusion scales ``s`` all train;
@@ -39,11 +39,11 @@ from torch.utils.checkpoint import checkpoint
 from tqdm import tqdm
 from transformers import PreTrainedModel
 
-from chatchat_policybert.embeddings import cls_vectors, token_limit
 from chatchat_policybert.errors import InputError, run_cli
 from chatchat_policybert.evaluation.metrics import mrr_at_k, rank_by_score, recall_at_k
-from chatchat_policybert.loading import load_policybert, save_model_dir
-from chatchat_policybert.tokenization import DEFAULT_QUERY_INSTRUCTION, PolicyBertTokenizer
+from chatchat_policybert.model.embeddings import cls_vectors, token_limit
+from chatchat_policybert.model.loading import load_policybert, save_model_dir
+from chatchat_policybert.model.tokenization_policybert import DEFAULT_QUERY_INSTRUCTION, PolicyBertTokenizer
 from training._common import jsonl_lines
 from training.loop import TrainConfig, is_main_process, parse_config, require_positive, train
 

@@ -5,7 +5,7 @@ session's time limit or a crash leaves ``OUT/checkpoint.pt`` (written every ``--
 steps and at ``--stop-after``). This command rebuilds the stage's model from the directory the
 run started from (the stage's ``--model``, recorded in ``run.json``; ``--model`` here overrides
 it) with the stage's own ``load_start_model``, loads the checkpoint's weights into it and writes
-``--out`` with :func:`chatchat_policybert.loading.save_model_dir`: what ``PolicyBertEmbeddings``,
+``--out`` with :func:`chatchat_policybert.model.loading.save_model_dir`: what ``PolicyBertEmbeddings``,
 ``chatchat-policybert eval`` and the next stage load. The stage is read from the checkpoint's
 settings (each stage's config has its own fields); a ``run.json`` in the run folder (a crashed
 first session has none) must record the same run.
@@ -24,8 +24,8 @@ from pathlib import Path
 from transformers import PreTrainedModel
 
 from chatchat_policybert.errors import InputError, run_cli
-from chatchat_policybert.loading import save_model_dir
-from chatchat_policybert.tokenization import DEFAULT_QUERY_INSTRUCTION, PolicyBertTokenizer
+from chatchat_policybert.model.loading import save_model_dir
+from chatchat_policybert.model.tokenization_policybert import DEFAULT_QUERY_INSTRUCTION, PolicyBertTokenizer
 from training import contrastive, finetune, pretrain
 from training.loop import CHECKPOINT, RESUMABLE, RUN, TrainConfig, describe_changes, parse_config, read_checkpoint_file
 

@@ -22,9 +22,9 @@ from tqdm import tqdm
 
 from chatchat_policybert.errors import run_cli
 from chatchat_policybert.files import write_json
-from chatchat_policybert.loading import load_model_dir, save_model_dir
-from chatchat_policybert.modeling import PolicyBertForSequenceClassification
-from chatchat_policybert.tokenization import PolicyBertTokenizer
+from chatchat_policybert.model.loading import load_model_dir, save_model_dir
+from chatchat_policybert.model.modeling_policybert import PolicyBertForSequenceClassification
+from chatchat_policybert.model.tokenization_policybert import PolicyBertTokenizer
 from training._common import SentencePair
 from training.loop import TrainConfig, evaluating, is_main_process, parse_config, pick_precision, train
 from training.policysm import SPLITS, read_pairs

@@ -23,8 +23,8 @@ from transformers import BertConfig, BertModel
 from chatchat_policybert.data import CORPUS_CSV
 from chatchat_policybert.errors import InputError, run_cli
 from chatchat_policybert.evaluation.dataset import load_corpus
-from chatchat_policybert.loading import save_model_dir
-from chatchat_policybert.tokenization import PolicyBertTokenizer, build_char_tokenizer
+from chatchat_policybert.model.loading import save_model_dir
+from chatchat_policybert.model.tokenization_policybert import PolicyBertTokenizer, build_char_tokenizer
 from training.loop import parse_config, require_positive
 
 

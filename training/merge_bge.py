@@ -42,12 +42,23 @@ import torch
 from safetensors.torch import load_file
 from transformers import AutoTokenizer
 
-from chatchat_policybert.configuration_policybert import CONFIG_ERRORS, FUSION_TYPES, LATE_FUSIONS, PolicyBertConfig
 from chatchat_policybert.errors import InputError, run_cli
-from chatchat_policybert.lexicon import Lexicon, LexiconError, normalize_word
-from chatchat_policybert.loading import ModelDirError, load_model_dir, read_config, resolve_model_dir, save_model_dir
-from chatchat_policybert.modeling import PolicyBertModel
-from chatchat_policybert.tokenization import PolicyBertTokenizer
+from chatchat_policybert.model.configuration_policybert import (
+    CONFIG_ERRORS,
+    FUSION_TYPES,
+    LATE_FUSIONS,
+    PolicyBertConfig,
+)
+from chatchat_policybert.model.lexicon import Lexicon, LexiconError, normalize_word
+from chatchat_policybert.model.loading import (
+    ModelDirError,
+    load_model_dir,
+    read_config,
+    resolve_model_dir,
+    save_model_dir,
+)
+from chatchat_policybert.model.modeling_policybert import PolicyBertModel
+from chatchat_policybert.model.tokenization_policybert import PolicyBertTokenizer
 from training.loop import parse_config, require_share
 
 CHAR_PREFIXES = ("embeddings.", "encoder.layer.", "pooler.")

@@ -29,9 +29,9 @@ from tqdm import tqdm
 from transformers import BertForPreTraining
 
 from chatchat_policybert.errors import InputError, run_cli
-from chatchat_policybert.loading import load_model_dir, read_config, resolve_model_dir, save_model_dir
-from chatchat_policybert.modeling import PolicyBertForPreTraining
-from chatchat_policybert.tokenization import PolicyBertTokenizer
+from chatchat_policybert.model.loading import load_model_dir, read_config, resolve_model_dir, save_model_dir
+from chatchat_policybert.model.modeling_policybert import PolicyBertForPreTraining
+from chatchat_policybert.model.tokenization_policybert import PolicyBertTokenizer
 from training._common import Document, SentencePair, read_corpus
 from training.loop import TrainConfig, is_main_process, parse_config, require_share, train
 

@@ -19,8 +19,8 @@ is skipped when found there, so a killed or failed run continues where it stoppe
    same loss and gradient): the recipe's batch at 512 tokens needs some 300 GB for bge-base.
 3. ``candidate`` — a Chatchat root of its own (the root's model and KB settings, the candidate
    model, the KB's documents, ``chatchat kb -r``), then the ensemble's weights and threshold
-   calibrated there on the dev pairs (:mod:`chatchat_policybert.calibration`). On pg its tables are
-   in a schema of their own in the deployment's database (:class:`chatchat_policybert.pg_store.OwnSchema`),
+   calibrated there on the dev pairs (:mod:`chatchat_policybert.deploy.calibration`). On pg its tables are
+   in a schema of their own in the deployment's database (:class:`chatchat_policybert.stores.pg_store.OwnSchema`),
    dropped once the gate's decision is carried out.
 4. ``gate`` — Chatchat's own ``search_docs`` in the root as it is (before) and in the candidate
    root (after), on the held-out-document dev pairs and on ``--questions``, with BM25 alone as a
@@ -61,7 +61,10 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from chatchat_policybert.calibration import (
+from chatchat_policybert.chatchat.process import chatchat_command, run_chatchat
+from chatchat_policybert.chatchat.root import content_dir, default_kb, kb_settings
+from chatchat_policybert.chatchat.settings import load_yaml, round_trip_yaml
+from chatchat_policybert.deploy.calibration import (
     NO_VECTORS,
     Candidates,
     Fused,
@@ -73,25 +76,7 @@ from chatchat_policybert.calibration import (
     update_settings,
     write_calibration,
 )
-from chatchat_policybert.chatchat_process import chatchat_command, run_chatchat
-from chatchat_policybert.chatchat_root import configured_analyzer, content_dir, default_kb, kb_settings
-from chatchat_policybert.embeddings import token_limit
-from chatchat_policybert.errors import InputError, PlainArgumentParser, run_cli
-from chatchat_policybert.evaluation.dataset import kb_questions
-from chatchat_policybert.evaluation.evaluate import (
-    EXIT_WORSE,
-    MRR_K,
-    RunResult,
-    compare_runs,
-    evaluate_retriever,
-    gate_failure,
-)
-from chatchat_policybert.evaluation.retrievers import ChatchatEnsemble, ChatchatSearch
-from chatchat_policybert.files import atomic_path, read_json, write_json
-from chatchat_policybert.kb_rebuild import check_kb_name
-from chatchat_policybert.loading import save_model_dir
-from chatchat_policybert.pg_store import OwnSchema, candidate_schema, check_schema_rights
-from chatchat_policybert.rollback import (
+from chatchat_policybert.deploy.rollback import (
     BACKUP_DIR,
     INSTALL_STARTED,
     INSTALLED,
@@ -106,7 +91,23 @@ from chatchat_policybert.rollback import (
     tune_dir,
     tune_lock,
 )
-from chatchat_policybert.settings import HYBRID_KEY, load_yaml, round_trip_yaml
+from chatchat_policybert.errors import InputError, PlainArgumentParser, run_cli
+from chatchat_policybert.evaluation.dataset import kb_questions
+from chatchat_policybert.evaluation.evaluate import (
+    EXIT_WORSE,
+    MRR_K,
+    RunResult,
+    compare_runs,
+    evaluate_retriever,
+    gate_failure,
+)
+from chatchat_policybert.evaluation.retrievers import ChatchatEnsemble, ChatchatSearch
+from chatchat_policybert.files import atomic_path, read_json, write_json
+from chatchat_policybert.model.embeddings import token_limit
+from chatchat_policybert.model.loading import save_model_dir
+from chatchat_policybert.retrieval.hybrid import HYBRID_KEY, configured_analyzer
+from chatchat_policybert.stores.pg_store import OwnSchema, candidate_schema, check_schema_rights
+from chatchat_policybert.stores.rebuild import check_kb_name
 from training import pairs as pairs_stage
 from training.contrastive import ContrastiveConfig, ContrastiveTask, contrastive, load_start_model, read_examples
 from training.loop import CHECKPOINT, METRICS, parse_config, pick_device

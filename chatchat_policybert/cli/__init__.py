@@ -22,10 +22,10 @@ import sys
 from collections.abc import Sequence
 from typing import Any
 
-from ..errors import InputError, PlainArgumentParser, run_cli
-from . import doctor, rollback, serve, setup
-from . import eval as eval_command
-from .common import default_root
+from chatchat_policybert.cli import doctor, rollback, serve, setup
+from chatchat_policybert.cli import eval as eval_command
+from chatchat_policybert.cli.common import default_root
+from chatchat_policybert.errors import InputError, PlainArgumentParser, run_cli
 
 COMMAND_GROUP = "chatchat_policybert.commands"
 PLUGIN_COMMANDS = {

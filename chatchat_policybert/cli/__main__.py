@@ -3,6 +3,6 @@ so)."""
 
 import sys
 
-from . import main
+from chatchat_policybert.cli import main
 
 sys.exit(main())

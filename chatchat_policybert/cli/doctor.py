@@ -15,20 +15,21 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ..chatchat_root import (
+from chatchat_policybert.chatchat.root import (
     VS_TYPES,
     KbSettings,
-    index_size,
     is_loopback,
     kb_root,
     kb_settings,
     server_hosts,
     vector_store_dir,
 )
-from ..errors import InputError
-from ..score_threshold import TARGET_COSINE, cosine_cut, score_threshold_for
-from ..settings import HybridConfig, SettingsError, find_local_model, load_yaml, parse_hybrid
-from .common import add_root_argument
+from chatchat_policybert.chatchat.settings import find_local_model, load_yaml
+from chatchat_policybert.cli.common import add_root_argument
+from chatchat_policybert.errors import InputError, SettingsError
+from chatchat_policybert.retrieval.hybrid import HybridConfig, parse_hybrid
+from chatchat_policybert.stores.faiss_store import index_size
+from chatchat_policybert.stores.score_threshold import TARGET_COSINE, cosine_cut, score_threshold_for
 
 PTH_NAME = "chatchat_policybert_hook.pth"
 PG_HYBRID_NOTE = (
@@ -55,7 +56,7 @@ class Finding:
 
 def hook_installed() -> Path | None:
     """The start-up `.pth` of this interpreter's environment, if present and not disabled."""
-    from ..chatchat_hook import DISABLE_ENV, switched_off
+    from chatchat_policybert.chatchat.switches import DISABLE_ENV, switched_off
 
     if switched_off(DISABLE_ENV):
         return None
@@ -171,7 +172,7 @@ def diagnose(root: Path, load_model: bool) -> list[Finding]:
         embed_model = str(model_settings.get("DEFAULT_EMBEDDING_MODEL", ""))
         findings.extend(_check_kb(root, settings, embed_model, None, analyzer))
         return findings
-    from ..pg_store import check_configured, check_server, connected
+    from chatchat_policybert.stores.pg_store import check_configured, check_server, connected
 
     add("OK", f"vector store pg: {PG_HYBRID_NOTE}")
     unusable = check_configured(settings.pg_uri)
@@ -191,7 +192,7 @@ def _check_hybrid(
 ) -> tuple[list[Finding], Any]:
     """The ensemble's weights, threshold and the dev metrics they were chosen on (the platform's ``hybrid``), the
     BM25 analyzer it configures, and that analyzer (None where it cannot be built)."""
-    from ..calibration import describe
+    from chatchat_policybert.deploy.calibration import describe
 
     platform = next(p for p in model_settings.get("MODEL_PLATFORMS") or [] if p.get("platform_name") == platform_name)
     try:
@@ -211,7 +212,7 @@ def _check_hybrid(
 
 
 def _check_model(local: Any, root: Path) -> list[Finding]:
-    from ..chatchat_hook import load_embeddings
+    from chatchat_policybert.chatchat.registry import load_embeddings
 
     try:
         embeddings = load_embeddings(local.config, root, local.platform_name)
@@ -234,7 +235,7 @@ def _check_kb(
     if not kb_dir.is_dir():
         return [Finding("ERROR", f"DEFAULT_KNOWLEDGE_BASE '{name}' has no folder {kb_dir}: the WebUI page crashes")]
     if engine is not None:
-        from ..pg_store import vectors_in
+        from chatchat_policybert.stores.pg_store import vectors_in
 
         vectors = vectors_in(engine, name)
         if not vectors:
@@ -252,7 +253,7 @@ def _check_kb(
 def _check_saved_bm25(folder: Path, kb: str, analyzer: Any | None) -> Finding:
     """The BM25 index `kb -r` saved beside the FAISS index: a regular, readable file, as many chunks as the index
     has vectors, built by the configured analyzer — else the first question tokenises the whole KB."""
-    from ..bm25_index import BM25_FILE, SavedIndexUnusable, saved_summary
+    from chatchat_policybert.retrieval.bm25_index import BM25_FILE, SavedIndexUnusable, saved_summary
 
     path = folder / BM25_FILE
     rebuild = f"run `chatchat kb -r -n {kb}`, or the first question of each process tokenises every chunk"
@@ -275,7 +276,7 @@ def _check_saved_bm25(folder: Path, kb: str, analyzer: Any | None) -> Finding:
 def _check_interrupted_swaps(root: Path) -> list[Finding]:
     """A ``.replaced`` folder of any knowledge base: a FAISS `kb -r` killed during its swap (see
     :func:`recover_swap`)."""
-    from ..kb_rebuild import interrupted_swaps, swap_finished
+    from chatchat_policybert.stores.rebuild import interrupted_swaps, swap_finished
 
     findings = []
     for final, retired in interrupted_swaps(root):

@@ -9,7 +9,7 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from ..evaluation import evaluate
+from chatchat_policybert.evaluation import evaluate
 
 
 def register(commands: Any) -> None:

@@ -1,6 +1,6 @@
 """``chatchat-policybert rollback``: the deployment from before the last installed ``tune``.
 
-The work is in :mod:`chatchat_policybert.rollback`, which ``tune`` also uses to record what it replaces.
+The work is in :mod:`chatchat_policybert.deploy.rollback`, which ``tune`` also uses to record what it replaces.
 """
 
 from __future__ import annotations
@@ -8,8 +8,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from ..rollback import run_rollback
-from .common import add_root_argument
+from chatchat_policybert.cli.common import add_root_argument
+from chatchat_policybert.deploy.rollback import run_rollback
 
 
 def register(commands: Any) -> None:

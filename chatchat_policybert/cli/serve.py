@@ -9,9 +9,10 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from ..errors import InputError
-from ..settings import EmbeddingOptions, find_local_model, load_yaml
-from .common import add_root_argument
+from chatchat_policybert.chatchat.settings import find_local_model, load_yaml
+from chatchat_policybert.cli.common import add_root_argument
+from chatchat_policybert.errors import InputError
+from chatchat_policybert.model.options import EmbeddingOptions
 
 
 def register(commands: Any) -> None:
@@ -59,9 +60,11 @@ def run_serve(args: argparse.Namespace) -> int:
     """Serve the configured model as an OpenAI-compatible /v1/embeddings (see docs/deployment.md)."""
     import uvicorn
 
-    from ..chatchat_hook import load_embeddings
-    from ..chatchat_root import is_loopback
-    from ..server import (
+    from chatchat_policybert.chatchat.registry import load_embeddings
+    from chatchat_policybert.chatchat.root import is_loopback
+    from chatchat_policybert.chatchat.settings import LocalEmbeddingsConfig
+    from chatchat_policybert.model.tokenization_policybert import PolicyBertTokenizer
+    from chatchat_policybert.serving.server import (
         API_KEY_ENV,
         SHUTDOWN_GRACE_S,
         ServerLimits,
@@ -69,8 +72,6 @@ def run_serve(args: argparse.Namespace) -> int:
         header_timeout_protocol,
         thread_local_counter,
     )
-    from ..settings import LocalEmbeddingsConfig
-    from ..tokenization import PolicyBertTokenizer
 
     # Every flag is checked before the model loads: a typo costs no loading time.
     if not 0 < args.port <= 65535:

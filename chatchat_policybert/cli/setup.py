@@ -11,14 +11,16 @@ import math
 from pathlib import Path
 from typing import Any
 
-from ..analyzer import ANALYZERS, NEW_DEPLOYMENT
-from ..chatchat_root import SERVERS, VS_TYPES, configured_analyzer, content_dir, default_kb, faiss_indexes
-from ..dtypes import DTYPE_CHOICES
-from ..errors import InputError
-from ..score_threshold import TARGET_COSINE, score_threshold_for
-from ..settings import HYBRID_KEY, PLATFORM_KEY, SettingsError, round_trip_yaml
-from .common import add_root_argument
-from .doctor import PG_HYBRID_NOTE, diagnose, report
+from chatchat_policybert.chatchat.root import SERVERS, VS_TYPES, content_dir, default_kb
+from chatchat_policybert.chatchat.settings import PLATFORM_KEY, round_trip_yaml
+from chatchat_policybert.cli.common import add_root_argument
+from chatchat_policybert.cli.doctor import PG_HYBRID_NOTE, diagnose, report
+from chatchat_policybert.errors import InputError, SettingsError
+from chatchat_policybert.model.dtypes import DTYPE_CHOICES
+from chatchat_policybert.retrieval.analyzer import ANALYZERS, NEW_DEPLOYMENT
+from chatchat_policybert.retrieval.hybrid import HYBRID_KEY, configured_analyzer
+from chatchat_policybert.stores.faiss_store import faiss_indexes
+from chatchat_policybert.stores.score_threshold import TARGET_COSINE, score_threshold_for
 
 SETTINGS_FILES = ("model_settings.yaml", "kb_settings.yaml")
 BASIC_SETTINGS = "basic_settings.yaml"
@@ -138,13 +140,13 @@ def run_setup(args: argparse.Namespace) -> int:
     if args.kb is not None and args.calibrate is None:
         raise InputError("--kb only applies with --calibrate")
     if args.calibrate is not None:
-        from ..calibration import is_pairs_file
+        from chatchat_policybert.deploy.calibration import is_pairs_file
 
         is_pairs_file(args.calibrate)  # found, UTF-8 and JSON before the root changes (a GBK file: one line)
     if args.pg_uri is not None and args.vs != "pg":
         raise InputError("--pg-uri is only used with --vs pg")
     if args.vs == "pg":
-        from ..pg_store import validate_uri
+        from chatchat_policybert.stores.pg_store import validate_uri
 
         if args.pg_uri is None:
             raise InputError("--vs pg needs --pg-uri postgresql+psycopg2://USER:PASSWORD@HOST:PORT/DATABASE")
@@ -192,7 +194,7 @@ def run_setup(args: argparse.Namespace) -> int:
 
 def _say_analyzer(root: Path, kb: str) -> None:
     """Which analyzer BM25 now uses, and that `kb -r` is due where the KB's saved BM25 index was built by another."""
-    from ..bm25_index import BM25_FILE, SavedIndexUnusable, saved_summary
+    from chatchat_policybert.retrieval.bm25_index import BM25_FILE, SavedIndexUnusable, saved_summary
 
     analyzer = configured_analyzer(root)
     print(f"OK    BM25 analyzer {analyzer.name} ({analyzer.identity})")
@@ -210,7 +212,7 @@ def _say_analyzer(root: Path, kb: str) -> None:
 
 def calibrate_setup(root: Path, kb: str, questions: Path) -> None:
     """``setup --calibrate``: choose the ensemble's weights and threshold on ``questions`` and record them."""
-    from ..calibration import calibrate_root, ensemble_label, write_calibration
+    from chatchat_policybert.deploy.calibration import calibrate_root, ensemble_label, write_calibration
 
     calibration = calibrate_root(root, kb, questions, root / "logs")
     print(calibration.table())

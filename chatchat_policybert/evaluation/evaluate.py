@@ -32,8 +32,7 @@ from pathlib import Path
 
 from tqdm import tqdm
 
-from chatchat_policybert.analyzer import ANALYZERS, NEW_DEPLOYMENT, Analyzer
-from chatchat_policybert.chatchat_root import configured_analyzer, content_dir, default_kb, stored_vectors
+from chatchat_policybert.chatchat.root import content_dir, default_kb
 from chatchat_policybert.data import CORPUS_CSV, QUESTIONS
 from chatchat_policybert.errors import InputError, PlainArgumentParser, run_cli
 from chatchat_policybert.evaluation.dataset import Corpus, Query, kb_questions, load_beir, load_corpus, load_questions
@@ -49,6 +48,9 @@ from chatchat_policybert.evaluation.metrics import (
 )
 from chatchat_policybert.evaluation.retrievers import Bm25, ChatchatEnsemble, ChatchatSearch, Dense, Retriever, Rrf
 from chatchat_policybert.files import write_json
+from chatchat_policybert.retrieval.analyzer import ANALYZERS, NEW_DEPLOYMENT, Analyzer
+from chatchat_policybert.retrieval.hybrid import configured_analyzer
+from chatchat_policybert.stores.base import stored_vectors
 
 RETRIEVERS = ("bm25", "dense", "rrf", "chatchat")
 MRR_K = NDCG_K = 10
@@ -173,7 +175,7 @@ def dense_results(
     For callers that only rank models (``training.merge_bge`` choosing its alpha): the chunks
     come from a temporary root built the README's way, without embedding a FAISS index.
     """
-    from chatchat_policybert.embeddings import PolicyBertEmbeddings
+    from chatchat_policybert.model.embeddings import PolicyBertEmbeddings
 
     with tempfile.TemporaryDirectory(prefix="policybert-eval-") as tmp:
         root = Path(tmp) / "root"
@@ -359,7 +361,7 @@ def _run(
     kinds: list[str],
     models: list[tuple[str, Path]],
 ) -> list[RunResult]:
-    from chatchat_policybert.embeddings import PolicyBertEmbeddings
+    from chatchat_policybert.model.embeddings import PolicyBertEmbeddings
 
     if args.chatchat_root is not None:
         kb = args.kb or default_kb(root)
@@ -403,7 +405,7 @@ def _run(
 
 def _analyzer(name: str | None, root: Path | None) -> Analyzer:
     """``name``'s analyzer; without a name, the one ``root``'s settings configure (the deployment's own)."""
-    from chatchat_policybert.analyzer import get_analyzer
+    from chatchat_policybert.retrieval.analyzer import get_analyzer
 
     return get_analyzer(name) if name is not None else configured_analyzer(root)
 

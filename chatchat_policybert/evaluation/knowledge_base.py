@@ -15,10 +15,11 @@ from pathlib import Path
 
 import numpy as np
 
-from chatchat_policybert.chatchat_process import LOG_TAIL, call_worker, chatchat_command, run_chatchat
-from chatchat_policybert.chatchat_root import content_dir, default_kb, faiss_indexes
+from chatchat_policybert.chatchat.process import LOG_TAIL, call_worker, chatchat_command, run_chatchat
+from chatchat_policybert.chatchat.root import content_dir, default_kb
 from chatchat_policybert.errors import InputError
 from chatchat_policybert.evaluation.dataset import Corpus, text_group
+from chatchat_policybert.stores.faiss_store import faiss_indexes
 
 
 @dataclass(frozen=True)

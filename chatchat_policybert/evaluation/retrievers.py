@@ -3,9 +3,9 @@
 Each ``search(query)`` returns chunk indices, best first, and the seconds the search took.
 
 - ``Bm25`` — what Chatchat's ensemble uses: LangChain's ``BM25Retriever`` (rank_bm25 Okapi)
-  over an analyzer's tokens (:mod:`chatchat_policybert.analyzer`: ``chatchat`` is Chatchat's
+  over an analyzer's tokens (:mod:`chatchat_policybert.retrieval.analyzer`: ``chatchat`` is Chatchat's
   ``jieba.lcut_for_search``), but built once instead of on every query and scored from postings,
-  as the deployment's patched ensemble does (:mod:`chatchat_policybert.ensemble_cache`).
+  as the deployment's patched ensemble does (:mod:`chatchat_policybert.retrieval.ensemble`).
 - ``Dense`` — exact inner product of ``PolicyBertEmbeddings`` vectors (unit length, so cosine),
   queries with the model directory's instruction, else bge's (the class default).
 - ``Rrf`` — reciprocal-rank fusion of two retrievers' full rankings.
@@ -23,12 +23,12 @@ from typing import Protocol
 import numpy as np
 from tqdm import tqdm
 
-from chatchat_policybert.analyzer import Analyzer
-from chatchat_policybert.bm25_index import PostingsBM25Okapi
-from chatchat_policybert.chatchat_process import ChatchatWorker
+from chatchat_policybert.chatchat.process import ChatchatWorker
 from chatchat_policybert.errors import InputError
 from chatchat_policybert.evaluation.knowledge_base import Chunk
 from chatchat_policybert.evaluation.metrics import rank_by_score, reciprocal_rank_fusion
+from chatchat_policybert.retrieval.analyzer import Analyzer
+from chatchat_policybert.retrieval.bm25_index import PostingsBM25Okapi
 
 EMBED_PROGRESS_BATCH = 256
 

@@ -27,7 +27,7 @@ from chatchat_deploy import (
 )
 from ollama_standin import OllamaStandIn
 
-from chatchat_policybert.chatchat_process import chatchat_env
+from chatchat_policybert.chatchat.process import chatchat_env
 from chatchat_policybert.corpus import PolicyDocument, read_policies
 from chatchat_policybert.errors import InputError
 from tests.support.pg_cluster import PgCluster

@@ -15,11 +15,11 @@ import numpy as np
 import pytest
 from rank_bm25 import BM25Okapi
 
-from chatchat_policybert import bm25_index
-from chatchat_policybert.analyzer import get_analyzer
-from chatchat_policybert.bm25_index import BM25_FILE, SavedIndexUnusable, build, load
 from chatchat_policybert.corpus import read_policies
 from chatchat_policybert.data import CORPUS_CSV, QUESTIONS
+from chatchat_policybert.retrieval import bm25_index
+from chatchat_policybert.retrieval.analyzer import get_analyzer
+from chatchat_policybert.retrieval.bm25_index import BM25_FILE, SavedIndexUnusable, build, load
 
 CHATCHAT = get_analyzer("chatchat")
 POLICY = get_analyzer("policy")

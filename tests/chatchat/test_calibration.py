@@ -19,9 +19,8 @@ import pytest
 import yaml
 from chatchat_deploy import BIN, run, set_analyzer
 
-from chatchat_policybert.analyzer import ANALYZERS, get_analyzer
-from chatchat_policybert.bm25_index import BM25_FILE, saved_summary
-from chatchat_policybert.calibration import (
+from chatchat_policybert.chatchat.root import content_dir
+from chatchat_policybert.deploy.calibration import (
     Candidates,
     Setting,
     calibrate_root,
@@ -29,14 +28,16 @@ from chatchat_policybert.calibration import (
     fuse,
     write_calibration,
 )
-from chatchat_policybert.chatchat_root import configured_analyzer, configured_hybrid, content_dir, faiss_indexes
-from chatchat_policybert.errors import InputError
+from chatchat_policybert.errors import InputError, SettingsError
 from chatchat_policybert.evaluation.dataset import load_corpus, load_questions
 from chatchat_policybert.evaluation.evaluate import evaluate_retriever
 from chatchat_policybert.evaluation.knowledge_base import load_chunks, prepare_root
 from chatchat_policybert.evaluation.retrievers import Bm25, ChatchatEnsemble, ChatchatSearch
-from chatchat_policybert.settings import HybridConfig, SettingsError, parse_hybrid
-from chatchat_policybert.tokenization import DEFAULT_QUERY_INSTRUCTION
+from chatchat_policybert.model.tokenization_policybert import DEFAULT_QUERY_INSTRUCTION
+from chatchat_policybert.retrieval.analyzer import ANALYZERS, get_analyzer
+from chatchat_policybert.retrieval.bm25_index import BM25_FILE, saved_summary
+from chatchat_policybert.retrieval.hybrid import HybridConfig, configured_analyzer, configured_hybrid, parse_hybrid
+from chatchat_policybert.stores.faiss_store import faiss_indexes
 from tests.support.tiny_models import build_tiny_policybert
 from training import pairs
 
@@ -183,7 +184,7 @@ def test_doctor_warns_when_the_threshold_moved_and_names_a_broken_block():
         parse_hybrid({"platform_name": "p", "hybrid": {"bm25_weight": 0, "dense_weight": 0}})
     with pytest.raises(SettingsError, match=r"platform 'p': invalid 'hybrid' \(colour: Extra inputs"):
         parse_hybrid({"platform_name": "p", "hybrid": {"colour": 1}})
-    from chatchat_policybert.calibration import describe
+    from chatchat_policybert.deploy.calibration import describe
 
     hybrid = HybridConfig(bm25_weight=0.7, dense_weight=0.3, score_threshold=0.5)
     assert [level for level, _ in describe(hybrid, 0.5)] == ["OK"]

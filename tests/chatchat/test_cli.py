@@ -13,11 +13,11 @@ import yaml
 from chatchat_deploy import BIN, Deployment, run
 from test_kb_swap import files, write_index
 
+from chatchat_policybert.chatchat.settings import find_local_model, parse_config
 from chatchat_policybert.cli import main
-from chatchat_policybert.errors import plain_text
-from chatchat_policybert.kb_rebuild import RETIRED_SUFFIX, recover_swap
-from chatchat_policybert.score_threshold import cosine_cut
-from chatchat_policybert.settings import SettingsError, find_local_model, parse_config
+from chatchat_policybert.errors import SettingsError, plain_text
+from chatchat_policybert.stores.rebuild import RETIRED_SUFFIX, recover_swap
+from chatchat_policybert.stores.score_threshold import cosine_cut
 
 INIT_LIKE_MODEL_SETTINGS = """\
 # written by chatchat init

@@ -19,8 +19,8 @@ import uvicorn
 from chatchat_deploy import free_port
 from fastapi.testclient import TestClient
 
-from chatchat_policybert.embeddings import PolicyBertEmbeddings
-from chatchat_policybert.server import (
+from chatchat_policybert.model.embeddings import PolicyBertEmbeddings
+from chatchat_policybert.serving.server import (
     CHARS_PER_TOKEN,
     ServerLimits,
     create_app,

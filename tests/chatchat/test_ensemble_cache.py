@@ -18,10 +18,10 @@ import requests
 from chatchat_deploy import BIN, EMBED_MODEL, KB_NAME, Deployment, set_analyzer
 from rank_bm25 import BM25Okapi
 
-from chatchat_policybert.bm25_index import BM25_FILE, PostingsBM25Okapi
-from chatchat_policybert.chatchat_hook import BM25_CACHE_ENV
+from chatchat_policybert.chatchat.switches import BM25_CACHE_ENV
 from chatchat_policybert.corpus import read_policies
 from chatchat_policybert.data import CORPUS_CSV, QUESTIONS
+from chatchat_policybert.retrieval.bm25_index import BM25_FILE, PostingsBM25Okapi
 
 BM25_ONLY_THRESHOLD = 1.5
 """Needs cosine >= 1.35 (``score_threshold.cosine_cut``): FAISS returns nothing, the ensemble is BM25's ranking."""
@@ -31,7 +31,7 @@ import json, sys
 from chatchat.server.file_rag.retrievers.ensemble import EnsembleRetrieverService
 from chatchat.server.knowledge_base.kb_service.base import KBServiceFactory
 from chatchat.settings import Settings
-from chatchat_policybert.ensemble_cache import cached_bm25
+from chatchat_policybert.retrieval.ensemble import cached_bm25
 
 questions = json.load(sys.stdin)
 patched = EnsembleRetrieverService.from_vectorstore
@@ -161,8 +161,8 @@ import json, sys
 import numpy as np
 from chatchat.server.knowledge_base.kb_doc_api import search_docs
 from chatchat.server.knowledge_base.kb_service.base import KBServiceFactory
-from chatchat_policybert import bm25_index
-from chatchat_policybert.ensemble_cache import analyzer_of, build_bm25, cached_bm25
+from chatchat_policybert.retrieval import bm25_index
+from chatchat_policybert.retrieval.ensemble import analyzer_of, build_bm25, cached_bm25
 
 questions = json.load(sys.stdin)
 first = search_docs(query=questions[0], knowledge_base_name="{KB_NAME}", top_k=5, score_threshold=2.0,

@@ -19,7 +19,7 @@ import numpy as np
 import pytest
 from chatchat_deploy import Deployment, run
 
-from chatchat_policybert.embeddings import PolicyBertEmbeddings
+from chatchat_policybert.model.embeddings import PolicyBertEmbeddings
 
 PTH_NAME = "chatchat_policybert_hook.pth"
 
@@ -114,7 +114,7 @@ def test_wheel_puts_pth_at_site_packages_root(fresh_venv: Path):
     pth = site_packages(fresh_venv) / PTH_NAME
     assert pth.is_file()
     assert not (fresh_venv / PTH_NAME).exists()  # where setuptools' data_files would have put it
-    assert "chatchat_policybert.chatchat_hook" in pth.read_text(encoding="utf-8")
+    assert "chatchat_policybert.plugin.hook" in pth.read_text(encoding="utf-8")
 
 
 def test_hook_serves_policybert_in_every_chatchat_process(fresh_venv: Path, deployment: Deployment, tmp_path: Path):

@@ -11,7 +11,7 @@ import numpy as np
 from chatchat_deploy import BIN, KB_NAME, Deployment, run
 from ollama_standin import REPLY
 
-from chatchat_policybert.embeddings import PolicyBertEmbeddings
+from chatchat_policybert.model.embeddings import PolicyBertEmbeddings
 
 CHUNKS_SCRIPT = f"""
 import json, os

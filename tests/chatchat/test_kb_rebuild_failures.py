@@ -21,14 +21,14 @@ import pytest
 import yaml
 from chatchat_deploy import BIN, KB_NAME, Deployment, run, stop_group
 
-from chatchat_policybert.bm25_index import BM25_FILE
+from chatchat_policybert.retrieval.bm25_index import BM25_FILE
 
 EMBEDDINGS_MODULE = '''
 import os
 import time
 from pathlib import Path
 
-from chatchat_policybert.embeddings import PolicyBertEmbeddings
+from chatchat_policybert.model.embeddings import PolicyBertEmbeddings
 
 
 class FailingEmbeddings(PolicyBertEmbeddings):

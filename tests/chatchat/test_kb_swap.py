@@ -19,12 +19,12 @@ import numpy as np
 import pytest
 
 from chatchat_policybert.errors import InputError
-from chatchat_policybert.kb_rebuild import RETIRED_SUFFIX, check_kb_name, recover_swap
+from chatchat_policybert.stores.rebuild import RETIRED_SUFFIX, check_kb_name, recover_swap
 
 CHILD = r"""
 import os, shutil, sys
 from pathlib import Path
-from chatchat_policybert import kb_rebuild
+from chatchat_policybert.stores import rebuild as kb_rebuild
 
 staging, final, kill_after, exchange = Path(sys.argv[1]), Path(sys.argv[2]), int(sys.argv[3]), sys.argv[4] == "1"
 steps = 0

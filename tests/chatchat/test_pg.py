@@ -26,16 +26,16 @@ from ollama_standin import REPLY, OllamaStandIn
 from test_kb_rebuild import load_index
 from test_kb_rebuild_failures import Root, make_root, rebuild
 
-from chatchat_policybert.calibration import Candidates, Setting, calibrate_root, fuse
-from chatchat_policybert.chatchat_hook import BM25_CACHE_ENV
-from chatchat_policybert.chatchat_process import ChatchatWorker
-from chatchat_policybert.chatchat_root import configured_analyzer
+from chatchat_policybert.chatchat.process import ChatchatWorker
+from chatchat_policybert.chatchat.switches import BM25_CACHE_ENV
 from chatchat_policybert.data import QUESTIONS
-from chatchat_policybert.embeddings import PolicyBertEmbeddings
+from chatchat_policybert.deploy.calibration import Candidates, Setting, calibrate_root, fuse
 from chatchat_policybert.evaluation.knowledge_base import load_chunks
 from chatchat_policybert.evaluation.retrievers import Bm25, ChatchatSearch
-from chatchat_policybert.pg_store import COLLECTIONS, EMBEDDINGS, collection_size
-from chatchat_policybert.score_threshold import cosine_cut, score_threshold_for
+from chatchat_policybert.model.embeddings import PolicyBertEmbeddings
+from chatchat_policybert.retrieval.hybrid import configured_analyzer
+from chatchat_policybert.stores.pg_store import COLLECTIONS, EMBEDDINGS, collection_size
+from chatchat_policybert.stores.score_threshold import cosine_cut, score_threshold_for
 from tests.support.pg_cluster import PgCluster
 from training import pairs
 

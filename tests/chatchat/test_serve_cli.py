@@ -14,7 +14,7 @@ import pytest
 import requests
 from chatchat_deploy import BIN, free_port, stop_group
 
-from chatchat_policybert.server import SHUTDOWN_GRACE_S
+from chatchat_policybert.serving.server import SHUTDOWN_GRACE_S
 
 SERVE = [str(BIN / "chatchat-policybert"), "serve"]
 pytestmark = pytest.mark.slow  # every test runs `serve` (uvicorn) in a process of its own

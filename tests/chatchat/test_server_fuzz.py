@@ -15,8 +15,8 @@ from fastapi.testclient import TestClient
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
-from chatchat_policybert.embeddings import PolicyBertEmbeddings
-from chatchat_policybert.server import ServerLimits, create_app, thread_local_counter
+from chatchat_policybert.model.embeddings import PolicyBertEmbeddings
+from chatchat_policybert.serving.server import ServerLimits, create_app, thread_local_counter
 
 MODEL = "policybert"
 # Text with everything JSON can carry: CJK, ASCII, controls, lone surrogates, emoji.

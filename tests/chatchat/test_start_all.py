@@ -18,9 +18,9 @@ from chatchat_deploy import BIN, KB_NAME, Deployment, free_port, stop_group, wai
 from langchain_community.retrievers import BM25Retriever
 from ollama_standin import REPLY
 
-from chatchat_policybert.chatchat_root import configured_analyzer
-from chatchat_policybert.embeddings import PolicyBertEmbeddings
-from chatchat_policybert.score_threshold import cosine_cut
+from chatchat_policybert.model.embeddings import PolicyBertEmbeddings
+from chatchat_policybert.retrieval.hybrid import configured_analyzer
+from chatchat_policybert.stores.score_threshold import cosine_cut
 
 TOP_K = 5
 

@@ -29,10 +29,10 @@ from sqlalchemy.engine import make_url
 from test_calibration import build_root
 from test_pg import collection, collection_names
 
-from chatchat_policybert.chatchat_process import chatchat_command, run_chatchat
-from chatchat_policybert.chatchat_root import content_dir, vector_store_dir
-from chatchat_policybert.pg_store import CANDIDATE_SCHEMA_PREFIX, connected, pg_vectors
-from chatchat_policybert.rollback import faiss_vectors, tune_dir
+from chatchat_policybert.chatchat.process import chatchat_command, run_chatchat
+from chatchat_policybert.chatchat.root import content_dir, vector_store_dir
+from chatchat_policybert.deploy.rollback import faiss_vectors, tune_dir
+from chatchat_policybert.stores.pg_store import CANDIDATE_SCHEMA_PREFIX, connected, pg_vectors
 from tests.support.outside_chatchat import check_loads_outside_chatchat
 from tests.support.pg_cluster import DATABASE, PgCluster
 

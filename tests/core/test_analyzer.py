@@ -7,7 +7,9 @@ import os
 import jieba
 import pytest
 
-from chatchat_policybert.analyzer import (
+from chatchat_policybert.data import QUESTIONS, STOPWORDS
+from chatchat_policybert.errors import InputError, SettingsError
+from chatchat_policybert.retrieval.analyzer import (
     ANALYZERS,
     MAX_WORD_LIST_BYTES,
     Recipe,
@@ -15,9 +17,7 @@ from chatchat_policybert.analyzer import (
     get_analyzer,
     recipe_analyzer,
 )
-from chatchat_policybert.data import QUESTIONS, STOPWORDS
-from chatchat_policybert.errors import InputError
-from chatchat_policybert.settings import HybridConfig, SettingsError, parse_hybrid
+from chatchat_policybert.retrieval.hybrid import HybridConfig, parse_hybrid
 
 TEXTS = [
     "政府部门手里的数据会开放给社会用吗？涉及个人隐私的怎么办？",

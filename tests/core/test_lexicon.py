@@ -11,7 +11,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from chatchat_policybert.lexicon import MAX_WORD_CHARS, PAD_WORD, Lexicon, LexiconError, fold_text, normalize_word
+from chatchat_policybert.model.lexicon import MAX_WORD_CHARS, PAD_WORD, Lexicon, LexiconError, fold_text, normalize_word
 
 
 def brute_force_matches(lexicon: Lexicon, text: str) -> set[tuple[int, int, int]]:
@@ -53,7 +53,7 @@ def test_reference_list_raw_line_count(reference_lexicon_path):
 
 def test_reference_list_merges_inner_space_duplicates(reference_lexicon_path, caplog):
     entries = raw_entries(reference_lexicon_path)
-    with caplog.at_level(logging.WARNING, logger="chatchat_policybert.lexicon"):
+    with caplog.at_level(logging.WARNING, logger="chatchat_policybert.model.lexicon"):
         lexicon = Lexicon.load(reference_lexicon_path)
 
     groups: dict[str, list[tuple[str, int]]] = defaultdict(list)
@@ -99,7 +99,7 @@ def test_ids_are_unique_and_dense(reference_lexicon):
 def test_save_load_round_trip_keeps_ids(reference_lexicon, tmp_path, caplog):
     path = tmp_path / "lexicon.txt"
     reference_lexicon.save(path)
-    with caplog.at_level(logging.WARNING, logger="chatchat_policybert.lexicon"):
+    with caplog.at_level(logging.WARNING, logger="chatchat_policybert.model.lexicon"):
         again = Lexicon.load(path)
     assert again.words == reference_lexicon.words
     assert again.counts == reference_lexicon.counts

@@ -15,14 +15,20 @@ import torch
 from safetensors.torch import load_file, save_file
 from transformers import BertForPreTraining, BertForSequenceClassification, BertModel
 
-from chatchat_policybert.configuration_policybert import PolicyBertConfig
-from chatchat_policybert.loading import ModelDirError, load_model_dir, load_policybert, parse_config, save_model_dir
-from chatchat_policybert.modeling import (
+from chatchat_policybert.model.configuration_policybert import PolicyBertConfig
+from chatchat_policybert.model.loading import (
+    ModelDirError,
+    load_model_dir,
+    load_policybert,
+    parse_config,
+    save_model_dir,
+)
+from chatchat_policybert.model.modeling_policybert import (
     PolicyBertForPreTraining,
     PolicyBertForSequenceClassification,
     PolicyBertModel,
 )
-from chatchat_policybert.tokenization import build_char_tokenizer
+from chatchat_policybert.model.tokenization_policybert import build_char_tokenizer
 
 
 @pytest.fixture

@@ -6,15 +6,15 @@ import pytest
 import torch
 from transformers import BertModel
 
-from chatchat_policybert.configuration_policybert import CONFIG_ERRORS, PolicyBertConfig
-from chatchat_policybert.lexicon import Lexicon
-from chatchat_policybert.modeling import (
+from chatchat_policybert.model.configuration_policybert import CONFIG_ERRORS, PolicyBertConfig
+from chatchat_policybert.model.lexicon import Lexicon
+from chatchat_policybert.model.modeling_policybert import (
     PolicyBertForPreTraining,
     PolicyBertForSequenceClassification,
     PolicyBertModel,
     merge_repeated_words,
 )
-from chatchat_policybert.tokenization import PolicyBertTokenizer
+from chatchat_policybert.model.tokenization_policybert import PolicyBertTokenizer
 from tests.support.tiny_models import tiny_config
 
 FUSIONS = ("none", "gate", "attn")
@@ -324,7 +324,7 @@ def test_fresh_gate_activations_near_sigmoid5(char_tokenizer, reference_lexicon,
 
 
 def test_trained_gate_bias_survives_save_and_reload(char_tokenizer, reference_lexicon, policy_sentences, tmp_path):
-    from chatchat_policybert.loading import load_policybert, save_model_dir
+    from chatchat_policybert.model.loading import load_policybert, save_model_dir
 
     torch.manual_seed(0)
     config = policy_config(char_tokenizer, word_vocab_size=len(reference_lexicon), num_word_layers=1)

@@ -10,16 +10,16 @@ import torch
 from safetensors.torch import load_file
 from transformers import AutoConfig, AutoModel, AutoModelForPreTraining, AutoModelForSequenceClassification
 
-from chatchat_policybert.configuration_policybert import PolicyBertConfig
-from chatchat_policybert.embeddings import PolicyBertEmbeddings
-from chatchat_policybert.loading import load_policybert, save_model_dir
-from chatchat_policybert.modeling import (
+from chatchat_policybert.model.configuration_policybert import PolicyBertConfig
+from chatchat_policybert.model.embeddings import PolicyBertEmbeddings
+from chatchat_policybert.model.loading import load_policybert, save_model_dir
+from chatchat_policybert.model.modeling_policybert import (
     PolicyBertEncoder,
     PolicyBertForPreTraining,
     PolicyBertForSequenceClassification,
     PolicyBertModel,
 )
-from chatchat_policybert.tokenization import PolicyBertTokenizer
+from chatchat_policybert.model.tokenization_policybert import PolicyBertTokenizer
 
 FUSIONS = ("none", "gate", "attn")
 MODEL_KINDS = (None, *FUSIONS)  # None: plain BERT directory

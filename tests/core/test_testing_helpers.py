@@ -6,10 +6,10 @@ from __future__ import annotations
 import torch
 from transformers import BertModel
 
-from chatchat_policybert.lexicon import Lexicon
-from chatchat_policybert.loading import load_policybert
-from chatchat_policybert.modeling import PolicyBertModel
-from chatchat_policybert.tokenization import build_char_tokenizer
+from chatchat_policybert.model.lexicon import Lexicon
+from chatchat_policybert.model.loading import load_policybert
+from chatchat_policybert.model.modeling_policybert import PolicyBertModel
+from chatchat_policybert.model.tokenization_policybert import build_char_tokenizer
 from tests.support.tiny_models import build_tiny_bert, build_tiny_policybert
 
 TEXTS = ["数据安全是国家安全的重要组成部分。", "推进5G和IPv6规模部署，促进数字经济发展"]

@@ -8,8 +8,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from transformers import BertTokenizerFast
 
-from chatchat_policybert.lexicon import Lexicon, normalize_word
-from chatchat_policybert.tokenization import PolicyBertTokenizer
+from chatchat_policybert.model.lexicon import Lexicon, normalize_word
+from chatchat_policybert.model.tokenization_policybert import PolicyBertTokenizer
 
 
 @pytest.fixture(scope="module")

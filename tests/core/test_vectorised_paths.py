@@ -13,10 +13,10 @@ from __future__ import annotations
 import pytest
 import torch
 
-from chatchat_policybert.configuration_policybert import FUSION_TYPES
-from chatchat_policybert.embeddings import PolicyBertEmbeddings, cls_vectors
-from chatchat_policybert.loading import load_policybert
-from chatchat_policybert.modeling import ClsOnlyLayer, coverage_groups, merge_repeated_words
+from chatchat_policybert.model.configuration_policybert import FUSION_TYPES
+from chatchat_policybert.model.embeddings import PolicyBertEmbeddings, cls_vectors
+from chatchat_policybert.model.loading import load_policybert
+from chatchat_policybert.model.modeling_policybert import ClsOnlyLayer, coverage_groups, merge_repeated_words
 
 TOL = 1e-5
 WORDLESS = "xyz"  # no lexicon word: a plain-BERT example inside a batch with words

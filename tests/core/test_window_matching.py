@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from chatchat_policybert.lexicon import Lexicon
-from chatchat_policybert.tokenization import PolicyBertTokenizer
+from chatchat_policybert.model.lexicon import Lexicon
+from chatchat_policybert.model.tokenization_policybert import PolicyBertTokenizer
 
 
 def long_text(policy_documents, chars: int) -> str:

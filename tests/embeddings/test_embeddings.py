@@ -11,11 +11,13 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from langchain_core.embeddings import Embeddings
 
-from chatchat_policybert.chatchat_hook import load_embeddings
-from chatchat_policybert.embeddings import PolicyBertEmbeddings
-from chatchat_policybert.loading import ModelDirError, load_policybert, save_model_dir
-from chatchat_policybert.settings import EmbeddingOptions, LocalEmbeddingsConfig, SettingsError
-from chatchat_policybert.tokenization import DEFAULT_QUERY_INSTRUCTION, PROMPTS_FILE
+from chatchat_policybert.chatchat.registry import load_embeddings
+from chatchat_policybert.chatchat.settings import LocalEmbeddingsConfig
+from chatchat_policybert.errors import SettingsError
+from chatchat_policybert.model.embeddings import PolicyBertEmbeddings
+from chatchat_policybert.model.loading import ModelDirError, load_policybert, save_model_dir
+from chatchat_policybert.model.options import EmbeddingOptions
+from chatchat_policybert.model.tokenization_policybert import DEFAULT_QUERY_INSTRUCTION, PROMPTS_FILE
 
 KINDS = (None, "none", "gate", "attn")
 
@@ -189,3 +191,17 @@ def test_the_class_and_a_settings_block_share_one_declaration_of_the_options(tin
         SettingsError, match=r"invalid embedding options \(batch_size: Input should be greater than or equal to 1\)"
     ):
         PolicyBertEmbeddings(model_dir, batch_size=0)
+
+
+def test_a_settings_file_written_before_the_sub_packages_still_loads(tiny_model_dir, tmp_path):
+    """`setup` of 0.1 wrote ``class: chatchat_policybert.embeddings:PolicyBertEmbeddings``; after the move to
+    ``model/`` that block must load the same class, with the same vectors, without an edit."""
+    model_dir = tiny_model_dir("gate")
+    old = LocalEmbeddingsConfig.model_validate(
+        {"class": "chatchat_policybert.embeddings:PolicyBertEmbeddings", "model_path": str(model_dir)}
+    )
+    assert old.class_path == "chatchat_policybert.model.embeddings:PolicyBertEmbeddings"
+    loaded = load_embeddings(old, tmp_path, "pb")
+    assert type(loaded) is PolicyBertEmbeddings
+    text = "推进数据要素市场化配置改革"
+    assert loaded.embed_query(text) == PolicyBertEmbeddings(model_dir).embed_query(text)

@@ -18,8 +18,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from chatchat_policybert.embeddings import PolicyBertEmbeddings, auto_dtype, cpu_flags
-from chatchat_policybert.loading import load_policybert, save_model_dir
+from chatchat_policybert.model.embeddings import PolicyBertEmbeddings, auto_dtype, cpu_flags
+from chatchat_policybert.model.loading import load_policybert, save_model_dir
 
 MODELS = (None, "none", "gate", "attn")
 TOP_K = 5

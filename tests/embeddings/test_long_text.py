@@ -7,8 +7,8 @@ import logging
 import numpy as np
 import pytest
 
-from chatchat_policybert.embeddings import PolicyBertEmbeddings
-from chatchat_policybert.lexicon import Lexicon
+from chatchat_policybert.model.embeddings import PolicyBertEmbeddings
+from chatchat_policybert.model.lexicon import Lexicon
 from tests.support.tiny_models import build_tiny_policybert
 
 LONG = "国家数据局统筹推进数字中国建设，促进数据要素市场化配置。" * 4  # 112 characters
@@ -23,7 +23,7 @@ def model_dir(tmp_path_factory):
 
 def test_truncation_is_logged_with_the_count(model_dir, caplog):
     embeddings = PolicyBertEmbeddings(model_dir, max_length=32)
-    with caplog.at_level(logging.WARNING, logger="chatchat_policybert.embeddings"):
+    with caplog.at_level(logging.WARNING, logger="chatchat_policybert.model.embeddings"):
         vectors = embeddings.embed_documents([SHORT, LONG, LONG[:40]])
     assert "2 of 3 texts are longer than 32 tokens and were truncated (first: text 1)" in caplog.text
     # Truncated means: the vector of the text's first window (30 characters + [CLS] + [SEP]).
@@ -32,14 +32,14 @@ def test_truncation_is_logged_with_the_count(model_dir, caplog):
 
 def test_no_warning_when_everything_fits(model_dir, caplog):
     embeddings = PolicyBertEmbeddings(model_dir, max_length=512)
-    with caplog.at_level(logging.WARNING, logger="chatchat_policybert.embeddings"):
+    with caplog.at_level(logging.WARNING, logger="chatchat_policybert.model.embeddings"):
         embeddings.embed_documents([SHORT, LONG])
     assert "truncated" not in caplog.text
 
 
 def test_window_mode_is_the_normalised_mean_of_window_vectors(model_dir, caplog):
     windowed = PolicyBertEmbeddings(model_dir, max_length=32, long_text="window")
-    with caplog.at_level(logging.WARNING, logger="chatchat_policybert.embeddings"):
+    with caplog.at_level(logging.WARNING, logger="chatchat_policybert.model.embeddings"):
         vector = np.array(windowed.embed_documents([LONG])[0])
     assert "truncated" not in caplog.text
     pieces = [LONG[i : i + 30] for i in range(0, len(LONG), 30)]

@@ -25,8 +25,8 @@ from safetensors.torch import load_file, save_file
 from sentence_transformers import SentenceTransformer
 from transformers import AutoModel
 
-from chatchat_policybert.embeddings import PolicyBertEmbeddings
-from chatchat_policybert.loading import ModelDirError
+from chatchat_policybert.model.embeddings import PolicyBertEmbeddings
+from chatchat_policybert.model.loading import ModelDirError
 from tests.support.outside_chatchat import TEXTS, check_loads_outside_chatchat
 
 README = Path(__file__).resolve().parents[2] / "README.md"
@@ -185,7 +185,7 @@ def test_without_the_hook_importing_the_modules_registers_policybert(tiny_model_
     code = (
         "from transformers import AutoConfig\n"
         "try:\n    AutoConfig.from_pretrained({0!r})\nexcept ValueError:\n    print('unknown')\n"
-        "import chatchat_policybert.modeling, chatchat_policybert.tokenization\n"
+        "import chatchat_policybert.model.modeling_policybert, chatchat_policybert.model.tokenization_policybert\n"
         "from transformers import AutoModel, AutoTokenizer\n"
         "print(type(AutoModel.from_pretrained({0!r})).__name__, type(AutoTokenizer.from_pretrained({0!r})).__name__)\n"
     ).format(str(model_dir))

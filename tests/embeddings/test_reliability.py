@@ -13,8 +13,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from chatchat_policybert.embeddings import PolicyBertEmbeddings
-from chatchat_policybert.lexicon import Lexicon
+from chatchat_policybert.model.embeddings import PolicyBertEmbeddings
+from chatchat_policybert.model.lexicon import Lexicon
 from tests.support.tiny_models import build_tiny_bert, build_tiny_policybert
 
 REPO = Path(__file__).resolve().parents[2]
@@ -115,7 +115,7 @@ def test_two_processes_give_identical_vectors(embeddings):
         pytest.skip("one process pair per word-stream model is enough; the plain path is a subset")
     model_dir = embeddings.tokenizer.tokenizer.name_or_path
     script = (
-        "import json,sys; from chatchat_policybert.embeddings import PolicyBertEmbeddings;"
+        "import json,sys; from chatchat_policybert.model.embeddings import PolicyBertEmbeddings;"
         f"print(json.dumps(PolicyBertEmbeddings({model_dir!r}).embed_documents(json.loads(sys.argv[1]))))"
     )
     runs = [

@@ -15,8 +15,6 @@ import numpy as np
 import pytest
 import yaml
 
-from chatchat_policybert.chatchat_root import configured_analyzer
-from chatchat_policybert.embeddings import PolicyBertEmbeddings
 from chatchat_policybert.evaluation.dataset import load_corpus
 from chatchat_policybert.evaluation.evaluate import main
 from chatchat_policybert.evaluation.knowledge_base import (
@@ -30,7 +28,9 @@ from chatchat_policybert.evaluation.retrievers import (
     ChatchatEnsemble,
     ChatchatSearch,
 )
-from chatchat_policybert.tokenization import DEFAULT_QUERY_INSTRUCTION
+from chatchat_policybert.model.embeddings import PolicyBertEmbeddings
+from chatchat_policybert.model.tokenization_policybert import DEFAULT_QUERY_INSTRUCTION
+from chatchat_policybert.retrieval.hybrid import configured_analyzer
 from tests.support.tiny_models import build_tiny_policybert
 
 from .test_eval_data import write_csv, write_jsonl

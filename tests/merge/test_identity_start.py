@@ -14,10 +14,10 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from chatchat_policybert.configuration_policybert import FUSION_TYPES
-from chatchat_policybert.embeddings import PolicyBertEmbeddings, cls_vectors
-from chatchat_policybert.loading import load_policybert
-from chatchat_policybert.modeling import PolicyBertModel
+from chatchat_policybert.model.configuration_policybert import FUSION_TYPES
+from chatchat_policybert.model.embeddings import PolicyBertEmbeddings, cls_vectors
+from chatchat_policybert.model.loading import load_policybert
+from chatchat_policybert.model.modeling_policybert import PolicyBertModel
 from tests.support.tiny_models import build_tiny_bert, build_tiny_policybert
 from training.merge_bge import main as merge_main
 

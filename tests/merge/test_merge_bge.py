@@ -12,12 +12,12 @@ import torch
 from safetensors.torch import load_file
 from transformers import BertConfig, BertModel
 
-from chatchat_policybert.embeddings import PolicyBertEmbeddings
 from chatchat_policybert.errors import run_cli as run_main
-from chatchat_policybert.lexicon import Lexicon
-from chatchat_policybert.loading import load_policybert
-from chatchat_policybert.modeling import PolicyBertModel
-from chatchat_policybert.tokenization import DEFAULT_QUERY_INSTRUCTION
+from chatchat_policybert.model.embeddings import PolicyBertEmbeddings
+from chatchat_policybert.model.lexicon import Lexicon
+from chatchat_policybert.model.loading import load_policybert
+from chatchat_policybert.model.modeling_policybert import PolicyBertModel
+from chatchat_policybert.model.tokenization_policybert import DEFAULT_QUERY_INSTRUCTION
 from tests.support.outside_chatchat import check_loads_outside_chatchat
 from tests.support.tiny_models import build_tiny_bert, tiny_config
 from training.merge_bge import main as merge_main

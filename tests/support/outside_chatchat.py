@@ -15,8 +15,8 @@ import torch
 from sentence_transformers import SentenceTransformer
 from transformers import AutoModel, AutoTokenizer
 
-from chatchat_policybert.embeddings import PolicyBertEmbeddings
-from chatchat_policybert.tokenization import PROMPTS_FILE
+from chatchat_policybert.model.embeddings import PolicyBertEmbeddings
+from chatchat_policybert.model.tokenization_policybert import PROMPTS_FILE
 
 __all__ = ["TEXTS", "check_loads_outside_chatchat"]
 

@@ -13,11 +13,11 @@ from pathlib import Path
 import torch
 from transformers import BertConfig, BertModel, PreTrainedModel
 
-from chatchat_policybert.configuration_policybert import PolicyBertConfig
-from chatchat_policybert.lexicon import Lexicon
-from chatchat_policybert.loading import save_model_dir
-from chatchat_policybert.modeling import PolicyBertModel
-from chatchat_policybert.tokenization import PolicyBertTokenizer, build_char_tokenizer
+from chatchat_policybert.model.configuration_policybert import PolicyBertConfig
+from chatchat_policybert.model.lexicon import Lexicon
+from chatchat_policybert.model.loading import save_model_dir
+from chatchat_policybert.model.modeling_policybert import PolicyBertModel
+from chatchat_policybert.model.tokenization_policybert import PolicyBertTokenizer, build_char_tokenizer
 
 __all__ = ["build_tiny_bert", "build_tiny_policybert", "tiny_config"]
 

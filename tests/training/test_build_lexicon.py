@@ -9,7 +9,7 @@ import sys
 import pytest
 
 from chatchat_policybert.errors import EXIT_INPUT_ERROR, InputError
-from chatchat_policybert.lexicon import Lexicon
+from chatchat_policybert.model.lexicon import Lexicon
 from training import build_lexicon
 
 

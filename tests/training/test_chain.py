@@ -10,9 +10,9 @@ import pytest
 import torch
 
 from chatchat_policybert.errors import InputError, plain_text
-from chatchat_policybert.loading import load_model_dir, load_policybert
-from chatchat_policybert.modeling import PolicyBertForSequenceClassification
-from chatchat_policybert.tokenization import DEFAULT_QUERY_INSTRUCTION
+from chatchat_policybert.model.loading import load_model_dir, load_policybert
+from chatchat_policybert.model.modeling_policybert import PolicyBertForSequenceClassification
+from chatchat_policybert.model.tokenization_policybert import DEFAULT_QUERY_INSTRUCTION
 from tests.support.outside_chatchat import check_loads_outside_chatchat
 from training import build_lexicon, finetune, merge_bge, pretrain
 from training.policysm import read_pairs

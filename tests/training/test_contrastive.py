@@ -29,12 +29,12 @@ import torch.multiprocessing as mp
 import torch.nn.functional as F
 from safetensors.torch import load_file
 
-from chatchat_policybert.chatchat_hook import load_embeddings
-from chatchat_policybert.embeddings import PolicyBertEmbeddings
+from chatchat_policybert.chatchat.registry import load_embeddings
+from chatchat_policybert.chatchat.settings import LocalEmbeddingsConfig
 from chatchat_policybert.errors import run_cli
-from chatchat_policybert.loading import load_policybert, save_model_dir
-from chatchat_policybert.settings import LocalEmbeddingsConfig
-from chatchat_policybert.tokenization import DEFAULT_QUERY_INSTRUCTION, PROMPTS_FILE
+from chatchat_policybert.model.embeddings import PolicyBertEmbeddings
+from chatchat_policybert.model.loading import load_policybert, save_model_dir
+from chatchat_policybert.model.tokenization_policybert import DEFAULT_QUERY_INSTRUCTION, PROMPTS_FILE
 from tests.support.outside_chatchat import check_loads_outside_chatchat
 from training.contrastive import ContrastiveConfig, ContrastiveTask, contrastive, info_nce, main, read_examples
 

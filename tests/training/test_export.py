@@ -21,9 +21,9 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from chatchat_policybert.embeddings import PolicyBertEmbeddings
 from chatchat_policybert.errors import run_cli
-from chatchat_policybert.loading import load_policybert
+from chatchat_policybert.model.embeddings import PolicyBertEmbeddings
+from chatchat_policybert.model.loading import load_policybert
 from tests.support.outside_chatchat import check_loads_outside_chatchat
 from training import contrastive, finetune, pretrain
 from training.export import main

@@ -9,8 +9,8 @@ from transformers import BertForPreTraining, BertModel
 
 from chatchat_policybert.errors import InputError
 from chatchat_policybert.evaluation.dataset import load_corpus
-from chatchat_policybert.loading import load_policybert
-from chatchat_policybert.tokenization import DEFAULT_QUERY_INSTRUCTION
+from chatchat_policybert.model.loading import load_policybert
+from chatchat_policybert.model.tokenization_policybert import DEFAULT_QUERY_INSTRUCTION
 from tests.support.outside_chatchat import check_loads_outside_chatchat
 from training import init_scratch, pretrain
 

@@ -14,8 +14,8 @@ import pytest
 import torch
 
 from chatchat_policybert.errors import EXIT_INPUT_ERROR, EXIT_INTERRUPTED, InputError
-from chatchat_policybert.modeling import PolicyBertForPreTraining
-from chatchat_policybert.tokenization import PolicyBertTokenizer
+from chatchat_policybert.model.modeling_policybert import PolicyBertForPreTraining
+from chatchat_policybert.model.tokenization_policybert import PolicyBertTokenizer
 from training.finetune import FinetuneConfig, FinetuneInputs
 from training.loop import parse_config
 from training.pretrain import PRESETS, PretrainConfig, PretrainInputs, pretrain

@@ -10,9 +10,9 @@ import pytest
 import torch
 
 from chatchat_policybert.errors import InputError
-from chatchat_policybert.loading import load_policybert
-from chatchat_policybert.modeling import PolicyBertForPreTraining
-from chatchat_policybert.tokenization import PolicyBertTokenizer
+from chatchat_policybert.model.loading import load_policybert
+from chatchat_policybert.model.modeling_policybert import PolicyBertForPreTraining
+from chatchat_policybert.model.tokenization_policybert import PolicyBertTokenizer
 from training import pretrain as stage
 from training._common import Document, SentencePair
 from training.pretrain import (

@@ -51,14 +51,15 @@ from pathlib import Path
 
 from tqdm import tqdm
 
-from chatchat_policybert.analyzer import NEW_DEPLOYMENT, Analyzer, get_analyzer
-from chatchat_policybert.chatchat_root import configured_analyzer, default_kb
+from chatchat_policybert.chatchat.root import default_kb
 from chatchat_policybert.data import CORPUS_CSV
 from chatchat_policybert.errors import InputError
 from chatchat_policybert.evaluation.dataset import load_corpus
 from chatchat_policybert.evaluation.knowledge_base import Chunk, load_chunks, prepare_root
 from chatchat_policybert.evaluation.retrievers import Bm25, Dense, Retriever
 from chatchat_policybert.files import write_json, write_jsonl
+from chatchat_policybert.retrieval.analyzer import NEW_DEPLOYMENT, Analyzer, get_analyzer
+from chatchat_policybert.retrieval.hybrid import configured_analyzer
 from training._common import copy_license
 from training.loop import config_dict, parse_config
 from training.pairs.config import PairsConfig, check_config
@@ -120,7 +121,7 @@ def build_pairs(cfg: PairsConfig, chunks: list[Chunk]) -> dict:
     analyzer = pairs_analyzer(cfg)
     retrievers: list[Retriever] = [Bm25(chunks, window[1], analyzer)]
     if cfg.model is not None:
-        from chatchat_policybert.embeddings import PolicyBertEmbeddings
+        from chatchat_policybert.model.embeddings import PolicyBertEmbeddings
 
         embeddings = PolicyBertEmbeddings(cfg.model, device=cfg.device, batch_size=cfg.batch_size)
         retrievers.append(Dense(f"dense:{cfg.model.name}", embeddings, chunks, window[1]))

@@ -6,8 +6,8 @@ import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from chatchat_policybert.analyzer import check_name
 from chatchat_policybert.errors import InputError
+from chatchat_policybert.retrieval.analyzer import check_name
 from training.loop import require_positive, require_share
 
 DEFAULT_LLM_URL = "http://127.0.0.1:11434/v1"

@@ -1,0 +1,142 @@
+"""Running Chatchat 0.3.1.3 inside a root: its commands, and the worker for Python calls.
+
+Chatchat reads ``CHATCHAT_ROOT`` and its settings once, at import time, and PolicyBERT reaches it
+through the import hook every interpreter start runs; so Chatchat work for a given root runs in a
+child process (:func:`run_chatchat` for its commands, :class:`ChatchatWorker` for Python calls
+through :mod:`chatchat_policybert.plugin.worker`), exactly as a user's commands would run it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from chatchat_policybert.errors import InputError
+
+LOG_TAIL = 3000
+WORKER_MARK = "@@chatchat@@ "
+"""Prefix of the worker's result lines (Chatchat prints freely to stdout too)."""
+
+
+def chatchat_env(root: Path) -> dict[str, str]:
+    """Environment of every Chatchat process: the root, Chatchat's bundled NLTK data (offline), no proxies for
+    loopback."""
+    import chatchat  # the package only: each child reads the settings of its own root
+
+    env = {k: v for k, v in os.environ.items() if k.lower() not in {"http_proxy", "https_proxy", "all_proxy"}}
+    env.update(
+        CHATCHAT_ROOT=str(root),
+        NLTK_DATA=str(Path(chatchat.__file__).resolve().parent / "data" / "nltk_data"),
+        NO_PROXY="127.0.0.1,localhost",
+        PYTHONUNBUFFERED="1",
+        TOKENIZERS_PARALLELISM="false",
+    )
+    return env
+
+
+HEARTBEAT_S = 30.0
+"""How often a long command run with ``progress`` says it is still running."""
+
+
+def run_chatchat(args: list[str], root: Path, what: str, timeout: float = 3600, progress: bool = False) -> str:
+    """Run one command against ``root``; its log, or an :class:`InputError` with the log's tail.
+
+    ``progress``: say when it starts and, every :data:`HEARTBEAT_S` seconds, that it still runs (a
+    `kb -r` of a real knowledge base takes minutes, its log is captured, and silence looks like a hang).
+    """
+    if progress:
+        print(f"{what}: started", flush=True)
+    started = time.monotonic()
+    with subprocess.Popen(
+        args, env=chatchat_env(root), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    ) as process:
+        try:
+            while True:
+                left = timeout - (time.monotonic() - started)
+                try:
+                    stdout, stderr = process.communicate(timeout=min(HEARTBEAT_S, left) if progress else left)
+                    break
+                except subprocess.TimeoutExpired:
+                    if time.monotonic() - started >= timeout:
+                        raise
+                    print(f"{what}: still running, {time.monotonic() - started:.0f} s", flush=True)
+        except BaseException:  # a timeout or Ctrl-C: the child goes too, as with subprocess.run
+            process.kill()
+            raise
+    log = stdout + stderr
+    if process.returncode != 0:
+        raise InputError(f"{what} failed (exit {process.returncode}):\n{log[-LOG_TAIL:]}")
+    if progress:
+        print(f"{what}: done in {time.monotonic() - started:.0f} s", flush=True)
+    return log
+
+
+def chatchat_command(*args: str) -> list[str]:
+    """``chatchat ARGS`` run by this interpreter (``python -m chatchat.cli``), wherever pip put the script."""
+    return [sys.executable, "-m", "chatchat.cli", *args]
+
+
+def worker_command(mode: str, *args: str) -> list[str]:
+    """:mod:`chatchat_policybert.plugin.worker` in ``mode``, run by this interpreter."""
+    return [sys.executable, "-m", "chatchat_policybert.plugin.worker", mode, *args]
+
+
+def call_worker(root: Path, mode: str, *args: str) -> dict[str, Any]:
+    """One worker call that prints one result: e.g. ``chunks`` of a knowledge base."""
+    log = run_chatchat(worker_command(mode, *args), root, f"chatchat_worker {mode}")
+    results = [line for line in log.splitlines() if line.startswith(WORKER_MARK)]
+    if not results:
+        raise InputError(f"chatchat_worker {mode} printed no result:\n{log[-LOG_TAIL:]}")
+    return json.loads(results[-1][len(WORKER_MARK) :])
+
+
+class ChatchatWorker:
+    """A long-lived worker that answers one JSON request per line: Chatchat and the model load once."""
+
+    def __init__(self, root: Path, mode: str, *args: str, log_path: Path):
+        log_path.parent.mkdir(parents=True, exist_ok=True)
+        self._log_path = log_path
+        self._log = log_path.open("w", encoding="utf-8")
+        self._process = subprocess.Popen(
+            worker_command(mode, *args),
+            env=chatchat_env(root),
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=self._log,
+            text=True,
+            encoding="utf-8",
+        )
+        self.ready: dict[str, Any] = self._read()
+
+    def __enter__(self) -> ChatchatWorker:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def _read(self) -> dict[str, Any]:
+        for line in self._process.stdout:
+            if line.startswith(WORKER_MARK):
+                return json.loads(line[len(WORKER_MARK) :])
+        self.close()
+        raise InputError(f"the Chatchat worker exited:\n{self._log_path.read_text(encoding='utf-8')[-LOG_TAIL:]}")
+
+    def ask(self, request: dict[str, Any]) -> dict[str, Any]:
+        self._process.stdin.write(json.dumps(request, ensure_ascii=False) + "\n")
+        self._process.stdin.flush()
+        return self._read()
+
+    def close(self) -> None:
+        if self._process.poll() is None:
+            self._process.stdin.close()
+            try:
+                self._process.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                self._process.kill()
+                self._process.wait()
+        self._log.close()

@@ -1,0 +1,490 @@
+"""Choose the BM25 + vector ensemble's weights and SCORE_THRESHOLD on held-out questions (FAISS or pg store).
+
+Why: Chatchat fuses BM25 and the vectors with fixed weights 0.5/0.5 (weighted reciprocal-rank
+fusion), so with a dense model weaker than BM25 the RAG tab retrieves worse than BM25 alone —
+while every dense-only gate says "better". :func:`calibrate` tries a grid of (weights,
+threshold) that includes BM25 alone (dense weight 0 / no vector hit passes) and the vectors first
+(BM25 weight 0 at the loosest threshold Chatchat's API accepts), and keeps the best MRR@10, so on
+the questions it was chosen on the deployed path is never below the better of the two. Ties keep
+the earliest grid point, which is Chatchat's own setting, so a calibration that finds nothing
+better changes nothing.
+
+The grid is scored without a search per setting: a worker bound to the root
+(:mod:`chatchat_policybert.plugin.worker` ``candidates``) returns, per question, the two lists
+the ensemble fuses — made by the same objects ``search_docs`` uses — and :func:`fuse` repeats
+LangChain's ``EnsembleRetriever.weighted_reciprocal_rank`` and the vector store's threshold on
+them (``tests/chatchat/test_calibration.py`` checks the result equals ``search_docs``'s hits).
+
+Questions are either held-out pairs (``training.pairs``' ``dev.jsonl``: a query and the passage
+it came from; the relevant document is the one whose chunk holds that passage) or labelled
+questions in the evaluation's JSONL format (``{"id", "question", "doc_title", "evidence"}``,
+titles being the knowledge base's file names without suffix).
+
+Labelled questions also choose the BM25 analyzer (:mod:`chatchat_policybert.retrieval.analyzer`): the grid
+runs once per analyzer and the best MRR@10 wins, the configured analyzer on ties. Dev pairs
+cannot: their queries are sentences cut out of the chunk they point at, so BM25 finds that chunk
+whatever the tokens (MRR@10 about 0.99 with every analyzer) and the comparison says nothing about
+a user's questions; with dev pairs the configured analyzer is kept.
+"""
+
+from __future__ import annotations
+
+import datetime
+import json
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from chatchat_policybert.chatchat.process import ChatchatWorker
+from chatchat_policybert.chatchat.root import content_dir, kb_settings
+from chatchat_policybert.chatchat.settings import PLATFORM_KEY, round_trip_yaml
+from chatchat_policybert.errors import InputError, SettingsError
+from chatchat_policybert.evaluation.dataset import Query, kb_questions, utf8_text
+from chatchat_policybert.evaluation.evaluate import MRR_K, RunResult, evaluate_retriever
+from chatchat_policybert.evaluation.knowledge_base import Chunk, load_chunks
+from chatchat_policybert.evaluation.metrics import evidence_in_chunk, mrr_at_k, unique_in_order
+from chatchat_policybert.evaluation.retrievers import ChunkLocator
+from chatchat_policybert.files import atomic_path
+from chatchat_policybert.retrieval.analyzer import ANALYZERS
+from chatchat_policybert.retrieval.hybrid import CHATCHAT_WEIGHTS, HYBRID_KEY, HybridConfig, configured_hybrid
+from chatchat_policybert.stores.score_threshold import cosine_cut, score_threshold_for
+
+RRF_C = 60
+"""LangChain's ``EnsembleRetriever.c``, the constant Chatchat's ensemble fuses with."""
+WEIGHT_STEPS = 10
+"""BM25 weights 0, 0.1, …, 1 (the dense weight is 1 minus it)."""
+COSINE_CUTS = (0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9)
+NO_VECTORS = 2.0
+"""The largest SCORE_THRESHOLD Chatchat's API accepts: no vector hit passes (BM25 alone)."""
+LOOSEST = 0.0
+"""The smallest SCORE_THRESHOLD Chatchat's API accepts (FAISS: cosine >= 0.29; pg: cosine >= 0)."""
+METRICS_KEPT = ("R@1", "R@5", f"MRR@{MRR_K}", f"nDCG@{MRR_K}")
+KS = [1, 5, 10]
+ROWS = ("bm25", "dense", "hybrid 0.5", "calibrated")
+
+
+@dataclass(frozen=True)
+class Setting:
+    """One point of the grid: (BM25, dense) weights and the SCORE_THRESHOLD."""
+
+    bm25_weight: float
+    dense_weight: float
+    threshold: float
+
+    @property
+    def label(self) -> str:
+        return f"bm25 {self.bm25_weight:g} / dense {self.dense_weight:g}, thr {self.threshold:g}"
+
+
+def ensemble_label(store: str) -> str:
+    """How ``doctor`` and ``setup`` name the ensemble of a store (``faiss``/``pg``)."""
+    return "FAISS ensemble" if store == "faiss" else f"{store} ensemble"
+
+
+def threshold_grid(current: float, store: str) -> list[float]:
+    """SCORE_THRESHOLDs tried: the root's, the loosest, one per cosine cut in ``store`` (rounded up: never looser),
+    none."""
+    cuts = [math.ceil(score_threshold_for(c, store) * 1e4) / 1e4 for c in COSINE_CUTS]
+    return list(dict.fromkeys([current, LOOSEST, *cuts, NO_VECTORS]))
+
+
+def setting_grid(current: float, store: str) -> list[Setting]:
+    """Chatchat's own setting first (ties keep it), then every weight at every threshold."""
+    weights = [round(i / WEIGHT_STEPS, 4) for i in range(WEIGHT_STEPS + 1)]
+    grid = [Setting(*CHATCHAT_WEIGHTS, current)]
+    grid += [Setting(w, round(1 - w, 4), t) for t in threshold_grid(current, store) for w in weights]
+    return list(dict.fromkeys(grid))
+
+
+# ----------------------------------------------------------------------------- questions
+
+
+def dev_queries(
+    path: Path, root: Path, kb: str, corpus_path: Path | None = None
+) -> tuple[list[Query], list[Chunk], bool]:
+    """The questions of ``path`` (dev pairs or evaluation JSONL, told apart by their keys), the KB's chunks, and
+    whether the questions are labelled (evaluation JSONL: they may choose the analyzer).
+
+    Evaluation JSONL is read by :func:`~chatchat_policybert.evaluation.dataset.kb_questions`
+    (``doc_title``: a title of ``corpus_path``, else a KB file name).
+    """
+    if is_pairs_file(path):
+        chunks = load_chunks(root, kb, None)
+        return pair_queries(path, chunks), chunks, False
+    corpus, queries = kb_questions(path, content_dir(root, kb), corpus_path)
+    return queries, load_chunks(root, kb, corpus), True
+
+
+def is_pairs_file(path: Path) -> bool:
+    """Whether ``path`` holds dev pairs (else evaluation JSONL questions); an :class:`InputError` where it is
+    neither."""
+    first = _first_object(path)
+    if "query" in first and "pos" in first:
+        return True
+    if "question" in first and "doc_title" in first:
+        return False
+    raise InputError(
+        f'{path}: expected dev pairs ({{"query", "pos", …}}, training.pairs\' dev.jsonl) or questions '
+        '({"id", "question", "doc_title", "evidence"}, the evaluation\'s JSONL)'
+    )
+
+
+def _first_object(path: Path) -> dict[str, Any]:
+    if not Path(path).is_file():
+        raise InputError(f"{path}: question file not found")
+    for lineno, line in enumerate(utf8_text(path).splitlines(), 1):
+        if line.strip():
+            try:
+                obj = json.loads(line)
+            except json.JSONDecodeError:
+                raise InputError(f"{path}:{lineno}: not JSON") from None
+            if not isinstance(obj, dict):
+                raise InputError(f"{path}:{lineno}: expected a JSON object")
+            return obj
+    raise InputError(f"{path}: no questions in the file")
+
+
+def pair_queries(path: Path, chunks: list[Chunk]) -> list[Query]:
+    """Dev pairs as questions: the query, relevant = the documents of the chunks holding its positive passage.
+
+    A pair's positive comes from one chunk (a whole chunk, the text under a heading, or a chunk
+    without its query sentence, which keeps a contiguous run of at least half of it), so
+    :func:`evidence_in_chunk` finds that chunk; a pair whose passage no chunk holds (the KB
+    changed since the pairs were made) is an error naming its line.
+    """
+    queries = []
+    for lineno, line in enumerate(utf8_text(path).splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            obj = json.loads(line)
+            query, positive = obj["query"], obj["pos"][0]
+            if not isinstance(query, str) or not isinstance(positive, str) or not query or not positive:
+                raise TypeError
+        except (json.JSONDecodeError, KeyError, IndexError, TypeError):
+            raise InputError(f'{path}:{lineno}: expected {{"query": "…", "pos": ["…"], …}}') from None
+        groups = {c.group for c in chunks if _holds(c.text, positive)}
+        if not groups:
+            raise InputError(
+                f"{path}:{lineno}: no chunk of the knowledge base holds this pair's passage: "
+                "make the pairs from the KB as it is now (python -m training.pairs --chatchat-root …)"
+            )
+        queries.append(Query(f"dev-{lineno}", query, {g: 1.0 for g in groups}, positive))
+    if not queries:
+        raise InputError(f"{path}: no pairs in the file")
+    return queries
+
+
+def _holds(chunk: str, passage: str) -> bool:
+    """``evidence_in_chunk``, after a cheap test that the two share the passage's start, middle or end."""
+    probe = max(1, min(20, len(passage) // 4))
+    middle = len(passage) // 2
+    if not any(p in chunk for p in (passage[:probe], passage[middle : middle + probe], passage[-probe:])):
+        return False
+    return evidence_in_chunk(chunk, passage)
+
+
+# ----------------------------------------------------------------------------- the two lists and their fusion
+
+
+class Candidates:
+    """Per question, the BM25 and FAISS lists of the root's ensemble (asked once, then reused for every setting)."""
+
+    def __init__(self, root: Path, kb: str, chunks: list[Chunk], log_path: Path):
+        self._locate = ChunkLocator(chunks)
+        self._worker = ChatchatWorker(root, "candidates", "--kb", kb, log_path=log_path)
+        if "error" in self._worker.ready:
+            self._worker.close()
+            raise InputError(self._worker.ready["error"])
+        self.top_k: int = self._worker.ready["top_k"]
+        self.analyzer: str | None = None
+        """The analyzer whose BM25 list :meth:`get` returns; None: the root's configured one."""
+        self._known: dict[tuple[str | None, str], tuple[list[int], list[tuple[int, float]]]] = {}
+
+    def __enter__(self) -> Candidates:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._worker.close()
+
+    def get(self, query: str) -> tuple[list[int], list[tuple[int, float]]]:
+        """(BM25 hits of :attr:`analyzer`, FAISS hits with their relevance score) as chunk indices, best first."""
+        key = (self.analyzer, query)
+        if key not in self._known:
+            answer = self._worker.ask({"query": query, "analyzer": self.analyzer})
+            self._known[key] = (
+                [self._locate(s, t) for s, t in answer["bm25"]],
+                [(self._locate(s, t), score) for s, t, score in answer["dense"]],
+            )
+        return self._known[key]
+
+
+def fuse(
+    bm25: list[int], dense: list[tuple[int, float]], chunks: list[Chunk], setting: Setting, top_k: int
+) -> list[int]:
+    """What the plugin's ensemble returns for these two lists: LangChain's weighted RRF (``c`` = 60) over the FAISS
+    hits whose relevance reaches the threshold, chunks with the same text counted as one, the first ``top_k``."""
+    kept = [i for i, relevance in dense if relevance >= setting.threshold]
+    score: dict[str, float] = {}
+    for hits, weight in ((bm25, setting.bm25_weight), (kept, setting.dense_weight)):
+        for rank, i in enumerate(hits, start=1):
+            score[chunks[i].text] = score.get(chunks[i].text, 0.0) + weight / (rank + RRF_C)
+    first: dict[str, int] = {}
+    for i in [*bm25, *kept]:
+        first.setdefault(chunks[i].text, i)
+    return sorted(first.values(), key=lambda i: score[chunks[i].text], reverse=True)[:top_k]
+
+
+class Fused:
+    """A :class:`~chatchat_policybert.evaluation.retrievers.Retriever` over :class:`Candidates` at one setting."""
+
+    def __init__(self, name: str, candidates: Candidates, chunks: list[Chunk], setting: Setting):
+        self.name, self.setting = name, setting
+        self._candidates, self._chunks = candidates, chunks
+
+    def search(self, query: str) -> tuple[list[int], float]:
+        bm25, dense = self._candidates.get(query)
+        return fuse(bm25, dense, self._chunks, self.setting, self._candidates.top_k), 0.0
+
+
+# ----------------------------------------------------------------------------- the choice
+
+
+@dataclass
+class Calibration:
+    """The chosen setting and the table it was chosen from (one :class:`RunResult` per row of :data:`ROWS`)."""
+
+    chosen: Setting
+    rows: dict[str, RunResult]
+    settings: dict[str, Setting]
+    questions: int
+    top_k: int
+    analyzer: str
+    """The BM25 analyzer the rows were scored with: the configured one, or the one labelled questions chose."""
+    analyzers: dict[str, float] = field(default_factory=dict)
+    """Each analyzer compared and its calibrated MRR@10 (empty: dev pairs, the configured analyzer kept)."""
+    store: str = "faiss"
+    source: str = ""
+    kb: str = ""
+    date: str = field(default_factory=lambda: datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M UTC"))
+
+    def metrics(self) -> dict[str, dict[str, float]]:
+        return {name: {k: round(r.metrics[k], 4) for k in METRICS_KEPT} for name, r in self.rows.items()}
+
+    def table(self) -> str:
+        """A Markdown table: row, setting, metrics."""
+        lines = [
+            f"| retriever ({self.questions} questions, top_k {self.top_k}) | setting | {' | '.join(METRICS_KEPT)} |",
+            "|---|---|" + "---|" * len(METRICS_KEPT),
+        ]
+        for name, values in self.metrics().items():
+            cells = " | ".join(f"{values[k]:.3f}" for k in METRICS_KEPT)
+            lines.append(f"| {name} | {self.settings[name].label} | {cells} |")
+        return "\n".join(lines)
+
+
+def mean_mrr(retriever: Fused, queries: list[Query], chunks: list[Chunk]) -> float:
+    """MRR@10 over the questions, as :func:`evaluate_retriever` scores it, without its per-run progress bar."""
+    total = 0.0
+    for query in queries:
+        ranking, _ = retriever.search(query.text)
+        docs = unique_in_order(chunks[i].group for i in ranking)
+        total += mrr_at_k(docs, [g for g, gain in query.gains.items() if gain > 0], MRR_K)
+    return total / len(queries)
+
+
+def best_setting(candidates: Candidates, queries: list[Query], chunks: list[Chunk], grid: list[Setting]) -> tuple:
+    """(setting, MRR@10) of the grid point with the highest MRR@10 (the earliest on ties)."""
+    best, best_score = grid[0], -1.0
+    for setting in grid:
+        score = mean_mrr(Fused("grid", candidates, chunks, setting), queries, chunks)
+        if score > best_score:
+            best, best_score = setting, score
+    return best, best_score
+
+
+def calibrate(
+    candidates: Candidates,
+    queries: list[Query],
+    chunks: list[Chunk],
+    current: float,
+    store: str,
+    configured: str,
+    compare: tuple[str, ...] = (),
+) -> Calibration:
+    """The grid point with the highest MRR@10 (the earliest on ties) and the four rows of the table.
+
+    ``compare``: analyzers to calibrate too (labelled questions); the best one's grid point wins,
+    the ``configured`` analyzer on ties.
+    """
+    grid = setting_grid(current, store)
+    scores: dict[str, tuple[Setting, float]] = {}
+    for name in dict.fromkeys((configured, *compare)):
+        candidates.analyzer = name
+        scores[name] = best_setting(candidates, queries, chunks, grid)
+    analyzer = max(scores, key=lambda name: (scores[name][1], name == configured))
+    candidates.analyzer = analyzer
+    best = scores[analyzer][0]
+    references = {
+        "bm25": Setting(1.0, 0.0, NO_VECTORS),
+        "dense": Setting(0.0, 1.0, LOOSEST),
+        "hybrid 0.5": Setting(*CHATCHAT_WEIGHTS, current),
+        "calibrated": best,
+    }
+    rows = {
+        name: evaluate_retriever(Fused(name, candidates, chunks, s), queries, chunks, KS)
+        for name, s in references.items()
+    }
+    analyzers = {name: round(score, 4) for name, (_, score) in scores.items()} if compare else {}
+    return Calibration(best, rows, references, len(queries), candidates.top_k, analyzer, analyzers, store)
+
+
+def calibrate_root(root: Path, kb: str, questions: Path, log_dir: Path) -> Calibration:
+    """Calibrates a built knowledge base of ``root`` (FAISS or pg: the plugin gives both the ensemble) on ``questions``;
+    labelled questions also choose among the named analyzers (module docstring).
+
+    Nothing is written.
+    """
+    settings = kb_settings(root)
+    configured = configured_hybrid(root) or HybridConfig()
+    queries, chunks, labelled = dev_queries(questions, root, kb)
+    with Candidates(root, kb, chunks, log_dir / "calibration_worker.log") as candidates:
+        calibration = calibrate(
+            candidates,
+            queries,
+            chunks,
+            settings.score_threshold,
+            settings.vs_type,
+            configured.analyzer_name,
+            ANALYZERS if labelled else (),
+        )
+    calibration.source, calibration.kb = str(Path(questions).resolve()), kb
+    return calibration
+
+
+def write_calibration(root: Path, calibration: Calibration) -> None:
+    """Records the choice: the ``hybrid`` block of the PolicyBERT platform (its analyzer's word list kept), and
+    SCORE_THRESHOLD in kb_settings.yaml."""
+    chosen = calibration.chosen
+    hybrid = HybridConfig(
+        bm25_weight=chosen.bm25_weight,
+        dense_weight=chosen.dense_weight,
+        score_threshold=chosen.threshold,
+        analyzer=calibration.analyzer,
+        analyzer_stopwords=(configured_hybrid(root) or HybridConfig()).analyzer_stopwords,
+        calibration={
+            "source": calibration.source,
+            "kb": calibration.kb,
+            "questions": calibration.questions,
+            "top_k": calibration.top_k,
+            "date": calibration.date,
+            "metrics": calibration.metrics(),
+            **({"analyzers": calibration.analyzers} if calibration.analyzers else {}),
+        },
+    )
+    update_settings(root, hybrid=hybrid.model_dump(exclude_none=True), threshold=chosen.threshold)
+
+
+def served_platform(model_settings: Any, path: Path) -> Any:
+    """The platform entry (a mapping of the parsed file) whose ``local_embeddings`` serves DEFAULT_EMBEDDING_MODEL."""
+    wanted = model_settings.get("DEFAULT_EMBEDDING_MODEL")
+    platform = next(
+        (
+            p
+            for p in model_settings.get("MODEL_PLATFORMS") or []
+            if PLATFORM_KEY in p and wanted in (p.get("embed_models") or [])
+        ),
+        None,
+    )
+    if platform is None:
+        raise SettingsError(f"{path}: no platform with '{PLATFORM_KEY}' serves DEFAULT_EMBEDDING_MODEL '{wanted}'")
+    return platform
+
+
+def update_settings(
+    root: Path, *, hybrid: dict[str, Any] | None = None, threshold: float | None = None, model_path: str | None = None
+) -> None:
+    """Sets the served platform's ``hybrid`` block and ``local_embeddings.model_path``, and SCORE_THRESHOLD.
+
+    Both files are rewritten atomically (comments kept), model settings first: a crash between
+    the two leaves a ``hybrid`` block whose threshold differs from SCORE_THRESHOLD, which ``doctor``
+    reports.
+    """
+    yaml = round_trip_yaml()
+    model_file = Path(root) / "model_settings.yaml"
+    model = yaml.load(model_file.read_text(encoding="utf-8"))
+    platform = served_platform(model, model_file)
+    if hybrid is not None:
+        platform[HYBRID_KEY] = hybrid
+    if model_path is not None:
+        platform[PLATFORM_KEY]["model_path"] = model_path
+    _dump(yaml, model, model_file)
+    if threshold is not None:
+        kb_file = Path(root) / "kb_settings.yaml"
+        kb = yaml.load(kb_file.read_text(encoding="utf-8"))
+        kb["SCORE_THRESHOLD"] = threshold
+        _dump(yaml, kb, kb_file)
+
+
+def _dump(yaml: Any, data: Any, path: Path) -> None:
+    with atomic_path(path) as tmp, tmp.open("w", encoding="utf-8") as handle:
+        yaml.dump(data, handle)
+
+
+def describe(hybrid: Any, configured_threshold: float, store: str = "faiss") -> list[tuple[str, str]]:
+    """``doctor``'s lines for a platform's ``hybrid`` block (a
+    :class:`~chatchat_policybert.retrieval.hybrid.HybridConfig` or None)."""
+    if hybrid is None or (hybrid.calibration is None and hybrid.weights == CHATCHAT_WEIGHTS):
+        return [
+            (
+                "OK",
+                f"{ensemble_label(store)}: Chatchat's weights "
+                f"BM25 {CHATCHAT_WEIGHTS[0]:g} / dense {CHATCHAT_WEIGHTS[1]:g}, "
+                f"not calibrated (`chatchat-policybert setup --calibrate DEV.jsonl` after `chatchat kb -r`)",
+            )
+        ]
+    lines = [
+        (
+            "OK",
+            f"{ensemble_label(store)}: weights BM25 {hybrid.bm25_weight:g} / dense {hybrid.dense_weight:g}, "
+            f"SCORE_THRESHOLD {configured_threshold:g}",
+        )
+    ]
+    info = hybrid.calibration or {}
+    metrics = info.get("metrics") or {}
+    if hybrid.dense_weight == 0 or cosine_cut(configured_threshold, store) > 1.0:
+        key = f"MRR@{MRR_K}"
+        scores = {name: (metrics.get(name) or {}).get(key) for name in ("dense", "bm25")}
+        measured = (
+            f"; on the calibration questions the vectors alone scored {key} {scores['dense']:.3f}, BM25 alone "
+            f"{scores['bm25']:.3f}"
+            if None not in scores.values()
+            else ""
+        )
+        lines.append(
+            (
+                "OK",
+                "the ensemble is BM25 alone (dense weight 0, or no vector hit passes SCORE_THRESHOLD): the served "
+                f"model's vectors are not used by the RAG path{measured}",
+            )
+        )
+    if metrics:
+        key = f"MRR@{MRR_K}"
+        shown = ", ".join(f"{name} {values.get(key, float('nan')):.3f}" for name, values in metrics.items())
+        lines.append(
+            (
+                "OK",
+                f"calibrated {info.get('date', '?')} on {info.get('questions', '?')} questions of "
+                f"{info.get('source', '?')} (KB {info.get('kb', '?')}, top_k {info.get('top_k', '?')}): {key} {shown}",
+            )
+        )
+    if hybrid.score_threshold is not None and not math.isclose(hybrid.score_threshold, configured_threshold):
+        lines.append(
+            (
+                "WARN",
+                f"SCORE_THRESHOLD {configured_threshold:g} is not the {hybrid.score_threshold:g} the weights "
+                "were calibrated with: calibrate again or set it back in kb_settings.yaml",
+            )
+        )
+    return lines

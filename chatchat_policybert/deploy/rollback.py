@@ -1,0 +1,302 @@
+"""The deployment ``chatchat-policybert tune`` replaces, kept so that ``chatchat-policybert rollback`` restores it
+exactly.
+
+Why here and not in ``training/``: rolling back only restores files and rebuilds the index, so it
+must work where only the runtime is installed, and imports point one way (``training`` may use
+this package, never the reverse).
+
+A backup (``<run folder>/previous/``, written atomically before ``tune`` changes anything) holds
+the root's ``model_settings.yaml`` and ``kb_settings.yaml``, the knowledge base's vectors (FAISS: a
+copy of its folder; pg: every chunk's text and vector bytes read from its collection, in
+``pg_vectors.jsonl``) and ``backup.json``: the knowledge base, the embed model, the served model
+directory, the SHA-256 of each of its files and of each file of the backup itself.
+
+Rollback first checks the whole backup without touching the root (:func:`check_backup`): every
+file still has the SHA-256 it was saved with, both settings files parse and name the saved model,
+the saved vectors read, and the model directory is still the same. Only then does it put the two
+settings files back, rebuild the knowledge base with the same transactional ``chatchat kb -r``
+(so Chatchat's file rows match the index again) and compare the new vectors with the saved ones,
+chunk by chunk, byte for byte. A damaged backup is refused in one line and the root is unchanged.
+
+``tune`` and ``rollback`` of one knowledge base never overlap (:func:`tune_lock`), and a rollback
+marks the run's install as undone (:data:`ROLLED_BACK`), so the next ``tune`` never reports an
+install the root no longer serves.
+"""
+
+from __future__ import annotations
+
+import argparse
+import base64
+import contextlib
+import datetime
+import fcntl
+import hashlib
+import json
+import os
+import pickle
+import shutil
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+from chatchat_policybert.chatchat.process import chatchat_command, run_chatchat
+from chatchat_policybert.chatchat.root import default_kb, kb_root, kb_settings, vector_store_dir
+from chatchat_policybert.chatchat.settings import find_local_model, load_yaml
+from chatchat_policybert.errors import InputError, SettingsError
+from chatchat_policybert.files import atomic_path, read_json, write_json, write_jsonl
+from chatchat_policybert.stores.pg_store import pg_vectors
+from chatchat_policybert.stores.rebuild import check_kb_name
+
+SETTINGS_FILES = ("model_settings.yaml", "kb_settings.yaml")
+BACKUP_DIR = "previous"
+BACKUP_FILE = "backup.json"
+SAVED_FAISS, SAVED_PG = "vector_store", "pg_vectors.jsonl"
+"""The backup's copy of the vectors: the FAISS folder, or a pg collection's (text, vector) rows."""
+TUNE_DIR = "policybert_tune"
+INSTALL_STARTED, INSTALLED, ROLLED_BACK = "install_started.json", "installed.json", "rolled_back.json"
+"""A run folder's install state: the backup is saved for a candidate; the candidate serves; a rollback undid it."""
+TUNE_LOCK = ".policybert-tune.lock"
+"""In the knowledge base's folder, beside ``kb -r``'s lock: held by a ``tune`` or ``rollback`` of it."""
+
+
+@contextlib.contextmanager
+def tune_lock(root: Path, kb: str, command: str) -> Iterator[None]:
+    """Holds the knowledge base's tune lock (an exclusive ``flock``) for ``command``; refuses while another holds it.
+
+    Why refuse rather than wait (as ``kb -r`` does): a second tune of the same knowledge base would
+    redo every step in the same run folder once the first ends, and a rollback during a tune would
+    restore under its feet. The kernel releases the lock when its holder exits, killed or not.
+    """
+    path = kb_root(root) / kb / TUNE_LOCK
+    with path.open("a") as handle:
+        try:
+            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            raise InputError(
+                f"{command} --kb {kb}: a tune or rollback of it is running in {root} ({path} is locked); "
+                "wait for it to end, nothing was changed"
+            ) from None
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
+
+
+def tune_dir(root: Path, kb: str) -> Path:
+    """The default run folder of ``tune --kb KB`` in ``root`` (where ``rollback`` looks for the backup)."""
+    return Path(root) / TUNE_DIR / kb
+
+
+def model_manifest(model_dir: Path) -> dict[str, str]:
+    """SHA-256 of every file of a model directory, by relative path: what "the same model" means to rollback."""
+    files = sorted(p for p in Path(model_dir).rglob("*") if p.is_file())
+    return {p.relative_to(model_dir).as_posix(): hashlib.sha256(p.read_bytes()).hexdigest() for p in files}
+
+
+def served_model(root: Path) -> tuple[str, Path]:
+    """(embed model name, model directory) of the root's DEFAULT_EMBEDDING_MODEL."""
+    settings = load_yaml(Path(root) / "model_settings.yaml")
+    local = find_local_model(settings, None)
+    return str(settings.get("DEFAULT_EMBEDDING_MODEL")), local.config.resolved_model_path(Path(root))
+
+
+def faiss_vectors(vector_store: Path) -> list[tuple[str, bytes]]:
+    """Every (chunk text, vector bytes) of a FAISS folder, sorted: what "byte-identical vectors" compares.
+
+    Sorted because ``kb -r`` embeds files in threads and stores chunks in the order they finish, so
+    two rebuilds of the same documents may order the same vectors differently.
+    """
+    import faiss
+
+    index = faiss.read_index(str(Path(vector_store) / "index.faiss"))
+    with (Path(vector_store) / "index.pkl").open("rb") as handle:
+        docstore, index_to_id = pickle.load(handle)  # Chatchat's own file, written by `kb -r`
+    vectors = index.reconstruct_n(0, index.ntotal)
+    return sorted((docstore.search(index_to_id[i]).page_content, vectors[i].tobytes()) for i in range(index.ntotal))
+
+
+def kb_vectors(root: Path, kb: str, embed_model: str) -> list[tuple[str, bytes]] | None:
+    """Every (chunk text, vector bytes) of ``kb`` in the root's store (DEFAULT_VS_TYPE), sorted; None if it has none.
+
+    FAISS: the embed model's folder (:func:`faiss_vectors`); pg: the collection the root's URI reaches
+    (:func:`chatchat_policybert.stores.pg_store.pg_vectors`).
+    """
+    settings = kb_settings(root)
+    if settings.vs_type == "pg":
+        return pg_vectors(settings.pg_uri, kb)
+    index = vector_store_dir(root, kb, embed_model)
+    return faiss_vectors(index) if (index / "index.faiss").is_file() else None
+
+
+def vectors_place(root: Path, kb: str, embed_model: str) -> str:
+    """Where :func:`kb_vectors` reads, for a message."""
+    if kb_settings(root).vs_type == "pg":
+        return f"pg collection '{kb}'"
+    return f"FAISS index {vector_store_dir(root, kb, embed_model)}"
+
+
+def saved_copy(backup: Path) -> Path:
+    """The backup's copy of the vectors: ``pg_vectors.jsonl`` where a pg root's was saved, else the FAISS folder."""
+    pg = Path(backup) / SAVED_PG
+    return pg if pg.is_file() else Path(backup) / SAVED_FAISS
+
+
+def saved_vectors(backup: Path) -> list[tuple[str, bytes]]:
+    """The backup's vectors, as :func:`kb_vectors` gives them; an :class:`InputError` naming the copy where it does
+    not read (truncated, replaced, not Chatchat's files)."""
+    saved = saved_copy(backup)
+    try:
+        if saved.name != SAVED_PG:
+            return faiss_vectors(saved)
+        with saved.open(encoding="utf-8") as handle:
+            rows = [json.loads(line) for line in handle]
+        return sorted((row["text"], base64.b64decode(row["vector"])) for row in rows)
+    except (OSError, RuntimeError, ValueError, KeyError, TypeError, EOFError, pickle.UnpicklingError) as exc:
+        # faiss raises RuntimeError for a damaged index; pickle and json ValueError/EOFError for a damaged file
+        raise InputError(f"{saved}: the saved vectors do not read ({type(exc).__name__}: {exc})") from None
+
+
+def _sha256(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def backup_files(backup: Path) -> dict[str, str]:
+    """SHA-256 of every file of a backup but ``backup.json``, by relative path: what an intact backup is."""
+    return {
+        p.relative_to(backup).as_posix(): _sha256(p)
+        for p in sorted(Path(backup).rglob("*"))
+        if p.is_file() and p.name != BACKUP_FILE
+    }
+
+
+def save_backup(root: Path, kb: str, dest: Path) -> None:
+    """Keeps what ``root`` serves now for ``kb`` in ``dest`` (replaced atomically: a kill leaves the old backup or
+    none)."""
+    embed_model, model_dir = served_model(root)
+    vectors = kb_vectors(root, kb, embed_model)
+    if vectors is None:
+        raise InputError(
+            f"knowledge base {kb} has no {vectors_place(root, kb, embed_model)}: run `chatchat kb -r -n {kb}` first"
+        )
+    with atomic_path(dest) as tmp:
+        tmp.mkdir()
+        for name in SETTINGS_FILES:
+            shutil.copy2(Path(root) / name, tmp / name)
+        if kb_settings(root).vs_type == "pg":
+            write_jsonl(
+                ({"text": text, "vector": base64.b64encode(vector).decode()} for text, vector in vectors),
+                tmp / SAVED_PG,
+            )
+        else:
+            shutil.copytree(vector_store_dir(root, kb, embed_model), tmp / SAVED_FAISS)
+        write_json(
+            {
+                "kb": kb,
+                "embed_model": embed_model,
+                "model_path": str(model_dir),
+                "model_files": model_manifest(model_dir),
+                "files": backup_files(tmp),
+            },
+            tmp / BACKUP_FILE,
+        )
+
+
+def restore_settings(root: Path, backup: Path) -> None:
+    """Puts the backed-up settings files back, each atomically."""
+    for name in SETTINGS_FILES:
+        with atomic_path(Path(root) / name) as tmp:
+            shutil.copy2(Path(backup) / name, tmp)
+
+
+def check_backup(root: Path, backup: Path) -> dict[str, Any]:
+    """The backup's ``backup.json`` once the whole backup is found usable; an :class:`InputError` (nothing touched)
+    where it is not.
+
+    Usable means: every file has the SHA-256 it was saved with (backups from before that record
+    was kept: both settings files parse), the model settings serve the saved embed model from the
+    saved model directory and list an LLM (without one every ``chatchat`` command dies at import),
+    the kb settings parse, the saved vectors read, and the model directory is unchanged.
+    """
+    backup = Path(backup)
+    info_path = backup / BACKUP_FILE
+    if not info_path.is_file():
+        raise InputError(
+            f"{backup}: no backup of a previous deployment here (a tune that installed a model writes one)"
+        )
+    info = read_json(info_path)
+    keys = ("kb", "embed_model", "model_path", "model_files")
+    if not isinstance(info, dict) or any(key not in info for key in keys):
+        raise InputError(f"{info_path}: expected an object with {', '.join(keys)}; nothing restored")
+    damaged = "the backup is damaged, nothing restored"
+    if "files" in info:
+        now = backup_files(backup)
+        changed = sorted(name for name in {*info["files"], *now} if info["files"].get(name) != now.get(name))
+        if changed:
+            raise InputError(f"{backup}: {', '.join(changed[:5])} changed since the tune saved it; {damaged}")
+    try:
+        model_settings = load_yaml(backup / SETTINGS_FILES[0])
+        local = find_local_model(model_settings, None)
+        kb_settings(backup)  # the file beside it: parsed and typed as the root's would be
+    except SettingsError as exc:
+        raise InputError(f"{exc}; {damaged}") from None
+    served = local.config.resolved_model_path(Path(root))
+    if str(model_settings.get("DEFAULT_EMBEDDING_MODEL")) != info["embed_model"] or str(served) != info["model_path"]:
+        raise InputError(f"{backup / SETTINGS_FILES[0]} does not serve the saved model {info['model_path']}; {damaged}")
+    platforms = model_settings.get("MODEL_PLATFORMS") or []
+    if not any(isinstance(p, dict) and p.get("llm_models") for p in platforms):
+        raise InputError(f"{backup / SETTINGS_FILES[0]}: no platform lists an LLM; {damaged}")
+    saved_vectors(backup)
+    model_dir = Path(info["model_path"])
+    if not model_dir.is_dir() or model_manifest(model_dir) != info["model_files"]:
+        raise InputError(f"the previous model {model_dir} is gone or has changed since the tune; nothing restored")
+    return info
+
+
+def restore_backup(root: Path, backup: Path) -> bool:
+    """Restores a backup (see the module docstring) once :func:`check_backup` passes; returns whether the rebuilt
+    vectors equal the saved ones byte for byte."""
+    info = check_backup(root, backup)
+    kb = info["kb"]
+    restore_settings(root, backup)
+    print(f"settings put back from {backup}; `chatchat kb -r -n {kb}` rebuilds the index", flush=True)
+    log = run_chatchat(chatchat_command("kb", "-r", "-n", kb), Path(root), f"chatchat kb -r -n {kb}", progress=True)
+    rebuilt = kb_vectors(root, kb, info["embed_model"])
+    if rebuilt is None:
+        raise InputError(
+            f"`chatchat kb -r -n {kb}` left no {vectors_place(root, kb, info['embed_model'])}:\n{log[-2000:]}"
+        )
+    return rebuilt == saved_vectors(backup)
+
+
+def mark_rolled_back(run_dir: Path) -> None:
+    """The run's install is undone: ``installed.json`` becomes ``rolled_back.json`` (with the time), and the next
+    ``tune`` saves a new backup before it installs again."""
+    installed = Path(run_dir) / INSTALLED
+    record = read_json(installed) if installed.is_file() else {}
+    at = datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
+    write_json({**(record if isinstance(record, dict) else {}), "rolled_back": at}, Path(run_dir) / ROLLED_BACK)
+    for name in (INSTALLED, INSTALL_STARTED):
+        with contextlib.suppress(FileNotFoundError):
+            os.remove(Path(run_dir) / name)
+
+
+def run_rollback(args: argparse.Namespace) -> int:
+    """``chatchat-policybert rollback``: the model, settings and vectors from before the last installed tune."""
+    kb = args.kb or default_kb(args.root)
+    check_kb_name(kb)
+    if not (kb_root(args.root) / kb).is_dir():
+        raise InputError(f"knowledge base {kb} has no folder in {kb_root(args.root)}")
+    run_dir = args.run_dir or tune_dir(args.root, kb)
+    backup = run_dir / BACKUP_DIR
+    with tune_lock(args.root, kb, "rollback"):
+        identical = restore_backup(args.root, backup)
+        mark_rolled_back(run_dir)
+    print(f"OK    restored model and settings from {backup}; `chatchat kb -r -n {kb}` rebuilt the index")
+    if identical:
+        print("OK    vectors byte-identical to those before the tune")
+        return 0
+    print(
+        "WARN  vectors differ from those saved before the tune (another machine, device or dtype?): "
+        f"the index matches the restored model; the saved copy is {saved_copy(backup)}"
+    )
+    return 1

@@ -1,0 +1,448 @@
+"""Loading and writing model directories, with one clear error for each way a directory can be wrong.
+
+A PolicyBERT directory holds ``config.json`` (``model_type: policybert``), ``model.safetensors``,
+the tokenizer files and ``lexicon.txt``; a plain BERT/bge directory lacks the lexicon and runs
+with the word stream off. ``from_pretrained`` alone would warn and randomly initialise whatever
+tensors are missing — here that is an error, because it would silently change every vector.
+
+:func:`load_model_dir` is the one loader of runtime and training: every stage (pre-training,
+fine-tuning, merging, serving) gets the same refusals, and a stage that creates a head names it
+in ``allow_missing`` instead of switching the check off. A stage's output also holds its task head
+(``modeling.TASK_HEADS``), which a class without that head drops by name; any other tensor the
+checkpoint has and the class lacks is refused too.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import os
+import re
+import struct
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+import torch
+from safetensors import SafetensorError
+from transformers import BertConfig, BertModel, PreTrainedModel, modeling_utils
+from transformers.utils.loading_report import log_state_dict_report
+
+from chatchat_policybert.errors import InputError
+from chatchat_policybert.files import atomic_path, read_json
+from chatchat_policybert.model.configuration_policybert import CONFIG_ERRORS, PolicyBertConfig
+from chatchat_policybert.model.lexicon import LEXICON_FILE
+from chatchat_policybert.model.modeling_policybert import TASK_HEADS, PolicyBertModel
+from chatchat_policybert.model.options import EmbeddingOptions
+from chatchat_policybert.model.tokenization_policybert import PROMPTS_FILE, TOKENIZER_CONFIG, PolicyBertTokenizer
+
+WEIGHT_FILES = ("model.safetensors", "pytorch_model.bin")
+TOKENIZER_FILES = ("tokenizer.json", "vocab.txt")
+SUPPORTED_TYPES = ("policybert", "bert")
+# Rows an embedding may have beyond the tokenizer's vocabulary: checkpoints pad their embedding to a
+# multiple of 64 or 128 for speed, so unused rows up to that are normal; more means the wrong tokenizer.
+MAX_UNUSED_VOCAB_ROWS = 127
+# A Hugging Face hub id: ``owner/name``, letters, digits, ``_ . -``. Anything else can only be a local path.
+_HUB_ID = re.compile(r"[A-Za-z0-9][\w.-]{0,95}/[A-Za-z0-9][\w.-]{0,95}")
+
+
+class ModelDirError(InputError):
+    """A model directory (or hub id) that cannot be used as an embedding model."""
+
+
+def _looks_like_path(name: str) -> bool:
+    """Whether a missing ``name`` is meant as a local path (so: "no such directory", not a hub download).
+
+    A hub id is ``owner/name``; ``models/bge`` has that shape too, so a name whose first component
+    exists here as a directory is also taken as a path.
+    """
+    if not _HUB_ID.fullmatch(name) or ".." in name:
+        return True
+    return Path(name.split("/", 1)[0]).is_dir()
+
+
+def resolve_model_dir(name_or_path: str | os.PathLike) -> Path:
+    """A local directory as is; otherwise a Hugging Face hub id, downloaded to the HF cache."""
+    path = Path(name_or_path).expanduser()
+    if path.is_dir():
+        return path
+    name = str(name_or_path)
+    if path.exists():
+        raise ModelDirError(f"model directory not found: {name} is a file, expected a directory")
+    if _looks_like_path(name):
+        raise ModelDirError(f"model directory not found: no such directory {name} (resolved to {path.absolute()})")
+    from huggingface_hub import snapshot_download
+
+    try:
+        return Path(snapshot_download(name))
+    except Exception as err:  # any hub failure means the same thing to the user
+        raise ModelDirError(
+            f"{name!r} is no local directory, and fetching it from the Hugging Face hub failed ({type(err).__name__}); "
+            f"download it where the hub is reachable and pass the local directory instead"
+        ) from None
+
+
+def read_config(path: Path) -> dict:
+    """``config.json`` of a model directory, checked to be JSON of a supported ``model_type`` and valid values."""
+    return parse_config(path)[0]
+
+
+def parse_config(path: Path, **overrides) -> tuple[dict, BertConfig]:
+    """``config.json`` read once: its JSON and the checked config object (``overrides`` applied, e.g. ``num_labels``).
+
+    Loading hands the object to the tokenizer and to ``from_pretrained``, so the file is parsed once per load.
+    """
+    config_file = path / "config.json"
+    if not config_file.is_file():
+        raise ModelDirError(f"{path}: no config.json (expected a PolicyBERT or BERT model directory)")
+    config = read_json(config_file, ModelDirError)
+    if not isinstance(config, dict):
+        raise ModelDirError(f"{config_file}: expected a JSON object, got {type(config).__name__}")
+    if config.get("model_type") not in SUPPORTED_TYPES:
+        raise ModelDirError(f"{config_file}: model_type {config.get('model_type')!r} is not one of {SUPPORTED_TYPES}")
+    for field, value in _numbers(config):
+        if not math.isfinite(value):
+            raise ModelDirError(f"{config_file}: {field} is {value}, expected a finite number")
+    # The config class checks every field's type and range; transformers would raise the same
+    # errors later, as a traceback from inside from_pretrained.
+    config_class = PolicyBertConfig if config["model_type"] == "policybert" else BertConfig
+    try:
+        checked = config_class.from_dict({k: v for k, v in config.items() if k != "model_type"}, **overrides)
+    except CONFIG_ERRORS as err:
+        raise ModelDirError(f"{config_file}: {' '.join(str(err).split())}") from None
+    return config, checked
+
+
+def _numbers(value: object, field: str = "") -> Iterator[tuple[str, float]]:
+    """Every float in a JSON value, with its dotted field name (JSON as Python reads it allows NaN and Infinity)."""
+    if isinstance(value, float):
+        yield field, value
+    elif isinstance(value, dict):
+        for key, item in value.items():
+            yield from _numbers(item, f"{field}.{key}" if field else str(key))
+    elif isinstance(value, list):
+        for i, item in enumerate(value):
+            yield from _numbers(item, f"{field}[{i}]")
+
+
+def check_finite(model: torch.nn.Module, path: Path) -> None:
+    """Refuse weights holding NaN or Inf: every vector would be NaN (or every float answer a 500).
+
+    A tensor's sum is finite unless it holds a NaN or Inf, or its values overflow float32 when
+    summed; only a non-finite sum is checked element by element. The sum reads each weight once
+    (its cost at bge-base size: ``bench/finite_check.py``, quoted in docs/guarantees.md).
+    """
+    for name, tensor in model.state_dict().items():
+        if tensor.is_floating_point() and not tensor.sum().isfinite():
+            bad = int((~torch.isfinite(tensor)).sum())
+            if bad:
+                raise ModelDirError(
+                    f"{path}: tensor {name} has {bad} non-finite value(s) (NaN or Inf) of {tensor.numel()}: "
+                    f"the weights are corrupt or training diverged; use another checkpoint"
+                )
+
+
+def refuse_remote_code(path: Path, config: dict) -> None:
+    """Refuse a directory that asks transformers to run its own Python (``auto_map``).
+
+    PolicyBERT and BERT need no custom code; a directory that maps a class to a ``.py`` file in it
+    is either not ours or tampered with, and transformers would import that file (after a y/N
+    prompt that a careless "y" answers). Loading also passes ``trust_remote_code=False``.
+    ``config`` is ``config.json`` as the loader has read it; ``tokenizer_config.json`` is read here.
+    """
+    contents = {path / "config.json": config}
+    if (path / TOKENIZER_CONFIG).is_file():
+        contents[path / TOKENIZER_CONFIG] = read_json(path / TOKENIZER_CONFIG, ModelDirError)
+    for file, content in contents.items():
+        if isinstance(content, dict) and "auto_map" in content:
+            raise ModelDirError(
+                f"{file}: has auto_map (custom Python code in the directory); PolicyBERT never runs a model "
+                f"directory's own code — remove auto_map or use a directory saved by this package"
+            )
+
+
+def check_safetensors(file: Path) -> None:
+    """Refuse a truncated or corrupt ``model.safetensors`` before safetensors raises its own error.
+
+    The format is an 8-byte little-endian header length, a JSON header whose ``data_offsets`` end
+    at the data size, then the data; a file cut short (an interrupted copy) has less data than that.
+    """
+    size = file.stat().st_size
+    with file.open("rb") as f:
+        head = f.read(8)
+        header_len = struct.unpack("<Q", head)[0] if len(head) == 8 else -1
+        if not 2 <= header_len <= size - 8:
+            raise ModelDirError(f"{file}: not a safetensors file or truncated ({size} bytes, no complete header)")
+        try:
+            header = json.loads(f.read(header_len))
+            data_end = max((int(v["data_offsets"][1]) for k, v in header.items() if k != "__metadata__"), default=0)
+        except (ValueError, TypeError, KeyError, IndexError, AttributeError):
+            raise ModelDirError(f"{file}: corrupt safetensors header") from None
+    if 8 + header_len + data_end > size:
+        raise ModelDirError(
+            f"{file}: truncated ({size} bytes, its header describes {8 + header_len + data_end}); copy the file again"
+        )
+
+
+def _check_vocab(path: Path, config: dict, tokenizer: PolicyBertTokenizer) -> None:
+    """The tokenizer's ids must index the embedding, and the embedding must not dwarf the tokenizer.
+
+    An id beyond ``vocab_size`` fails only on the first rare character (an index error mid-request);
+    a tokenizer far smaller than the embedding maps most text to ``[UNK]`` without any error.
+    """
+    size, rows = len(tokenizer.tokenizer), config.get("vocab_size")
+    if not isinstance(rows, int):
+        raise ModelDirError(f"{path / 'config.json'}: vocab_size {rows!r} is not an integer")
+    files = " / ".join(f for f in TOKENIZER_FILES if (path / f).is_file())
+    if size > rows:
+        raise ModelDirError(
+            f"{path}: tokenizer ({files}) has {size} tokens but config.json vocab_size is {rows}: "
+            f"ids {rows}..{size - 1} have no embedding row"
+        )
+    if rows - size > MAX_UNUSED_VOCAB_ROWS:
+        raise ModelDirError(
+            f"{path}: tokenizer ({files}) has {size} tokens but config.json vocab_size is {rows} "
+            f"(more than {MAX_UNUSED_VOCAB_ROWS} unused rows): the tokenizer does not belong to these weights"
+        )
+
+
+def _check_lexicon(path: Path, config: dict, tokenizer: PolicyBertTokenizer) -> None:
+    """A model directory's lexicon must give each line its own id: a duplicate would shift every later id."""
+    lexicon_file = path / LEXICON_FILE
+    lexicon = tokenizer.lexicon
+    if lexicon.merged:
+        word, raws = next(iter(lexicon.merged.items()))
+        raise ModelDirError(
+            f"{lexicon_file}: {sum(len(r) - 1 for r in lexicon.merged.values())} duplicate entries (e.g. "
+            f"{' + '.join(map(repr, raws))} -> {word!r}) would shift the word ids the weights were trained with; "
+            f"only building a lexicon may merge duplicates"
+        )
+    if len(lexicon) != config["word_vocab_size"]:
+        raise ModelDirError(
+            f"{lexicon_file}: {len(lexicon) - 1} words + padding = {len(lexicon)}, "
+            f"but config.json has word_vocab_size {config['word_vocab_size']}"
+        )
+
+
+@contextmanager
+def _checked_here() -> Iterator[None]:
+    """Keep transformers' warnings about missing and unexpected tensors unprinted while loading.
+
+    Those are its load report (a table of missing, unexpected and mismatched tensors) and the tying
+    step's "checkpoint seem corrupted" for a tied head absent from the checkpoint (which stays in the
+    missing keys). :func:`load_model_dir` checks the same lists itself: each entry is refused with
+    one line, or accepted by name (``allow_missing``, :data:`TASK_HEADS`), so they would only repeat,
+    as warnings, what was decided deliberately. Other transformers messages still print.
+    """
+
+    def not_the_report(record: logging.LogRecord) -> bool:
+        if record.funcName == log_state_dict_report.__name__:
+            return False
+        return not (
+            record.funcName == PreTrainedModel.tie_weights.__name__
+            and "absent from the checkpoint" in record.getMessage()
+        )
+
+    report_logger = logging.getLogger(modeling_utils.__name__)
+    report_logger.addFilter(not_the_report)
+    try:
+        yield
+    finally:
+        report_logger.removeFilter(not_the_report)
+
+
+def _check_loading_info(
+    path: Path, model_class: type[PreTrainedModel], info: dict, allow_missing: tuple[str, ...]
+) -> None:
+    """Refuse a checkpoint that does not fill ``model_class`` exactly (the heads allowed by name aside).
+
+    Missing: a tensor the class has and the checkpoint lacks would be random. Wrong shape: the
+    config does not describe these weights. Unexpected: a tensor with no place in the class (a
+    layer more than the config's, a renamed module) means the directory is not what its config says.
+    """
+    encoder = f"{model_class.base_model_prefix}."  # "pooler." allows a training class's "bert.pooler." too
+    missing = sorted(
+        k
+        for k in info["missing_keys"]
+        if not (k.startswith(allow_missing) or k.removeprefix(encoder).startswith(allow_missing))
+    )
+    mismatched = sorted(info["mismatched_keys"])  # (name, shape in the checkpoint, shape by the config)
+    if missing or mismatched:
+        if missing:
+            example = missing[0]
+        else:
+            name, checkpoint, model = mismatched[0]
+            example = f"{name}: {list(checkpoint)} in the weights, {list(model)} by config.json"
+        raise ModelDirError(
+            f"{path}: weights do not fit config.json ({len(missing) + len(mismatched)} tensors missing or of the "
+            f"wrong shape, e.g. {example})"
+        )
+    unexpected = sorted(k for k in info["unexpected_keys"] if not k.startswith(TASK_HEADS))
+    if unexpected:
+        raise ModelDirError(
+            f"{path}: {len(unexpected)} tensors in the weights have no place in {model_class.__name__} "
+            f"(e.g. {unexpected[0]}): the weights do not belong to this config.json"
+        )
+
+
+def check_loaded(path: str | os.PathLike, model: PreTrainedModel, info: dict) -> None:
+    """The refusals of :func:`load_model_dir` for a model transformers has loaded by itself (``AutoModel``).
+
+    Missing tensors are allowed only for the heads a stage creates (the pooler, :data:`TASK_HEADS`).
+    """
+    _check_loading_info(Path(path), type(model), info, ("pooler.", *TASK_HEADS))
+    check_finite(model, Path(path))
+
+
+def load_model_dir(
+    name_or_path: str | os.PathLike,
+    model_class: type[PreTrainedModel] | None = None,
+    allow_missing: tuple[str, ...] = (),
+    device: str | torch.device = "cpu",
+    **model_kwargs,
+) -> tuple[PreTrainedModel, PolicyBertTokenizer]:
+    """Load a model directory as ``model_class`` (float32, eval mode, on ``device``) with its tokenizer.
+
+    ``model_class`` defaults to :class:`PolicyBertModel` or :class:`BertModel` by ``model_type``;
+    a training class (``PolicyBertForPreTraining``, ``...ForSequenceClassification``) must match
+    the directory's ``model_type``. A tensor the class has and the checkpoint lacks is refused
+    unless its name (in the model, or in its encoder) starts with one of ``allow_missing`` — the
+    heads the calling stage creates (e.g. ``("cls.",)`` for pre-training, ``("classifier.",)`` for
+    fine-tuning, ``"pooler."``), which are then freshly initialised. A tensor the checkpoint has
+    and the class lacks is refused unless it belongs to a task head (:data:`TASK_HEADS`), which is
+    dropped. ``model_kwargs`` override config values (e.g. ``num_labels``). Training stages call
+    ``.train()`` themselves.
+    """
+    path = resolve_model_dir(name_or_path)
+    config, checked = parse_config(path, **model_kwargs)
+    refuse_remote_code(path, config)
+    if model_class is not None and model_class.config_class.model_type != config["model_type"]:
+        raise ModelDirError(
+            f"{path / 'config.json'}: model_type {config['model_type']!r}, but {model_class.__name__} "
+            f"needs a {model_class.config_class.model_type!r} directory"
+        )
+    weights = next((path / f for f in WEIGHT_FILES if (path / f).is_file()), None)
+    if weights is None:
+        raise ModelDirError(f"{path}: no weights file (expected one of {', '.join(WEIGHT_FILES)})")
+    if weights.suffix == ".safetensors":
+        check_safetensors(weights)
+    if not any((path / f).is_file() for f in TOKENIZER_FILES):
+        raise ModelDirError(f"{path}: no tokenizer (expected one of {', '.join(TOKENIZER_FILES)})")
+    is_policybert = config["model_type"] == "policybert" and config.get("word_vocab_size", 0) > 0
+    if is_policybert and not (path / LEXICON_FILE).is_file():
+        raise ModelDirError(f"{path}: no {LEXICON_FILE} (a PolicyBERT directory carries its lexicon)")
+    try:
+        tokenizer = PolicyBertTokenizer.from_pretrained(path, checked)
+    except InputError as err:  # the lexicon or the query instruction's file
+        raise ModelDirError(str(err)) from None
+    except (ValueError, OSError) as err:
+        raise ModelDirError(f"{path}: tokenizer files cannot be read: {str(err).strip().splitlines()[0]}") from None
+    _check_vocab(path, config, tokenizer)
+    if is_policybert:
+        _check_lexicon(path, config, tokenizer)
+    else:
+        tokenizer.lexicon = None
+    if model_class is None:
+        model_class = PolicyBertModel if config["model_type"] == "policybert" else BertModel
+    try:
+        # ignore_mismatched_sizes: a wrong shape comes back in the loading info, refused below with its
+        # name and shapes, instead of as an error pointing at the report that is not printed.
+        with _checked_here():
+            model, info = model_class.from_pretrained(
+                path,
+                config=checked,
+                dtype=torch.float32,
+                output_loading_info=True,
+                trust_remote_code=False,
+                ignore_mismatched_sizes=True,
+            )
+    except (RuntimeError, ValueError, OSError, SafetensorError) as err:
+        raise ModelDirError(f"{path}: weights do not fit config.json: {str(err).strip().splitlines()[0]}") from None
+    _check_loading_info(path, model_class, info, allow_missing)
+    check_finite(model, path)
+    return model.to(device).eval(), tokenizer
+
+
+def load_policybert(
+    name_or_path: str | os.PathLike, device: str | torch.device = "cpu"
+) -> tuple[PreTrainedModel, PolicyBertTokenizer]:
+    """Load a PolicyBERT (or plain BERT) directory for inference: float32, eval mode, on ``device``.
+
+    Lower precision is a compute choice (autocast in :class:`PolicyBertEmbeddings`), not a load one.
+    The pooler may be missing: embeddings read the [CLS] hidden state, never the pooler output.
+    """
+    return load_model_dir(name_or_path, allow_missing=("pooler.",), device=device)
+
+
+# sentence-transformers' description of a model directory: its own Transformer module at the root (which
+# reaches PolicyBERT through transformers' Auto classes, registered by this package), [CLS] pooling
+# and L2 normalisation, i.e. what PolicyBertEmbeddings computes. Its own classes only: sentence-
+# transformers imports any other class named in modules.json only with trust_remote_code=True.
+ST_MODULES = (
+    ("", "sentence_transformers.base.modules.transformer.Transformer"),
+    ("1_Pooling", "sentence_transformers.sentence_transformer.modules.pooling.Pooling"),
+    ("2_Normalize", "sentence_transformers.base.modules.normalize.Normalize"),
+)
+
+
+def sentence_transformers_files(model: PreTrainedModel, tokenizer: PolicyBertTokenizer) -> dict[str, str]:
+    """The files that make a model directory a sentence-transformers one (path -> JSON text).
+
+    ``SentenceTransformer(dir)`` then embeds as :class:`~chatchat_policybert.model.embeddings.PolicyBertEmbeddings`
+    does by default: the [CLS] state, normalised, of at most ``min(512, positions)`` tokens, with
+    the query prompt the model was trained with (``prompt_name="query"``; documents get none).
+    """
+
+    def dump(content: object) -> str:
+        return json.dumps(content, ensure_ascii=False, indent=2) + "\n"
+
+    # PolicyBertEmbeddings' default max_length, capped as it caps it by the model's positions.
+    max_length = min(EmbeddingOptions.model_fields["max_length"].default, model.config.max_position_embeddings)
+    return {
+        "modules.json": dump(
+            [
+                {"idx": i, "name": str(i), "path": folder, "type": module}
+                for i, (folder, module) in enumerate(ST_MODULES)
+            ]
+        ),
+        "sentence_bert_config.json": dump(
+            {
+                "transformer_task": "feature-extraction",
+                "modality_config": {"text": {"method": "forward", "method_output_name": "last_hidden_state"}},
+                "module_output_name": "token_embeddings",
+                "processing_kwargs": {"text": {"max_length": max_length}},
+            }
+        ),
+        "1_Pooling/config.json": dump(
+            {"embedding_dimension": model.config.hidden_size, "pooling_mode": "cls", "include_prompt": True}
+        ),
+        "2_Normalize/config.json": dump(
+            {"module_input_name": "sentence_embedding", "module_output_name": "sentence_embedding"}
+        ),
+        PROMPTS_FILE: dump(
+            {
+                "model_type": "SentenceTransformer",
+                "prompts": {"query": tokenizer.query_prompt, "document": ""},
+                "default_prompt_name": None,
+                "similarity_fn_name": "cosine",
+            }
+        ),
+    }
+
+
+def save_model_dir(
+    model: PreTrainedModel,
+    tokenizer: PolicyBertTokenizer,
+    out: str | os.PathLike,
+    extra_files: dict[str, str] | None = None,
+) -> Path:
+    """Write model (safetensors), tokenizer, lexicon, sentence-transformers' files
+    (:func:`sentence_transformers_files`) and ``extra_files`` (name -> text) to ``out`` atomically."""
+    with atomic_path(out) as scratch:
+        model.save_pretrained(scratch)
+        tokenizer.save_pretrained(scratch)
+        for name, text in {**sentence_transformers_files(model, tokenizer), **(extra_files or {})}.items():
+            (scratch / name).parent.mkdir(parents=True, exist_ok=True)
+            (scratch / name).write_text(text, encoding="utf-8")
+    return Path(out)

@@ -1,0 +1,377 @@
+"""Everything the model needs from raw text: character ids plus matched words and the matching matrix.
+
+``PolicyBertTokenizer`` wraps a fast BERT tokenizer (bge's, or a character vocabulary built for
+from-scratch training) and a :class:`~chatchat_policybert.model.lexicon.Lexicon`. A lexicon word is
+kept only where its span starts and ends on token boundaries, so ``M[b, t, q] = 1`` means token
+``t`` of example ``b`` lies inside word ``q``. Words are ordered by position and cut to the
+``k_w`` budget deterministically at inference; ``shuffle_words`` (training only) draws the order
+and the cut from a seeded generator, as ZEN does.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import string
+from collections import Counter
+from collections.abc import Iterable
+from pathlib import Path
+
+import numpy as np
+import torch
+from tokenizers import Encoding
+from transformers import AutoTokenizer, BatchEncoding, BertTokenizerFast, PreTrainedConfig, PreTrainedTokenizerFast
+
+from chatchat_policybert.errors import InputError
+from chatchat_policybert.files import read_json
+from chatchat_policybert.model.configuration_policybert import PolicyBertConfig
+from chatchat_policybert.model.lexicon import LEXICON_FILE, Lexicon
+
+SPECIAL_TOKENS = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
+TOKENIZER_CONFIG = "tokenizer_config.json"
+"""The tokenizer's settings (its class, the k_w settings); beside config.json, the file whose ``auto_map`` would make
+transformers import Python code shipped in the directory
+(:func:`chatchat_policybert.model.loading.refuse_remote_code`)."""
+PROMPTS_FILE = "config_sentence_transformers.json"
+"""Where a model directory keeps its query instruction: sentence-transformers' file, ``{"prompts": {"query": …}}``."""
+DEFAULT_QUERY_INSTRUCTION = "为这个句子生成表示以用于检索相关文章："
+"""bge-zh's retrieval instruction: what a query is prefixed with when its model directory names none."""
+
+
+def read_query_instruction(path: Path) -> str | None:
+    """The query instruction a model directory was trained with (``prompts.query`` of :data:`PROMPTS_FILE`), None if
+    none.
+
+    bge's own directories carry that file without prompts, so None is common; a file that is no
+    JSON, or a ``prompts.query`` that is no string, is an :class:`InputError` naming the file.
+    """
+    file = path / PROMPTS_FILE
+    if not file.is_file():
+        return None
+    content = read_json(file)
+    prompts = content.get("prompts") if isinstance(content, dict) else None
+    instruction = prompts.get("query") if isinstance(prompts, dict) else None
+    if instruction is not None and not isinstance(instruction, str):
+        raise InputError(f"{file}: prompts.query is {type(instruction).__name__}, expected a string")
+    return instruction
+
+
+def build_char_tokenizer(texts: Iterable[str], min_count: int = 1, model_max_length: int = 512) -> BertTokenizerFast:
+    """A bge-style BERT tokenizer whose vocabulary is the characters of ``texts``.
+
+    Chinese characters become one token each, as in bge; ASCII letters and digits also get
+    ``##`` continuations so numbers and Latin words split into characters instead of ``[UNK]``.
+    """
+    counts = Counter(ch.lower() for text in texts for ch in text if not ch.isspace())
+    chars = sorted((c for c, n in counts.items() if n >= min_count), key=lambda c: (-counts[c], c))
+    continuations = [f"##{c}" for c in string.ascii_lowercase + string.digits]
+    vocab = SPECIAL_TOKENS + chars + continuations
+    # transformers 5 takes the vocabulary as a dict; its ``vocab_file`` argument is silently ignored.
+    return BertTokenizerFast(vocab={token: i for i, token in enumerate(vocab)}, model_max_length=model_max_length)
+
+
+def check_texts(texts: list, name: str = "text") -> None:
+    """Refuse (ValueError naming ``name i``) an item that is no str or holds a lone surrogate.
+
+    A lone surrogate (``"a\\ud800b"``, which JSON can carry) is no Unicode character: the Rust
+    tokenizer would fail on it with a TypeError that names no item, so it is refused up front.
+    """
+    for i, text in enumerate(texts):
+        if not isinstance(text, str):
+            raise ValueError(f"{name} {i} is {type(text).__name__}, expected str")
+        try:
+            text.encode("utf-8")
+        except UnicodeEncodeError as err:
+            raise ValueError(
+                f"{name} {i} has a lone surrogate {text[err.start]!r} at character {err.start} (not valid Unicode text)"
+            ) from None
+
+
+class PolicyBertTokenizer:
+    """Character tokenizer + lexicon matcher. Without a lexicon it returns plain BERT inputs.
+
+    ``query_instruction`` is the prefix the model's queries were trained with (None: the model
+    names none, and :attr:`query_prompt` is bge's); it is saved and loaded with the tokenizer
+    files, so every stage that loads a directory and writes another keeps it.
+    """
+
+    def __init__(
+        self,
+        tokenizer: PreTrainedTokenizerFast,
+        lexicon: Lexicon | None = None,
+        max_words: int = PolicyBertConfig.max_words,
+        max_words_span: int = PolicyBertConfig.max_words_span,
+        query_instruction: str | None = None,
+    ):
+        if not tokenizer.is_fast:
+            raise ValueError("PolicyBertTokenizer needs a fast tokenizer (offsets map words onto tokens)")
+        self.tokenizer = tokenizer
+        self.lexicon = lexicon
+        self.max_words = max_words
+        self.max_words_span = max_words_span
+        self.query_instruction = query_instruction
+
+    @property
+    def query_prompt(self) -> str:
+        """What a query is prefixed with: the directory's instruction, else bge's
+        (:data:`DEFAULT_QUERY_INSTRUCTION`)."""
+        return DEFAULT_QUERY_INSTRUCTION if self.query_instruction is None else self.query_instruction
+
+    @property
+    def model_max_length(self) -> int:
+        """The tokenizer's limit; 512 (BERT's positions) where it declares none (transformers' 1e30)."""
+        limit = self.tokenizer.model_max_length
+        return limit if limit <= 1_000_000 else 512
+
+    def word_budget(self, num_tokens: int) -> int:
+        """k_w: ``max_words`` per ``max_words_span`` tokens, never fewer than ``max_words``."""
+        return max(self.max_words, -(-self.max_words * num_tokens // self.max_words_span))
+
+    @classmethod
+    def from_pretrained(cls, path: str | os.PathLike, config: PreTrainedConfig | None = None) -> PolicyBertTokenizer:
+        """Load the tokenizer files, ``lexicon.txt``, the query instruction and the k_w settings from a model dir.
+
+        ``config`` is the directory's (the loader passes the one it has read; without it
+        ``config.json`` is read here, once, for the k_w settings and transformers' tokenizer
+        lookup alike); a plain BERT config has no k_w settings and gets :class:`PolicyBertConfig`'s defaults.
+        """
+        path = Path(path)
+        if config is None:
+            config = PreTrainedConfig.from_pretrained(path) if (path / "config.json").is_file() else PreTrainedConfig()
+        # Never import Python from a model directory (see loading.refuse_remote_code).
+        tokenizer = AutoTokenizer.from_pretrained(path, config=config, trust_remote_code=False)
+        lexicon = getattr(tokenizer, "lexicon", None)  # a PolicyBertTokenizerFast has read it already
+        if lexicon is None and (path / LEXICON_FILE).is_file():
+            lexicon = Lexicon.load(path / LEXICON_FILE)
+        return cls(
+            tokenizer,
+            lexicon,
+            max_words=getattr(config, "max_words", PolicyBertConfig.max_words),
+            max_words_span=getattr(config, "max_words_span", PolicyBertConfig.max_words_span),
+            query_instruction=read_query_instruction(path),
+        )
+
+    def count_tokens(self, texts: list[str]) -> list[int]:
+        """Tokens of each whole text, [CLS] and [SEP] included and nothing truncated: the work a text asks for."""
+        encoded = self.tokenizer(texts, truncation=False, verbose=False, return_attention_mask=False)
+        return [len(ids) for ids in encoded["input_ids"]]
+
+    def save_pretrained(self, path: str | os.PathLike) -> None:
+        """The tokenizer files and the lexicon; ``tokenizer_config.json`` names :class:`PolicyBertTokenizerFast`
+        where there is a lexicon, so that ``AutoTokenizer`` gives the word inputs too.
+
+        The query instruction is saved with the rest of sentence-transformers' files by
+        :func:`chatchat_policybert.model.loading.save_model_dir`.
+        """
+        path = Path(path)
+        self.tokenizer.save_pretrained(path)
+        config_file = path / TOKENIZER_CONFIG
+        config = json.loads(config_file.read_text(encoding="utf-8"))
+        for key in ("lexicon_file", "max_words", "max_words_span"):
+            config.pop(key, None)
+        if self.lexicon is not None:
+            self.lexicon.save(path / LEXICON_FILE)
+            config.update(
+                tokenizer_class=PolicyBertTokenizerFast.__name__,
+                max_words=self.max_words,
+                max_words_span=self.max_words_span,
+            )
+        elif config.get("tokenizer_class") == PolicyBertTokenizerFast.__name__:
+            config["tokenizer_class"] = "BertTokenizer"
+        config_file.write_text(json.dumps(config, ensure_ascii=False, indent=2) + "\n", encoding="utf-8")
+
+    def word_spans(self, encoding: Encoding, texts: tuple[str, ...]) -> np.ndarray:
+        """All lexicon words of one example that align with its tokens: rows ``(word_id, first, last)``."""
+        sequence_ids = np.array([-1 if s is None else s for s in encoding.sequence_ids])
+        offsets = np.array(encoding.offsets, dtype=np.int64).reshape(-1, 2)
+        spans = []
+        for segment, text in enumerate(texts):
+            tokens = np.flatnonzero((sequence_ids == segment) & (offsets[:, 1] > offsets[:, 0]))
+            if not len(tokens):
+                continue
+            # Only the characters this encoding covers: a word must start and end on its tokens, and
+            # a long text's windows each search their own part, so matching stays linear in its length.
+            low, high = int(offsets[tokens, 0].min()), int(offsets[tokens, 1].max())
+            found = self.lexicon.find(text[low:high])
+            if not len(found):
+                continue
+            # Character offset (from ``low``) -> token index where a token starts / one past where one ends.
+            first_of = np.full(high - low + 1, -1)
+            last_of = np.full(high - low + 1, -1)
+            first_of[offsets[tokens[::-1], 0] - low] = tokens[::-1]
+            last_of[offsets[tokens, 1] - low] = tokens + 1
+            first, last = first_of[found[:, 1]], last_of[found[:, 2]]
+            aligned = (first >= 0) & (last >= 0)
+            spans.append(np.stack([found[aligned, 0], first[aligned], last[aligned]], axis=1))
+        return np.concatenate(spans) if spans else np.zeros((0, 3), dtype=np.int64)
+
+    def encode(
+        self, text: list[str], text_pair: list[str] | None = None, max_length: int | None = None
+    ) -> list[Encoding]:
+        """Truncated, unpadded encodings; the windows cut off a long text stay in ``.overflowing``.
+
+        Tokenising once and batching from these (:meth:`collate`) lets a caller sort by token
+        length, pack batches by a token budget and embed overflowing windows without a second pass.
+        """
+        if text_pair is not None and len(text_pair) != len(text):
+            raise ValueError(f"{len(text)} texts but {len(text_pair)} text pairs")
+        return self.tokenizer(
+            text, text_pair, max_length=max_length or self.model_max_length, truncation=True
+        ).encodings
+
+    def word_inputs(
+        self,
+        encodings: list[Encoding],
+        text: list[str],
+        text_pair: list[str] | None = None,
+        *,
+        shuffle_words: bool = False,
+        seed: int | None = None,
+        return_word_spans: bool = False,
+    ) -> dict:
+        """The word inputs of ``encodings`` (of ``text``/``text_pair``, padded to one length or not):
+        ``word_ids``, ``word_attention_mask``, ``word_matching_matrix`` and, with ``return_word_spans``,
+        ``word_spans`` (see :meth:`collate`).
+
+        Shared by :meth:`collate` and :class:`PolicyBertTokenizerFast`, so the runtime and transformers'
+        ``AutoTokenizer`` feed the model the same words.
+        """
+        length = max(len(e.ids) for e in encodings)
+        rng = random.Random(seed) if shuffle_words else None
+        all_spans, kept = [], []
+        for i, encoding in enumerate(encodings):
+            spans = self.word_spans(encoding, (text[i],) if text_pair is None else (text[i], text_pair[i]))
+            all_spans.append(spans)
+            order = list(range(len(spans)))
+            if rng is not None:
+                rng.shuffle(order)
+            # The budget follows the text's tokens, not the padding: the same words with or without it.
+            kept.append(spans[order[: self.word_budget(sum(encoding.attention_mask))]])
+
+        width = max(1, max(map(len, kept)))
+        word_ids = np.zeros((len(encodings), width), dtype=np.int64)
+        matching = np.zeros((len(encodings), length, width), dtype=np.float32)
+        for b, spans in enumerate(kept):
+            word_ids[b, : len(spans)] = spans[:, 0]
+            lengths = spans[:, 2] - spans[:, 1]
+            columns = np.repeat(np.arange(len(spans)), lengths)
+            tokens = np.repeat(spans[:, 1] - np.cumsum(lengths) + lengths, lengths) + np.arange(lengths.sum())
+            matching[b, tokens, columns] = 1.0
+        inputs = {
+            "word_ids": torch.from_numpy(word_ids),
+            "word_attention_mask": torch.from_numpy((word_ids != 0).astype(np.int64)),
+            "word_matching_matrix": torch.from_numpy(matching),
+        }
+        if return_word_spans:
+            inputs["word_spans"] = [[tuple(map(int, row)) for row in spans] for spans in all_spans]
+        return inputs
+
+    def collate(
+        self,
+        encodings: list[Encoding],
+        text: list[str],
+        text_pair: list[str] | None = None,
+        *,
+        shuffle_words: bool = False,
+        seed: int | None = None,
+        return_word_spans: bool = False,
+    ) -> BatchEncoding:
+        """``encodings`` of ``text`` (and ``text_pair``), padded to the longest, as ``pt`` tensors.
+
+        Returns ``input_ids``, ``token_type_ids``, ``attention_mask`` and, with a lexicon,
+        ``word_ids`` / ``word_attention_mask`` (batch x words) and ``word_matching_matrix``
+        (batch x tokens x words, float 0/1). ``return_word_spans`` adds ``word_spans``: per
+        example every aligned match (before the k_w cut) as ``(word_id, first, last)`` rows,
+        for whole-word masking. An encoding may be an overflowing window of its text: its
+        offsets still point into the whole text, and words outside the window do not align.
+        """
+        # Tensors are built here from the Rust encodings: transformers' own padding and
+        # conversion walk nested Python lists and cost more than tokenising.
+        size, length = len(encodings), max(len(e.ids) for e in encodings)
+        input_ids = np.full((size, length), self.tokenizer.pad_token_id or 0, dtype=np.int64)
+        token_type_ids = np.zeros((size, length), dtype=np.int64)
+        attention_mask = np.zeros((size, length), dtype=np.int64)
+        for b, encoding in enumerate(encodings):
+            input_ids[b, : len(encoding.ids)] = encoding.ids
+            token_type_ids[b, : len(encoding.ids)] = encoding.type_ids
+            attention_mask[b, : len(encoding.ids)] = 1
+        batch = BatchEncoding(
+            {
+                "input_ids": torch.from_numpy(input_ids),
+                "token_type_ids": torch.from_numpy(token_type_ids),
+                "attention_mask": torch.from_numpy(attention_mask),
+            }
+        )
+        if self.lexicon is None:
+            return batch
+        batch.update(
+            self.word_inputs(
+                encodings, text, text_pair, shuffle_words=shuffle_words, seed=seed, return_word_spans=return_word_spans
+            )
+        )
+        return batch
+
+    def __call__(
+        self,
+        text: str | list[str],
+        text_pair: str | list[str] | None = None,
+        *,
+        max_length: int | None = None,
+        shuffle_words: bool = False,
+        seed: int | None = None,
+        return_word_spans: bool = False,
+    ) -> BatchEncoding:
+        """Tokenise a text or batch (optionally pairs) into padded tensors: :meth:`encode` + :meth:`collate`."""
+        texts = [text] if isinstance(text, str) else list(text)
+        pairs = None if text_pair is None else ([text_pair] if isinstance(text_pair, str) else list(text_pair))
+        encodings = self.encode(texts, pairs, max_length)
+        return self.collate(
+            encodings, texts, pairs, shuffle_words=shuffle_words, seed=seed, return_word_spans=return_word_spans
+        )
+
+
+class PolicyBertTokenizerFast(BertTokenizerFast):
+    """The tokenizer transformers' ``AutoTokenizer`` gives for a PolicyBERT directory: BERT's, plus the word inputs.
+
+    Why: ``AutoModel.from_pretrained(dir)(**tokenizer(texts, padding=True, return_tensors="pt"))``
+    and sentence-transformers' ``Transformer`` module (which calls it that way) must feed the model
+    the words :class:`PolicyBertTokenizer` feeds it, or their vectors silently differ from the
+    served ones. The word inputs are padded tensors (a words x tokens matrix per text), so they are
+    added where ``return_tensors="pt"`` asks for tensors; other calls return BERT's inputs alone.
+    ``lexicon.txt`` is read as one of the tokenizer's files; the k_w settings come from
+    ``tokenizer_config.json``, which :meth:`PolicyBertTokenizer.save_pretrained` writes.
+    """
+
+    vocab_files_names = {**BertTokenizerFast.vocab_files_names, "lexicon_file": LEXICON_FILE}
+
+    def __init__(
+        self,
+        *args,
+        lexicon_file: str | os.PathLike | None = None,
+        max_words: int = PolicyBertConfig.max_words,
+        max_words_span: int = PolicyBertConfig.max_words_span,
+        **kwargs,
+    ):
+        super().__init__(*args, **kwargs)
+        self.lexicon = Lexicon.load(lexicon_file) if lexicon_file is not None else None
+        self.max_words = max_words
+        self.max_words_span = max_words_span
+
+    def __call__(self, text=None, text_pair=None, *args, **kwargs) -> BatchEncoding:
+        batch = super().__call__(text, text_pair, *args, **kwargs)
+        if self.lexicon is None or kwargs.get("return_tensors") != "pt" or text is None:
+            return batch
+        texts = [text] if isinstance(text, str) else list(text)
+        pairs = None if text_pair is None else ([text_pair] if isinstance(text_pair, str) else list(text_pair))
+        if len(batch.encodings) != len(texts) or not all(isinstance(t, str) for t in texts + (pairs or [])):
+            raise ValueError(
+                "PolicyBertTokenizerFast: word inputs need one encoding per text, each a str "
+                "(not is_split_into_words or return_overflowing_tokens)"
+            )
+        words = PolicyBertTokenizer(self, self.lexicon, self.max_words, self.max_words_span)
+        batch.update(words.word_inputs(batch.encodings, texts, pairs))
+        return batch
+
+
+AutoTokenizer.register(PolicyBertConfig, fast_tokenizer_class=PolicyBertTokenizerFast, exist_ok=True)

@@ -1,0 +1,200 @@
+"""Make stock Langchain-Chatchat 0.3.1.3 run PolicyBERT in-process, without editing Chatchat.
+
+Why an import hook: Chatchat has no plugin API, `kb_cache/faiss_cache.py` binds
+`get_Embeddings` by name when it is imported, and `chatchat kb -r` / `chatchat start -a`
+run their work in forked or spawned processes, so patching from a parent process does not
+reach them. `chatchat_policybert_hook.pth` (installed at the root of site-packages) calls
+`install()` at every interpreter start-up; `install()` only puts a meta-path finder in
+place, which wraps `chatchat.server.utils.get_Embeddings` the moment that module has run,
+before anything can import the name. It also makes `kb -r` transactional for FAISS
+(`chatchat_policybert.stores.rebuild`), by wrapping `migrate.folder2db` the same way, and keeps the
+FAISS ensemble's BM25 index between questions (`chatchat_policybert.retrieval.ensemble`), and gives
+the pg store one store object per knowledge base and the same BM25 + vector ensemble
+(`chatchat_policybert.stores.pg_search`), and warms the model and the default knowledge base when the API
+starts (`chatchat_policybert.plugin.warm_up`); set CHATCHAT_POLICYBERT_BM25_CACHE=0 for Chatchat's own search
+on both stores (BM25 rebuilt per question on FAISS, dense-only on pg), e.g. to compare.
+
+The same finder makes transformers' Auto classes know model type ``policybert`` in every process
+of the environment, so that ``SentenceTransformer(dir)`` and ``AutoModel.from_pretrained(dir)`` load a
+PolicyBERT directory without remote code: when an Auto module loads, its ``from_pretrained`` /
+``from_config`` first import the modules that register ``policybert`` (:data:`AUTO_CLASSES`). Not
+at the Auto module's own import: transformers imports those modules from inside its own, half
+initialised, modules, where importing a model then fails. With the hook off, importing
+``chatchat_policybert.model.modeling_policybert`` and ``chatchat_policybert.model.tokenization_policybert``
+registers them.
+
+The wrapper serves embed models whose platform entry has a `local_embeddings` block (see
+`chatchat_policybert.chatchat.settings`) and delegates everything else to Chatchat unchanged; the
+objects it hands out are :mod:`chatchat_policybert.chatchat.registry`'s, one per configuration. This
+module only patches: it owns no state.
+
+This module imports only the standard library at start-up: it runs in every Python process
+of the environment. Set CHATCHAT_POLICYBERT_HOOK=0 to disable it.
+"""
+
+from __future__ import annotations
+
+# Start-up cost matters here (every interpreter of the environment imports this module):
+# only modules Python has already loaded (importlib.abc, typing and pathlib alone would cost more
+# than the hook's whole start-up, docs/deployment.md).
+import functools
+import importlib
+import importlib.machinery
+import sys
+from types import ModuleType
+
+from chatchat_policybert.chatchat.switches import BM25_CACHE_ENV, DISABLE_ENV, WARM_UP_ENV, WRAPPED_MARK, switched_off
+
+UTILS_MODULE = "chatchat.server.utils"
+MIGRATE_MODULE = "chatchat.server.knowledge_base.migrate"
+ENSEMBLE_MODULE = "chatchat.server.file_rag.retrievers.ensemble"
+PG_MODULE = "chatchat.server.knowledge_base.kb_service.pg_kb_service"
+AUTO_CLASSES = {
+    "transformers.models.auto.configuration_auto": ("AutoConfig",),
+    "transformers.models.auto.auto_factory": ("_BaseAutoModelClass",),
+    "transformers.models.auto.tokenization_auto": ("AutoTokenizer",),
+}
+"""transformers' Auto modules -> their classes whose loaders register ``policybert`` first."""
+REGISTERING_MODULES = (
+    "chatchat_policybert.model.modeling_policybert",
+    "chatchat_policybert.model.tokenization_policybert",
+)
+"""The modules that register ``policybert`` with AutoConfig / AutoModel* / AutoTokenizer when imported."""
+APP_MODULE = "chatchat.server.api_server.server_app"
+
+
+def install() -> None:
+    """Arrange for `get_Embeddings` to be wrapped; never raises (it runs from a .pth file)."""
+    if switched_off(DISABLE_ENV):
+        return
+    try:
+        for name, patch in _patchers().items():
+            if name in sys.modules:
+                patch(sys.modules[name])
+        if not any(isinstance(f, _ChatchatFinder) for f in sys.meta_path):
+            sys.meta_path.insert(0, _ChatchatFinder())
+    except Exception as exc:  # a broken hook must never break the interpreter
+        print(f"chatchat-policybert: import hook not installed: {exc!r}", file=sys.stderr)
+
+
+def _patch_migrate(module: ModuleType) -> None:
+    from chatchat_policybert.stores.rebuild import patch_migrate
+
+    patch_migrate(module)
+
+
+def _patch_ensemble(module: ModuleType) -> None:
+    if switched_off(BM25_CACHE_ENV):
+        return
+    from chatchat_policybert.retrieval.ensemble import patch_ensemble
+
+    patch_ensemble(module)
+
+
+def _patch_pg(module: ModuleType) -> None:
+    if switched_off(BM25_CACHE_ENV):
+        return
+    from chatchat_policybert.stores.pg_search import patch_pg
+
+    patch_pg(module)
+
+
+def _register_on_use(auto_module: ModuleType) -> None:
+    """Make the loaders of ``auto_module``'s Auto classes import :data:`REGISTERING_MODULES` first."""
+    for owner in (getattr(auto_module, name) for name in AUTO_CLASSES[auto_module.__name__]):
+        for name in ("from_pretrained", "from_config"):
+            method = owner.__dict__.get(name)
+            if isinstance(method, classmethod) and not getattr(method.__func__, WRAPPED_MARK, False):
+                setattr(owner, name, classmethod(_registering_first(method.__func__)))
+
+
+def _registering_first(load: object) -> object:
+    """``load`` (an Auto class's loader) preceded by importing :data:`REGISTERING_MODULES`, once they are not yet."""
+
+    @functools.wraps(load)
+    def registered_load(cls: type, *args: object, **kwargs: object) -> object:
+        for name in REGISTERING_MODULES:
+            if name not in sys.modules:  # a module half imported registers at its own end
+                importlib.import_module(name)
+        return load(cls, *args, **kwargs)
+
+    setattr(registered_load, WRAPPED_MARK, True)
+    return registered_load
+
+
+def _patch_app(module: ModuleType) -> None:
+    from chatchat_policybert.plugin.warm_up import patch_app
+
+    if not switched_off(WARM_UP_ENV):
+        patch_app(module)
+
+
+def _patchers() -> dict[str, object]:
+    """Module name -> function that patches it right after it executes."""
+    return {
+        UTILS_MODULE: patch_module,
+        MIGRATE_MODULE: _patch_migrate,
+        ENSEMBLE_MODULE: _patch_ensemble,
+        PG_MODULE: _patch_pg,
+        **dict.fromkeys(AUTO_CLASSES, _register_on_use),
+        APP_MODULE: _patch_app,
+    }
+
+
+class _ChatchatFinder:
+    """Finds nothing itself; hands out the real spec of a patched module with a patching loader."""
+
+    def find_spec(self, fullname: str, path: object, target: ModuleType | None = None):
+        patch = _patchers().get(fullname)
+        if patch is None:
+            return None
+        spec = importlib.machinery.PathFinder.find_spec(fullname, path)
+        if spec is None or spec.loader is None:
+            return None
+        spec.loader = _PatchingLoader(spec.loader, patch)
+        return spec
+
+
+class _PatchingLoader:
+    """Delegates to the real loader and patches the module right after it executes."""
+
+    def __init__(self, wrapped: object, patch: object) -> None:
+        self._wrapped = wrapped
+        self._patch = patch
+
+    def create_module(self, spec):
+        return self._wrapped.create_module(spec)
+
+    def exec_module(self, module: ModuleType) -> None:
+        self._wrapped.exec_module(module)
+        # Hand back the real loader so tracebacks, inspect and reloads behave as usual.
+        module.__loader__ = self._wrapped
+        if module.__spec__ is not None:
+            module.__spec__.loader = self._wrapped
+        try:
+            self._patch(module)
+        except Exception as exc:
+            print(f"chatchat-policybert: could not patch {module.__name__}: {exc!r}", file=sys.stderr)
+
+    def __getattr__(self, name: str) -> object:
+        return getattr(self._wrapped, name)
+
+
+def patch_module(utils: ModuleType) -> None:
+    """Replace `utils.get_Embeddings` by a wrapper that serves `local_embeddings` platforms."""
+    original = utils.get_Embeddings
+    if getattr(original, WRAPPED_MARK, False):
+        return
+
+    @functools.wraps(original)
+    def get_Embeddings(embed_model: str | None = None, local_wrap: bool = False):
+        name = embed_model or utils.get_default_embedding()
+        from chatchat_policybert.chatchat import registry
+
+        found = registry.local_config(utils, name)
+        if found is None:
+            return original(embed_model=embed_model, local_wrap=local_wrap)
+        return registry.get_instance(utils, name, *found)
+
+    setattr(get_Embeddings, WRAPPED_MARK, True)
+    utils.get_Embeddings = get_Embeddings

@@ -1,0 +1,391 @@
+"""`chatchat kb -r` that never loses the knowledge base it was asked to rebuild.
+
+Stock Chatchat 0.3.1.3 rebuilds a FAISS knowledge base by first deleting its vector store and
+its file rows, then embedding everything again; if embedding fails half-way (model directory
+gone, out of memory, process killed) the old index is lost and `kb -r` still exits 0.
+
+The import hook wraps `chatchat.server.knowledge_base.migrate.folder2db` (before
+`init_database` binds the name) so that, for FAISS and `recreate_vs` (pg: the same steps with a
+staging collection, see :mod:`chatchat_policybert.stores.pg_store`):
+
+1. the embed model is loaded and tried on a text first; if that fails nothing is touched;
+2. each knowledge base is rebuilt into a staging vector store (`<name>.rebuilding`) that
+   Chatchat's own code fills, while the saved index stays where it was;
+3. only a staging index holding every chunk Chatchat offered it, with the BM25 index of its chunks
+   saved beside it (FAISS; :mod:`chatchat_policybert.retrieval.ensemble`), replaces the old pair, in one
+   atomic step (:func:`swap_index`); an empty index is a valid result when the content yields no
+   chunks (so deleted documents do not stay searchable). On any failure the staging folder is
+   removed, the knowledge base's file rows are put back, and the error is logged and re-raised.
+
+Two rebuilds of one knowledge base never overlap: each takes the knowledge base's lock file
+(:func:`rebuild_lock`), and a second `kb -r` waits for the first (stock Chatchat interleaves them,
+and its ``file_doc`` table ends with both runs' rows, most pointing to nothing).
+
+Knowledge-base names are checked first, in every mode: a name that is not one safe path
+component (``../x``) would make Chatchat and the staging code write and delete outside the
+knowledge-base root. A killed rebuild leaves the old index in place and a stale staging folder,
+removed by the next rebuild; the file rows Chatchat already deleted stay deleted until a rebuild
+succeeds (search reads the index, not those rows).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import errno
+import fcntl
+import functools
+import inspect
+import os
+import shutil
+from collections.abc import Iterator
+from contextlib import AbstractContextManager, contextmanager
+from pathlib import Path
+from types import ModuleType
+from typing import Any, Protocol
+
+from chatchat_policybert.chatchat.root import kb_root
+from chatchat_policybert.chatchat.switches import BM25_CACHE_ENV, WRAPPED_MARK, switched_off
+from chatchat_policybert.errors import InputError
+from chatchat_policybert.stores.faiss_store import index_size
+from chatchat_policybert.stores.pg_store import PgStaging
+
+STAGING_SUFFIX = ".rebuilding"
+RETIRED_SUFFIX = ".replaced"
+LOCK_FILE = ".policybert-rebuild.lock"  # in the knowledge base's folder, beside content/ and vector_store/
+
+
+def patch_migrate(migrate: ModuleType) -> None:
+    """Replace `migrate.folder2db` by the transactional version (idempotent)."""
+    original = migrate.folder2db
+    if getattr(original, WRAPPED_MARK, False):
+        return
+    signature = inspect.signature(original)
+
+    @functools.wraps(original)
+    def folder2db(*args: Any, **kwargs: Any):
+        bound = signature.bind(*args, **kwargs)
+        bound.apply_defaults()
+        params = dict(bound.arguments)
+        for kb_name in params["kb_names"] or []:
+            check_kb_name(kb_name)
+        if params["mode"] != "recreate_vs" or params["vs_type"] not in ("faiss", "pg"):
+            return original(*args, **kwargs)
+        return _rebuild_all(migrate, original, params)
+
+    setattr(folder2db, WRAPPED_MARK, True)
+    migrate.folder2db = folder2db
+
+
+def _rebuild_all(migrate: ModuleType, original: Any, params: dict) -> None:
+    logger = migrate.logger if hasattr(migrate, "logger") else _chatchat_logger()
+    kb_names = params["kb_names"] or migrate.list_kbs_from_folder()
+    embed_model = params["embed_model"]
+    try:
+        _preflight(embed_model)
+    except Exception as exc:
+        logger.error(
+            f"kb -r of {kb_names} not started, every existing index is unchanged: "
+            f"embed model '{embed_model}' does not work: {exc}"
+        )
+        raise
+    for kb_name in kb_names:
+        if params["vs_type"] == "pg":
+            staging: Staging = PgStaging(kb_name, kb_name + STAGING_SUFFIX)
+        else:
+            staging = FaissStaging(kb_name, embed_model)
+        with rebuild_lock(kb_name, logger):
+            rebuild_kb(original, params, kb_name, staging, logger)
+
+
+@contextmanager
+def rebuild_lock(kb_name: str, logger: Any) -> Iterator[None]:
+    """Hold the knowledge base's rebuild lock (an exclusive ``flock``), waiting while another process has it.
+
+    The kernel releases the lock when its holder exits, killed or not, so a stale lock file never
+    blocks a later rebuild.
+    """
+    from chatchat.server.knowledge_base.utils import get_kb_path
+
+    path = Path(get_kb_path(kb_name)) / LOCK_FILE
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with path.open("a") as handle:
+        try:
+            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            logger.warning(
+                f"kb -r of '{kb_name}': another kb -r of it is running ({path} is locked); waiting for it to finish"
+            )
+            fcntl.flock(handle, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
+
+
+def check_kb_name(kb_name: str) -> None:
+    """Refuse a knowledge-base name that is not one safe path component, before anything touches the disk.
+
+    Chatchat joins the name to its knowledge-base root unchecked (``-n ../x`` writes beside the
+    root), and the staging and swap paths here are built from it too.
+    """
+    if (
+        not isinstance(kb_name, str)
+        or kb_name in ("", ".", "..")
+        or any(c in kb_name for c in "/\\\0")
+        or kb_name != kb_name.strip()
+    ):
+        raise InputError(
+            f"knowledge base name {kb_name!r} is not a single folder name (no '/', '\\', '..', "
+            f"surrounding spaces or NUL); nothing was touched"
+        )
+
+
+def _chatchat_logger():
+    from chatchat.utils import build_logger
+
+    return build_logger()
+
+
+def _preflight(embed_model: str) -> None:
+    """Load the model and embed one text, so a broken model fails before anything is deleted."""
+    from chatchat.server.utils import get_Embeddings
+
+    embeddings = get_Embeddings(embed_model=embed_model)
+    if embeddings is None:
+        raise RuntimeError("Chatchat could not create it (see the log above)")
+    embeddings.embed_documents(["知识库重建前的模型检查"])
+
+
+class Staging(Protocol):
+    """The store's half of a rebuild: where Chatchat writes instead of the live store, and the swap."""
+
+    service: type
+    """Chatchat's knowledge-base service class of the store (its ``add_doc`` is counted)."""
+    where: str
+    """The live store, for the log: ``index <folder>`` or ``pg collection '<name>'``."""
+
+    def clear(self) -> None:
+        """Remove what a killed rebuild left, before anything else happens."""
+
+    def redirect(self) -> AbstractContextManager[None]:
+        """While open, Chatchat's service for the knowledge base fills the staging store."""
+
+    def vectors(self) -> int:
+        """Vectors in the filled staging store."""
+
+    def swap(self) -> None:
+        """Put the staging store in place of the live one, in one step a kill cannot split."""
+
+    def discard(self) -> None:
+        """Remove the staging store after a failure, leaving the live one as it was."""
+
+
+def rebuild_kb(original: Any, params: dict, kb_name: str, staging: Staging, logger: Any) -> None:
+    """Rebuild ``kb_name`` with Chatchat's own ``folder2db`` (reading, splitting, embedding, its log) into
+    ``staging``, and swap it in only if it holds a vector for every chunk Chatchat offered it.
+
+    On any failure the staging store is discarded, the knowledge base's file rows are put back,
+    and the error is logged and re-raised: the live store is what it was.
+    """
+    staging.clear()
+    rows = _snapshot_rows(kb_name)
+    try:
+        with staging.redirect(), _counted_chunks(staging.service, kb_name) as chunks:
+            original(**{**params, "kb_names": [kb_name]})
+        vectors = staging.vectors()
+        if vectors < chunks[0]:
+            raise RuntimeError(f"the rebuilt store of '{kb_name}' has {vectors} vectors for {chunks[0]} chunks")
+        staging.swap()
+    except BaseException as exc:
+        staging.discard()
+        _restore_rows(kb_name, rows)
+        logger.error(
+            f"kb -r of '{kb_name}' failed, its previous {staging.where} is unchanged: {type(exc).__name__}: {exc}"
+        )
+        raise
+    logger.info(f"kb -r of '{kb_name}': {vectors} vectors saved to {staging.where}")
+
+
+@contextmanager
+def _counted_chunks(service: type, kb_name: str) -> Iterator[list[int]]:
+    """Count the chunks Chatchat hands to ``service.add_doc`` for `kb_name`, in a one-item list.
+
+    A store with fewer vectors lost some (Chatchat logs an embedding failure and goes on), while
+    zero chunks and zero vectors is a knowledge base whose content yields nothing.
+    """
+    original_add = service.add_doc
+    chunks = [0]
+
+    def add_doc(self, kb_file: Any, docs: list = [], **kwargs: Any) -> Any:  # noqa: B006 - Chatchat's signature
+        if self.kb_name == kb_name:
+            chunks[0] += len(docs or kb_file.splited_docs or [])
+        return original_add(self, kb_file, docs, **kwargs)
+
+    service.add_doc = add_doc
+    try:
+        yield chunks
+    finally:
+        service.add_doc = original_add
+
+
+class FaissStaging:
+    """The FAISS half of a rebuild: Chatchat fills the folder ``<index>.rebuilding``; :func:`swap_index` swaps it in."""
+
+    def __init__(self, kb_name: str, embed_model: str) -> None:
+        from chatchat.server.knowledge_base.kb_service.faiss_kb_service import FaissKBService
+        from chatchat.server.knowledge_base.utils import get_vs_path
+
+        self.kb_name = kb_name
+        self.service = FaissKBService
+        self.final = Path(get_vs_path(kb_name, embed_model.replace(":", "_")))
+        self.staging = self.final.with_name(self.final.name + STAGING_SUFFIX)
+        self.where = f"index {self.final}"
+
+    def clear(self) -> None:
+        recover_swap(self.final)
+        shutil.rmtree(self.staging, ignore_errors=True)
+
+    @contextmanager
+    def redirect(self) -> Iterator[None]:
+        """Make Chatchat's FAISS service for the knowledge base read and write the staging folder.
+
+        Once Chatchat has filled it, the store's BM25 index is saved there too
+        (:func:`chatchat_policybert.retrieval.ensemble.save_index`), so that the swap puts vectors and
+        BM25 in place together and a killed rebuild leaves the old pair.
+        """
+        from chatchat.server.knowledge_base.kb_cache.faiss_cache import kb_faiss_pool
+
+        service, kb_name, staging_name = self.service, self.kb_name, self.staging.name
+        original_init = service.do_init
+
+        def do_init(self) -> None:
+            if self.kb_name == kb_name and not self.vector_name:
+                self.vector_name = staging_name
+            original_init(self)
+
+        service.do_init = do_init
+        try:
+            yield
+            filled = kb_faiss_pool.get((kb_name, staging_name))
+            if filled is not None and not switched_off(BM25_CACHE_ENV):
+                from chatchat_policybert.retrieval.ensemble import analyzer_of, save_index
+
+                with filled.acquire() as store:
+                    save_index(store.docstore._dict, self.staging, analyzer_of(store))
+        finally:
+            service.do_init = original_init
+            kb_faiss_pool.pop((kb_name, staging_name))
+
+    def vectors(self) -> int:
+        if not (self.staging / "index.faiss").is_file():
+            raise RuntimeError(f"Chatchat saved no index for '{self.kb_name}'")
+        return index_size(self.staging)
+
+    def swap(self) -> None:
+        swap_index(self.staging, self.final)
+
+    def discard(self) -> None:
+        shutil.rmtree(self.staging, ignore_errors=True)
+        recover_swap(self.final)  # a two-rename swap that failed between its renames: the old index back
+
+
+def _exchange(a: Path, b: Path) -> bool:
+    """Swap two directories in one atomic step (Linux ``renameat2(RENAME_EXCHANGE)``).
+
+    Returns False where the C library or the file system cannot (then :func:`swap_index` falls
+    back to two renames that :func:`recover_swap` can undo).
+    """
+    renameat2 = getattr(ctypes.CDLL(None, use_errno=True), "renameat2", None)
+    if renameat2 is None:
+        return False
+    at_fdcwd, rename_exchange = -100, 2
+    renameat2.argtypes = [ctypes.c_int, ctypes.c_char_p, ctypes.c_int, ctypes.c_char_p, ctypes.c_uint]
+    if renameat2(at_fdcwd, os.fsencode(a), at_fdcwd, os.fsencode(b), rename_exchange) == 0:
+        return True
+    err = ctypes.get_errno()
+    if err in (errno.EINVAL, errno.ENOSYS, errno.EOPNOTSUPP):
+        return False
+    raise OSError(err, os.strerror(err), str(a))
+
+
+def swap_index(staging: Path, final: Path) -> None:
+    """Put the staging vector store in place of ``final`` so that a kill at any moment leaves an index.
+
+    The exchange is one atomic step: before it ``final`` is the old index, after it the new one
+    (and the old one, now at ``staging``, is removed). Without it, ``final`` is moved aside to
+    ``.replaced`` first; a kill between the two renames is undone by :func:`recover_swap`.
+    """
+    recover_swap(final)
+    if not final.exists():
+        staging.rename(final)
+    elif _exchange(staging, final):
+        shutil.rmtree(staging, ignore_errors=True)  # the old index; a leftover is removed by the next kb -r
+    else:
+        retired = final.with_name(final.name + RETIRED_SUFFIX)
+        final.rename(retired)
+        staging.rename(final)
+        shutil.rmtree(retired, ignore_errors=True)
+
+
+def recover_swap(final: Path) -> None:
+    """Undo a swap killed between its two renames: put ``.replaced`` back unless ``final`` holds an index.
+
+    ``final`` without ``index.faiss``, or with an empty one, is what Chatchat creates when it finds
+    no index; the old index is the better state to return to. With an index, the swap had
+    finished and ``.replaced`` is only left over.
+    """
+    retired = final.with_name(final.name + RETIRED_SUFFIX)
+    if not retired.is_dir():
+        return
+    if swap_finished(final):
+        shutil.rmtree(retired)
+        return
+    shutil.rmtree(final, ignore_errors=True)
+    retired.rename(final)
+
+
+def swap_finished(final: Path) -> bool:
+    """Whether a swap into ``final`` that left a ``.replaced`` beside it had finished (``final`` holds vectors)."""
+    return index_size(final) > 0
+
+
+def interrupted_swaps(root: Path) -> list[tuple[Path, Path]]:
+    """``(index folder, its .replaced)`` of a Chatchat root, left by a killed swap (for `doctor`)."""
+    retired = kb_root(root).glob(f"*/vector_store/*{RETIRED_SUFFIX}")
+    return sorted((path.with_name(path.name[: -len(RETIRED_SUFFIX)]), path) for path in retired if path.is_dir())
+
+
+def _models() -> tuple:
+    from chatchat.server.db.models.knowledge_base_model import KnowledgeBaseModel
+    from chatchat.server.db.models.knowledge_file_model import FileDocModel, KnowledgeFileModel
+
+    return KnowledgeBaseModel, KnowledgeFileModel, FileDocModel
+
+
+def _snapshot_rows(kb_name: str) -> dict:
+    """The knowledge base's file and document rows, to put back if the rebuild fails."""
+    from chatchat.server.db.session import session_scope
+
+    kb_model, file_model, doc_model = _models()
+    with session_scope() as session:
+
+        def dump(model) -> list[dict]:
+            columns = [c.name for c in model.__table__.columns]
+            rows = session.query(model).filter(model.kb_name.ilike(kb_name)).all()
+            return [{c: getattr(row, c) for c in columns} for row in rows]
+
+        kb = session.query(kb_model).filter(kb_model.kb_name.ilike(kb_name)).first()
+        return {"files": dump(file_model), "docs": dump(doc_model), "file_count": kb.file_count if kb else None}
+
+
+def _restore_rows(kb_name: str, snapshot: dict) -> None:
+    from chatchat.server.db.session import session_scope
+
+    kb_model, file_model, doc_model = _models()
+    with session_scope() as session:
+        for model, key in ((file_model, "files"), (doc_model, "docs")):
+            session.query(model).filter(model.kb_name.ilike(kb_name)).delete(synchronize_session=False)
+            session.bulk_insert_mappings(model, snapshot[key])
+        kb = session.query(kb_model).filter(kb_model.kb_name.ilike(kb_name)).first()
+        if kb is not None and snapshot["file_count"] is not None:
+            kb.file_count = snapshot["file_count"]
