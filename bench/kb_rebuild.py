@@ -42,7 +42,7 @@ from chatchat_policybert.corpus import PolicyDocument, export_policies, read_pol
 from chatchat_policybert.data import CORPUS_CSV, LEXICON
 from chatchat_policybert.demo import KB_NAME, run_step
 from chatchat_policybert.model.configuration_policybert import FUSION_TYPES
-from chatchat_policybert.stores.base import stored_vectors
+from chatchat_policybert.stores import store_of
 from chatchat_policybert.stores.pg_store import drop_collection
 
 TIME_TARGET = 1.2
@@ -113,7 +113,7 @@ def timed_rebuild(root: Path) -> Rebuild:
         _, status, usage = os.wait4(process.pid, 0)
         seconds = time.perf_counter() - start
     process.returncode = os.waitstatus_to_exitcode(status)  # reaped by wait4: keep Popen consistent
-    chunks = stored_vectors(root, KB_NAME)
+    chunks = store_of(root).stored_vectors(root, KB_NAME)
     if process.returncode != 0 or chunks == 0:  # kb -r exits 0 even when embedding failed
         tail = log.read_text(encoding="utf-8", errors="replace")[-4000:]
         raise SystemExit(f"[kb] rebuild in {root} failed (exit {process.returncode}, {chunks} vectors):\n{tail}")

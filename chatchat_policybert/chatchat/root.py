@@ -1,6 +1,6 @@
 """What PolicyBERT knows of a Chatchat 0.3.1.3 root: its folders, its settings and its index files.
 
-The arithmetic of SCORE_THRESHOLD is in :mod:`chatchat_policybert.stores.score_threshold`; running Chatchat
+The arithmetic of SCORE_THRESHOLD is in :mod:`chatchat_policybert.stores.base`; running Chatchat
 inside a root (its commands, the worker) is in :mod:`chatchat_policybert.chatchat.process`.
 """
 
@@ -59,7 +59,7 @@ class KbSettings:
     pg_uri: str | None = None
     """``kbs_config.pg.connection_uri`` (a SQLAlchemy URI)."""
     score_threshold: float = 2.0
-    """SCORE_THRESHOLD (see :func:`chatchat_policybert.stores.score_threshold.cosine_cut`)."""
+    """SCORE_THRESHOLD (see :meth:`chatchat_policybert.stores.base.Store.cosine_cut`)."""
     chunk_size: int = 750
     """CHUNK_SIZE, in characters."""
 
@@ -101,10 +101,6 @@ def default_kb(root: Path) -> str:
 def vs_type(root: Path) -> str:
     """The root's DEFAULT_VS_TYPE: the store `chatchat kb -r` fills and `search_docs` reads."""
     return kb_settings(root).vs_type
-
-
-VS_TYPES = ("faiss", "pg")
-"""The vector stores PolicyBERT's tools support (`setup --vs`)."""
 
 
 def pg_uri(root: Path) -> str | None:

@@ -16,7 +16,6 @@ from pathlib import Path
 from typing import Any
 
 from chatchat_policybert.chatchat.root import (
-    VS_TYPES,
     KbSettings,
     is_loopback,
     kb_root,
@@ -28,8 +27,9 @@ from chatchat_policybert.chatchat.settings import find_local_model, load_yaml
 from chatchat_policybert.cli.common import add_root_argument
 from chatchat_policybert.errors import InputError, SettingsError
 from chatchat_policybert.retrieval.hybrid import HybridConfig, parse_hybrid
+from chatchat_policybert.stores import STORES
+from chatchat_policybert.stores.base import TARGET_COSINE
 from chatchat_policybert.stores.faiss_store import index_size
-from chatchat_policybert.stores.score_threshold import TARGET_COSINE, cosine_cut, score_threshold_for
 
 PTH_NAME = "chatchat_policybert_hook.pth"
 PG_HYBRID_NOTE = (
@@ -145,18 +145,18 @@ def diagnose(root: Path, load_model: bool) -> list[Finding]:
             findings.extend(_check_model(local, root))
 
     store = settings.vs_type
-    if store not in VS_TYPES:
-        add("WARN", f"DEFAULT_VS_TYPE '{store}': only {', '.join(VS_TYPES)} are checked here and rebuilt safely")
+    if store not in STORES:
+        add("WARN", f"DEFAULT_VS_TYPE '{store}': only {', '.join(STORES)} are checked here and rebuilt safely")
         return findings
     threshold = settings.score_threshold
-    cosine = cosine_cut(threshold, store)
-    label = "FAISS" if store == "faiss" else store
-    advice = f"{score_threshold_for(TARGET_COSINE, store):.4f} keeps cosine >= {TARGET_COSINE:.2f}"
+    cosine = STORES[store].cosine_cut(threshold)
+    label = STORES[store].label
+    advice = f"{STORES[store].score_threshold_for(TARGET_COSINE):.4f} keeps cosine >= {TARGET_COSINE:.2f}"
     if cosine > 1.0:
-        fallback = "retrieval is BM25 only" if store == "faiss" else "retrieval finds nothing"
         add(
             "ERROR",
-            f"SCORE_THRESHOLD {threshold} needs cosine >= {cosine:.2f}: no {label} hit can pass, {fallback} ({advice})",
+            f"SCORE_THRESHOLD {threshold} needs cosine >= {cosine:.2f}: no {label} hit can pass, "
+            f"{STORES[store].without_vectors} ({advice})",
         )
     elif cosine < 0.0:
         add("WARN", f"SCORE_THRESHOLD {threshold} keeps every {label} hit (cosine >= {cosine:.2f}; {advice})")
@@ -276,7 +276,7 @@ def _check_saved_bm25(folder: Path, kb: str, analyzer: Any | None) -> Finding:
 def _check_interrupted_swaps(root: Path) -> list[Finding]:
     """A ``.replaced`` folder of any knowledge base: a FAISS `kb -r` killed during its swap (see
     :func:`recover_swap`)."""
-    from chatchat_policybert.stores.rebuild import interrupted_swaps, swap_finished
+    from chatchat_policybert.stores.faiss_store import interrupted_swaps, swap_finished
 
     findings = []
     for final, retired in interrupted_swaps(root):

@@ -11,7 +11,7 @@ import math
 from pathlib import Path
 from typing import Any
 
-from chatchat_policybert.chatchat.root import SERVERS, VS_TYPES, content_dir, default_kb
+from chatchat_policybert.chatchat.root import SERVERS, content_dir, default_kb
 from chatchat_policybert.chatchat.settings import PLATFORM_KEY, round_trip_yaml
 from chatchat_policybert.cli.common import add_root_argument
 from chatchat_policybert.cli.doctor import PG_HYBRID_NOTE, diagnose, report
@@ -19,8 +19,9 @@ from chatchat_policybert.errors import InputError, SettingsError
 from chatchat_policybert.model.dtypes import DTYPE_CHOICES
 from chatchat_policybert.retrieval.analyzer import ANALYZERS, NEW_DEPLOYMENT
 from chatchat_policybert.retrieval.hybrid import HYBRID_KEY, configured_analyzer
+from chatchat_policybert.stores import STORES
+from chatchat_policybert.stores.base import TARGET_COSINE
 from chatchat_policybert.stores.faiss_store import faiss_indexes
-from chatchat_policybert.stores.score_threshold import TARGET_COSINE, score_threshold_for
 
 SETTINGS_FILES = ("model_settings.yaml", "kb_settings.yaml")
 BASIC_SETTINGS = "basic_settings.yaml"
@@ -42,7 +43,7 @@ def register(commands: Any) -> None:
     setup.add_argument("--ollama-url", help="Ollama OpenAI-compatible base URL (default http://127.0.0.1:11434/v1)")
     setup.add_argument(
         "--vs",
-        choices=VS_TYPES,
+        choices=tuple(STORES),
         help="vector store to use, with the SCORE_THRESHOLD keeping cosine >= 0.5 in it (default: the "
         "shipped faiss). faiss: one index file per knowledge base, dense + BM25 retrieval; "
         "pg: PostgreSQL + pgvector (needs --pg-uri and the [pg] extra); both get the BM25 + vector ensemble",
@@ -231,7 +232,7 @@ def _choose_store(kb_settings: Any, store: str, uri: str | None) -> None:
     The threshold is rounded up at the 4th decimal, so the cut stays at (not below) the target.
     """
     kb_settings["DEFAULT_VS_TYPE"] = store
-    kb_settings["SCORE_THRESHOLD"] = math.ceil(score_threshold_for(TARGET_COSINE, store) * 1e4) / 1e4
+    kb_settings["SCORE_THRESHOLD"] = math.ceil(STORES[store].score_threshold_for(TARGET_COSINE) * 1e4) / 1e4
     if uri is not None:
         kb_settings["kbs_config"] = {store: {"connection_uri": uri}}
     if store == "pg":

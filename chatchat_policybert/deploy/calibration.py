@@ -48,7 +48,7 @@ from chatchat_policybert.evaluation.retrievers import ChunkLocator
 from chatchat_policybert.files import atomic_path
 from chatchat_policybert.retrieval.analyzer import ANALYZERS
 from chatchat_policybert.retrieval.hybrid import CHATCHAT_WEIGHTS, HYBRID_KEY, HybridConfig, configured_hybrid
-from chatchat_policybert.stores.score_threshold import cosine_cut, score_threshold_for
+from chatchat_policybert.stores import get_store
 
 RRF_C = 60
 """LangChain's ``EnsembleRetriever.c``, the constant Chatchat's ensemble fuses with."""
@@ -79,13 +79,13 @@ class Setting:
 
 def ensemble_label(store: str) -> str:
     """How ``doctor`` and ``setup`` name the ensemble of a store (``faiss``/``pg``)."""
-    return "FAISS ensemble" if store == "faiss" else f"{store} ensemble"
+    return f"{get_store(store).label} ensemble"
 
 
 def threshold_grid(current: float, store: str) -> list[float]:
     """SCORE_THRESHOLDs tried: the root's, the loosest, one per cosine cut in ``store`` (rounded up: never looser),
     none."""
-    cuts = [math.ceil(score_threshold_for(c, store) * 1e4) / 1e4 for c in COSINE_CUTS]
+    cuts = [math.ceil(get_store(store).score_threshold_for(c) * 1e4) / 1e4 for c in COSINE_CUTS]
     return list(dict.fromkeys([current, LOOSEST, *cuts, NO_VECTORS]))
 
 
@@ -453,7 +453,7 @@ def describe(hybrid: Any, configured_threshold: float, store: str = "faiss") -> 
     ]
     info = hybrid.calibration or {}
     metrics = info.get("metrics") or {}
-    if hybrid.dense_weight == 0 or cosine_cut(configured_threshold, store) > 1.0:
+    if hybrid.dense_weight == 0 or get_store(store).cosine_cut(configured_threshold) > 1.0:
         key = f"MRR@{MRR_K}"
         scores = {name: (metrics.get(name) or {}).get(key) for name in ("dense", "bm25")}
         measured = (

@@ -50,7 +50,7 @@ from chatchat_policybert.evaluation.retrievers import Bm25, ChatchatEnsemble, Ch
 from chatchat_policybert.files import write_json
 from chatchat_policybert.retrieval.analyzer import ANALYZERS, NEW_DEPLOYMENT, Analyzer
 from chatchat_policybert.retrieval.hybrid import configured_analyzer
-from chatchat_policybert.stores.base import stored_vectors
+from chatchat_policybert.stores import store_of
 
 RETRIEVERS = ("bm25", "dense", "rrf", "chatchat")
 MRR_K = NDCG_K = 10
@@ -365,7 +365,7 @@ def _run(
 
     if args.chatchat_root is not None:
         kb = args.kb or default_kb(root)
-        if "chatchat" in kinds and not stored_vectors(root, kb):
+        if "chatchat" in kinds and not store_of(root).stored_vectors(root, kb):
             raise InputError(f"{root}: knowledge base {kb} has no vectors; run `chatchat kb -r -n {kb}`")
         analyzer = _analyzer(args.analyzer, root)
     else:

@@ -154,11 +154,11 @@ def candidates(kb: str, top_k: int | None) -> None:
     from chatchat.settings import Settings
 
     from chatchat_policybert.retrieval import ensemble as ensemble_cache
-    from chatchat_policybert.stores import pg_search
+    from chatchat_policybert.stores import STORES, pg_search
 
     top_k = top_k or Settings.kb_settings.VECTOR_SEARCH_TOP_K
     service = KBServiceFactory.get_service_by_name(kb)
-    if service is None or service.vs_type() not in ("faiss", "pg"):
+    if service is None or service.vs_type() not in STORES:
         _emit({"error": f"knowledge base {kb} is not a FAISS or pg knowledge base of this root"})
         return
     if service.vs_type() == "faiss":

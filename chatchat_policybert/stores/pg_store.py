@@ -26,13 +26,17 @@ from __future__ import annotations
 
 import copy
 import hashlib
+import math
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from chatchat_policybert.chatchat.root import pg_uri
 from chatchat_policybert.errors import InputError
+from chatchat_policybert.stores.base import STAGING_SUFFIX
+from chatchat_policybert.stores.faiss_store import check_cosine
 
 COLLECTIONS = "langchain_pg_collection"
 EMBEDDINGS = "langchain_pg_embedding"
@@ -430,3 +434,26 @@ class PgStaging:
                 sqlalchemy.text(f"UPDATE {COLLECTIONS} SET name = :name WHERE name = :staging"),
                 {"name": self.kb_name, "staging": self.staging},
             )
+
+
+class PgStore:
+    """The :class:`~chatchat_policybert.stores.base.Store` of ``DEFAULT_VS_TYPE: pg`` (the root's ``kbs_config.pg``)."""
+
+    vs_type = "pg"
+    label = "pg"
+    without_vectors = "retrieval finds nothing"
+
+    def staging(self, kb_name: str, embed_model: str) -> PgStaging:
+        return PgStaging(kb_name, kb_name + STAGING_SUFFIX)
+
+    def stored_vectors(self, root: Path, kb: str) -> int:
+        """The collection the root's URI reaches."""
+        return collection_size(pg_uri(root), kb) or 0
+
+    def cosine_cut(self, score_threshold: float) -> float:
+        slack = 1.0 - score_threshold
+        return 1.0 - slack * slack if slack >= 0 else math.inf
+
+    def score_threshold_for(self, cosine: float) -> float:
+        check_cosine(cosine)
+        return 1.0 - math.sqrt(1.0 - cosine)

@@ -12,10 +12,11 @@ staging collection, see :mod:`chatchat_policybert.stores.pg_store`):
 2. each knowledge base is rebuilt into a staging vector store (`<name>.rebuilding`) that
    Chatchat's own code fills, while the saved index stays where it was;
 3. only a staging index holding every chunk Chatchat offered it, with the BM25 index of its chunks
-   saved beside it (FAISS; :mod:`chatchat_policybert.retrieval.ensemble`), replaces the old pair, in one
-   atomic step (:func:`swap_index`); an empty index is a valid result when the content yields no
-   chunks (so deleted documents do not stay searchable). On any failure the staging folder is
-   removed, the knowledge base's file rows are put back, and the error is logged and re-raised.
+   saved beside it (FAISS; :mod:`chatchat_policybert.retrieval.ensemble`), replaces the old pair, in
+   one atomic step (:func:`~chatchat_policybert.stores.faiss_store.swap_index`); an empty index is a
+   valid result when the content yields no chunks (so deleted documents do not stay searchable). On
+   any failure the staging folder is removed, the knowledge base's file rows are put back, and the
+   error is logged and re-raised.
 
 Two rebuilds of one knowledge base never overlap: each takes the knowledge base's lock file
 (:func:`rebuild_lock`), and a second `kb -r` waits for the first (stock Chatchat interleaves them,
@@ -30,27 +31,20 @@ succeeds (search reads the index, not those rows).
 
 from __future__ import annotations
 
-import ctypes
-import errno
 import fcntl
 import functools
 import inspect
-import os
-import shutil
 from collections.abc import Iterator
-from contextlib import AbstractContextManager, contextmanager
+from contextlib import contextmanager
 from pathlib import Path
 from types import ModuleType
-from typing import Any, Protocol
+from typing import Any
 
-from chatchat_policybert.chatchat.root import kb_root
-from chatchat_policybert.chatchat.switches import BM25_CACHE_ENV, WRAPPED_MARK, switched_off
+from chatchat_policybert.chatchat.switches import WRAPPED_MARK
 from chatchat_policybert.errors import InputError
-from chatchat_policybert.stores.faiss_store import index_size
-from chatchat_policybert.stores.pg_store import PgStaging
+from chatchat_policybert.stores import STORES
+from chatchat_policybert.stores.base import Staging
 
-STAGING_SUFFIX = ".rebuilding"
-RETIRED_SUFFIX = ".replaced"
 LOCK_FILE = ".policybert-rebuild.lock"  # in the knowledge base's folder, beside content/ and vector_store/
 
 
@@ -68,7 +62,7 @@ def patch_migrate(migrate: ModuleType) -> None:
         params = dict(bound.arguments)
         for kb_name in params["kb_names"] or []:
             check_kb_name(kb_name)
-        if params["mode"] != "recreate_vs" or params["vs_type"] not in ("faiss", "pg"):
+        if params["mode"] != "recreate_vs" or params["vs_type"] not in STORES:
             return original(*args, **kwargs)
         return _rebuild_all(migrate, original, params)
 
@@ -89,10 +83,7 @@ def _rebuild_all(migrate: ModuleType, original: Any, params: dict) -> None:
         )
         raise
     for kb_name in kb_names:
-        if params["vs_type"] == "pg":
-            staging: Staging = PgStaging(kb_name, kb_name + STAGING_SUFFIX)
-        else:
-            staging = FaissStaging(kb_name, embed_model)
+        staging = STORES[params["vs_type"]].staging(kb_name, embed_model)
         with rebuild_lock(kb_name, logger):
             rebuild_kb(original, params, kb_name, staging, logger)
 
@@ -156,30 +147,6 @@ def _preflight(embed_model: str) -> None:
     embeddings.embed_documents(["知识库重建前的模型检查"])
 
 
-class Staging(Protocol):
-    """The store's half of a rebuild: where Chatchat writes instead of the live store, and the swap."""
-
-    service: type
-    """Chatchat's knowledge-base service class of the store (its ``add_doc`` is counted)."""
-    where: str
-    """The live store, for the log: ``index <folder>`` or ``pg collection '<name>'``."""
-
-    def clear(self) -> None:
-        """Remove what a killed rebuild left, before anything else happens."""
-
-    def redirect(self) -> AbstractContextManager[None]:
-        """While open, Chatchat's service for the knowledge base fills the staging store."""
-
-    def vectors(self) -> int:
-        """Vectors in the filled staging store."""
-
-    def swap(self) -> None:
-        """Put the staging store in place of the live one, in one step a kill cannot split."""
-
-    def discard(self) -> None:
-        """Remove the staging store after a failure, leaving the live one as it was."""
-
-
 def rebuild_kb(original: Any, params: dict, kb_name: str, staging: Staging, logger: Any) -> None:
     """Rebuild ``kb_name`` with Chatchat's own ``folder2db`` (reading, splitting, embedding, its log) into
     ``staging``, and swap it in only if it holds a vector for every chunk Chatchat offered it.
@@ -226,133 +193,6 @@ def _counted_chunks(service: type, kb_name: str) -> Iterator[list[int]]:
         yield chunks
     finally:
         service.add_doc = original_add
-
-
-class FaissStaging:
-    """The FAISS half of a rebuild: Chatchat fills the folder ``<index>.rebuilding``; :func:`swap_index` swaps it in."""
-
-    def __init__(self, kb_name: str, embed_model: str) -> None:
-        from chatchat.server.knowledge_base.kb_service.faiss_kb_service import FaissKBService
-        from chatchat.server.knowledge_base.utils import get_vs_path
-
-        self.kb_name = kb_name
-        self.service = FaissKBService
-        self.final = Path(get_vs_path(kb_name, embed_model.replace(":", "_")))
-        self.staging = self.final.with_name(self.final.name + STAGING_SUFFIX)
-        self.where = f"index {self.final}"
-
-    def clear(self) -> None:
-        recover_swap(self.final)
-        shutil.rmtree(self.staging, ignore_errors=True)
-
-    @contextmanager
-    def redirect(self) -> Iterator[None]:
-        """Make Chatchat's FAISS service for the knowledge base read and write the staging folder.
-
-        Once Chatchat has filled it, the store's BM25 index is saved there too
-        (:func:`chatchat_policybert.retrieval.ensemble.save_index`), so that the swap puts vectors and
-        BM25 in place together and a killed rebuild leaves the old pair.
-        """
-        from chatchat.server.knowledge_base.kb_cache.faiss_cache import kb_faiss_pool
-
-        service, kb_name, staging_name = self.service, self.kb_name, self.staging.name
-        original_init = service.do_init
-
-        def do_init(self) -> None:
-            if self.kb_name == kb_name and not self.vector_name:
-                self.vector_name = staging_name
-            original_init(self)
-
-        service.do_init = do_init
-        try:
-            yield
-            filled = kb_faiss_pool.get((kb_name, staging_name))
-            if filled is not None and not switched_off(BM25_CACHE_ENV):
-                from chatchat_policybert.retrieval.ensemble import analyzer_of, save_index
-
-                with filled.acquire() as store:
-                    save_index(store.docstore._dict, self.staging, analyzer_of(store))
-        finally:
-            service.do_init = original_init
-            kb_faiss_pool.pop((kb_name, staging_name))
-
-    def vectors(self) -> int:
-        if not (self.staging / "index.faiss").is_file():
-            raise RuntimeError(f"Chatchat saved no index for '{self.kb_name}'")
-        return index_size(self.staging)
-
-    def swap(self) -> None:
-        swap_index(self.staging, self.final)
-
-    def discard(self) -> None:
-        shutil.rmtree(self.staging, ignore_errors=True)
-        recover_swap(self.final)  # a two-rename swap that failed between its renames: the old index back
-
-
-def _exchange(a: Path, b: Path) -> bool:
-    """Swap two directories in one atomic step (Linux ``renameat2(RENAME_EXCHANGE)``).
-
-    Returns False where the C library or the file system cannot (then :func:`swap_index` falls
-    back to two renames that :func:`recover_swap` can undo).
-    """
-    renameat2 = getattr(ctypes.CDLL(None, use_errno=True), "renameat2", None)
-    if renameat2 is None:
-        return False
-    at_fdcwd, rename_exchange = -100, 2
-    renameat2.argtypes = [ctypes.c_int, ctypes.c_char_p, ctypes.c_int, ctypes.c_char_p, ctypes.c_uint]
-    if renameat2(at_fdcwd, os.fsencode(a), at_fdcwd, os.fsencode(b), rename_exchange) == 0:
-        return True
-    err = ctypes.get_errno()
-    if err in (errno.EINVAL, errno.ENOSYS, errno.EOPNOTSUPP):
-        return False
-    raise OSError(err, os.strerror(err), str(a))
-
-
-def swap_index(staging: Path, final: Path) -> None:
-    """Put the staging vector store in place of ``final`` so that a kill at any moment leaves an index.
-
-    The exchange is one atomic step: before it ``final`` is the old index, after it the new one
-    (and the old one, now at ``staging``, is removed). Without it, ``final`` is moved aside to
-    ``.replaced`` first; a kill between the two renames is undone by :func:`recover_swap`.
-    """
-    recover_swap(final)
-    if not final.exists():
-        staging.rename(final)
-    elif _exchange(staging, final):
-        shutil.rmtree(staging, ignore_errors=True)  # the old index; a leftover is removed by the next kb -r
-    else:
-        retired = final.with_name(final.name + RETIRED_SUFFIX)
-        final.rename(retired)
-        staging.rename(final)
-        shutil.rmtree(retired, ignore_errors=True)
-
-
-def recover_swap(final: Path) -> None:
-    """Undo a swap killed between its two renames: put ``.replaced`` back unless ``final`` holds an index.
-
-    ``final`` without ``index.faiss``, or with an empty one, is what Chatchat creates when it finds
-    no index; the old index is the better state to return to. With an index, the swap had
-    finished and ``.replaced`` is only left over.
-    """
-    retired = final.with_name(final.name + RETIRED_SUFFIX)
-    if not retired.is_dir():
-        return
-    if swap_finished(final):
-        shutil.rmtree(retired)
-        return
-    shutil.rmtree(final, ignore_errors=True)
-    retired.rename(final)
-
-
-def swap_finished(final: Path) -> bool:
-    """Whether a swap into ``final`` that left a ``.replaced`` beside it had finished (``final`` holds vectors)."""
-    return index_size(final) > 0
-
-
-def interrupted_swaps(root: Path) -> list[tuple[Path, Path]]:
-    """``(index folder, its .replaced)`` of a Chatchat root, left by a killed swap (for `doctor`)."""
-    retired = kb_root(root).glob(f"*/vector_store/*{RETIRED_SUFFIX}")
-    return sorted((path.with_name(path.name[: -len(RETIRED_SUFFIX)]), path) for path in retired if path.is_dir())
 
 
 def _models() -> tuple:

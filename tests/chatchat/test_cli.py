@@ -16,8 +16,8 @@ from test_kb_swap import files, write_index
 from chatchat_policybert.chatchat.settings import find_local_model, parse_config
 from chatchat_policybert.cli import main
 from chatchat_policybert.errors import SettingsError, plain_text
-from chatchat_policybert.stores.rebuild import RETIRED_SUFFIX, recover_swap
-from chatchat_policybert.stores.score_threshold import cosine_cut
+from chatchat_policybert.stores import STORES
+from chatchat_policybert.stores.faiss_store import RETIRED_SUFFIX, recover_swap
 
 INIT_LIKE_MODEL_SETTINGS = """\
 # written by chatchat init
@@ -88,10 +88,10 @@ def test_help_prints_no_warning_and_loads_no_model_code(command):
 
 
 def test_faiss_cosine_cut_matches_chatchat_rule():
-    assert cosine_cut(0.293, "faiss") == pytest.approx(0.5, abs=1e-3)
-    assert cosine_cut(2.0, "faiss") > 1.0  # Chatchat's default: no vector hit can pass
+    assert STORES["faiss"].cosine_cut(0.293) == pytest.approx(0.5, abs=1e-3)
+    assert STORES["faiss"].cosine_cut(2.0) > 1.0  # Chatchat's default: no vector hit can pass
     for cos in (0.2, 0.5, 0.9):  # 1 - d²/√2 with d² = 2 - 2·cos, at the threshold itself
-        assert cosine_cut(1 - (2 - 2 * cos) / math.sqrt(2), "faiss") == pytest.approx(cos)
+        assert STORES["faiss"].cosine_cut(1 - (2 - 2 * cos) / math.sqrt(2)) == pytest.approx(cos)
 
 
 def test_setup_merges_settings_and_keeps_comments(tmp_path: Path, tiny_model: Path):
@@ -119,7 +119,9 @@ def test_setup_merges_settings_and_keeps_comments(tmp_path: Path, tiny_model: Pa
     local = find_local_model(settings, None)
     assert Path(local.config.model_path) == tiny_model.resolve()
     kb = yaml.safe_load((root / "kb_settings.yaml").read_text(encoding="utf-8"))
-    assert kb["DEFAULT_KNOWLEDGE_BASE"] == "WeiMingPolicies" and 0 < cosine_cut(kb["SCORE_THRESHOLD"], "faiss") < 1
+    assert (
+        kb["DEFAULT_KNOWLEDGE_BASE"] == "WeiMingPolicies" and 0 < STORES["faiss"].cosine_cut(kb["SCORE_THRESHOLD"]) < 1
+    )
     assert kb["CHUNK_SIZE"] <= 750 and kb["VECTOR_SEARCH_TOP_K"] == 5
     assert (root / "data" / "knowledge_base" / "WeiMingPolicies" / "content").is_dir()
 

@@ -24,7 +24,7 @@ from chatchat_policybert.data import CORPUS_CSV, QUESTIONS
 from chatchat_policybert.retrieval.bm25_index import BM25_FILE, PostingsBM25Okapi
 
 BM25_ONLY_THRESHOLD = 1.5
-"""Needs cosine >= 1.35 (``score_threshold.cosine_cut``): FAISS returns nothing, the ensemble is BM25's ranking."""
+"""Needs cosine >= 1.35 (``FaissStore.cosine_cut``): FAISS returns nothing, the ensemble is BM25's ranking."""
 
 COMPARE_SCRIPT = f"""
 import json, sys

@@ -19,12 +19,13 @@ import numpy as np
 import pytest
 
 from chatchat_policybert.errors import InputError
-from chatchat_policybert.stores.rebuild import RETIRED_SUFFIX, check_kb_name, recover_swap
+from chatchat_policybert.stores.faiss_store import RETIRED_SUFFIX, recover_swap
+from chatchat_policybert.stores.rebuild import check_kb_name
 
 CHILD = r"""
 import os, shutil, sys
 from pathlib import Path
-from chatchat_policybert.stores import rebuild as kb_rebuild
+from chatchat_policybert.stores import faiss_store
 
 staging, final, kill_after, exchange = Path(sys.argv[1]), Path(sys.argv[2]), int(sys.argv[3]), sys.argv[4] == "1"
 steps = 0
@@ -41,8 +42,8 @@ def step(fn):
 
 os.rename, shutil.rmtree = step(os.rename), step(shutil.rmtree)
 # The platform probe: False is what a C library without renameat2 (macOS, musl) answers.
-kb_rebuild._exchange = step(kb_rebuild._exchange) if exchange else (lambda a, b: False)
-kb_rebuild.swap_index(staging, final)
+faiss_store._exchange = step(faiss_store._exchange) if exchange else (lambda a, b: False)
+faiss_store.swap_index(staging, final)
 """
 
 

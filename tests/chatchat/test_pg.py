@@ -34,8 +34,8 @@ from chatchat_policybert.evaluation.knowledge_base import load_chunks
 from chatchat_policybert.evaluation.retrievers import Bm25, ChatchatSearch
 from chatchat_policybert.model.embeddings import PolicyBertEmbeddings
 from chatchat_policybert.retrieval.hybrid import configured_analyzer
+from chatchat_policybert.stores import STORES
 from chatchat_policybert.stores.pg_store import COLLECTIONS, EMBEDDINGS, collection_size
-from chatchat_policybert.stores.score_threshold import cosine_cut, score_threshold_for
 from tests.support.pg_cluster import PgCluster
 from training import pairs
 
@@ -104,7 +104,7 @@ def test_setup_writes_the_pg_store_and_its_threshold(pg_root: Root, cluster: PgC
     kb = yaml.safe_load((pg_root.path / "kb_settings.yaml").read_text(encoding="utf-8"))
     assert kb["DEFAULT_VS_TYPE"] == "pg" and kb["kbs_config"]["pg"]["connection_uri"] == cluster.uri
     assert "milvus" in kb["kbs_config"], "the other stores' settings are kept"
-    assert 0.5 <= cosine_cut(kb["SCORE_THRESHOLD"], "pg") < 0.5001
+    assert 0.5 <= STORES["pg"].cosine_cut(kb["SCORE_THRESHOLD"]) < 0.5001
 
 
 def test_kb_rebuild_stores_policybert_vectors_of_chatchat_chunks(
@@ -142,7 +142,7 @@ def test_search_docs_keeps_the_top_k_above_the_pg_cosine_cut(
             # A cut between the k-th and (k+1)-th best chunk (k < TOP_K, widest gap): exactly k must pass.
             k = 1 + int(np.argmax(ranked[: TOP_K - 1] - ranked[1:TOP_K]))
             cut = float(ranked[k - 1] + ranked[k]) / 2
-            answer = worker.ask({"query": query, "threshold": score_threshold_for(cut, "pg")})
+            answer = worker.ask({"query": query, "threshold": STORES["pg"].score_threshold_for(cut)})
             hit_cosines = np.sort([cosines[texts.index(text)] for _, text in answer["hits"]])[::-1]
             np.testing.assert_allclose(hit_cosines, ranked[:k], atol=1e-5)  # dense only, at the pg cut
         rag = worker.ask({"query": queries[0], "threshold": None, "llm": standin.model})
@@ -390,7 +390,7 @@ def test_the_pg_ensemble_is_the_fusion_of_its_two_halves(pg_root: Root, cluster:
     with Candidates(pg_root.path, KB_NAME, chunks, pg_root.path / "logs" / "candidates.log") as candidates:
         lists = {text: candidates.get(text) for text in texts}
         top_k = candidates.top_k
-    thresholds = [0.0, score_threshold_for(0.5, "pg"), score_threshold_for(0.9, "pg"), 2.0]
+    thresholds = [0.0, STORES["pg"].score_threshold_for(0.5), STORES["pg"].score_threshold_for(0.9), 2.0]
     compared = set()
     for weights in ((0.5, 0.5), (0.9, 0.1), (0.1, 0.9)):
         set_hybrid(pg_root, *weights)

@@ -20,7 +20,7 @@ from ollama_standin import REPLY
 
 from chatchat_policybert.model.embeddings import PolicyBertEmbeddings
 from chatchat_policybert.retrieval.hybrid import configured_analyzer
-from chatchat_policybert.stores.score_threshold import cosine_cut
+from chatchat_policybert.stores import STORES
 
 TOP_K = 5
 
@@ -70,7 +70,7 @@ def shipped_threshold(deployment: Deployment) -> float:
 def test_search_docs_hits_come_from_faiss(server, policies):
     deployment, _ = server
     threshold = shipped_threshold(deployment)
-    assert 0.0 <= cosine_cut(threshold, "faiss") <= 1.0
+    assert 0.0 <= STORES["faiss"].cosine_cut(threshold) <= 1.0
     retrievers = Retrievers(deployment)
     # A query whose best FAISS passage BM25 does not find, with few passages in both lists, so
     # that the ensemble's reciprocal-rank fusion must rank that passage in its top k.

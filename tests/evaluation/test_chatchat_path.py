@@ -110,7 +110,7 @@ def test_low_threshold_lets_the_best_vector_hit_in(built, worker):
     _, _, _, model, chunks = built
     embeddings = PolicyBertEmbeddings(model)
     matrix = np.asarray(embeddings.embed_documents([c.text for c in chunks]))
-    threshold = 0.0  # keeps FAISS hits with cosine >= 0.293 (score_threshold.cosine_cut)
+    threshold = 0.0  # keeps FAISS hits with cosine >= 0.293 (the FAISS store's cosine_cut)
     retriever = ChatchatEnsemble(worker, threshold)
     checked = 0
     for query in QUERIES:
