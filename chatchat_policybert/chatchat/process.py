@@ -88,7 +88,7 @@ def worker_command(mode: str, *args: str) -> list[str]:
 
 def call_worker(root: Path, mode: str, *args: str) -> dict[str, Any]:
     """One worker call that prints one result: e.g. ``chunks`` of a knowledge base."""
-    log = run_chatchat(worker_command(mode, *args), root, f"chatchat_worker {mode}")
+    log = run_chatchat(worker_command(mode, *args), root, f"plugin.worker {mode}")
     results = [line for line in log.splitlines() if line.startswith(WORKER_MARK)]
     if not results:
         raise InputError(f"chatchat_worker {mode} printed no result:\n{log[-LOG_TAIL:]}")
