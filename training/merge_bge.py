@@ -77,18 +77,18 @@ class MergeConfig:
     lexicon: Path | None = field(default=None, metadata={"help": "word,count lexicon file (build mode)"})
     fusion: Literal[FUSION_TYPES] = field(default="attn", metadata={"help": "fusion of word into character states"})
     num_word_layers: int | None = field(
-        default=None, metadata={"help": "word-stream layers (default: PolicyBertConfig's, ZEN's count)"}
+        default=None, metadata={"help": "word-stream layers (unset: PolicyBertConfig's, ZEN's count)"}
     )
     late_fusion: Literal[LATE_FUSIONS] | None = field(
         default=None,
         metadata={
             "help": "character layers past the word stream: add its last state (ZEN) or none "
-            "(default: PolicyBertConfig's)"
+            "(unset: PolicyBertConfig's)"
         },
     )
     max_words: int | None = field(
         default=None,
-        metadata={"help": "k_w, matched words kept per max_words_span characters (default: PolicyBertConfig's)"},
+        metadata={"help": "k_w, matched words kept per max_words_span tokens (unset: PolicyBertConfig's)"},
     )
     init: Literal[tuple(INITS)] = field(
         default="bge",
