@@ -37,11 +37,11 @@ sys.path.insert(0, str(REPO))
 from chatchat_policybert.chatchat.process import chatchat_command, run_chatchat
 from chatchat_policybert.chatchat.root import default_kb
 from chatchat_policybert.data import CORPUS_CSV, LEXICON
-from chatchat_policybert.demo import build_local_model
 from chatchat_policybert.evaluation.dataset import load_corpus
 from chatchat_policybert.evaluation.knowledge_base import prepare_root
 from chatchat_policybert.evaluation.metrics import paired_bootstrap_interval
 from chatchat_policybert.files import write_json
+from training.demo_model import demo_model
 
 ARMS = ("chatchat", "policy")
 METRICS = ("MRR@10", "R@5", "hit@5")
@@ -78,9 +78,7 @@ def main(argv: list[str] | None = None) -> int:
     with tempfile.TemporaryDirectory(prefix="analyzer-rag-") as tmp:
         work = (args.keep or Path(tmp)).resolve()
         built = work / "model" / "config.json"
-        model = args.model or (
-            built.parent if built.is_file() else build_local_model(work / "model", LEXICON, CORPUS_CSV)
-        )
+        model = args.model or (built.parent if built.is_file() else demo_model(work / "model", LEXICON, CORPUS_CSV))
         corpus = load_corpus(CORPUS_CSV)
         roots = {arm: work / f"root-{arm}" for arm in ARMS}
         for arm, root in roots.items():

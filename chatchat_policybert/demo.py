@@ -14,7 +14,6 @@ exactly as a user's commands would run it.
 
 from __future__ import annotations
 
-import subprocess
 import sys
 import urllib.request
 from collections.abc import Sequence
@@ -23,10 +22,11 @@ from pathlib import Path
 from chatchat_policybert.chatchat.process import ChatchatWorker, chatchat_command, run_chatchat
 from chatchat_policybert.chatchat.root import content_dir, vector_store_dir
 from chatchat_policybert.cli import main as cli_main
+from chatchat_policybert.cli import plugin_command
 from chatchat_policybert.cli.doctor import llm_reachable
 from chatchat_policybert.corpus import PolicyDocument, export_policies, read_policies
 from chatchat_policybert.data import CORPUS_CSV, LEXICON
-from chatchat_policybert.errors import InputError, PlainArgumentParser, run_cli
+from chatchat_policybert.errors import PlainArgumentParser, run_cli
 from chatchat_policybert.stores.faiss_store import index_size
 
 KB_NAME = "WeiMingPolicies"
@@ -51,71 +51,24 @@ def hub_reachable(timeout: float = 5.0) -> str | None:
 def obtain_model(out_dir: Path, lexicon: Path, corpus: Path) -> Path:
     """A PolicyBERT directory: merged from bge when the hub answers, else built locally.
 
-    The merge runs as the command a user would type (``python -m training.merge_bge``), with the
-    identity start (``--init bge``: fusion scales 0), so the model's vectors are bge's, exactly,
-    until it is trained.
+    Built by the training package's ``demo-model`` (found by entry point, as ``tune`` is: the runtime
+    never imports ``training``), with the identity start (``--init bge``: fusion scales 0), so the
+    model's vectors are bge's, exactly, until it is trained.
     """
     if (out_dir / "config.json").is_file():
         print(f"[model] reusing {out_dir}")
         return out_dir
+    build = plugin_command("demo-model", "the demo's model (without --model)")
     problem = hub_reachable()
     if problem is None:
         print(f"[model] merging PolicyBERT from {BGE} (downloads about 400 MB)", flush=True)
-        if training_stage("merge_bge", *merge_args(BGE, lexicon, out_dir)):
-            return out_dir
-        problem = "the merge failed (see above)"
+        try:
+            return build(out_dir, lexicon, corpus, bge=BGE)
+        except Exception as exc:  # a download cut short, a hub error: the offline model still shows the pipeline
+            problem = f"the merge failed ({type(exc).__name__}: {exc})"
     print(f"[model] cannot merge from {BGE}: {problem}")
-    return build_local_model(out_dir, lexicon, corpus)
-
-
-def merge_args(bge: str | Path, lexicon: Path, out_dir: Path, *extra: str) -> list[str]:
-    """``training.merge_bge`` with the identity start (``--init bge``): the model embeds exactly as ``bge``."""
-    return [
-        "--bge",
-        str(bge),
-        "--zen",
-        "none",
-        "--lexicon",
-        str(lexicon),
-        "--fusion",
-        "attn",
-        "--init",
-        "bge",
-        "--out",
-        str(out_dir),
-        *extra,
-    ]
-
-
-def training_stage(stage: str, *args: str) -> bool:
-    """``python -m training.STAGE ARGS`` as a user would type it; whether it succeeded."""
-    return subprocess.run([sys.executable, "-m", f"training.{stage}", *args]).returncode == 0
-
-
-def build_local_model(out_dir: Path, lexicon: Path, corpus: Path) -> Path:
-    """Offline fallback: ``training.init_scratch`` (a small character BERT over the corpus), then the same merge.
-
-    Its weights are random, so rankings only show that the pipeline works end to end; pass a
-    trained model with --model for meaningful retrieval.
-    """
-    print(f"[model] building a small local PolicyBERT in {out_dir} (random weights: pipeline check only)")
-    scratch = out_dir.with_name(out_dir.name + "-scratch")
-    shape = [
-        "--hidden-size",
-        "32",
-        "--num-hidden-layers",
-        "2",
-        "--intermediate-size",
-        "64",
-        "--max-position-embeddings",
-        "512",
-    ]
-    if not (
-        training_stage("init_scratch", "--out", str(scratch), "--corpus", str(corpus), *shape)
-        and training_stage("merge_bge", *merge_args(scratch, lexicon, out_dir, "--num-word-layers", "1"))
-    ):
-        raise InputError("building the local model failed (see above)")
-    return out_dir
+    print(f"[model] building a small local PolicyBERT in {out_dir} (random weights: pipeline check only)", flush=True)
+    return build(out_dir, lexicon, corpus)
 
 
 def run_step(title: str, args: list[str], root: Path) -> None:

@@ -15,8 +15,12 @@ Stages, in the order of the recipe, each ``python -m training.<stage> --help`` (
    hard negatives that never come from the positive's document, FlagEmbedding's line format.
 8. ``contrastive`` — InfoNCE retrieval training on those pairs, on the vectors the runtime serves.
 
-``export`` turns a stopped run's ``checkpoint.pt`` into a model directory; ``loop`` is the one
-training loop the stages share. ``ablate`` runs a small from-scratch replication of the fusion
-comparison on CPU.
+Each stage is a function of its config dataclass (its ``run``, or ``init_scratch``/``export``);
+``main(argv)`` only parses flags into it with ``config.parse_flags``. ``config`` holds the shared
+settings and the flags mechanism (light: ``--help`` loads no torch); ``loop`` is the one training
+loop the stages share; ``export`` turns a stopped run's ``checkpoint.pt`` into a model directory.
+``ablate`` picks an ablation by ``--task``: ``ablate_fusion``, a small from-scratch replication of
+the fusion comparison on CPU, or ``ablate_retrieval``. ``demo_model`` builds the demo's model (the
+runtime reaches it by entry point). ``tune`` is ``chatchat-policybert tune``.
 The runtime package ``chatchat_policybert`` never imports this package.
 """

@@ -40,7 +40,6 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import numpy as np
-import torch
 
 from chatchat_policybert.data import CORPUS_CSV, LEXICON, QUESTIONS, STOPWORDS
 from chatchat_policybert.errors import InputError
@@ -50,14 +49,12 @@ from chatchat_policybert.evaluation.knowledge_base import Chunk, load_chunks, pr
 from chatchat_policybert.evaluation.metrics import mrr_at_k, paired_bootstrap_interval, rank_by_score
 from chatchat_policybert.evaluation.retrievers import Bm25, Dense
 from chatchat_policybert.files import write_json
-from chatchat_policybert.model.embeddings import PolicyBertEmbeddings
 from chatchat_policybert.model.lexicon import Lexicon
-from chatchat_policybert.model.loading import save_model_dir
 from chatchat_policybert.retrieval.analyzer import NEW_DEPLOYMENT, get_analyzer
 from training import build_lexicon, contrastive, init_scratch, merge_bge, pairs, pretrain
 from training import corpus as corpus_stage
-from training._common import read_corpus
-from training.loop import parse_config, require_positive
+from training.config import parse_flags, require_positive
+from training.pairs.config import PairsConfig
 
 MRR = "MRR@10"
 DEPTH = 100  # chunks each dense ranking keeps, as ``chatchat-policybert eval --depth``
@@ -194,7 +191,7 @@ def corpus_file(cfg: RetrievalAblationConfig) -> Path:
     lexicon's."""
     out = cfg.out / "start" / "corpus"
     if not (out / "corpus.jsonl").is_file():
-        corpus_stage.main(["--input", str(cfg.corpus), "--out", str(out)])
+        corpus_stage.run(corpus_stage.CorpusConfig(input=cfg.corpus, out=out))
     return out / "corpus.jsonl"
 
 
@@ -224,18 +221,15 @@ def build_start(cfg: RetrievalAblationConfig, shape: init_scratch.ScratchShape) 
         device=cfg.device,
         seed=0,
     )
-    torch.manual_seed(pre.seed)
-    model, tokenizer = pretrain.load_start_model(scratch)
-    pretrain.pretrain(model, tokenizer, read_corpus(corpus_file(cfg)), pre)
-    save_model_dir(model, tokenizer, final)
+    pretrain.run(pre, pretrain.PretrainInputs(model=scratch, corpus=corpus_file(cfg)))
     return final
 
 
-def build_pairs(cfg: RetrievalAblationConfig) -> Path:
-    """``training.pairs`` on ``--corpus`` (ict + heading, BM25 negatives), once."""
+def pairs_folder(cfg: RetrievalAblationConfig) -> Path:
+    """The folder of ``training.pairs`` on ``--corpus`` (ict + heading, BM25 negatives), made on first use."""
     out = cfg.out / "pairs"
     if not (out / "pairs.json").is_file():
-        pairs.main(["--corpus", str(cfg.corpus), "--out", str(out)])
+        pairs.run(PairsConfig(corpus=cfg.corpus, out=out))
     return out
 
 
@@ -243,17 +237,8 @@ def kb_lexicon(cfg: RetrievalAblationConfig) -> Path:
     """``training.build_lexicon`` (jieba, the shipped stopwords) on the start's corpus, once."""
     out = cfg.out / "kb-lexicon"
     if not (out / "lexicon.txt").is_file():
-        build_lexicon.main(
-            [
-                "--corpus",
-                str(corpus_file(cfg)),
-                "--out",
-                str(out),
-                "--segmenter",
-                "jieba",
-                "--stopwords",
-                str(STOPWORDS),
-            ]
+        build_lexicon.run(
+            build_lexicon.LexiconConfig(corpus=corpus_file(cfg), out=out, stopwords=STOPWORDS, segmenter="jieba")
         )
     return out / "lexicon.txt"
 
@@ -262,25 +247,17 @@ def fused_model(cfg: RetrievalAblationConfig, arm: Arm, start: Path, seed: int, 
     """``merge_bge`` from the start: the arm's word stream (``--init bge``: embedding exactly as the start)."""
     if not out.is_dir():
         lexicon = kb_lexicon(cfg) if arm.kb_lexicon else cfg.lexicon
-        merge_bge.main(
-            [
-                "--bge",
-                str(start),
-                "--lexicon",
-                str(lexicon),
-                "--fusion",
-                arm.fusion,
-                "--seed",
-                str(seed),
-                "--init",
-                arm.init,
-                "--num-word-layers",
-                str(arm.num_word_layers or cfg.num_word_layers),
-                "--late-fusion",
-                arm.late_fusion,
-                "--out",
-                str(out),
-            ]
+        merge_bge.run(
+            merge_bge.MergeConfig(
+                bge=str(start),
+                lexicon=lexicon,
+                fusion=arm.fusion,
+                seed=seed,
+                init=arm.init,
+                num_word_layers=arm.num_word_layers or cfg.num_word_layers,
+                late_fusion=arm.late_fusion,
+                out=out,
+            )
         )
     return out
 
@@ -301,7 +278,13 @@ class Pairs:
 
 
 def train_arm(cfg: RetrievalAblationConfig, arm: Arm, model_dir: Path, seed: int, run_dir: Path, data: Pairs) -> Path:
-    """Contrastive training of ``model_dir`` with the shared budget (two phases for ``word_warmup``)."""
+    """Contrastive training of ``model_dir`` with the shared budget (two phases for ``word_warmup``).
+
+    The pairs are read once for every arm (``data``), so this calls the stage's training function, not its
+    :func:`training.contrastive.run`, which reads them from files.
+    """
+    from chatchat_policybert.model.loading import save_model_dir
+
     warm = round(cfg.steps * arm.word_warmup)
     phases = (
         [("warm", warm, True), ("joint", cfg.steps - warm, False)] if warm else [("train", cfg.steps, arm.freeze_chars)]
@@ -338,6 +321,8 @@ def dev_scores(cfg: RetrievalAblationConfig, model_dir: Path, data: Pairs) -> di
     Per query, so that the arms can be compared query by query on the held-out documents, the
     split the recipe's default is chosen on (the questions are kept for the final check).
     """
+    import torch
+
     model, tokenizer = contrastive.load_start_model(model_dir)
     settings = contrastive.ContrastiveConfig(out=cfg.out, temperature=cfg.temperature, max_length=cfg.max_length)
     task = contrastive.ContrastiveTask(tokenizer, [], data.dev, settings, cfg.max_length)
@@ -388,31 +373,27 @@ class QuestionScorer:
         With ``chatchat``, ``chatchat-policybert eval`` ranks dense from the vectors its ``kb -r``
         stored, so the model embeds the chunks once for both rows.
         """
-        if not out.is_file():
-            if "chatchat" in self.cfg.retrievers:
-                evaluate.main(
-                    [
-                        "--model",
-                        f"{label}={model_dir}",
-                        "--retrievers",
-                        "dense,chatchat",
-                        "--device",
-                        self.cfg.device,
-                        "--corpus",
-                        str(self.cfg.corpus),
-                        "--questions",
-                        str(self.cfg.questions or QUESTIONS),
-                        "--out",
-                        str(out),
-                    ]
-                )
-                return json.loads(out.read_text(encoding="utf-8"))["results"]
-            embeddings = PolicyBertEmbeddings(model_dir, device=self.cfg.device)
-            dense = evaluate.evaluate_retriever(
-                Dense(f"dense:{label}", embeddings, self.chunks, DEPTH), self.queries, self.chunks, self.KS
+        if out.is_file():  # scored by an earlier invocation
+            return json.loads(out.read_text(encoding="utf-8"))["results"]
+        if "chatchat" in self.cfg.retrievers:
+            config = evaluate.EvalConfig(
+                model=[f"{label}={model_dir}"],
+                retrievers="dense,chatchat",
+                device=self.cfg.device,
+                corpus=self.cfg.corpus,
+                questions=self.cfg.questions or QUESTIONS,
+                out=out,
             )
-            write_json({"results": {dense.name: {"metrics": dense.metrics, "queries": dense.queries}}}, out)
-        return json.loads(out.read_text(encoding="utf-8"))["results"]
+            return evaluate.evaluate(config).payload["results"]
+        from chatchat_policybert.model.embeddings import PolicyBertEmbeddings
+
+        embeddings = PolicyBertEmbeddings(model_dir, device=self.cfg.device)
+        dense = evaluate.evaluate_retriever(
+            Dense(f"dense:{label}", embeddings, self.chunks, DEPTH), self.queries, self.chunks, self.KS
+        )
+        results = {dense.name: {"metrics": dense.metrics, "queries": dense.queries}}
+        write_json({"results": results}, out)
+        return results
 
 
 def word_stream(model_dir: Path, texts: list[str], max_length: int) -> dict:
@@ -424,6 +405,8 @@ def word_stream(model_dir: Path, texts: list[str], max_length: int) -> dict:
     ``vector_change``: the mean of 1 − cos between the served vector ([CLS], last layer) with and
     without the words — what retrieval sees of the word stream.
     """
+    import torch
+
     model, tokenizer = contrastive.load_start_model(model_dir)
     if tokenizer.lexicon is None:
         return {"fusion_scales": [], "word_change": [], "vector_change": None}
@@ -514,6 +497,8 @@ def embedding_speed(
         saved = json.loads(cache.read_text(encoding="utf-8"))
         if saved["models"] == key:
             return saved["speed"]
+    from chatchat_policybert.model.embeddings import PolicyBertEmbeddings
+
     loaded = {name: PolicyBertEmbeddings(path, device=device) for name, path in models.items()}
     for embeddings in loaded.values():  # one untimed pass each: first-call allocations are no model's cost
         embeddings.embed_documents(texts[:8])
@@ -667,19 +652,16 @@ def plot(table: dict, bm25: dict[str, float], path: Path) -> None:
     plt.close(figure)
 
 
-def main(argv: list[str] | None = None) -> None:
-    cfg, shape = parse_config(
-        RetrievalAblationConfig,
-        argv,
-        "python -m training.ablate --task retrieval",
-        __doc__.split("\n\n")[0],
-        extra=(init_scratch.ScratchShape,),
-    )
+def run(cfg: RetrievalAblationConfig, shape: init_scratch.ScratchShape) -> dict:
+    """Every arm with every seed (a finished run is read back, not run again); writes ``OUT/results.json``,
+    ``results.md`` and ``results.png``; returns what ``results.json`` holds."""
+    import torch
+
     cfg.out.mkdir(parents=True, exist_ok=True)
     torch.set_num_threads(cfg.threads)
     began = time.time()
     start = build_start(cfg, shape)
-    data = Pairs.read(build_pairs(cfg), cfg.train_group_size)
+    data = Pairs.read(pairs_folder(cfg), cfg.train_group_size)
     scorer = QuestionScorer(cfg)
     results = []
     for seed in cfg.seeds:
@@ -710,19 +692,30 @@ def main(argv: list[str] | None = None) -> None:
         "speed: embedding time of the start ÷ the arm's, same run; "
         f"{(time.time() - began) / 60:.1f} min this invocation\n"
     )
-    write_json(
-        {
-            "config": {k: str(v) for k, v in asdict(cfg).items()},
-            "start_shape": asdict(shape),
-            "table": table,
-            "bm25": bm25,
-            "speed": speed,
-            "coverage": coverage,
-            "runs": results,
-        },
-        cfg.out / "results.json",
-    )
+    summary = {
+        "config": {k: str(v) for k, v in asdict(cfg).items()},
+        "start_shape": asdict(shape),
+        "table": table,
+        "bm25": bm25,
+        "speed": speed,
+        "coverage": coverage,
+        "runs": results,
+    }
+    write_json(summary, cfg.out / "results.json")
     (cfg.out / "results.md").write_text(text, encoding="utf-8")
     plot(table, bm25, cfg.out / "results.png")
     print(text)
     print(f"wrote {cfg.out / 'results.md'}, {cfg.out / 'results.png'}, {cfg.out / 'results.json'}")
+    return summary
+
+
+def main(argv: list[str] | None = None) -> None:
+    run(
+        *parse_flags(
+            RetrievalAblationConfig,
+            argv,
+            "python -m training.ablate --task retrieval",
+            __doc__.split("\n\n")[0],
+            extra=(init_scratch.ScratchShape,),
+        )
+    )

@@ -18,13 +18,16 @@ import logging
 import sys
 from collections import Counter
 from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Literal
 
 from tqdm import tqdm
 
-from chatchat_policybert.errors import InputError, PlainArgumentParser, run_cli
+from chatchat_policybert.errors import InputError, run_cli
 from chatchat_policybert.files import atomic_path, write_json
 from training._common import copy_license, read_corpus
+from training.config import parse_flags
 
 Segmenter = Callable[[list[str]], list[list[str]]]
 DEFAULT_HANLP_MODEL = "COARSE_ELECTRA_SMALL_ZH"
@@ -119,53 +122,60 @@ def overlap(words: Iterable[str], reference: Iterable[str]) -> dict[str, float |
     }
 
 
-def main(argv: list[str] | None = None) -> None:
-    parser = PlainArgumentParser(prog="python -m training.build_lexicon", description=__doc__.split("\n\n")[0])
-    parser.add_argument("--corpus", type=Path, required=True, help="corpus.jsonl from training.corpus")
-    parser.add_argument(
-        "--out", type=Path, required=True, help="output folder: lexicon.txt (word,count), lexicon_stats.json"
+@dataclass
+class LexiconConfig:
+    """The flags of ``python -m training.build_lexicon``."""
+
+    corpus: Path = field(metadata={"help": "corpus.jsonl from training.corpus"})
+    out: Path = field(metadata={"help": "output folder: lexicon.txt (word,count), lexicon_stats.json"})
+    stopwords: Path = field(
+        metadata={"help": "one stopword per line (e.g. chatchat_policybert/data/lexicon/stopword.txt)"}
     )
-    parser.add_argument(
-        "--stopwords",
-        type=Path,
-        required=True,
-        help="one stopword per line (e.g. chatchat_policybert/data/lexicon/stopword.txt)",
-    )
-    parser.add_argument(
-        "--segmenter", choices=["hanlp", "jieba"], default="hanlp", help="default: hanlp, as the thesis"
-    )
-    parser.add_argument(
-        "--hanlp-model",
+    segmenter: Literal["hanlp", "jieba"] = field(default="hanlp", metadata={"help": "default: hanlp, as the thesis"})
+    hanlp_model: str = field(
         default=DEFAULT_HANLP_MODEL,
-        help=f"a local HanLP model folder or a hanlp.pretrained.tok name (default: {DEFAULT_HANLP_MODEL})",
+        metadata={
+            "help": f"a local HanLP model folder or a hanlp.pretrained.tok name (default: {DEFAULT_HANLP_MODEL})"
+        },
     )
-    parser.add_argument("--min-count", type=int, default=10, help="least corpus frequency of a kept word (default: 10)")
-    parser.add_argument("--reference", type=Path, help="a word,count lexicon to report the overlap with")
-    args = parser.parse_args(argv)
+    min_count: int = field(default=10, metadata={"help": "least corpus frequency of a kept word (default: 10)"})
+    reference: Path | None = field(default=None, metadata={"help": "a word,count lexicon to report the overlap with"})
 
-    sentences = [s for doc in read_corpus(args.corpus) for s in doc.sentences]
-    stopwords = read_word_list(args.stopwords)
-    reference = read_word_list(args.reference) if args.reference else None
-    segment = load_segmenter(args.segmenter, args.hanlp_model)
-    words = select_words(count_words(sentences, segment), stopwords, args.min_count)
+    def __post_init__(self) -> None:
+        self.corpus, self.out, self.stopwords = Path(self.corpus), Path(self.out), Path(self.stopwords)
+        self.reference = None if self.reference is None else Path(self.reference)
+
+
+def run(cfg: LexiconConfig) -> dict:
+    """The stage: writes ``OUT/lexicon.txt`` and ``OUT/lexicon_stats.json``; returns those stats."""
+    sentences = [s for doc in read_corpus(cfg.corpus) for s in doc.sentences]
+    stopwords = read_word_list(cfg.stopwords)
+    reference = read_word_list(cfg.reference) if cfg.reference else None
+    segment = load_segmenter(cfg.segmenter, cfg.hanlp_model)
+    words = select_words(count_words(sentences, segment), stopwords, cfg.min_count)
     if not words:
-        raise InputError(f"{args.corpus}: no word occurs {args.min_count} times; nothing to write")
+        raise InputError(f"{cfg.corpus}: no word occurs {cfg.min_count} times; nothing to write")
 
-    args.out.mkdir(parents=True, exist_ok=True)
-    with atomic_path(args.out / "lexicon.txt") as tmp:
+    cfg.out.mkdir(parents=True, exist_ok=True)
+    with atomic_path(cfg.out / "lexicon.txt") as tmp:
         tmp.write_text("".join(f"{w},{c}\n" for w, c in words), encoding="utf-8")
-    stats = {"segmenter": args.segmenter, "min_count": args.min_count, "words": len(words)}
+    stats: dict = {"segmenter": cfg.segmenter, "min_count": cfg.min_count, "words": len(words)}
     if reference is not None:
         stats["overlap"] = overlap((w for w, _ in words), reference)
-    write_json(stats, args.out / "lexicon_stats.json")
-    copy_license(args.corpus, args.out)
-    print(f"{len(words)} words ({args.segmenter}, count >= {args.min_count}) → {args.out / 'lexicon.txt'}")
+    write_json(stats, cfg.out / "lexicon_stats.json")
+    copy_license(cfg.corpus, cfg.out)
+    print(f"{len(words)} words ({cfg.segmenter}, count >= {cfg.min_count}) → {cfg.out / 'lexicon.txt'}")
     if reference is not None:
         o = stats["overlap"]
         print(
-            f"overlap with {args.reference}: Jaccard {o['jaccard']}, "
+            f"overlap with {cfg.reference}: Jaccard {o['jaccard']}, "
             f"recall of reference {o['recall_of_reference']} ({o['shared']} shared)"
         )
+    return stats
+
+
+def main(argv: list[str] | None = None) -> None:
+    run(parse_flags(LexiconConfig, argv, "python -m training.build_lexicon", __doc__.split("\n\n")[0]))
 
 
 if __name__ == "__main__":

@@ -29,23 +29,23 @@ import random
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
-import torch
-import torch.distributed as dist
-import torch.nn.functional as F
-from torch import nn
-from torch.utils.checkpoint import checkpoint
 from tqdm import tqdm
-from transformers import PreTrainedModel
 
 from chatchat_policybert.errors import InputError, run_cli
 from chatchat_policybert.evaluation.metrics import mrr_at_k, rank_by_score, recall_at_k
-from chatchat_policybert.model.embeddings import cls_vectors, token_limit
-from chatchat_policybert.model.loading import load_policybert, save_model_dir
-from chatchat_policybert.model.tokenization_policybert import DEFAULT_QUERY_INSTRUCTION, PolicyBertTokenizer
+from chatchat_policybert.model.constants import DEFAULT_QUERY_INSTRUCTION
 from training._common import jsonl_lines
-from training.loop import TrainConfig, is_main_process, parse_config, require_positive, train
+from training.config import TrainConfig, parse_flags, require_positive
+
+if TYPE_CHECKING:  # torch and the model load with a run, not with --help
+    import torch
+    from torch import nn
+    from transformers import PreTrainedModel
+
+    from chatchat_policybert.model.tokenization_policybert import PolicyBertTokenizer
 
 RECALL_KS = (1, 5, 10)
 MRR_K = 10
@@ -159,6 +159,10 @@ def gather_passages(passages: torch.Tensor) -> tuple[torch.Tensor, int]:
     into each process's passages, so the averaged gradient is that of the global loss. Processes
     may hold different counts (a short last batch): each pads to the largest, and the padding is cut.
     """
+    import torch
+    import torch.distributed as dist
+    import torch.nn.functional as F
+
     if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() == 1:
         return passages, 0
     count = torch.tensor([len(passages)], device=passages.device)
@@ -177,6 +181,9 @@ def info_nce(queries: torch.Tensor, passages: torch.Tensor, group_size: int, tem
 
     Each query is scored against all passages of all processes (:func:`gather_passages`).
     """
+    import torch
+    import torch.nn.functional as F
+
     candidates, offset = gather_passages(passages)
     scores = queries @ candidates.T / temperature
     targets = offset + torch.arange(len(queries), device=queries.device) * group_size
@@ -256,6 +263,12 @@ class ContrastiveTask:
         one chunk at a time (same random state, same autocast), so the loss and the gradient stay
         the whole batch's — InfoNCE still scores every query against every passage of the batch.
         """
+        import torch
+        import torch.distributed as dist
+        from torch.utils.checkpoint import checkpoint
+
+        from chatchat_policybert.model.embeddings import cls_vectors
+
         rows, chunk = len(batch["input_ids"]), self.cfg.embed_chunk
         if chunk is None or rows <= chunk or not torch.is_grad_enabled():
             return cls_vectors(model, batch)
@@ -269,6 +282,10 @@ class ContrastiveTask:
 
     def embed(self, model: nn.Module, texts: list[str]) -> torch.Tensor:
         """Unit vectors of ``texts`` in batches of ``eval_batch_size`` (longest first, as serving sorts)."""
+        import torch
+
+        from chatchat_policybert.model.embeddings import cls_vectors
+
         device = next(model.parameters()).device
         order = sorted(range(len(texts)), key=lambda i: -len(texts[i]))
         vectors = torch.empty(len(texts), model.config.hidden_size)
@@ -299,6 +316,8 @@ class ContrastiveTask:
         Kept per query so that two models can be compared query by query (a paired bootstrap,
         as ``training.ablate --task retrieval`` does).
         """
+        import torch
+
         position = self.dev_position
         queries = self.embed(model, self.dev_queries)
         scores = (queries @ self.embed(model, self.dev_pool).T).numpy()
@@ -328,6 +347,9 @@ def contrastive(
     here and in ``training.tune``) serves queries with the instruction the model was trained with.
     ``inputs``, the command line's, only goes into ``run.json`` (see :func:`training.loop.train`).
     """
+    from chatchat_policybert.model.embeddings import token_limit
+    from training.loop import is_main_process, train
+
     tokenizer.query_instruction = cfg.query_instruction
     if cfg.freeze_chars:
         freeze_character_encoder(model)
@@ -346,21 +368,35 @@ def load_start_model(model_dir: Path) -> tuple[PreTrainedModel, PolicyBertTokeni
 
     A merged or pre-trained directory may lack the pooler; [CLS] pooling never uses it.
     """
+    from chatchat_policybert.model.loading import load_policybert
+
     return load_policybert(model_dir)
 
 
-def main(argv: list[str] | None = None) -> None:
-    cfg, inputs = parse_config(
-        ContrastiveConfig, argv, "python -m training.contrastive", __doc__.split("\n\n")[0], extra=(ContrastiveInputs,)
-    )
+def run(cfg: ContrastiveConfig, inputs: ContrastiveInputs) -> tuple[list[dict], bool]:
+    """The stage: trains ``inputs.model`` on the pairs; a finished run's main process saves ``OUT/final``.
+
+    Returns :func:`contrastive`'s per-epoch metrics and whether all steps ran.
+    """
+    from chatchat_policybert.model.loading import save_model_dir
+    from training.loop import is_main_process
+
     # The pairs are read first: a bad line is reported before minutes go into loading a model.
     train_examples = read_examples(inputs.train, cfg.train_group_size - 1)
     dev_examples = read_examples(inputs.dev, 0)
     model, tokenizer = load_start_model(inputs.model)
-    _, finished = contrastive(model, tokenizer, train_examples, dev_examples, cfg, inputs)
+    history, finished = contrastive(model, tokenizer, train_examples, dev_examples, cfg, inputs)
     if finished and is_main_process():
         save_model_dir(model, tokenizer, cfg.out / "final")
         print(f"model → {cfg.out / 'final'}")
+    return history, finished
+
+
+def main(argv: list[str] | None = None) -> None:
+    cfg, inputs = parse_flags(
+        ContrastiveConfig, argv, "python -m training.contrastive", __doc__.split("\n\n")[0], extra=(ContrastiveInputs,)
+    )
+    run(cfg, inputs)
 
 
 if __name__ == "__main__":

@@ -16,15 +16,16 @@ import hashlib
 import re
 import sys
 import unicodedata
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import pandas as pd
 from tqdm import tqdm
 
-from chatchat_policybert.errors import InputError, PlainArgumentParser, run_cli
+from chatchat_policybert.errors import InputError, run_cli
 from chatchat_policybert.files import write_json
 from training._common import Document, copy_license, write_corpus
+from training.config import parse_flags
 
 SENTENCE_END = "。！？；"
 CLOSING_QUOTES = "”’」』"
@@ -238,26 +239,36 @@ def build_corpus(raw_docs: list[RawDocument], min_chars: int = 10) -> tuple[list
     return docs, stats
 
 
-def main(argv: list[str] | None = None) -> None:
-    parser = PlainArgumentParser(prog="python -m training.corpus", description=__doc__.split("\n\n")[0])
-    parser.add_argument(
-        "--input", type=Path, required=True, help="CSV with a contentText column, or a folder of .txt/.md files"
-    )
-    parser.add_argument("--out", type=Path, required=True, help="output folder: corpus.jsonl, stats.json")
-    parser.add_argument("--min-chars", type=int, default=10, help="shortest sentence kept (default: 10, as the thesis)")
-    args = parser.parse_args(argv)
+@dataclass
+class CorpusConfig:
+    """The flags of ``python -m training.corpus``."""
 
-    docs, stats = build_corpus(load_documents(args.input), args.min_chars)
-    args.out.mkdir(parents=True, exist_ok=True)
-    write_corpus(docs, args.out / "corpus.jsonl")
-    write_json(asdict(stats), args.out / "stats.json")
-    copy_license(args.input, args.out)
+    input: Path = field(metadata={"help": "CSV with a contentText column, or a folder of .txt/.md files"})
+    out: Path = field(metadata={"help": "output folder: corpus.jsonl, stats.json"})
+    min_chars: int = field(default=10, metadata={"help": "shortest sentence kept (default: 10, as the thesis)"})
+
+    def __post_init__(self) -> None:
+        self.input, self.out = Path(self.input), Path(self.out)
+
+
+def run(cfg: CorpusConfig) -> CorpusStats:
+    """The stage: writes ``OUT/corpus.jsonl``, ``OUT/stats.json`` and the data licence; returns the counts."""
+    docs, stats = build_corpus(load_documents(cfg.input), cfg.min_chars)
+    cfg.out.mkdir(parents=True, exist_ok=True)
+    write_corpus(docs, cfg.out / "corpus.jsonl")
+    write_json(asdict(stats), cfg.out / "stats.json")
+    copy_license(cfg.input, cfg.out)
     print(
         f"{stats.documents_read} documents read, {stats.duplicate_documents} exact duplicates and "
         f"{stats.documents_without_sentences} without a sentence dropped → {stats.documents} documents, "
         f"{stats.sentences} sentences, {stats.characters} characters, {stats.mean_sentence_chars} characters/sentence, "
-        f"{stats.clauses} comma sub-clauses → {args.out / 'corpus.jsonl'}"
+        f"{stats.clauses} comma sub-clauses → {cfg.out / 'corpus.jsonl'}"
     )
+    return stats
+
+
+def main(argv: list[str] | None = None) -> None:
+    run(parse_flags(CorpusConfig, argv, "python -m training.corpus", __doc__.split("\n\n")[0]))
 
 
 if __name__ == "__main__":

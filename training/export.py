@@ -20,16 +20,19 @@ import sys
 from collections.abc import Callable
 from dataclasses import MISSING, dataclass, field, fields
 from pathlib import Path
-
-from transformers import PreTrainedModel
+from typing import TYPE_CHECKING
 
 from chatchat_policybert.errors import InputError, run_cli
-from chatchat_policybert.model.loading import save_model_dir
-from chatchat_policybert.model.tokenization_policybert import DEFAULT_QUERY_INSTRUCTION, PolicyBertTokenizer
+from chatchat_policybert.model.constants import DEFAULT_QUERY_INSTRUCTION
 from training import contrastive, finetune, pretrain
-from training.loop import CHECKPOINT, RESUMABLE, RUN, TrainConfig, describe_changes, parse_config, read_checkpoint_file
+from training.config import CHECKPOINT, RESUMABLE, RUN, TrainConfig, describe_changes, parse_flags
 
-StartModel = Callable[[Path], tuple[PreTrainedModel, PolicyBertTokenizer]]
+if TYPE_CHECKING:  # torch and the model load with a run, not with --help
+    from transformers import PreTrainedModel
+
+    from chatchat_policybert.model.tokenization_policybert import PolicyBertTokenizer
+
+StartModel = Callable[[Path], "tuple[PreTrainedModel, PolicyBertTokenizer]"]
 # Each stage: its config (whose fields name it in a checkpoint) and how it builds the model it trains.
 STAGES: dict[str, tuple[type[TrainConfig], StartModel]] = {
     "pretrain": (pretrain.PretrainConfig, pretrain.load_start_model),
@@ -92,6 +95,8 @@ def stage_of(settings: dict, source: Path) -> str:
 
 def read_checkpoint(path: Path) -> dict:
     """``checkpoint.pt`` as :func:`training.loop.train` writes it, refused (one line) when missing or not one."""
+    from training.loop import read_checkpoint_file
+
     saved = read_checkpoint_file(
         path,
         "cpu",
@@ -176,6 +181,8 @@ def start_model(cfg: ExportConfig, run: dict | None) -> Path:
 
 def export(cfg: ExportConfig) -> tuple[str, int]:
     """Writes ``cfg.out`` from the run's checkpoint; returns the stage and the step the checkpoint was taken at."""
+    from chatchat_policybert.model.loading import save_model_dir
+
     check_out(cfg.out)
     checkpoint = cfg.run / CHECKPOINT
     saved = read_checkpoint(checkpoint)
@@ -202,7 +209,7 @@ def export(cfg: ExportConfig) -> tuple[str, int]:
 
 
 def main(argv: list[str] | None = None) -> None:
-    cfg = parse_config(ExportConfig, argv, "python -m training.export", __doc__.split("\n\n")[0])
+    cfg = parse_flags(ExportConfig, argv, "python -m training.export", __doc__.split("\n\n")[0])
     stage, step = export(cfg)
     print(f"{stage} run {cfg.run} at step {step}: model → {cfg.out}")
 

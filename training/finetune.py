@@ -15,19 +15,22 @@ from __future__ import annotations
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-import torch
-from torch import nn
 from tqdm import tqdm
 
 from chatchat_policybert.errors import run_cli
 from chatchat_policybert.files import write_json
-from chatchat_policybert.model.loading import load_model_dir, save_model_dir
-from chatchat_policybert.model.modeling_policybert import PolicyBertForSequenceClassification
-from chatchat_policybert.model.tokenization_policybert import PolicyBertTokenizer
 from training._common import SentencePair
-from training.loop import TrainConfig, evaluating, is_main_process, parse_config, pick_precision, train
+from training.config import TrainConfig, parse_flags
 from training.policysm import SPLITS, read_pairs
+
+if TYPE_CHECKING:  # torch and the model load with a run, not with --help
+    import torch
+    from torch import nn
+
+    from chatchat_policybert.model.modeling_policybert import PolicyBertForSequenceClassification
+    from chatchat_policybert.model.tokenization_policybert import PolicyBertTokenizer
 
 RESULTS = "results.json"
 
@@ -42,13 +45,15 @@ class FinetuneInputs:
 
 @dataclass
 class FinetuneConfig(TrainConfig):
-    """Thesis defaults: those of :class:`training.loop.TrainConfig` with an eval batch of 8."""
+    """Thesis defaults: those of :class:`training.config.TrainConfig` with an eval batch of 8."""
 
     eval_batch_size: int = field(default=8, metadata={"help": "sentence pairs per batch when evaluating"})
 
 
 def encode(tokenizer: PolicyBertTokenizer, examples: list[SentencePair], max_length: int) -> dict[str, torch.Tensor]:
     """``[CLS] A [SEP] B [SEP]`` with segment ids, masks, matched words and the labels."""
+    import torch
+
     batch = dict(tokenizer([e.a for e in examples], [e.b for e in examples], max_length=max_length))
     batch["labels"] = torch.tensor([e.label for e in examples])
     return batch
@@ -107,6 +112,8 @@ def finetune(
 
     ``inputs``, the command line's, only goes into ``run.json`` (see :func:`training.loop.train`).
     """
+    from training.loop import evaluating, is_main_process, pick_precision, train
+
     history, finished = train(model, FinetuneTask(tokenizer, splits, cfg), cfg, inputs)
     if not (finished and is_main_process()):
         return None
@@ -124,15 +131,21 @@ def finetune(
 def load_start_model(model_dir: Path) -> tuple[PolicyBertForSequenceClassification, PolicyBertTokenizer]:
     """The model this stage trains, from its ``--model``; ``training.export`` rebuilds a checkpoint into the same
     model."""
+    from chatchat_policybert.model.loading import load_model_dir
+    from chatchat_policybert.model.modeling_policybert import PolicyBertForSequenceClassification
+
     return load_model_dir(
         model_dir, PolicyBertForSequenceClassification, allow_missing=("classifier.", "pooler."), num_labels=2
     )
 
 
-def main(argv: list[str] | None = None) -> None:
-    cfg, inputs = parse_config(
-        FinetuneConfig, argv, "python -m training.finetune", __doc__.split("\n\n")[0], extra=(FinetuneInputs,)
-    )
+def run(cfg: FinetuneConfig, inputs: FinetuneInputs) -> dict | None:
+    """The stage: fine-tunes ``inputs.model`` on ``inputs.data``; on the main process of a finished run saves
+    ``OUT/final`` and returns :func:`finetune`'s results, else ``None``."""
+    import torch
+
+    from chatchat_policybert.model.loading import save_model_dir
+
     splits = {name: read_pairs(inputs.data / f"{name}.tsv") for name in SPLITS}
     # The classifier (and a pooler a merged dir may lack) are what this stage creates: seeded, it starts
     # from the same draw in every run and every process, so a resumed or multi-process run matches.
@@ -141,6 +154,15 @@ def main(argv: list[str] | None = None) -> None:
     results = finetune(model, tokenizer, splits, cfg, inputs)
     if results is not None:
         save_model_dir(model, tokenizer, cfg.out / "final")
+    return results
+
+
+def main(argv: list[str] | None = None) -> None:
+    cfg, inputs = parse_flags(
+        FinetuneConfig, argv, "python -m training.finetune", __doc__.split("\n\n")[0], extra=(FinetuneInputs,)
+    )
+    results = run(cfg, inputs)
+    if results is not None:
         print(
             f"dev accuracy {results['dev_accuracy']}, test accuracy {results['test_accuracy']}; "
             f"model → {cfg.out / 'final'}"

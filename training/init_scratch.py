@@ -17,15 +17,9 @@ import sys
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-import torch
-from transformers import BertConfig, BertModel
-
 from chatchat_policybert.data import CORPUS_CSV
 from chatchat_policybert.errors import InputError, run_cli
-from chatchat_policybert.evaluation.dataset import load_corpus
-from chatchat_policybert.model.loading import save_model_dir
-from chatchat_policybert.model.tokenization_policybert import PolicyBertTokenizer, build_char_tokenizer
-from training.loop import parse_config, require_positive
+from training.config import parse_flags, require_positive
 
 
 @dataclass
@@ -81,6 +75,13 @@ class ScratchInputs:
 
 def init_scratch(inputs: ScratchInputs, shape: ScratchShape) -> Path:
     """Writes the random character-only BERT of ``shape`` to ``inputs.out`` and returns it."""
+    import torch
+    from transformers import BertConfig, BertModel
+
+    from chatchat_policybert.evaluation.dataset import load_corpus
+    from chatchat_policybert.model.loading import save_model_dir
+    from chatchat_policybert.model.tokenization_policybert import PolicyBertTokenizer, build_char_tokenizer
+
     texts = [doc.text for doc in load_corpus(inputs.corpus).documents]
     tokenizer = build_char_tokenizer(texts, shape.min_char_count, shape.max_position_embeddings)
     layout = {k: v for k, v in asdict(shape).items() if k != "min_char_count"}
@@ -93,7 +94,7 @@ def init_scratch(inputs: ScratchInputs, shape: ScratchShape) -> Path:
 
 
 def main(argv: list[str] | None = None) -> None:
-    inputs, shape = parse_config(
+    inputs, shape = parse_flags(
         ScratchInputs, argv, "python -m training.init_scratch", __doc__.split("\n\n")[0], extra=(ScratchShape,)
     )
     init_scratch(inputs, shape)

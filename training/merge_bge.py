@@ -36,30 +36,18 @@ import tempfile
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Literal
-
-import torch
-from safetensors.torch import load_file
-from transformers import AutoTokenizer
+from typing import TYPE_CHECKING, Literal
 
 from chatchat_policybert.errors import InputError, run_cli
-from chatchat_policybert.model.configuration_policybert import (
-    CONFIG_ERRORS,
-    FUSION_TYPES,
-    LATE_FUSIONS,
-    PolicyBertConfig,
-)
+from chatchat_policybert.model.constants import FUSION_TYPES, LATE_FUSIONS
 from chatchat_policybert.model.lexicon import Lexicon, LexiconError, normalize_word
-from chatchat_policybert.model.loading import (
-    ModelDirError,
-    load_model_dir,
-    read_config,
-    resolve_model_dir,
-    save_model_dir,
-)
-from chatchat_policybert.model.modeling_policybert import PolicyBertModel
-from chatchat_policybert.model.tokenization_policybert import PolicyBertTokenizer
-from training.loop import parse_config, require_share
+from training.config import parse_flags, require_share
+
+if TYPE_CHECKING:  # torch and the model load with a build, not with --help
+    import torch
+
+    from chatchat_policybert.model.modeling_policybert import PolicyBertModel
+    from chatchat_policybert.model.tokenization_policybert import PolicyBertTokenizer
 
 CHAR_PREFIXES = ("embeddings.", "encoder.layer.", "pooler.")
 NGRAM_FILE = "ngram.txt"
@@ -75,7 +63,11 @@ INITS = {
 
 @dataclass
 class MergeConfig:
-    """The flags of ``python -m training.merge_bge`` (one per field, via :func:`training.loop.parse_config`)."""
+    """The flags of ``python -m training.merge_bge`` (one per field, via :func:`training.config.parse_flags`).
+
+    The word stream's shape left unset (None) is :class:`PolicyBertConfig`'s default, so that the
+    model class declares it once.
+    """
 
     out: Path = field(metadata={"help": "output model directory (replaced atomically)"})
     bge: str = field(
@@ -84,11 +76,20 @@ class MergeConfig:
     zen: str = field(default="none", metadata={"help": "ZEN_pretrain_base directory (with ngram.txt), or 'none'"})
     lexicon: Path | None = field(default=None, metadata={"help": "word,count lexicon file (build mode)"})
     fusion: Literal[FUSION_TYPES] = field(default="attn", metadata={"help": "fusion of word into character states"})
-    num_word_layers: int = field(default=6, metadata={"help": "word-stream layers (ZEN: 6)"})
-    late_fusion: Literal[LATE_FUSIONS] = field(
-        default="add", metadata={"help": "character layers past the word stream: add its last state (ZEN) or none"}
+    num_word_layers: int | None = field(
+        default=None, metadata={"help": "word-stream layers (unset: PolicyBertConfig's, ZEN's count)"}
     )
-    max_words: int = field(default=40, metadata={"help": "k_w, matched words kept per 128 characters"})
+    late_fusion: Literal[LATE_FUSIONS] | None = field(
+        default=None,
+        metadata={
+            "help": "character layers past the word stream: add its last state (ZEN) or none "
+            "(unset: PolicyBertConfig's)"
+        },
+    )
+    max_words: int | None = field(
+        default=None,
+        metadata={"help": "k_w, matched words kept per max_words_span tokens (unset: PolicyBertConfig's)"},
+    )
     init: Literal[tuple(INITS)] = field(
         default="bge",
         metadata={
@@ -128,6 +129,9 @@ class MergeConfig:
 
 def read_state_dict(directory: Path) -> dict[str, torch.Tensor]:
     """The checkpoint's tensors with any ``bert.`` prefix removed and old ``gamma``/``beta`` names modernised."""
+    import torch
+    from safetensors.torch import load_file
+
     if (directory / "model.safetensors").is_file():
         source = directory / "model.safetensors"
         state = load_file(source)
@@ -149,6 +153,8 @@ def read_state_dict(directory: Path) -> dict[str, torch.Tensor]:
 
 def load_bge(name_or_path: str) -> tuple[Path, dict, dict[str, torch.Tensor]]:
     """bge's directory, config and tensors; refuses anything but a plain BERT checkpoint."""
+    from chatchat_policybert.model.loading import ModelDirError, read_config, resolve_model_dir
+
     try:
         path = resolve_model_dir(name_or_path)
         config = read_config(path)
@@ -181,6 +187,13 @@ def char_mean_embedding(word: str, tokenizer, char_embeddings: torch.Tensor) -> 
 
 def build_from_bge(args: MergeConfig) -> tuple[PolicyBertModel, PolicyBertTokenizer, dict]:
     """A new PolicyBERT: bge's character encoder, a word stream from ZEN or bge, fusions as ``--init`` says."""
+    import torch
+    from transformers import AutoTokenizer
+
+    from chatchat_policybert.model.configuration_policybert import CONFIG_ERRORS, PolicyBertConfig
+    from chatchat_policybert.model.modeling_policybert import PolicyBertModel
+    from chatchat_policybert.model.tokenization_policybert import PolicyBertTokenizer
+
     bge_dir, bge_config, bge_state = load_bge(args.bge)
     try:
         lexicon = Lexicon.load(args.lexicon)
@@ -189,21 +202,27 @@ def build_from_bge(args: MergeConfig) -> tuple[PolicyBertModel, PolicyBertTokeni
     config_fields = {
         k: v for k, v in bge_config.items() if k not in ("model_type", "architectures", "transformers_version")
     }
+    shape = {
+        name: value
+        for name, value in (
+            ("num_word_layers", args.num_word_layers),
+            ("max_words", args.max_words),
+            ("late_fusion", args.late_fusion),
+        )
+        if value is not None
+    }
     try:
         config = PolicyBertConfig(
             **config_fields,
             word_vocab_size=len(lexicon),
-            num_word_layers=args.num_word_layers,
-            max_words=args.max_words,
             fusion_type=args.fusion,
-            late_fusion=args.late_fusion,
             architectures=["PolicyBertModel"],
+            **shape,
             **INITS[args.init],
         )
     except CONFIG_ERRORS as err:
-        raise InputError(
-            f"--bge {bge_dir} with --num-word-layers {args.num_word_layers}: {' '.join(str(err).split())}"
-        ) from None
+        layers = args.num_word_layers or PolicyBertConfig.num_word_layers
+        raise InputError(f"--bge {bge_dir} with --num-word-layers {layers}: {' '.join(str(err).split())}") from None
     torch.manual_seed(args.seed)
     model = PolicyBertModel(config)
     target = model.state_dict()
@@ -334,6 +353,9 @@ def merge_finetuned(args: MergeConfig) -> tuple[PolicyBertModel, PolicyBertToken
     The fine-tuned directory goes through the runtime's loader, so it is checked as a deployment
     would check it, and a directory saved before the fusion scales existed merges with s = 1.
     """
+    from chatchat_policybert.model.loading import ModelDirError, load_model_dir
+    from chatchat_policybert.model.modeling_policybert import PolicyBertModel
+
     try:
         finetuned, tokenizer = load_model_dir(args.finetuned, PolicyBertModel)
     except ModelDirError as err:
@@ -362,6 +384,7 @@ def sweep_alpha(
     from chatchat_policybert.data import CORPUS_CSV
     from chatchat_policybert.evaluation.dataset import load_corpus, load_questions
     from chatchat_policybert.evaluation.evaluate import MRR_K, dense_results
+    from chatchat_policybert.model.loading import save_model_dir
 
     corpus = load_corpus(args.dev_corpus or CORPUS_CSV)
     questions = load_questions(args.dev_questions, corpus)
@@ -390,17 +413,14 @@ def sweep_alpha(
     }
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    """Build or merge, then write the directory and ``merge_report.json`` in one atomic step."""
-    args = parse_config(
-        MergeConfig,
-        argv,
-        prog="python -m training.merge_bge",
-        description="Build a PolicyBERT directory from bge (+ ZEN), or merge a fine-tuned PolicyBERT back with bge.",
-    )
-    model, tokenizer, report = merge_finetuned(args) if args.finetuned else build_from_bge(args)
+def run(cfg: MergeConfig) -> Path:
+    """The stage: builds or merges, then writes ``cfg.out`` with ``merge_report.json`` in one atomic step; returns
+    the directory written."""
+    from chatchat_policybert.model.loading import save_model_dir
+
+    model, tokenizer, report = merge_finetuned(cfg) if cfg.finetuned else build_from_bge(cfg)
     out = save_model_dir(
-        model, tokenizer, args.out, {"merge_report.json": json.dumps(report, ensure_ascii=False, indent=1)}
+        model, tokenizer, cfg.out, {"merge_report.json": json.dumps(report, ensure_ascii=False, indent=1)}
     )
     print(
         f"wrote {out}: {len(report['used'])} tensors set from sources, {len(report['dropped'])} dropped, "
@@ -408,6 +428,19 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     for key, reason in report["dropped"].items():
         print(f"  dropped {key}: {reason}")
+    return out
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    run(
+        parse_flags(
+            MergeConfig,
+            argv,
+            prog="python -m training.merge_bge",
+            description="Build a PolicyBERT directory from bge (+ ZEN), "
+            "or merge a fine-tuned PolicyBERT back with bge.",
+        )
+    )
     return 0
 
 

@@ -15,13 +15,15 @@ from __future__ import annotations
 
 import random
 import sys
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from tqdm import tqdm
 
-from chatchat_policybert.errors import InputError, PlainArgumentParser, run_cli
+from chatchat_policybert.errors import InputError, run_cli
 from chatchat_policybert.files import atomic_path, write_json
 from training._common import Document, SentencePair, copy_license, read_corpus
+from training.config import parse_flags
 from training.corpus import split_clauses
 
 SPLITS = ("train", "dev", "test")
@@ -208,42 +210,50 @@ def balance(splits: dict[str, list[SentencePair]]) -> dict[str, dict[str, int]]:
     return {name: {"pairs": len(rows), "positive": sum(ex.label for ex in rows)} for name, rows in splits.items()}
 
 
-def main(argv: list[str] | None = None) -> None:
-    parser = PlainArgumentParser(prog="python -m training.policysm", description=__doc__.split("\n\n")[0])
-    parser.add_argument("--corpus", type=Path, required=True, help="corpus.jsonl from training.corpus")
-    parser.add_argument(
-        "--out", type=Path, required=True, help="output folder: policysm1/ and policysm2/ with train/dev/test.tsv"
-    )
-    parser.add_argument("--seed", type=int, default=42, help="sampling of negatives and the split")
-    parser.add_argument("--dev", type=float, default=0.1, help="share of pairs in dev (default: 0.1)")
-    parser.add_argument("--test", type=float, default=0.1, help="share of pairs in test (default: 0.1)")
-    parser.add_argument(
-        "--min-clause-chars", type=int, default=2, help="shorter sub-clauses never form a pair (default: 2)"
-    )
-    args = parser.parse_args(argv)
+@dataclass
+class PolicySmConfig:
+    """The flags of ``python -m training.policysm``."""
 
-    table = clause_table(read_corpus(args.corpus), args.min_clause_chars)
+    corpus: Path = field(metadata={"help": "corpus.jsonl from training.corpus"})
+    out: Path = field(metadata={"help": "output folder: policysm1/ and policysm2/ with train/dev/test.tsv"})
+    seed: int = field(default=42, metadata={"help": "sampling of negatives and the split"})
+    dev: float = field(default=0.1, metadata={"help": "share of pairs in dev (default: 0.1)"})
+    test: float = field(default=0.1, metadata={"help": "share of pairs in test (default: 0.1)"})
+    min_clause_chars: int = field(default=2, metadata={"help": "shorter sub-clauses never form a pair (default: 2)"})
+
+    def __post_init__(self) -> None:
+        self.corpus, self.out = Path(self.corpus), Path(self.out)
+
+
+def run(cfg: PolicySmConfig) -> dict:
+    """The stage: writes PolicySM-1 and -2 (train/dev/test.tsv each) and ``OUT/stats.json``; returns those stats."""
+    table = clause_table(read_corpus(cfg.corpus), cfg.min_clause_chars)
     positives = positive_pairs(table)
     if not positives:
-        raise InputError(f"{args.corpus}: no sentence has two comma sub-clauses; no positive pair")
+        raise InputError(f"{cfg.corpus}: no sentence has two comma sub-clauses; no positive pair")
     datasets = {
         "policysm1": build_dataset(
-            positives, policysm1_negatives(table, positives, args.seed), args.seed, args.dev, args.test
+            positives, policysm1_negatives(table, positives, cfg.seed), cfg.seed, cfg.dev, cfg.test
         ),
         "policysm2": build_dataset(
-            positives, policysm2_negatives(table, positives, args.seed), args.seed, args.dev, args.test
+            positives, policysm2_negatives(table, positives, cfg.seed), cfg.seed, cfg.dev, cfg.test
         ),
     }
-    stats = {"positives": len(positives), "seed": args.seed}
+    stats: dict = {"positives": len(positives), "seed": cfg.seed}
     for name, splits in datasets.items():
-        write_splits(splits, args.out / name)
+        write_splits(splits, cfg.out / name)
         stats[name] = balance(splits)
         summary = ", ".join(
             f"{s} {b['pairs']} ({b['positive'] / max(b['pairs'], 1):.1%} positive)" for s, b in stats[name].items()
         )
-        print(f"{name}: {summary} → {args.out / name}")
-    write_json(stats, args.out / "stats.json")
-    copy_license(args.corpus, args.out)
+        print(f"{name}: {summary} → {cfg.out / name}")
+    write_json(stats, cfg.out / "stats.json")
+    copy_license(cfg.corpus, cfg.out)
+    return stats
+
+
+def main(argv: list[str] | None = None) -> None:
+    run(parse_flags(PolicySmConfig, argv, "python -m training.policysm", __doc__.split("\n\n")[0]))
 
 
 if __name__ == "__main__":

@@ -22,18 +22,21 @@ import random
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-import torch
-from torch import nn
 from tqdm import tqdm
-from transformers import BertForPreTraining
 
 from chatchat_policybert.errors import InputError, run_cli
-from chatchat_policybert.model.loading import load_model_dir, read_config, resolve_model_dir, save_model_dir
-from chatchat_policybert.model.modeling_policybert import PolicyBertForPreTraining
-from chatchat_policybert.model.tokenization_policybert import PolicyBertTokenizer
 from training._common import Document, SentencePair, read_corpus
-from training.loop import TrainConfig, is_main_process, parse_config, require_share, train
+from training.config import TrainConfig, parse_flags, require_share
+
+if TYPE_CHECKING:  # torch and the model load with a run, not with --help
+    import torch
+    from torch import nn
+    from transformers import BertForPreTraining
+
+    from chatchat_policybert.model.modeling_policybert import PolicyBertForPreTraining
+    from chatchat_policybert.model.tokenization_policybert import PolicyBertTokenizer
 
 IS_NEXT, IS_RANDOM = 0, 1  # BERT's (and PolicyBertForPreTraining's) next_sentence_label convention
 WordSpan = tuple[int, int, int]  # (word id, first token, one past the last token), as PolicyBertTokenizer returns them
@@ -166,6 +169,8 @@ def make_batch(
     Seeding per example, not per run, makes a batch independent of what came before it, which is
     what lets ``--resume`` reproduce an uninterrupted run.
     """
+    import torch
+
     tok = tokenizer.tokenizer
     special = set(tok.all_special_ids)
     replacements = [i for i in range(len(tok)) if i not in special]
@@ -209,6 +214,8 @@ def evaluate(
 
     The caller puts the model in eval mode (and autocast): :func:`training.loop.evaluating`.
     """
+    import torch
+
     device = next(model.parameters()).device
     loss_sum = correct = masked = nsp_correct = 0.0
     for start in tqdm(range(0, len(examples), cfg.eval_batch_size), desc="evaluating", unit="batch", leave=False):
@@ -272,6 +279,8 @@ def pretrain(
 
     ``inputs``, the command line's, only goes into ``run.json`` (see :func:`training.loop.train`).
     """
+    from training.loop import is_main_process, train
+
     task = PretrainTask(tokenizer, docs, cfg)
     if is_main_process():
         print(
@@ -288,6 +297,11 @@ def load_start_model(model_dir: Path) -> tuple[PolicyBertForPreTraining | BertFo
     it has no lexicon, so its masking is per character, and its ``final/`` is again a plain BERT
     directory that ``training.merge_bge --bge`` and ``training.contrastive`` take.
     """
+    from transformers import BertForPreTraining
+
+    from chatchat_policybert.model.loading import load_model_dir, read_config, resolve_model_dir
+    from chatchat_policybert.model.modeling_policybert import PolicyBertForPreTraining
+
     model_class = (
         BertForPreTraining
         if read_config(resolve_model_dir(model_dir))["model_type"] == "bert"
@@ -296,8 +310,30 @@ def load_start_model(model_dir: Path) -> tuple[PolicyBertForPreTraining | BertFo
     return load_model_dir(model_dir, model_class, allow_missing=("cls.", "pooler."))
 
 
+def run(cfg: PretrainConfig, inputs: PretrainInputs) -> tuple[list[dict], bool]:
+    """The stage: pre-trains ``inputs.model`` on ``inputs.corpus``; a finished run's main process saves ``OUT/final``.
+
+    Returns :func:`pretrain`'s per-epoch metrics and whether all steps ran.
+    """
+    import torch
+
+    from chatchat_policybert.model.loading import save_model_dir
+    from training.loop import is_main_process
+
+    docs = read_corpus(inputs.corpus)
+    # The MLM/NSP heads (and a pooler a merged dir may lack) are what this stage creates: seeded, they start
+    # from the same draw in every run and every process, so a resumed or multi-process run matches.
+    torch.manual_seed(cfg.seed)
+    model, tokenizer = load_start_model(inputs.model)
+    history, finished = pretrain(model, tokenizer, docs, cfg, inputs)
+    if finished and is_main_process():
+        save_model_dir(model, tokenizer, cfg.out / "final")
+        print(f"model → {cfg.out / 'final'}")
+    return history, finished
+
+
 def main(argv: list[str] | None = None) -> None:
-    cfg, inputs = parse_config(
+    cfg, inputs = parse_flags(
         PretrainConfig,
         argv,
         "python -m training.pretrain",
@@ -305,15 +341,7 @@ def main(argv: list[str] | None = None) -> None:
         extra=(PretrainInputs,),
         presets=PRESETS,
     )
-    docs = read_corpus(inputs.corpus)
-    # The MLM/NSP heads (and a pooler a merged dir may lack) are what this stage creates: seeded, they start
-    # from the same draw in every run and every process, so a resumed or multi-process run matches.
-    torch.manual_seed(cfg.seed)
-    model, tokenizer = load_start_model(inputs.model)
-    _, finished = pretrain(model, tokenizer, docs, cfg, inputs)
-    if finished and is_main_process():
-        save_model_dir(model, tokenizer, cfg.out / "final")
-        print(f"model → {cfg.out / 'final'}")
+    run(cfg, inputs)
 
 
 if __name__ == "__main__":

@@ -34,7 +34,7 @@ _logged_errors: set[str] = set()
 
 def local_config(utils: ModuleType, model_name: str) -> tuple[str, object] | None:
     """(platform name, parsed config or error message) if `model_name` is served in-process."""
-    from chatchat_policybert.chatchat.settings import parse_config
+    from chatchat_policybert.chatchat.settings import local_embeddings_block
     from chatchat_policybert.errors import SettingsError
 
     info = utils.get_model_info(model_name=model_name)
@@ -43,7 +43,7 @@ def local_config(utils: ModuleType, model_name: str) -> tuple[str, object] | Non
         return None
     platform = utils.get_config_platforms().get(platform_name, {})
     try:
-        config = parse_config(platform)
+        config = local_embeddings_block(platform)
     except SettingsError as exc:
         return platform_name, str(exc)
     return None if config is None else (platform_name, config)

@@ -89,7 +89,7 @@ class LocalPlatform(NamedTuple):
     config: LocalEmbeddingsConfig
 
 
-def parse_config(platform: dict[str, Any]) -> LocalEmbeddingsConfig | None:
+def local_embeddings_block(platform: dict[str, Any]) -> LocalEmbeddingsConfig | None:
     """Return the validated block of a platform dict, None if it has none.
 
     Raises SettingsError naming the platform and the offending keys.
@@ -144,7 +144,7 @@ def load_yaml(path: Path) -> dict[str, Any]:
 def iter_local_platforms(model_settings: dict[str, Any]) -> Iterator[LocalPlatform]:
     """Yield the platforms of a parsed model_settings.yaml that carry a `local_embeddings` block."""
     for platform in model_settings.get("MODEL_PLATFORMS") or []:
-        config = parse_config(platform)
+        config = local_embeddings_block(platform)
         if config is not None:
             models = platform.get("embed_models") or []
             yield LocalPlatform(str(platform.get("platform_name", "?")), list(models), config)

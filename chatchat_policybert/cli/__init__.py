@@ -53,18 +53,21 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def plugin_command(name: str) -> Any:
-    """The ``main(argv)`` of a command another package declares in the ``chatchat_policybert.commands`` group.
+def plugin_command(name: str, needed_by: str | None = None) -> Any:
+    """What another package declares as ``name`` in the ``chatchat_policybert.commands`` group: the ``main(argv)``
+    of a command (``tune``), or a function the runtime calls (``demo-model``, the demo's model).
 
-    Why an entry point: ``tune`` needs the training code, and this package never imports
+    Why an entry point: these need the training code, and this package never imports
     ``training`` (imports point one way); where the training extras are not installed the
-    command is missing or cannot import, which is one error line saying what to install.
+    entry point is missing or cannot import, which is one error line saying what ``needed_by``
+    (default: the command ``chatchat-policybert NAME``) needs installed.
     """
     from importlib.metadata import entry_points
 
     found = [ep for ep in entry_points(group=COMMAND_GROUP) if ep.name == name]
     advice = (
-        f"`chatchat-policybert {name}` needs the training package: pip install -c constraints.txt '.[chatchat,train]'"
+        f"{needed_by or f'`chatchat-policybert {name}`'} needs the training package: "
+        "pip install -c constraints.txt '.[chatchat,train]'"
     )
     if not found:
         raise InputError(f"{advice} (no '{name}' in entry-point group {COMMAND_GROUP})")

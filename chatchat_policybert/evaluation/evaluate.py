@@ -27,7 +27,7 @@ from __future__ import annotations
 import argparse
 import sys
 import tempfile
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 
 from tqdm import tqdm
@@ -227,6 +227,48 @@ def parse_model(spec: str) -> tuple[str, Path]:
     return label, Path(path)
 
 
+@dataclass
+class EvalConfig:
+    """The evaluation's settings, one field per flag of :func:`add_arguments` (whose defaults come from here)."""
+
+    corpus: Path | None = None
+    questions: Path | None = None
+    beir: Path | None = None
+    beir_split: str | None = None
+    limit: int | None = None
+    model: list[str] = field(default_factory=list)
+    """``[LABEL=]DIR`` each; the first embeds the temporary KB and is the candidate of ``baseline``."""
+    baseline: Path | None = None
+    require_better: bool = False
+    retrievers: str | None = None
+    device: str = "cpu"
+    batch_size: int = 32
+    depth: int = 100
+    analyzer: str | None = None
+    chatchat_root: Path | None = None
+    kb: str | None = None
+    work_dir: Path | None = None
+    score_threshold: list[float] = field(default_factory=list)
+    chatchat_top_k: int | None = None
+    ks: str = "1,5,10"
+    out: Path | None = None
+    plot: Path | None = None
+
+    @classmethod
+    def from_flags(cls, args: argparse.Namespace) -> EvalConfig:
+        """The config of parsed flags (those of this parser, or of the ``eval`` subcommand's, which has more)."""
+        return cls(**{f.name: getattr(args, f.name) for f in fields(cls)})
+
+
+@dataclass
+class EvalReport:
+    """What an evaluation found: every retriever's run, the JSON ``--out`` holds, and the gate's failure (if any)."""
+
+    results: list[RunResult]
+    payload: dict
+    failure: str | None
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The parser of ``chatchat-policybert eval`` on its own (for :func:`main`)."""
     parser = PlainArgumentParser(
@@ -278,9 +320,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     retrieval.add_argument(
         "--retrievers", help=f"comma list of {', '.join(RETRIEVERS)} (default: all that the models/root given allow)"
     )
-    retrieval.add_argument("--device", default="cpu", help="torch device of the dense models")
-    retrieval.add_argument("--batch-size", type=int, default=32, help="texts per forward pass")
-    retrieval.add_argument("--depth", type=int, default=100, help="chunks ranked by bm25/dense/rrf per query")
+    retrieval.add_argument("--device", default=EvalConfig.device, help="torch device of the dense models")
+    retrieval.add_argument("--batch-size", type=int, default=EvalConfig.batch_size, help="texts per forward pass")
+    retrieval.add_argument(
+        "--depth", type=int, default=EvalConfig.depth, help="chunks ranked by bm25/dense/rrf per query"
+    )
     retrieval.add_argument(
         "--analyzer",
         choices=ANALYZERS,
@@ -311,7 +355,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "at most 5 chunks whatever top_k; top_k sizes the BM25 and FAISS lists it fuses",
     )
     output = parser.add_argument_group("output")
-    output.add_argument("--ks", default="1,5,10", help="cut-offs for Recall@k and passage hit@k")
+    output.add_argument("--ks", default=EvalConfig.ks, help="cut-offs for Recall@k and passage hit@k")
     output.add_argument("--out", type=Path, help="write metrics and per-query rankings as JSON")
     output.add_argument("--plot", type=Path, help="write a PNG bar chart of Recall@k per retriever (needs matplotlib)")
 
@@ -333,7 +377,7 @@ def _retriever_kinds(spec: str | None, have_model: bool, have_root: bool) -> lis
     return kinds
 
 
-def _load_data(args: argparse.Namespace) -> tuple[Corpus, list[Query]]:
+def _load_data(args: EvalConfig) -> tuple[Corpus, list[Query]]:
     if args.beir is not None:
         if args.corpus or args.questions:
             raise InputError("use either --beir or --corpus/--questions")
@@ -353,7 +397,7 @@ def _load_data(args: argparse.Namespace) -> tuple[Corpus, list[Query]]:
 
 
 def _run(
-    args: argparse.Namespace,
+    args: EvalConfig,
     root: Path,
     corpus: Corpus,
     queries: list[Query],
@@ -416,7 +460,19 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def run(args: argparse.Namespace, argv: list[str] | None = None) -> int:
-    """Evaluate as the parsed flags say; ``argv`` is recorded in ``--out`` (default: the process's command line)."""
+    """The command: evaluate as the parsed flags say (``argv``, default the process's command line, recorded in
+    ``--out``); exit :data:`EXIT_WORSE` when ``--require-better`` fails."""
+    cfg = EvalConfig.from_flags(args)
+    report = evaluate(cfg, sys.argv if argv is None else list(argv))
+    if report.failure is not None and cfg.require_better:
+        print(f"gate: {report.failure}", file=sys.stderr)
+        return EXIT_WORSE
+    return 0
+
+
+def evaluate(args: EvalConfig, command_line: list[str] | None = None) -> EvalReport:
+    """Evaluates as ``args`` says: prints the table (and the gate's comparison with a baseline), writes ``out`` and
+    ``plot`` where set; ``command_line``, where given, is recorded in the payload."""
     try:
         ks = sorted({int(k) for k in args.ks.split(",") if k.strip()})
     except ValueError:
@@ -449,7 +505,7 @@ def run(args: argparse.Namespace, argv: list[str] | None = None) -> int:
 
     print(format_table(results))
     payload = {
-        "command_line": sys.argv if argv is None else argv,
+        "command_line": command_line,
         "queries": len(queries),
         "documents": len({d.group for d in corpus.documents}),
         "results": {r.name: {"metrics": r.metrics, "queries": r.queries} for r in results},
@@ -474,10 +530,7 @@ def run(args: argparse.Namespace, argv: list[str] | None = None) -> int:
     if args.plot is not None:
         plot_recall(results, ks, args.plot)
         print(f"wrote {args.plot}")
-    if failure is not None and args.require_better:
-        print(f"gate: {failure}", file=sys.stderr)
-        return EXIT_WORSE
-    return 0
+    return EvalReport(results, payload, failure)
 
 
 if __name__ == "__main__":

@@ -7,16 +7,12 @@ character layers) would otherwise fail far from its cause or silently keep no wo
 """
 
 # No ``from __future__ import annotations``: ``@strict`` checks values against the real field types.
-from typing import Literal, get_args
-
 from huggingface_hub.dataclasses import strict
 from huggingface_hub.errors import StrictDataclassError
 from transformers import AutoConfig, BertConfig
 
-FusionType = Literal["none", "gate", "attn"]
-LateFusion = Literal["add", "none"]
-FUSION_TYPES: tuple[str, ...] = get_args(FusionType)
-LATE_FUSIONS: tuple[str, ...] = get_args(LateFusion)
+from chatchat_policybert.model.constants import FUSION_TYPES, LATE_FUSIONS, FusionType, LateFusion
+
 CONFIG_ERRORS = (ValueError, TypeError, StrictDataclassError)
 """What building a config from bad values raises: ``@strict`` wraps type and validator failures in
 ``StrictDataclassError``."""

@@ -85,10 +85,10 @@ def resolve_model_dir(name_or_path: str | os.PathLike) -> Path:
 
 def read_config(path: Path) -> dict:
     """``config.json`` of a model directory, checked to be JSON of a supported ``model_type`` and valid values."""
-    return parse_config(path)[0]
+    return read_checked_config(path)[0]
 
 
-def parse_config(path: Path, **overrides) -> tuple[dict, BertConfig]:
+def read_checked_config(path: Path, **overrides) -> tuple[dict, BertConfig]:
     """``config.json`` read once: its JSON and the checked config object (``overrides`` applied, e.g. ``num_labels``).
 
     Loading hands the object to the tokenizer and to ``from_pretrained``, so the file is parsed once per load.
@@ -315,7 +315,7 @@ def load_model_dir(
     ``.train()`` themselves.
     """
     path = resolve_model_dir(name_or_path)
-    config, checked = parse_config(path, **model_kwargs)
+    config, checked = read_checked_config(path, **model_kwargs)
     refuse_remote_code(path, config)
     if model_class is not None and model_class.config_class.model_type != config["model_type"]:
         raise ModelDirError(

@@ -26,6 +26,7 @@ from transformers import AutoTokenizer, BatchEncoding, BertTokenizerFast, PreTra
 from chatchat_policybert.errors import InputError
 from chatchat_policybert.files import read_json
 from chatchat_policybert.model.configuration_policybert import PolicyBertConfig
+from chatchat_policybert.model.constants import DEFAULT_QUERY_INSTRUCTION
 from chatchat_policybert.model.lexicon import LEXICON_FILE, Lexicon
 
 SPECIAL_TOKENS = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
@@ -35,8 +36,6 @@ transformers import Python code shipped in the directory
 (:func:`chatchat_policybert.model.loading.refuse_remote_code`)."""
 PROMPTS_FILE = "config_sentence_transformers.json"
 """Where a model directory keeps its query instruction: sentence-transformers' file, ``{"prompts": {"query": …}}``."""
-DEFAULT_QUERY_INSTRUCTION = "为这个句子生成表示以用于检索相关文章："
-"""bge-zh's retrieval instruction: what a query is prefixed with when its model directory names none."""
 
 
 def read_query_instruction(path: Path) -> str | None:

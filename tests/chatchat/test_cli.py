@@ -13,7 +13,7 @@ import yaml
 from chatchat_deploy import BIN, Deployment, run
 from test_kb_swap import files, write_index
 
-from chatchat_policybert.chatchat.settings import find_local_model, parse_config
+from chatchat_policybert.chatchat.settings import find_local_model, local_embeddings_block
 from chatchat_policybert.cli import main
 from chatchat_policybert.errors import SettingsError, plain_text
 from chatchat_policybert.stores import STORES
@@ -240,9 +240,9 @@ def test_doctor_names_a_setting_that_is_not_a_number(tmp_path: Path):
 )
 def test_bad_local_embeddings_block_names_the_key(block, fragment):
     with pytest.raises(SettingsError, match=fragment) as error:
-        parse_config({"platform_name": "pb", "local_embeddings": block})
+        local_embeddings_block({"platform_name": "pb", "local_embeddings": block})
     assert "platform 'pb'" in str(error.value)
 
 
 def test_platform_without_block_is_left_to_chatchat():
-    assert parse_config({"platform_name": "ollama", "platform_type": "ollama"}) is None
+    assert local_embeddings_block({"platform_name": "ollama", "platform_type": "ollama"}) is None

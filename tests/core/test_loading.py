@@ -20,7 +20,7 @@ from chatchat_policybert.model.loading import (
     ModelDirError,
     load_model_dir,
     load_policybert,
-    parse_config,
+    read_checked_config,
     save_model_dir,
 )
 from chatchat_policybert.model.modeling_policybert import (
@@ -389,7 +389,7 @@ def test_a_stage_output_loads_quietly_into_every_class(
     """The task head a directory carries is dropped, the one a stage creates is allowed, by name: no
     transformers load report (its UNEXPECTED/MISSING table) is printed, and every encoder weight loads."""
     path = policy_dir if saved_class.config_class.model_type == "policybert" else bert_dir
-    _, config = parse_config(path)
+    _, config = read_checked_config(path)
     torch.manual_seed(0)
     saved = saved_class(config)
     saved.save_pretrained(path)
@@ -405,7 +405,7 @@ def test_a_stage_output_loads_quietly_into_every_class(
 @pytest.mark.parametrize("model_class", [PolicyBertForSequenceClassification, PolicyBertForPreTraining])
 def test_a_pooler_the_directory_lacks_is_allowed_by_its_encoder_name(policy_dir, model_class):
     """Fine-tuning and pre-training allow "pooler.": in their classes the pooler is "bert.pooler."."""
-    _, config = parse_config(policy_dir)
+    _, config = read_checked_config(policy_dir)
     PolicyBertModel(config, add_pooling_layer=False).save_pretrained(policy_dir)
     model, _ = load_model_dir(policy_dir, model_class, allow_missing=("classifier.", "cls.", "pooler."), num_labels=2)
     assert model.bert.pooler is not None

@@ -1,14 +1,14 @@
-"""``training.ablate`` end to end at toy size: every variant × seed runs, the table is their mean ± std."""
+"""``training.ablate`` (the fusion ablation, :mod:`training.ablate_fusion`) end to end at toy size: every variant ×
+seed runs, the table is their mean ± std."""
 
 from __future__ import annotations
 
-import argparse
 import json
 import statistics
 
 import pytest
 
-from training import ablate
+from training import ablate, ablate_fusion
 
 
 def test_ablation_table_summarises_every_run(tmp_path, small_csv, reference_lexicon_path):
@@ -58,6 +58,6 @@ def test_ablation_table_summarises_every_run(tmp_path, small_csv, reference_lexi
             (out / f"{run['variant']}-seed{run['seed']}" / "pretrain" / "run.json").read_text(encoding="utf-8")
         )
         assert config["config"]["max_steps"] == 2
-    args = argparse.Namespace(hidden_size=32, layers=2, heads=4, max_length=32, word_layers=1)
-    assert ablate.small_config(100, 50, "char", args).word_vocab_size == 0
-    assert ablate.small_config(100, 50, "gate", args).word_vocab_size == 50
+    args = ablate_fusion.FusionAblationConfig(hidden_size=32, layers=2, heads=4, max_length=32, word_layers=1)
+    assert ablate_fusion.small_config(100, 50, "char", args).word_vocab_size == 0
+    assert ablate_fusion.small_config(100, 50, "gate", args).word_vocab_size == 50

@@ -1,5 +1,6 @@
-"""``training.loop``: flags from the config dataclasses, thesis defaults and presets, the global-batch check,
-gradient checkpointing. Resume is tested in ``test_pretrain.py``, several processes in ``test_distributed.py``."""
+"""``training.config`` and ``training.loop``: flags from the config dataclasses, thesis defaults and presets, the
+global-batch check, gradient checkpointing. Resume is tested in ``test_pretrain.py``, several processes in
+``test_distributed.py``."""
 
 from __future__ import annotations
 
@@ -16,8 +17,8 @@ import torch
 from chatchat_policybert.errors import EXIT_INPUT_ERROR, EXIT_INTERRUPTED, InputError
 from chatchat_policybert.model.modeling_policybert import PolicyBertForPreTraining
 from chatchat_policybert.model.tokenization_policybert import PolicyBertTokenizer
+from training.config import parse_flags
 from training.finetune import FinetuneConfig, FinetuneInputs
-from training.loop import parse_config
 from training.pretrain import PRESETS, PretrainConfig, PretrainInputs, pretrain
 from training.pretrain import main as pretrain_main
 
@@ -26,7 +27,7 @@ PROG = "python -m training.pretrain"
 
 def parse_pretrain(*flags: str) -> tuple[PretrainConfig, PretrainInputs]:
     argv = ["--model", "m", "--corpus", "c.jsonl", "--out", "o", *flags]
-    return parse_config(PretrainConfig, argv, PROG, "", extra=(PretrainInputs,), presets=PRESETS)
+    return parse_flags(PretrainConfig, argv, PROG, "", extra=(PretrainInputs,), presets=PRESETS)
 
 
 def test_flags_come_from_the_dataclasses():
@@ -37,7 +38,7 @@ def test_flags_come_from_the_dataclasses():
     assert (inputs.model, inputs.corpus, cfg.out) == (Path("m"), Path("c.jsonl"), Path("o"))
     # The thesis's values where the docstrings promise them (warm-up over 0.9 of the steps, as in its Tables 2, 3, 5,
     # 6).
-    finetune_cfg, _ = parse_config(
+    finetune_cfg, _ = parse_flags(
         FinetuneConfig, ["--model", "m", "--data", "d", "--out", "o"], "p", "", extra=(FinetuneInputs,)
     )
     assert (cfg.lr, cfg.warmup_proportion, cfg.epochs) == (3e-5, 0.9, 3)

@@ -1,6 +1,6 @@
 """`python -m training.pairs`: pseudo-queries, the no-false-negative rule, the dev split, the LLM cache.
 
-Most tests run :func:`training.pairs.build_pairs` on chunks cut from real policy text here (fast);
+Most tests run :func:`training.pairs.pairs_from_chunks` on chunks cut from real policy text here (fast);
 one module fixture goes through real Chatchat (`chatchat init`, setup, Chatchat's splitter) as
 `--corpus` and `--chatchat-root` do. The LLM is the loopback stand-in of ``tests/chatchat``.
 """
@@ -20,7 +20,7 @@ from chatchat_policybert.evaluation.dataset import load_corpus, text_group
 from chatchat_policybert.evaluation.knowledge_base import Chunk, load_chunks
 from chatchat_policybert.evaluation.retrievers import Bm25
 from chatchat_policybert.retrieval.analyzer import NEW_DEPLOYMENT, get_analyzer
-from training.pairs import build_pairs, main
+from training.pairs import main, pairs_from_chunks
 from training.pairs.config import PairsConfig
 from training.pairs.llm import LlmQuestions, parse_questions
 from training.pairs.negatives import FILL_DRAWS, SHARED_RUN, Miner, Pool, conflicts, random_order, shared_runs
@@ -194,7 +194,7 @@ def test_parse_questions_strips_marks_and_drops_short_lines():
 
 
 def test_pairs_have_no_false_negatives_and_dev_is_held_out_by_document(tmp_path, chunks):
-    summary = build_pairs(config(tmp_path), chunks)
+    summary = pairs_from_chunks(config(tmp_path), chunks)
     rows = check_no_false_negatives(tmp_path, chunks)
     assert summary["pairs"]["dev"] and summary["pairs"]["train"]
     assert sum(sum(c.values()) for c in summary["pairs"].values()) == len(rows)
@@ -203,7 +203,7 @@ def test_pairs_have_no_false_negatives_and_dev_is_held_out_by_document(tmp_path,
     assert summary["dev_documents"] == 1 and summary["documents"] == 5
     assert len({row["query"] for row in rows}) == len(rows)
     # Repeatable: the same seed writes the same files.
-    build_pairs(config(tmp_path / "again"), chunks)
+    pairs_from_chunks(config(tmp_path / "again"), chunks)
     for name in ("train.jsonl", "dev.jsonl"):
         assert (tmp_path / name).read_bytes() == (tmp_path / "again" / name).read_bytes()
 
@@ -212,7 +212,7 @@ def test_negatives_come_from_the_rank_window_then_at_random(chunks):
     related = shared_runs(chunks)
     pool = Pool(range(len(chunks)))
     pair = Pair("ict", chunks[12].text[:30], chunks[12].text[30:], 12)
-    bm25 = Bm25(chunks, len(chunks), get_analyzer(NEW_DEPLOYMENT))  # what build_pairs mines with by default
+    bm25 = Bm25(chunks, len(chunks), get_analyzer(NEW_DEPLOYMENT))  # what pairs_from_chunks mines with by default
     ranking = bm25.search(pair.query)[0]
     allowed = [i for i in ranking[2:30] if not conflicts(pair, i, chunks, related)]
     assert len({chunks[i].text for i in allowed}) >= NEGATIVES
@@ -308,7 +308,7 @@ def test_filling_up_ends_short_when_the_pool_has_too_few_allowed_chunks(large_kb
 
 
 def test_dense_model_mines_too(tmp_path, chunks, tiny_model_dir):
-    summary = build_pairs(config(tmp_path, model=tiny_model_dir("gate")), chunks)
+    summary = pairs_from_chunks(config(tmp_path, model=tiny_model_dir("gate")), chunks)
     assert summary["miners"] == ["bm25:policy", "dense:model"] and summary["analyzer"].startswith("policy v1 ")
     check_no_false_negatives(tmp_path, chunks)
 
@@ -336,7 +336,7 @@ def test_llm_questions_are_cached_and_resume_after_an_interruption(tmp_path, chu
     flaky = OllamaStandIn(reply=dies_after_three).start()
     try:
         with pytest.raises(InputError, match="not answering"):
-            build_pairs(config(tmp_path, llm=flaky.url), chunks)
+            pairs_from_chunks(config(tmp_path, llm=flaky.url), chunks)
     finally:
         flaky.stop()
     cache = tmp_path / "llm_cache.jsonl"
@@ -346,7 +346,7 @@ def test_llm_questions_are_cached_and_resume_after_an_interruption(tmp_path, chu
 
     standin = OllamaStandIn(reply=questions_about).start()
     try:
-        summary = build_pairs(config(tmp_path, llm=standin.url), chunks)
+        summary = pairs_from_chunks(config(tmp_path, llm=standin.url), chunks)
     finally:
         standin.stop()
     assert len(standin.requests) == distinct - 3  # only what the cache lacked
@@ -358,7 +358,7 @@ def test_llm_questions_are_cached_and_resume_after_an_interruption(tmp_path, chu
     # All answers cached: a third run needs no endpoint at all.
     (tmp_path / "again").mkdir()
     (tmp_path / "again" / "llm_cache.jsonl").write_bytes(cache.read_bytes())
-    offline = build_pairs(config(tmp_path / "again", llm="http://127.0.0.1:9/v1"), chunks)
+    offline = pairs_from_chunks(config(tmp_path / "again", llm="http://127.0.0.1:9/v1"), chunks)
     assert offline["pairs"] == summary["pairs"]
 
 
@@ -367,7 +367,7 @@ def test_llm_endpoint_down_is_a_clear_error(tmp_path, chunks):
         probe.bind(("127.0.0.1", 0))
         port = probe.getsockname()[1]
     with pytest.raises(InputError, match=rf"--llm http://127.0.0.1:{port}/v1: the chat endpoint is not answering"):
-        build_pairs(config(tmp_path, llm=f"http://127.0.0.1:{port}/v1"), chunks)
+        pairs_from_chunks(config(tmp_path, llm=f"http://127.0.0.1:{port}/v1"), chunks)
     assert not (tmp_path / "train.jsonl").exists()
 
 
@@ -375,7 +375,7 @@ def test_llm_wrong_path_names_the_http_status(tmp_path, chunks):
     standin = OllamaStandIn().start()
     try:
         with pytest.raises(InputError, match=r"/api: HTTP 404 for model 'qwen2.5:7b'.*end in /v1"):
-            build_pairs(config(tmp_path, llm=standin.url.replace("/v1", "/api")), chunks)
+            pairs_from_chunks(config(tmp_path, llm=standin.url.replace("/v1", "/api")), chunks)
     finally:
         standin.stop()
 
@@ -462,8 +462,8 @@ def test_corpus_of_one_document_is_refused_before_mining(tmp_path, chunks):
     """Item 13: one document (here with an identical copy) gave an empty dev.jsonl and exit 0."""
     one = [c for c in chunks if c.source in ("doc0.md", "doc0_copy.md")]
     with pytest.raises(InputError, match=r"1 distinct document\(s\) \(identical copies count once\).*at least 2"):
-        build_pairs(config(tmp_path), one)
+        pairs_from_chunks(config(tmp_path), one)
     two = [c for c in chunks if c.source in ("doc0.md", "doc1.md")]
     with pytest.raises(InputError, match="--dev-ratio 0.9 holds out all 2 documents"):
-        build_pairs(PairsConfig(out=tmp_path, negatives=NEGATIVES, dev_ratio=0.9), two)
+        pairs_from_chunks(PairsConfig(out=tmp_path, negatives=NEGATIVES, dev_ratio=0.9), two)
     assert not (tmp_path / "train.jsonl").exists()

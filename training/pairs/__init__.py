@@ -61,7 +61,7 @@ from chatchat_policybert.files import write_json, write_jsonl
 from chatchat_policybert.retrieval.analyzer import NEW_DEPLOYMENT, Analyzer, get_analyzer
 from chatchat_policybert.retrieval.hybrid import configured_analyzer
 from training._common import copy_license
-from training.loop import config_dict, parse_config
+from training.config import config_dict, parse_flags
 from training.pairs.config import PairsConfig, check_config
 from training.pairs.llm import LlmQuestions
 from training.pairs.negatives import Miner, Pool
@@ -97,7 +97,7 @@ def pairs_analyzer(cfg: PairsConfig) -> Analyzer:
     return get_analyzer(NEW_DEPLOYMENT)
 
 
-def build_pairs(cfg: PairsConfig, chunks: list[Chunk]) -> dict:
+def pairs_from_chunks(cfg: PairsConfig, chunks: list[Chunk]) -> dict:
     """Writes train.jsonl and dev.jsonl for ``chunks`` into ``cfg.out``; returns the summary pairs.json holds."""
     started = time.perf_counter()
     kinds, window = check_config(cfg)
@@ -158,14 +158,15 @@ def build_pairs(cfg: PairsConfig, chunks: list[Chunk]) -> dict:
     }
 
 
-def main(argv: list[str] | None = None) -> None:
-    cfg = parse_config(PairsConfig, argv, "python -m training.pairs", __doc__.split("\n\n")[0])
+def run(cfg: PairsConfig, command_line: list[str] | None = None) -> dict:
+    """The stage: pairs from the configured chunks into ``cfg.out``, with ``pairs.json`` and the data licence;
+    returns the summary ``pairs.json`` holds (``command_line``, where given, recorded in it)."""
     check_config(cfg)  # before the minutes of building a Chatchat root
     started = time.perf_counter()
     with chunk_source(cfg) as (chunks, source):
-        summary = build_pairs(cfg, chunks)
+        summary = pairs_from_chunks(cfg, chunks)
     summary = {
-        "command_line": sys.argv if argv is None else argv,
+        "command_line": command_line,
         "config": config_dict(cfg),
         **summary,
         "seconds_total": round(time.perf_counter() - started, 1),
@@ -179,3 +180,9 @@ def main(argv: list[str] | None = None) -> None:
         )
     )
     print(f"wrote {cfg.out / 'train.jsonl'}, {cfg.out / 'dev.jsonl'}, {cfg.out / 'pairs.json'}")
+    return summary
+
+
+def main(argv: list[str] | None = None) -> None:
+    cfg = parse_flags(PairsConfig, argv, "python -m training.pairs", __doc__.split("\n\n")[0])
+    run(cfg, sys.argv if argv is None else list(argv))

@@ -8,7 +8,7 @@ from pathlib import Path
 
 from chatchat_policybert.errors import InputError
 from chatchat_policybert.retrieval.analyzer import check_name
-from training.loop import require_positive, require_share
+from training.config import require_positive, require_share
 
 DEFAULT_LLM_URL = "http://127.0.0.1:11434/v1"
 KINDS = ("ict", "heading", "llm")
@@ -16,7 +16,7 @@ KINDS = ("ict", "heading", "llm")
 
 @dataclass
 class PairsConfig:
-    """Settings of ``python -m training.pairs``: one flag per field (``training.loop.parse_config``)."""
+    """Settings of ``python -m training.pairs``: one flag per field (``training.config.parse_flags``)."""
 
     out: Path = field(metadata={"help": "folder for train.jsonl, dev.jsonl, llm_cache.jsonl, pairs.json"})
     corpus: Path | None = field(

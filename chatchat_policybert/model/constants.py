@@ -1,0 +1,17 @@
+"""What a PolicyBERT model is declared with, free of torch and transformers: the fusion kinds and the default
+query instruction.
+
+Here, not in ``configuration_policybert`` / ``tokenization_policybert`` (which load transformers and
+torch), so that command-line flags can offer them as choices and defaults while ``--help`` stays
+instant; those modules take them from here.
+"""
+
+from typing import Literal, get_args
+
+FusionType = Literal["none", "gate", "attn"]
+LateFusion = Literal["add", "none"]
+FUSION_TYPES: tuple[str, ...] = get_args(FusionType)
+LATE_FUSIONS: tuple[str, ...] = get_args(LateFusion)
+
+DEFAULT_QUERY_INSTRUCTION = "为这个句子生成表示以用于检索相关文章："
+"""bge-zh's retrieval instruction: what a query is prefixed with when its model directory names none."""
