@@ -19,7 +19,7 @@ import urllib.request
 from collections.abc import Sequence
 from pathlib import Path
 
-from chatchat_policybert.chatchat.process import ChatchatWorker, chatchat_command, run_chatchat
+from chatchat_policybert.chatchat.process import WorkerProcess, chatchat_command, run_chatchat
 from chatchat_policybert.chatchat.root import content_dir, vector_store_dir
 from chatchat_policybert.cli import main as cli_main
 from chatchat_policybert.cli import plugin_command
@@ -128,7 +128,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         f"[search] Chatchat's knowledge-base search{' and RAG chat' if llm else ''} for {len(questions)} questions",
         flush=True,
     )
-    with ChatchatWorker(root, "search", "--kb", KB_NAME, log_path=root / "logs" / "demo_search.log") as worker:
+    with WorkerProcess(root, "search", "--kb", KB_NAME, log_path=root / "logs" / "demo_search.log") as worker:
         answers = [worker.ask({"query": q, "llm": llm if i == 0 else None}) for i, q in enumerate(questions)]
     for question, answer in zip(questions, answers):
         print(f"\nQ: {question}")

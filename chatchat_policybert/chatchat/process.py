@@ -2,7 +2,7 @@
 
 Chatchat reads ``CHATCHAT_ROOT`` and its settings once, at import time, and PolicyBERT reaches it
 through the import hook every interpreter start runs; so Chatchat work for a given root runs in a
-child process (:func:`run_chatchat` for its commands, :class:`ChatchatWorker` for Python calls
+child process (:func:`run_chatchat` for its commands, :class:`WorkerProcess` for Python calls
 through :mod:`chatchat_policybert.plugin.worker`), exactly as a user's commands would run it.
 """
 
@@ -95,8 +95,9 @@ def call_worker(root: Path, mode: str, *args: str) -> dict[str, Any]:
     return json.loads(results[-1][len(WORKER_MARK) :])
 
 
-class ChatchatWorker:
-    """A long-lived worker that answers one JSON request per line: Chatchat and the model load once."""
+class WorkerProcess:
+    """A long-lived child running :mod:`chatchat_policybert.plugin.worker` in a root, answering one JSON request per
+    line: Chatchat and the model load once for many calls."""
 
     def __init__(self, root: Path, mode: str, *args: str, log_path: Path):
         log_path.parent.mkdir(parents=True, exist_ok=True)
@@ -113,7 +114,7 @@ class ChatchatWorker:
         )
         self.ready: dict[str, Any] = self._read()
 
-    def __enter__(self) -> ChatchatWorker:
+    def __enter__(self) -> WorkerProcess:
         return self
 
     def __exit__(self, *exc: object) -> None:

@@ -36,7 +36,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from chatchat_policybert.chatchat.process import ChatchatWorker
+from chatchat_policybert.chatchat.process import WorkerProcess
 from chatchat_policybert.chatchat.root import content_dir, kb_settings
 from chatchat_policybert.chatchat.settings import PLATFORM_KEY, round_trip_yaml
 from chatchat_policybert.errors import InputError, SettingsError
@@ -193,7 +193,7 @@ class Candidates:
 
     def __init__(self, root: Path, kb: str, chunks: list[Chunk], log_path: Path):
         self._locate = ChunkLocator(chunks)
-        self._worker = ChatchatWorker(root, "candidates", "--kb", kb, log_path=log_path)
+        self._worker = WorkerProcess(root, "candidates", "--kb", kb, log_path=log_path)
         if "error" in self._worker.ready:
             self._worker.close()
             raise InputError(self._worker.ready["error"])

@@ -23,7 +23,7 @@ from typing import Protocol
 import numpy as np
 from tqdm import tqdm
 
-from chatchat_policybert.chatchat.process import ChatchatWorker
+from chatchat_policybert.chatchat.process import WorkerProcess
 from chatchat_policybert.errors import InputError
 from chatchat_policybert.evaluation.knowledge_base import Chunk
 from chatchat_policybert.evaluation.metrics import rank_by_score, reciprocal_rank_fusion
@@ -129,7 +129,7 @@ class ChatchatSearch:
 
     def __init__(self, root: Path, kb: str, chunks: list[Chunk], top_k: int, log_path: Path):
         self._locate = ChunkLocator(chunks)
-        self._worker = ChatchatWorker(root, "search", "--kb", kb, "--top-k", str(top_k), log_path=log_path)
+        self._worker = WorkerProcess(root, "search", "--kb", kb, "--top-k", str(top_k), log_path=log_path)
         self.configured_threshold: float = self._worker.ready["score_threshold"]
 
     def __enter__(self) -> ChatchatSearch:

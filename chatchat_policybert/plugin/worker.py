@@ -1,6 +1,6 @@
 """Runs Chatchat's own chunking, search and RAG answer inside a child process bound to one CHATCHAT_ROOT.
 
-Started by :mod:`chatchat_policybert.chatchat.process` (``call_worker``, ``ChatchatWorker``), which
+Started by :mod:`chatchat_policybert.chatchat.process` (``call_worker``, ``WorkerProcess``), which
 explains why a child process. Results are printed as one line ``@@chatchat@@ <json>`` each
 (Chatchat prints freely to stdout too).
 

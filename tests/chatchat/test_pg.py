@@ -26,7 +26,7 @@ from ollama_standin import REPLY, OllamaStandIn
 from test_kb_rebuild import load_index
 from test_kb_rebuild_failures import Root, make_root, rebuild
 
-from chatchat_policybert.chatchat.process import ChatchatWorker
+from chatchat_policybert.chatchat.process import WorkerProcess
 from chatchat_policybert.chatchat.switches import BM25_CACHE_ENV
 from chatchat_policybert.data import QUESTIONS
 from chatchat_policybert.deploy.calibration import Candidates, Setting, calibrate_root, fuse
@@ -133,7 +133,7 @@ def test_search_docs_keeps_the_top_k_above_the_pg_cosine_cut(
     vectors = np.asarray([json.loads(vector) for _, _, vector in rows])
     model = PolicyBertEmbeddings(str(deployment.model_dir))
     queries = ["数据要素市场化配置改革", "公共数据授权运营", "数字经济发展规划"]
-    with ChatchatWorker(
+    with WorkerProcess(
         pg_root.path, "search", "--kb", KB_NAME, "--top-k", str(TOP_K), log_path=pg_root.path / "search.log"
     ) as worker:
         for query in queries:
@@ -215,7 +215,7 @@ def test_failed_rebuild_leaves_the_collection_searchable_and_unchanged(
     assert logged in log
     assert collection(cluster.uri) == before and pg_root.db_rows() == rows
     assert collection_names(cluster.uri) == [KB_NAME], "no staging collection left behind"
-    with ChatchatWorker(pg_root.path, "search", "--kb", KB_NAME, log_path=pg_root.path / "search.log") as worker:
+    with WorkerProcess(pg_root.path, "search", "--kb", KB_NAME, log_path=pg_root.path / "search.log") as worker:
         assert worker.ask({"query": "数据要素", "threshold": -10.0})["hits"]
 
 
@@ -459,7 +459,7 @@ def test_the_pg_bm25_index_follows_a_rebuild(pg_root: Root, cluster: PgCluster):
     """A running search process (as `chatchat start` keeps one) finds a file added by a later `kb -r` by its words."""
     added = pg_root.path / "data" / "knowledge_base" / KB_NAME / "content" / "zz_added.md"
     wording = "鲲鹏翡翠试验区澜沧码头管理暂行办法"
-    with ChatchatWorker(
+    with WorkerProcess(
         pg_root.path, "search", "--kb", KB_NAME, "--top-k", str(TOP_K), log_path=pg_root.path / "follow.log"
     ) as worker:
         assert not any(wording in text for _, text in worker.ask({"query": wording, "threshold": 2.0})["hits"])
