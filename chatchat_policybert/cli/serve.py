@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import math
 import os
 import sys
 from pathlib import Path
@@ -12,7 +11,10 @@ from typing import Any
 from chatchat_policybert.chatchat.settings import find_local_model, load_yaml
 from chatchat_policybert.cli.common import add_root_argument
 from chatchat_policybert.errors import InputError
-from chatchat_policybert.model.options import EmbeddingOptions
+from chatchat_policybert.serving.limits import ServerLimits
+
+API_KEY_ENV = "POLICYBERT_API_KEY"
+"""Where ``serve`` takes the API key from when ``--api-key`` is not given (keeps it out of the process list)."""
 
 
 def register(commands: Any) -> None:
@@ -28,26 +30,7 @@ def register(commands: Any) -> None:
         help="address to listen on (default 127.0.0.1: loopback only; set an API key before using another)",
     )
     serve.add_argument("--port", type=int, default=9998, help="port to listen on (default 9998)")
-    serve.add_argument("--max-batch", type=int, default=32, help="texts per model call across concurrent requests")
-    serve.add_argument(
-        "--max-wait-ms", type=float, default=5.0, help="how long a request waits for others to batch with"
-    )
-    serve.add_argument("--max-inputs", type=int, default=2048, help="inputs per request before 413")
-    serve.add_argument("--max-body-mb", type=float, default=8.0, help="request body size before 413")
-    serve.add_argument("--max-input-tokens", type=int, default=8192, help="tokens per input before 413")
-    serve.add_argument("--max-request-tokens", type=int, default=300_000, help="tokens per request before 413")
-    serve.add_argument(
-        "--batch-tokens",
-        type=int,
-        default=EmbeddingOptions.model_fields["batch_tokens"].default,
-        help="tokens per model call; requests take turns in slices of this size",
-    )
-    serve.add_argument(
-        "--read-timeout",
-        type=float,
-        default=10.0,
-        help="seconds a client may take to send its request headers, and again its body (408)",
-    )
+    ServerLimits.add_arguments(serve)
     serve.add_argument(
         "--api-key",
         help="require 'Authorization: Bearer KEY' (default: $POLICYBERT_API_KEY, "
@@ -64,30 +47,14 @@ def run_serve(args: argparse.Namespace) -> int:
     from chatchat_policybert.chatchat.root import is_loopback
     from chatchat_policybert.chatchat.settings import LocalEmbeddingsConfig
     from chatchat_policybert.model.tokenization_policybert import PolicyBertTokenizer
-    from chatchat_policybert.serving.server import (
-        API_KEY_ENV,
-        SHUTDOWN_GRACE_S,
-        ServerLimits,
-        create_app,
-        header_timeout_protocol,
-        thread_local_counter,
-    )
+    from chatchat_policybert.serving.app import create_app, thread_local_counter
+    from chatchat_policybert.serving.limits import SHUTDOWN_GRACE_S
+    from chatchat_policybert.serving.protocol import header_timeout_protocol
 
     # Every flag is checked before the model loads: a typo costs no loading time.
     if not 0 < args.port <= 65535:
         raise InputError(f"--port {args.port}: expected a TCP port, 1..65535")
-    if not math.isfinite(args.max_body_mb):
-        raise InputError(f"--max-body-mb {args.max_body_mb}: expected a finite number of MiB")
-    limits = ServerLimits(
-        max_body_bytes=int(args.max_body_mb * 1024 * 1024),
-        max_inputs=args.max_inputs,
-        max_input_tokens=args.max_input_tokens,
-        max_request_tokens=args.max_request_tokens,
-        max_batch=args.max_batch,
-        batch_tokens=args.batch_tokens,
-        max_wait_s=args.max_wait_ms / 1000.0,
-        read_timeout_s=args.read_timeout,
-    )
+    limits = ServerLimits.from_arguments(args)
     if args.model_path is not None:
         config = LocalEmbeddingsConfig(model_path=str(args.model_path.resolve()), device=args.device or "cpu")
         platform, name = "command line", args.model_name or "policybert"

@@ -20,13 +20,9 @@ from chatchat_deploy import free_port
 from fastapi.testclient import TestClient
 
 from chatchat_policybert.model.embeddings import PolicyBertEmbeddings
-from chatchat_policybert.serving.server import (
-    CHARS_PER_TOKEN,
-    ServerLimits,
-    create_app,
-    header_timeout_protocol,
-    thread_local_counter,
-)
+from chatchat_policybert.serving.app import create_app, thread_local_counter
+from chatchat_policybert.serving.limits import CHARS_PER_TOKEN, ServerLimits
+from chatchat_policybert.serving.protocol import header_timeout_protocol
 
 MODEL = "policybert"
 
@@ -44,14 +40,14 @@ def texts(policies) -> list[str]:
 @pytest.fixture(scope="module")
 def limits() -> ServerLimits:
     return ServerLimits(
-        max_body_bytes=64 * 1024,
+        max_body_mb=1 / 16,
         max_inputs=64,
         max_batch=16,
-        max_wait_s=0.005,
+        max_wait_ms=5.0,
         max_input_tokens=1024,
         max_request_tokens=8192,
         batch_tokens=1024,
-        read_timeout_s=3.0,
+        read_timeout=3.0,
     )
 
 
@@ -206,18 +202,18 @@ def test_chunked_body_over_the_limit_is_refused_while_reading(live_url, limits):
         b"POST /v1/embeddings HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
         b"Transfer-Encoding: chunked\r\n\r\n"
     )
-    status = raw_request(live_url, head, parts, timeout=limits.read_timeout_s - 1)
+    status = raw_request(live_url, head, parts, timeout=limits.read_timeout - 1)
     assert " 413 " in status, status
     assert requests.get(live_url.removesuffix("/v1") + "/health", timeout=5).ok
 
 
 def test_stalled_body_times_out(live_url, limits):
-    """Item 7: a client that declares a body and never sends it holds the request at most read_timeout_s."""
+    """Item 7: a client that declares a body and never sends it holds the request at most read_timeout."""
     head = b"POST /v1/embeddings HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: 100\r\n\r\n"
     start = time.monotonic()
-    status = raw_request(live_url, head, [b'{"model": '], timeout=limits.read_timeout_s + 5)
+    status = raw_request(live_url, head, [b'{"model": '], timeout=limits.read_timeout + 5)
     assert " 408 " in status, status
-    assert time.monotonic() - start < limits.read_timeout_s + 5
+    assert time.monotonic() - start < limits.read_timeout + 5
 
 
 @pytest.mark.parametrize("content_type", ["text/plain", "application/x-www-form-urlencoded", None])
@@ -371,7 +367,7 @@ def test_long_words_are_capped_and_sliced_by_characters(embeddings):
 @pytest.mark.slow  # a real uvicorn (served)
 def test_abandoned_request_stops_between_model_calls(embeddings, texts):
     """Item 3: a client that disconnects while its request runs costs at most the model call under way."""
-    limits = ServerLimits(max_batch=1, read_timeout_s=5.0)
+    limits = ServerLimits(max_batch=1, read_timeout=5.0)
     calls: list[int] = []
     first = threading.Event()
 

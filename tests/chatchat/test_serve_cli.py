@@ -14,7 +14,7 @@ import pytest
 import requests
 from chatchat_deploy import BIN, free_port, stop_group
 
-from chatchat_policybert.serving.server import SHUTDOWN_GRACE_S
+from chatchat_policybert.serving.limits import SHUTDOWN_GRACE_S
 
 SERVE = [str(BIN / "chatchat-policybert"), "serve"]
 pytestmark = pytest.mark.slow  # every test runs `serve` (uvicorn) in a process of its own
@@ -104,11 +104,11 @@ def test_unfinished_headers_and_silent_connections_are_closed(tiny_model, tmp_pa
 @pytest.mark.parametrize(
     ("flag", "value", "fragment"),
     [
-        ("--max-body-mb", "inf", "--max-body-mb inf"),
+        ("--max-body-mb", "inf", "max_body_mb"),
         ("--port", "99999", "--port 99999"),
-        ("--max-wait-ms", "inf", "max_wait_s"),
-        ("--max-wait-ms", "5000", "max_wait_s must be at most"),
-        ("--read-timeout", "nan", "read_timeout_s"),
+        ("--max-wait-ms", "inf", "max_wait_ms"),
+        ("--max-wait-ms", "5000", "max_wait_ms must be at most"),
+        ("--read-timeout", "nan", "read_timeout"),
     ],
 )
 def test_impossible_serve_flags_are_one_error_line(tiny_model, tmp_path, flag, value, fragment):

@@ -16,7 +16,8 @@ from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from chatchat_policybert.model.embeddings import PolicyBertEmbeddings
-from chatchat_policybert.serving.server import ServerLimits, create_app, thread_local_counter
+from chatchat_policybert.serving.app import create_app, thread_local_counter
+from chatchat_policybert.serving.limits import ServerLimits
 
 MODEL = "policybert"
 # Text with everything JSON can carry: CJK, ASCII, controls, lone surrogates, emoji.
@@ -49,7 +50,7 @@ CONTENT_TYPE = st.sampled_from(["application/json", "application/json; charset=u
 @pytest.fixture(scope="module")
 def client(tiny_model):
     embeddings = PolicyBertEmbeddings(str(tiny_model))
-    limits = ServerLimits(max_body_bytes=4096, max_inputs=8, max_input_tokens=64, max_request_tokens=256)
+    limits = ServerLimits(max_body_mb=4 / 1024, max_inputs=8, max_input_tokens=64, max_request_tokens=256)
     app = create_app(
         embeddings.embed_documents, thread_local_counter(embeddings.tokenizer), MODEL, embeddings.dimension, limits
     )
