@@ -19,6 +19,7 @@ import uvicorn
 from chatchat_deploy import free_port
 from fastapi.testclient import TestClient
 
+from chatchat_policybert.cli import build_parser
 from chatchat_policybert.model.embeddings import PolicyBertEmbeddings
 from chatchat_policybert.serving.app import create_app, thread_local_counter
 from chatchat_policybert.serving.limits import CHARS_PER_TOKEN, ServerLimits
@@ -96,6 +97,16 @@ def live_url(embeddings, limits, model_calls):
     app = create_app(embed, thread_local_counter(embeddings.tokenizer), MODEL, embeddings.dimension, limits)
     with served(app, limits) as url:
         yield url
+
+
+def test_serve_flags_are_the_limits_fields():
+    """Each limit is declared once: `serve`'s flags are ServerLimits' fields, with its defaults, in the flags' units."""
+    parse = build_parser().parse_args
+    assert ServerLimits.from_arguments(parse(["serve"])) == ServerLimits()
+    given = ServerLimits.from_arguments(
+        parse(["serve", "--max-body-mb", "0.5", "--max-wait-ms", "0", "--read-timeout", "2"])
+    )
+    assert (given.max_body_bytes, given.max_wait_s, given.read_timeout) == (512 * 1024, 0.0, 2.0)
 
 
 def test_float_and_base64_match_embed_documents(client, embeddings, texts):
