@@ -72,7 +72,6 @@ from chatchat_policybert.deploy.calibration import (
     calibrate_root,
     dev_queries,
     is_pairs_file,
-    served_platform,
     update_settings,
     write_calibration,
 )
@@ -105,7 +104,7 @@ from chatchat_policybert.evaluation.retrievers import ChatchatEnsemble, Chatchat
 from chatchat_policybert.files import atomic_path, read_json, write_json
 from chatchat_policybert.model.embeddings import token_limit
 from chatchat_policybert.model.loading import save_model_dir
-from chatchat_policybert.retrieval.hybrid import HYBRID_KEY, configured_analyzer
+from chatchat_policybert.retrieval.hybrid import configured_analyzer, configured_hybrid
 from chatchat_policybert.stores.pg_store import OwnSchema, candidate_schema, check_schema_rights
 from chatchat_policybert.stores.rebuild import check_kb_name
 from training import pairs as pairs_stage
@@ -605,8 +604,7 @@ def step_install(run: Run, final: Path, candidate: Path, key: str) -> None:
     if not (installed / "config.json").is_file():
         with atomic_path(installed) as tmp:
             shutil.copytree(final, tmp)
-    tuned = load_yaml(candidate / "model_settings.yaml")
-    hybrid = served_platform(tuned, candidate / "model_settings.yaml").get(HYBRID_KEY)
+    hybrid = configured_hybrid(candidate)
     threshold = kb_settings(candidate).score_threshold
     update_settings(run.root, hybrid=hybrid, threshold=threshold, model_path=str(installed.relative_to(run.root)))
     embed_model, _ = served_model(run.root)

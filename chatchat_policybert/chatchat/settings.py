@@ -87,6 +87,8 @@ class LocalPlatform(NamedTuple):
     platform_name: str
     embed_models: list[str]
     config: LocalEmbeddingsConfig
+    entry: dict[str, Any]
+    """The entry itself, as parsed (a writer of settings edits it in place; its other blocks, e.g. ``hybrid``)."""
 
 
 def local_embeddings_block(platform: dict[str, Any]) -> LocalEmbeddingsConfig | None:
@@ -147,11 +149,13 @@ def iter_local_platforms(model_settings: dict[str, Any]) -> Iterator[LocalPlatfo
         config = local_embeddings_block(platform)
         if config is not None:
             models = platform.get("embed_models") or []
-            yield LocalPlatform(str(platform.get("platform_name", "?")), list(models), config)
+            yield LocalPlatform(str(platform.get("platform_name", "?")), list(models), config, platform)
 
 
-def find_local_model(model_settings: dict[str, Any], model_name: str | None) -> LocalPlatform:
-    """The local platform serving `model_name` (default: DEFAULT_EMBEDDING_MODEL)."""
+def find_local_model(model_settings: dict[str, Any], model_name: str | None = None) -> LocalPlatform:
+    """The local platform serving `model_name` (default: DEFAULT_EMBEDDING_MODEL): the one lookup of "the platform
+    that serves the root's model", for reading it (``serve``, ``doctor``, the ``hybrid`` block) and for writing it
+    (calibration, ``setup``)."""
     wanted = model_name or model_settings.get("DEFAULT_EMBEDDING_MODEL")
     platforms = list(iter_local_platforms(model_settings))
     for platform in platforms:

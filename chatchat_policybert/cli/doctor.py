@@ -166,7 +166,7 @@ def diagnose(root: Path, load_model: bool) -> list[Finding]:
     findings.extend(_check_interrupted_swaps(root))
     analyzer = None
     if local is not None:
-        hybrid_findings, analyzer = _check_hybrid(model_settings, local.platform_name, threshold, store, root)
+        hybrid_findings, analyzer = _check_hybrid(local.entry, threshold, store, root)
         findings.extend(hybrid_findings)
     if store == "faiss":
         embed_model = str(model_settings.get("DEFAULT_EMBEDDING_MODEL", ""))
@@ -187,14 +187,11 @@ def diagnose(root: Path, load_model: bool) -> list[Finding]:
     return findings
 
 
-def _check_hybrid(
-    model_settings: dict[str, Any], platform_name: str, threshold: float, store: str, root: Path
-) -> tuple[list[Finding], Any]:
+def _check_hybrid(platform: dict[str, Any], threshold: float, store: str, root: Path) -> tuple[list[Finding], Any]:
     """The ensemble's weights, threshold and the dev metrics they were chosen on (the platform's ``hybrid``), the
     BM25 analyzer it configures, and that analyzer (None where it cannot be built)."""
     from chatchat_policybert.deploy.calibration import describe
 
-    platform = next(p for p in model_settings.get("MODEL_PLATFORMS") or [] if p.get("platform_name") == platform_name)
     try:
         hybrid = parse_hybrid(platform)
     except SettingsError as exc:

@@ -12,13 +12,13 @@ from pathlib import Path
 from typing import Any
 
 from chatchat_policybert.chatchat.root import SERVERS, content_dir, default_kb
-from chatchat_policybert.chatchat.settings import PLATFORM_KEY, round_trip_yaml
+from chatchat_policybert.chatchat.settings import PLATFORM_KEY, find_local_model, round_trip_yaml
 from chatchat_policybert.cli.common import add_root_argument
 from chatchat_policybert.cli.doctor import PG_HYBRID_NOTE, diagnose, report
-from chatchat_policybert.errors import InputError, SettingsError
+from chatchat_policybert.errors import InputError
 from chatchat_policybert.model.dtypes import DTYPE_CHOICES
 from chatchat_policybert.retrieval.analyzer import ANALYZERS, NEW_DEPLOYMENT
-from chatchat_policybert.retrieval.hybrid import HYBRID_KEY, configured_analyzer
+from chatchat_policybert.retrieval.hybrid import HYBRID_KEY, HybridConfig, configured_analyzer, parse_hybrid
 from chatchat_policybert.stores import STORES
 from chatchat_policybert.stores.base import TARGET_COSINE
 from chatchat_policybert.stores.faiss_store import faiss_indexes
@@ -121,17 +121,6 @@ def merge_settings(target: Any, shipped: Any, keep_other_platforms: bool) -> Non
             target[key] = value
 
 
-def _policybert_platform(model_settings: Any) -> Any:
-    for platform in model_settings.get("MODEL_PLATFORMS") or []:
-        if PLATFORM_KEY in platform:
-            return platform
-    raise SettingsError(f"the shipped model_settings.yaml has no platform with '{PLATFORM_KEY}'")
-
-
-def _policybert_block(model_settings: Any) -> Any:
-    return _policybert_platform(model_settings)[PLATFORM_KEY]
-
-
 def run_setup(args: argparse.Namespace) -> int:
     """Merge the shipped settings into a root prepared by `chatchat init`, then check it."""
     root: Path = args.root
@@ -158,9 +147,11 @@ def run_setup(args: argparse.Namespace) -> int:
     for name in SETTINGS_FILES:
         shipped = yaml.load((source / name).read_text(encoding="utf-8"))
         if name == "model_settings.yaml":
-            block = _policybert_block(shipped)
+            platform = find_local_model(shipped).entry
+            block = platform[PLATFORM_KEY]
             if args.analyzer is not None:
-                _policybert_platform(shipped).setdefault(HYBRID_KEY, {})["analyzer"] = args.analyzer
+                hybrid = parse_hybrid(platform) or HybridConfig()
+                platform[HYBRID_KEY] = hybrid.model_copy(update={"analyzer": args.analyzer}).block()
             if args.model is not None:
                 block["model_path"] = str(args.model.resolve())
             for key in ("device", "dtype"):

@@ -38,8 +38,8 @@ from typing import Any
 
 from chatchat_policybert.chatchat.process import WorkerProcess
 from chatchat_policybert.chatchat.root import content_dir, kb_settings
-from chatchat_policybert.chatchat.settings import PLATFORM_KEY, round_trip_yaml
-from chatchat_policybert.errors import InputError, SettingsError
+from chatchat_policybert.chatchat.settings import PLATFORM_KEY, find_local_model, round_trip_yaml
+from chatchat_policybert.errors import InputError
 from chatchat_policybert.evaluation.dataset import Query, kb_questions, utf8_text
 from chatchat_policybert.evaluation.evaluate import MRR_K, RunResult, evaluate_retriever
 from chatchat_policybert.evaluation.knowledge_base import Chunk, load_chunks
@@ -383,27 +383,11 @@ def write_calibration(root: Path, calibration: Calibration) -> None:
             **({"analyzers": calibration.analyzers} if calibration.analyzers else {}),
         },
     )
-    update_settings(root, hybrid=hybrid.model_dump(exclude_none=True), threshold=chosen.threshold)
-
-
-def served_platform(model_settings: Any, path: Path) -> Any:
-    """The platform entry (a mapping of the parsed file) whose ``local_embeddings`` serves DEFAULT_EMBEDDING_MODEL."""
-    wanted = model_settings.get("DEFAULT_EMBEDDING_MODEL")
-    platform = next(
-        (
-            p
-            for p in model_settings.get("MODEL_PLATFORMS") or []
-            if PLATFORM_KEY in p and wanted in (p.get("embed_models") or [])
-        ),
-        None,
-    )
-    if platform is None:
-        raise SettingsError(f"{path}: no platform with '{PLATFORM_KEY}' serves DEFAULT_EMBEDDING_MODEL '{wanted}'")
-    return platform
+    update_settings(root, hybrid=hybrid, threshold=chosen.threshold)
 
 
 def update_settings(
-    root: Path, *, hybrid: dict[str, Any] | None = None, threshold: float | None = None, model_path: str | None = None
+    root: Path, *, hybrid: HybridConfig | None = None, threshold: float | None = None, model_path: str | None = None
 ) -> None:
     """Sets the served platform's ``hybrid`` block and ``local_embeddings.model_path``, and SCORE_THRESHOLD.
 
@@ -414,9 +398,9 @@ def update_settings(
     yaml = round_trip_yaml()
     model_file = Path(root) / "model_settings.yaml"
     model = yaml.load(model_file.read_text(encoding="utf-8"))
-    platform = served_platform(model, model_file)
+    platform = find_local_model(model).entry
     if hybrid is not None:
-        platform[HYBRID_KEY] = hybrid
+        platform[HYBRID_KEY] = hybrid.block()
     if model_path is not None:
         platform[PLATFORM_KEY]["model_path"] = model_path
     _dump(yaml, model, model_file)

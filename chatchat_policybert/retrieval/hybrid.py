@@ -76,6 +76,11 @@ class HybridConfig(BaseModel):
             raise ValueError("bm25_weight + dense_weight must be above 0")
         return value
 
+    def block(self) -> dict[str, Any]:
+        """The mapping a settings writer stores as the ``hybrid`` block: the fields given, none of them None, so the
+        file says only what was chosen (calibration, ``setup --analyzer``)."""
+        return self.model_dump(exclude_unset=True, exclude_none=True)
+
     @property
     def weights(self) -> tuple[float, float]:
         """(BM25, dense), the order of Chatchat's ``EnsembleRetriever(retrievers=[bm25, faiss])``."""
@@ -94,13 +99,10 @@ def configured_hybrid(root: Path) -> HybridConfig | None:
     path = Path(root) / "model_settings.yaml"
     model_settings = load_yaml(path) if path.is_file() else {}
     try:
-        local = find_local_model(model_settings, None)
+        local = find_local_model(model_settings)
     except SettingsError:
         return None
-    platform = next(
-        p for p in model_settings.get("MODEL_PLATFORMS") or [] if p.get("platform_name") == local.platform_name
-    )
-    return parse_hybrid(platform)
+    return parse_hybrid(local.entry)
 
 
 def configured_analyzer(root: Path) -> Any:
