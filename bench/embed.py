@@ -17,7 +17,6 @@ is the min cosine to the same model's whole fp32 forward pass (no [CLS]-only las
 from __future__ import annotations
 
 import argparse
-import csv
 import json
 import multiprocessing as mp
 import os
@@ -33,7 +32,8 @@ import torch
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
-from chatchat_policybert.data import CORPUS_CSV, LEXICON  # noqa: E402 - bench/ runs from a checkout
+from chatchat_policybert.corpus import read_policy_rows  # noqa: E402 - bench/ runs from a checkout
+from chatchat_policybert.data import CORPUS_CSV, LEXICON  # noqa: E402
 
 BGE_BASE = dict(
     hidden_size=768, num_hidden_layers=12, num_attention_heads=12, intermediate_size=3072, max_position_embeddings=512
@@ -45,9 +45,7 @@ LIGHT = {"attn-1wl": dict(num_word_layers=1), "attn-1wl-early": dict(num_word_la
 
 def corpus_chunks(chars: int, count: int) -> list[str]:
     """``count`` consecutive ``chars``-character chunks of the policy corpus, whitespace squeezed."""
-    csv.field_size_limit(sys.maxsize)
-    with open(CORPUS_CSV, encoding="utf-8", newline="") as f:
-        text = "".join("".join(row["contentText"].split()) for row in csv.DictReader(f))
+    text = "".join("".join(row["contentText"].split()) for row in read_policy_rows(CORPUS_CSV))
     return [text[i * chars : (i + 1) * chars] for i in range(count)]
 
 

@@ -18,12 +18,12 @@ first (BM25 weight 0) at the loosest threshold Chatchat accepts (0.0, cosine >= 
 from __future__ import annotations
 
 import argparse
-import csv
 import sys
 import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the checkout: tests.support and training
+from chatchat_policybert.corpus import read_policy_rows
 from chatchat_policybert.data import CORPUS_CSV, LEXICON, QUESTIONS
 from chatchat_policybert.deploy.calibration import KS, Candidates, Fused, calibrate_root
 from chatchat_policybert.evaluation.dataset import load_corpus, load_questions
@@ -38,9 +38,7 @@ from training import pairs
 
 def tiny_model(out: Path) -> Path:
     """The evaluation's tiny random-weight PolicyBERT (docs/evaluation.md's command)."""
-    csv.field_size_limit(1 << 30)
-    with CORPUS_CSV.open(encoding="utf-8") as handle:
-        texts = [r["contentText"] + r["title"] for r in csv.DictReader(handle)] + [DEFAULT_QUERY_INSTRUCTION]
+    texts = [r["contentText"] + r["title"] for r in read_policy_rows(CORPUS_CSV)] + [DEFAULT_QUERY_INSTRUCTION]
     return build_tiny_policybert(out, texts, Lexicon.load(LEXICON))
 
 

@@ -1,4 +1,9 @@
-"""Turn the bundled policy CSV into documents a Chatchat knowledge base can load.
+"""The corpus's readers, one per format (a policy CSV, a folder of ``.md``/``.txt`` files), and the bundled
+policy CSV as documents a Chatchat knowledge base can load.
+
+The evaluation (:mod:`chatchat_policybert.evaluation.dataset`) and training's corpus stage read
+their inputs through :func:`read_policy_rows` and :func:`read_text_folder`, so a file is read,
+and refused, the same way everywhere.
 
 Each policy becomes one Markdown file, because Chatchat 0.3.1.3 loads `.md` with LangChain's
 plain `TextLoader`; `.txt` would go through `unstructured`, which needs NLTK data offline.
@@ -18,6 +23,7 @@ from chatchat_policybert.errors import InputError
 
 MIN_CONTENT_CHARS = 200
 COLUMNS = ("title", "contentText")
+FOLDER_SUFFIXES = (".md", ".txt")
 
 
 @dataclass(frozen=True)
@@ -39,19 +45,54 @@ class PolicyDocument:
         return f"# {self.title}\n\n{meta}\n\n{self.content}\n" if meta else f"# {self.title}\n\n{self.content}\n"
 
 
-def read_policy_rows(csv_path: Path) -> list[dict[str, str | None]]:
-    """Every data row of a policy CSV (the columns of :data:`COLUMNS` at least), in file order.
+def not_utf8(path: Path, err: UnicodeDecodeError) -> InputError:
+    """The one message for a corpus or question file in another encoding (a GBK export is the usual case)."""
+    return InputError(f"{path}: not UTF-8 text ({err.reason}); save it as UTF-8, e.g. iconv -f GBK -t UTF-8")
 
-    The evaluation needs all of them (its documents are numbered by row) and the knowledge base
-    only the distinct ones (:func:`distinct_policies`): both come from this one read.
+
+def read_policy_rows(csv_path: Path, columns: tuple[str, ...] = COLUMNS) -> list[dict[str, str | None]]:
+    """Every data row of a policy CSV (with ``columns`` at least), in file order; a file that is not a UTF-8 CSV
+    with them is an InputError naming it.
+
+    The evaluation needs all of them (its documents are numbered by row), the knowledge base only
+    the distinct ones (:func:`distinct_policies`), and training's corpus stage only ``contentText``
+    (its titles are optional): all come from this one read.
     """
     csv.field_size_limit(1 << 30)
-    with Path(csv_path).open(encoding="utf-8", newline="") as handle:
-        reader = csv.DictReader(handle)
-        missing = set(COLUMNS) - set(reader.fieldnames or [])
-        if missing:
-            raise InputError(f"{csv_path}: missing column(s) {', '.join(sorted(missing))}")
-        return list(reader)
+    try:
+        with Path(csv_path).open(encoding="utf-8", newline="") as handle:
+            reader = csv.DictReader(handle)
+            if reader.fieldnames is None:
+                raise InputError(f"{csv_path}: the CSV file is empty")
+            missing = set(columns) - set(reader.fieldnames)
+            if missing:
+                raise InputError(f"{csv_path}: missing column(s) {', '.join(sorted(missing))}")
+            return list(reader)
+    except UnicodeDecodeError as err:
+        raise not_utf8(csv_path, err) from None
+    except csv.Error as exc:
+        raise InputError(f"{csv_path}: not a readable CSV ({exc})") from None
+
+
+def read_text_folder(folder: Path, skip_licenses: bool = False) -> list[tuple[str, str]]:
+    """``(name, text)`` of every ``.md``/``.txt`` file under ``folder`` (name: relative, POSIX), sorted by path;
+    an InputError where there is none, or one is not UTF-8.
+
+    ``skip_licenses`` leaves out ``LICENSE*`` files (a data folder's licence is no document to
+    train on; a knowledge base's content folder is read whole).
+    """
+    files = sorted(p for p in Path(folder).rglob("*") if p.is_file() and p.suffix.lower() in FOLDER_SUFFIXES)
+    if skip_licenses:
+        files = [p for p in files if not p.name.startswith("LICENSE")]
+    if not files:
+        raise InputError(f"{folder}: no {'/'.join(FOLDER_SUFFIXES)} files")
+    documents = []
+    for file in files:
+        try:
+            documents.append((file.relative_to(folder).as_posix(), file.read_text(encoding="utf-8")))
+        except UnicodeDecodeError as err:
+            raise not_utf8(file, err) from None
+    return documents
 
 
 def distinct_policies(rows: list[dict[str, str | None]], csv_path: Path) -> list[PolicyDocument]:

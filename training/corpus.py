@@ -17,11 +17,11 @@ import re
 import sys
 import unicodedata
 from dataclasses import asdict, dataclass, field
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 
-import pandas as pd
 from tqdm import tqdm
 
+from chatchat_policybert.corpus import read_policy_rows, read_text_folder
 from chatchat_policybert.errors import InputError, run_cli
 from chatchat_policybert.files import write_json
 from training._common import Document, copy_license, write_corpus
@@ -154,39 +154,22 @@ def _read_markdown(text: str) -> str:
 
 
 def load_documents(path: Path) -> list[RawDocument]:
-    """Reads a CSV with a ``contentText`` column (and optional ``title``), or a folder of ``.txt``/``.md`` files."""
+    """Every document of a CSV with a ``contentText`` column (and optional ``title``), or of a folder of
+    ``.txt``/``.md`` files (read by :mod:`chatchat_policybert.corpus`, as the evaluation reads them)."""
     path = Path(path)
     if path.is_dir():
-        files = sorted(p for p in path.rglob("*") if p.suffix.lower() in (".txt", ".md") and p.is_file())
-        files = [p for p in files if not p.name.startswith("LICENSE")]
-        if not files:
-            raise InputError(f"{path}: no .txt or .md files in this folder")
-        docs = []
-        for file in files:
-            try:
-                text = file.read_text(encoding="utf-8")
-            except UnicodeDecodeError as exc:
-                raise InputError(f"{file}: not UTF-8 text ({exc.reason} at byte {exc.start})") from None
-            if file.suffix.lower() == ".md":
-                text = _read_markdown(text)
-            docs.append(RawDocument(str(file.relative_to(path)), file.stem, text))
-        return docs
+        return [
+            RawDocument(name, PurePosixPath(name).stem, _read_markdown(text) if name.lower().endswith(".md") else text)
+            for name, text in read_text_folder(path, skip_licenses=True)
+        ]
     if not path.is_file():
         raise InputError(f"{path}: no such file or folder")
-    try:
-        frame = pd.read_csv(path, dtype=str, keep_default_na=False)
-    except pd.errors.EmptyDataError:
-        raise InputError(f"{path}: the CSV file is empty") from None
-    except (pd.errors.ParserError, UnicodeDecodeError) as exc:
-        raise InputError(f"{path}: not a readable UTF-8 CSV ({str(exc).splitlines()[0]})") from None
-    if "contentText" not in frame.columns:
-        raise InputError(f"{path}: expected a 'contentText' column, found {list(frame.columns)}")
-    if frame.empty:
+    rows = read_policy_rows(path, ("contentText",))
+    if not rows:
         raise InputError(f"{path}: the CSV has a header but no documents")
-    titles = frame["title"] if "title" in frame.columns else [""] * len(frame)
     return [
-        RawDocument(str(i), " ".join(str(t).split()), str(text))
-        for i, (t, text) in enumerate(zip(titles, frame["contentText"]))
+        RawDocument(str(i), " ".join((row.get("title") or "").split()), row["contentText"] or "")
+        for i, row in enumerate(rows)
     ]
 
 

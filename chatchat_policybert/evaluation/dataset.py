@@ -19,13 +19,20 @@ import re
 import shutil
 from dataclasses import dataclass, field
 from difflib import get_close_matches
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 from typing import Any
 
-from chatchat_policybert.corpus import PolicyDocument, distinct_policies, export_policies, read_policy_rows
+from chatchat_policybert.corpus import (
+    FOLDER_SUFFIXES,
+    PolicyDocument,
+    distinct_policies,
+    export_policies,
+    not_utf8,
+    read_policy_rows,
+    read_text_folder,
+)
 from chatchat_policybert.errors import InputError
 
-FOLDER_SUFFIXES = (".md", ".txt")
 MAX_ERRORS_SHOWN = 20
 
 
@@ -112,16 +119,8 @@ def load_corpus(path: Path) -> Corpus:
     raise InputError(f"{path}: not a .csv file or a folder of {'/'.join(FOLDER_SUFFIXES)} files")
 
 
-def _not_utf8(path: Path, err: UnicodeDecodeError) -> InputError:
-    """The one message for a corpus file in another encoding (a GBK export is the usual case)."""
-    return InputError(f"{path}: not UTF-8 text ({err.reason}); save it as UTF-8, e.g. iconv -f GBK -t UTF-8")
-
-
 def _load_csv(path: Path) -> Corpus:
-    try:
-        rows = read_policy_rows(path)
-    except UnicodeDecodeError as err:
-        raise _not_utf8(path, err) from None
+    rows = read_policy_rows(path)
     documents = [
         EvalDocument(i, str(i), normalize_title(row["title"] or ""), row["contentText"] or "")
         for i, row in enumerate(rows)
@@ -132,17 +131,9 @@ def _load_csv(path: Path) -> Corpus:
 
 
 def _load_folder(path: Path) -> Corpus:
-    files = sorted(p for p in path.rglob("*") if p.is_file() and p.suffix.lower() in FOLDER_SUFFIXES)
-    if not files:
-        raise InputError(f"{path}: no {'/'.join(FOLDER_SUFFIXES)} files")
-    documents = []
-    for i, file in enumerate(files):
-        name = file.relative_to(path).as_posix()
-        try:
-            text = file.read_text(encoding="utf-8")
-        except UnicodeDecodeError as err:
-            raise _not_utf8(file, err) from None
-        documents.append(EvalDocument(i, name, file.stem, text))
+    documents = [
+        EvalDocument(i, name, PurePosixPath(name).stem, text) for i, (name, text) in enumerate(read_text_folder(path))
+    ]
     return Corpus(documents, {d.doc_id: d.group for d in documents}, path, "folder")
 
 
@@ -171,7 +162,7 @@ def utf8_text(path: Path) -> str:
     try:
         return path.read_text(encoding="utf-8")
     except UnicodeDecodeError as err:
-        raise _not_utf8(path, err) from None
+        raise not_utf8(path, err) from None
 
 
 def kb_questions(path: Path, kb_content: Path, corpus_path: Path | None = None) -> tuple[Corpus, list[Query]]:

@@ -95,7 +95,7 @@ def test_folder_of_text_and_markdown(tmp_path, policy_sentences):
     [
         ("", "the CSV file is empty"),
         ("title,contentText\n", "header but no documents"),
-        ("title,body\n标题,正文\n", "expected a 'contentText' column"),
+        ("title,body\n标题,正文\n", r"missing column\(s\) contentText"),
         ("contentText\n短。\n", "no sentence of at least 10 characters"),
     ],
 )
