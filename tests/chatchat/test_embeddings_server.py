@@ -27,6 +27,7 @@ from chatchat_policybert.serving.server import (
     header_timeout_protocol,
     thread_local_counter,
 )
+from tests.support.slow import slow_fixture
 
 MODEL = "policybert"
 
@@ -89,7 +90,7 @@ def served(app, limits: ServerLimits) -> Iterator[str]:
         thread.join(10)
 
 
-@pytest.fixture(scope="module")
+@slow_fixture(scope="module")
 def live_url(embeddings, limits, model_calls):
     """The app under a real uvicorn on a loopback port, for concurrent clients."""
 

@@ -16,10 +16,10 @@ import venv
 from pathlib import Path
 
 import numpy as np
-import pytest
 from chatchat_deploy import Deployment, run
 
 from chatchat_policybert.model.embeddings import PolicyBertEmbeddings
+from tests.support.slow import slow_fixture
 
 PTH_NAME = "chatchat_policybert_hook.pth"
 
@@ -57,7 +57,7 @@ if __name__ == "__main__":
 """
 
 
-@pytest.fixture(scope="module")
+@slow_fixture(scope="module")
 def wheel(tmp_path_factory, repo_root: Path) -> Path:
     source = tmp_path_factory.mktemp("src") / "repo"
     shutil.copytree(
@@ -86,7 +86,7 @@ def wheel(tmp_path_factory, repo_root: Path) -> Path:
     return next(out.glob("chatchat_policybert-*.whl"))
 
 
-@pytest.fixture(scope="module")
+@slow_fixture(scope="module")
 def fresh_venv(tmp_path_factory, wheel: Path) -> Path:
     env_dir = tmp_path_factory.mktemp("fresh") / "venv"
     venv.EnvBuilder(with_pip=False).create(env_dir)
