@@ -1,11 +1,14 @@
-"""The house rules that code review alone would let slip: imports point one way, the data ships inside,
-the runtime never uses test code."""
+"""The house rules that code review alone would let slip: imports point one way (import-linter's contracts), the data
+ships inside, the runtime never uses test code."""
 
 from __future__ import annotations
 
 import ast
 import importlib.util
 import re
+import subprocess
+import sys
+import tomllib
 from pathlib import Path
 
 import chatchat_policybert
@@ -17,23 +20,32 @@ TESTS = REPO / "tests"
 RUNTIME = (PACKAGE, REPO / "training")
 
 
-def imported_modules(path: Path) -> set[str]:
-    tree = ast.parse(path.read_text(encoding="utf-8"), filename=str(path))
-    names = set()
-    for node in ast.walk(tree):
-        if isinstance(node, ast.Import):
-            names.update(alias.name for alias in node.names)
-        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
-            names.add(node.module)
-    return names
+CONTRACTS = (
+    "runtime-never-imports-training",
+    "model-knows-no-chatchat",
+    "runtime-layers",
+)
+"""The import rules of docs/architecture.md, as import-linter contracts (pyproject.toml [tool.importlinter])."""
 
 
-def test_the_runtime_package_never_imports_training():
-    offenders = {
-        str(path.relative_to(PACKAGE)): sorted(m for m in imported_modules(path) if m.split(".")[0] == "training")
-        for path in PACKAGE.rglob("*.py")
-    }
-    assert {k: v for k, v in offenders.items() if v} == {}
+def test_import_linter_keeps_every_layer_contract():
+    """Each contract is checked by import-linter on every import statement, function-level ones included: the
+    runtime never imports training, the model knows nothing of Chatchat, the sub-packages form layers (no circle)."""
+    config = tomllib.loads((REPO / "pyproject.toml").read_text(encoding="utf-8"))["tool"]["importlinter"]
+    names = {contract["id"]: contract["name"] for contract in config["contracts"]}
+    assert sorted(names) == sorted(CONTRACTS), "a contract added or dropped: name it here"
+    contracts = [arg for contract in CONTRACTS for arg in ("--contract", contract)]
+    result = subprocess.run(
+        [str(Path(sys.executable).with_name("lint-imports")), "--no-cache", *contracts],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    report = re.sub(r"\x1b\[[0-9;]*m", "", result.stdout)
+    assert result.returncode == 0, report + result.stderr
+    for contract in CONTRACTS:
+        assert re.search(rf"^{re.escape(names[contract])}\s+KEPT$", report, re.MULTILINE), (contract, report)
 
 
 def test_the_package_carries_the_data_with_its_licence():
