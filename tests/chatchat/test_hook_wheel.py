@@ -8,11 +8,13 @@ the dev install's own hook and editable finder stay out of it).
 from __future__ import annotations
 
 import json
+import re
 import shutil
 import subprocess
 import sys
 import sysconfig
 import venv
+import zipfile
 from pathlib import Path
 
 import numpy as np
@@ -22,6 +24,8 @@ from chatchat_policybert.model.embeddings import PolicyBertEmbeddings
 from tests.support.slow import slow_fixture
 
 PTH_NAME = "chatchat_policybert_hook.pth"
+BUILD_LOG = "build.log"
+"""What `pip wheel -v` printed, setuptools' messages included, beside the wheel."""
 
 PROBE = """
 import json, multiprocessing as mp, sys
@@ -77,12 +81,14 @@ def wheel(tmp_path_factory, repo_root: Path) -> Path:
         ),
     )
     out = tmp_path_factory.mktemp("wheel")
-    subprocess.run(
-        [sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "--no-build-isolation", "-w", str(out), str(source)],
+    build = subprocess.run(
+        [sys.executable, "-m", "pip", "wheel", "-v", "--no-deps", "--no-build-isolation", "-w", str(out), str(source)],
         check=True,
         capture_output=True,
+        text=True,
         timeout=300,
     )
+    (out / BUILD_LOG).write_text(build.stdout + build.stderr, encoding="utf-8")
     return next(out.glob("chatchat_policybert-*.whl"))
 
 
@@ -108,6 +114,27 @@ def fresh_venv(tmp_path_factory, wheel: Path) -> Path:
 
 def site_packages(env_dir: Path) -> Path:
     return next((env_dir / "lib").glob("python3*/site-packages"))
+
+
+def test_the_wheel_holds_every_module_and_data_file_and_builds_without_a_warning(wheel: Path, repo_root: Path):
+    """Every sub-package of the runtime and of training, the data, the hook and the settings `setup` copies; setuptools
+    says nothing (no "Package would be ignored" for the data folders, no deprecated configuration)."""
+    shipped = set(zipfile.ZipFile(wheel).namelist())
+    expected = {
+        path.relative_to(repo_root).as_posix()
+        for package in ("chatchat_policybert", "training")
+        for path in (repo_root / package).rglob("*")
+        if path.is_file() and "__pycache__" not in path.parts and (path.suffix == ".py" or "data" in path.parts)
+    }
+    assert len(expected) > 80 and {"chatchat_policybert/data/lexicon/words_list_checked.txt"} <= expected
+    assert sorted(expected - shipped) == []
+    packages = {name.rsplit("/", 1)[0] for name in shipped if name.endswith("/__init__.py")}
+    for sub in ("model", "chatchat", "retrieval", "stores", "deploy", "serving", "plugin", "cli", "evaluation", "data"):
+        assert f"chatchat_policybert/{sub}" in packages, sub
+    assert {PTH_NAME, "chatchat_policybert/chatchat_settings/kb_settings.yaml"} <= shipped
+    assert not any(name.startswith("tests/") for name in shipped)
+    log = (wheel.parent / BUILD_LOG).read_text(encoding="utf-8")
+    assert re.findall(r"\w*Warning\b.*", log) == [], "setuptools warned while building the wheel"
 
 
 def test_wheel_puts_pth_at_site_packages_root(fresh_venv: Path):
