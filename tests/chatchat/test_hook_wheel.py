@@ -8,6 +8,7 @@ the dev install's own hook and editable finder stay out of it).
 from __future__ import annotations
 
 import json
+import os
 import re
 import shutil
 import subprocess
@@ -105,6 +106,8 @@ def fresh_venv(tmp_path_factory, wheel: Path) -> Path:
     (purelib / "zz_test_dependencies.pth").write_text(sysconfig.get_path("purelib") + "\n", encoding="utf-8")
     subprocess.run(
         [sys.executable, "-m", "pip", "--python", str(python), "install", "-q", "--no-deps", "--no-index", str(wheel)],
+        # Without PYTHONPATH: a checkout on it with an .egg-info (left by an in-place build) reads as installed.
+        env={name: value for name, value in os.environ.items() if name != "PYTHONPATH"},
         check=True,
         capture_output=True,
         timeout=300,
