@@ -25,6 +25,9 @@ from chatchat_policybert.model.embeddings import PolicyBertEmbeddings
 from tests.support.slow import slow_fixture
 
 PTH_NAME = "chatchat_policybert_hook.pth"
+ALONE = {"PYTHONPATH": ""}
+"""The fresh venv's processes see its own site-packages only: a checkout on PYTHONPATH (as a worktree's tests run
+it) would stand in for the wheel, and pip would take its .egg-info for an installed copy."""
 BUILD_LOG = "build.log"
 """What `pip wheel -v` printed, setuptools' messages included, beside the wheel."""
 
@@ -106,8 +109,7 @@ def fresh_venv(tmp_path_factory, wheel: Path) -> Path:
     (purelib / "zz_test_dependencies.pth").write_text(sysconfig.get_path("purelib") + "\n", encoding="utf-8")
     subprocess.run(
         [sys.executable, "-m", "pip", "--python", str(python), "install", "-q", "--no-deps", "--no-index", str(wheel)],
-        # Without PYTHONPATH: a checkout on it with an .egg-info (left by an in-place build) reads as installed.
-        env={name: value for name, value in os.environ.items() if name != "PYTHONPATH"},
+        env={**os.environ, **ALONE},
         check=True,
         capture_output=True,
         timeout=300,
@@ -150,7 +152,7 @@ def test_wheel_puts_pth_at_site_packages_root(fresh_venv: Path):
 def test_hook_serves_policybert_in_every_chatchat_process(fresh_venv: Path, deployment: Deployment, tmp_path: Path):
     probe = tmp_path / "probe.py"
     probe.write_text(PROBE, encoding="utf-8")
-    result = run([str(fresh_venv / "bin" / "python"), str(probe)], {**deployment.env, "PYTHONPATH": ""}, timeout=300)
+    result = run([str(fresh_venv / "bin" / "python"), str(probe)], {**deployment.env, **ALONE}, timeout=300)
     assert result.returncode == 0, result.stderr[-4000:]
     report = json.loads(result.stdout.strip().splitlines()[-1])
     assert Path(report["package"]).is_relative_to(site_packages(fresh_venv))
@@ -163,7 +165,7 @@ def test_hook_serves_policybert_in_every_chatchat_process(fresh_venv: Path, depl
 
 def test_console_script_and_packaged_settings(fresh_venv: Path, deployment: Deployment):
     for args in (["--help"], ["setup", "--help"], ["doctor", "--help"], ["serve", "--help"], ["eval", "--help"]):
-        result = run([str(fresh_venv / "bin" / "chatchat-policybert"), *args], deployment.env, timeout=60)
+        result = run([str(fresh_venv / "bin" / "chatchat-policybert"), *args], {**deployment.env, **ALONE}, timeout=60)
         assert result.returncode == 0 and "usage:" in result.stdout, result.stderr
     where = run(
         [
@@ -171,7 +173,7 @@ def test_console_script_and_packaged_settings(fresh_venv: Path, deployment: Depl
             "-c",
             "from chatchat_policybert.cli.setup import shipped_settings_dir; print(shipped_settings_dir())",
         ],
-        deployment.env,
+        {**deployment.env, **ALONE},
         timeout=60,
     )
     assert Path(where.stdout.strip()).is_relative_to(site_packages(fresh_venv))
@@ -191,7 +193,7 @@ def test_wheel_ships_its_data_and_evaluates_outside_the_repository(
         "policy_questions.jsonl",
     ):
         assert (data / name).is_file(), name
-    env = {**deployment.env, "PYTHONPATH": ""}
+    env = {**deployment.env, **ALONE}
     env.pop("CHATCHAT_ROOT")
     result = subprocess.run(
         [
@@ -222,10 +224,13 @@ def test_uninstall_removes_the_hook_quietly(fresh_venv: Path):
     python = fresh_venv / "bin" / "python"
     subprocess.run(
         [sys.executable, "-m", "pip", "--python", str(python), "uninstall", "-y", "-q", "chatchat-policybert"],
+        env={**os.environ, **ALONE},
         check=True,
         capture_output=True,
         timeout=120,
     )
     assert not (site_packages(fresh_venv) / PTH_NAME).exists()
-    started = subprocess.run([str(python), "-c", "pass"], capture_output=True, text=True, timeout=60)
+    started = subprocess.run(
+        [str(python), "-c", "pass"], env={**os.environ, **ALONE}, capture_output=True, text=True, timeout=60
+    )
     assert started.returncode == 0 and started.stderr == ""
