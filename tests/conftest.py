@@ -20,7 +20,7 @@ from chatchat_policybert.corpus import PolicyDocument, read_policies
 from chatchat_policybert.data import CORPUS_CSV, DATA_DIR, LEXICON
 from chatchat_policybert.model.lexicon import Lexicon
 from chatchat_policybert.model.tokenization_policybert import build_char_tokenizer
-from tests.support.slow import slow_command, slow_fixture_of
+from tests.support.fast_loop import slow_command, slow_fixture_of
 from tests.support.tiny_models import build_tiny_bert, build_tiny_policybert
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
@@ -151,7 +151,7 @@ def options_without_help():
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """Mark ``slow`` every test that uses a :func:`tests.support.slow.slow_fixture`, before ``-m`` selects."""
+    """Mark ``slow`` every test that uses a :func:`tests.support.fast_loop.slow_fixture`, before ``-m`` selects."""
     for item in items:
         if slow_fixture_of(item):
             item.add_marker(pytest.mark.slow)
@@ -193,7 +193,7 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo) -> pytes
     if call.when in ("setup", "call") and _guard.spawns:
         message = (
             f"{item.nodeid} is not marked slow, yet it started " + "; ".join(_guard.spawns) + ". Mark the test "
-            "(@pytest.mark.slow) or the fixture that starts it (slow_fixture): see tests/support/slow.py."
+            "(@pytest.mark.slow) or the fixture that starts it (slow_fixture): see tests/support/fast_loop.py."
         )
         _guard.spawns = []
         if report.passed or report.skipped:

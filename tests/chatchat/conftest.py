@@ -30,8 +30,8 @@ from ollama_standin import OllamaStandIn
 from chatchat_policybert.chatchat.process import chatchat_env
 from chatchat_policybert.corpus import PolicyDocument, read_policies
 from chatchat_policybert.errors import InputError
+from tests.support.fast_loop import slow_fixture
 from tests.support.pg_cluster import PgCluster
-from tests.support.slow import slow_fixture
 
 
 @pytest.fixture(scope="session")

@@ -38,7 +38,7 @@ from chatchat_policybert.retrieval.analyzer import ANALYZERS, get_analyzer
 from chatchat_policybert.retrieval.bm25_index import BM25_FILE, saved_summary
 from chatchat_policybert.retrieval.hybrid import HybridConfig, configured_analyzer, configured_hybrid, parse_hybrid
 from chatchat_policybert.stores.faiss_store import faiss_indexes
-from tests.support.slow import slow_fixture
+from tests.support.fast_loop import slow_fixture
 from tests.support.tiny_models import build_tiny_policybert
 from training import pairs
 

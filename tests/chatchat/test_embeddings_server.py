@@ -27,7 +27,7 @@ from chatchat_policybert.serving.server import (
     header_timeout_protocol,
     thread_local_counter,
 )
-from tests.support.slow import slow_fixture
+from tests.support.fast_loop import slow_fixture
 
 MODEL = "policybert"
 

@@ -22,7 +22,7 @@ import numpy as np
 from chatchat_deploy import Deployment, run
 
 from chatchat_policybert.model.embeddings import PolicyBertEmbeddings
-from tests.support.slow import slow_fixture
+from tests.support.fast_loop import slow_fixture
 
 PTH_NAME = "chatchat_policybert_hook.pth"
 ALONE = {"PYTHONPATH": ""}

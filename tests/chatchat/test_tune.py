@@ -33,9 +33,9 @@ from chatchat_policybert.chatchat.process import chatchat_command, run_chatchat
 from chatchat_policybert.chatchat.root import content_dir, vector_store_dir
 from chatchat_policybert.deploy.rollback import faiss_vectors, tune_dir
 from chatchat_policybert.stores.pg_store import CANDIDATE_SCHEMA_PREFIX, connected, pg_vectors
+from tests.support.fast_loop import slow_fixture
 from tests.support.outside_chatchat import check_loads_outside_chatchat
 from tests.support.pg_cluster import DATABASE, PgCluster
-from tests.support.slow import slow_fixture
 
 KB = "WeiMingPolicies"
 COLLAPSE = "--lr 0.01 --warmup-proportion 0 --epochs 3"

@@ -1,5 +1,5 @@
 """tests.support.tiny_models (the download-free tiny models other tests and the benchmarks use), the
-character tokenizer they are built with, and the fast loop's guard (tests.support.slow)."""
+character tokenizer they are built with, and the fast loop's guard (tests.support.fast_loop)."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from chatchat_policybert.model.lexicon import Lexicon
 from chatchat_policybert.model.loading import load_policybert
 from chatchat_policybert.model.modeling_policybert import PolicyBertModel
 from chatchat_policybert.model.tokenization_policybert import build_char_tokenizer
-from tests.support.slow import slow_command
+from tests.support.fast_loop import slow_command
 from tests.support.tiny_models import build_tiny_bert, build_tiny_policybert
 
 TEXTS = ["数据安全是国家安全的重要组成部分。", "推进5G和IPv6规模部署，促进数字经济发展"]
@@ -60,7 +60,7 @@ def test_tiny_bert_is_seeded(tmp_path):
 
 
 def test_the_fast_loop_guard_knows_every_slow_process():
-    """tests/conftest.py fails a fast test that spawns one of these (tests.support.slow); their --help, and our
+    """tests/conftest.py fails a fast test that spawns one of these (tests.support.fast_loop); their --help, and our
     other commands, stay fast."""
     python = "/venv/bin/python3.11"
     slow = {

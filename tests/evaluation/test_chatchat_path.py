@@ -31,7 +31,7 @@ from chatchat_policybert.evaluation.retrievers import (
 from chatchat_policybert.model.embeddings import PolicyBertEmbeddings
 from chatchat_policybert.model.tokenization_policybert import DEFAULT_QUERY_INSTRUCTION
 from chatchat_policybert.retrieval.hybrid import configured_analyzer
-from tests.support.slow import slow_fixture
+from tests.support.fast_loop import slow_fixture
 from tests.support.tiny_models import build_tiny_policybert
 
 from .test_eval_data import write_csv, write_jsonl

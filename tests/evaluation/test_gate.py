@@ -17,7 +17,7 @@ from chatchat_policybert.evaluation.evaluate import EXIT_WORSE, main
 from chatchat_policybert.evaluation.knowledge_base import prepare_root
 from chatchat_policybert.evaluation.metrics import paired_bootstrap_interval
 from chatchat_policybert.model.tokenization_policybert import DEFAULT_QUERY_INSTRUCTION
-from tests.support.slow import slow_fixture
+from tests.support.fast_loop import slow_fixture
 from tests.support.tiny_models import build_tiny_bert, build_tiny_policybert
 
 from .test_eval_data import write_csv, write_jsonl

@@ -20,7 +20,7 @@ from chatchat_policybert.evaluation.dataset import load_corpus, text_group
 from chatchat_policybert.evaluation.knowledge_base import Chunk, load_chunks
 from chatchat_policybert.evaluation.retrievers import Bm25
 from chatchat_policybert.retrieval.analyzer import NEW_DEPLOYMENT, get_analyzer
-from tests.support.slow import slow_fixture
+from tests.support.fast_loop import slow_fixture
 from training.pairs import build_pairs, main
 from training.pairs.config import PairsConfig
 from training.pairs.llm import LlmQuestions, parse_questions
