@@ -9,6 +9,7 @@ copied before a test edits them.
 from __future__ import annotations
 
 import re
+import sys
 from pathlib import Path
 
 import pytest
@@ -19,16 +20,11 @@ from chatchat_policybert.corpus import PolicyDocument, read_policies
 from chatchat_policybert.data import CORPUS_CSV, DATA_DIR, LEXICON
 from chatchat_policybert.model.lexicon import Lexicon
 from chatchat_policybert.model.tokenization_policybert import build_char_tokenizer
+from tests.support.fast_loop import slow_command, slow_fixture_of
 from tests.support.tiny_models import build_tiny_bert, build_tiny_policybert
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 FUSIONS = ("none", "gate", "attn")
-# A test is slow when it starts Chatchat, uvicorn, a venv, PostgreSQL or torchrun: through one of
-# these fixtures (each starts one, or builds a Chatchat root with `chatchat init` and `kb -r`), under
-# one of these markers, or itself, and then it carries @pytest.mark.slow. `pytest -m "not slow"` is
-# the fast loop of docs/tests.md.
-SLOW_FIXTURES = frozenset({"deployment", "calibrated_root", "base_root", "built", "fresh_venv", "live_url"})
-SLOW_MARKERS = ("pg", "distributed", "webui")
 
 
 @pytest.fixture(scope="session")
@@ -155,8 +151,53 @@ def options_without_help():
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """Mark ``slow`` every test that starts one of the slow processes (see :data:`SLOW_FIXTURES`)."""
+    """Mark ``slow`` every test that uses a :func:`tests.support.fast_loop.slow_fixture`, before ``-m`` selects."""
     for item in items:
-        fixtures = SLOW_FIXTURES.intersection(getattr(item, "fixturenames", ()))
-        if fixtures or any(item.get_closest_marker(marker) for marker in SLOW_MARKERS):
+        if slow_fixture_of(item):
             item.add_marker(pytest.mark.slow)
+
+
+class _FastLoopGuard:
+    """An audit hook (``subprocess.Popen`` events) that notes the slow processes a test not marked slow starts."""
+
+    def __init__(self) -> None:
+        self.watching = False
+        self.spawns: list[str] = []
+
+    def __call__(self, event: str, args: tuple) -> None:
+        if self.watching and event == "subprocess.Popen" and (what := slow_command(args[1])):
+            self.spawns.append(f"{what}: {args[1]!r}")
+
+
+_guard = _FastLoopGuard()
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    sys.addaudithook(_guard)
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None):
+    _guard.watching, _guard.spawns = item.get_closest_marker("slow") is None, []
+    try:
+        return (yield)
+    finally:
+        _guard.watching = False
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo) -> pytest.TestReport:
+    """A fast test that started a slow process fails. Setup and call only: a module's teardown stops what its slow
+    tests started, under whichever test of the module ran last."""
+    report = yield
+    if call.when in ("setup", "call") and _guard.spawns:
+        message = (
+            f"{item.nodeid} is not marked slow, yet it started " + "; ".join(_guard.spawns) + ". Mark the test "
+            "(@pytest.mark.slow) or the fixture that starts it (slow_fixture): see tests/support/fast_loop.py."
+        )
+        _guard.spawns = []
+        if report.passed or report.skipped:
+            report.outcome, report.longrepr = "failed", message
+        else:
+            report.sections.append(("fast loop", message))
+    return report

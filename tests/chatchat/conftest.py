@@ -30,6 +30,7 @@ from ollama_standin import OllamaStandIn
 from chatchat_policybert.chatchat.process import chatchat_env
 from chatchat_policybert.corpus import PolicyDocument, read_policies
 from chatchat_policybert.errors import InputError
+from tests.support.fast_loop import slow_fixture
 from tests.support.pg_cluster import PgCluster
 
 
@@ -52,7 +53,7 @@ def standin():
     server.stop()
 
 
-@pytest.fixture(scope="session")
+@slow_fixture(scope="session")
 def deployment(tmp_path_factory, tiny_model: Path, standin: OllamaStandIn) -> Deployment:
     """The README's main job (`python -m chatchat_policybert.demo`) on a few short policies."""
     root = tmp_path_factory.mktemp("chatchat_root")
@@ -122,7 +123,7 @@ def server(deployment: Deployment):
         log.close()
 
 
-@pytest.fixture(scope="module")
+@slow_fixture(scope="module")
 def cluster() -> Iterator[PgCluster]:
     """A throw-away PostgreSQL + pgvector server for the module's `pg` tests (test_pg.py, test_tune.py)."""
     try:

@@ -38,6 +38,7 @@ from chatchat_policybert.retrieval.analyzer import ANALYZERS, get_analyzer
 from chatchat_policybert.retrieval.bm25_index import BM25_FILE, saved_summary
 from chatchat_policybert.retrieval.hybrid import HybridConfig, configured_analyzer, configured_hybrid, parse_hybrid
 from chatchat_policybert.stores.faiss_store import faiss_indexes
+from tests.support.fast_loop import slow_fixture
 from tests.support.tiny_models import build_tiny_policybert
 from training import pairs
 
@@ -63,7 +64,7 @@ def build_root(tmp: Path, policy_documents: list, reference_lexicon) -> tuple[Pa
     return root, prepare_root(root, corpus, model, build_index=True), model
 
 
-@pytest.fixture(scope="module")
+@slow_fixture(scope="module")
 def calibrated_root(tmp_path_factory, policy_documents, reference_lexicon):
     """(root, kb, model, dev.jsonl): a built root and training.pairs' dev split of its KB (half the documents)."""
     tmp = tmp_path_factory.mktemp("calibration")

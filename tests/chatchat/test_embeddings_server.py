@@ -24,6 +24,7 @@ from chatchat_policybert.model.embeddings import PolicyBertEmbeddings
 from chatchat_policybert.serving.app import create_app, thread_local_counter
 from chatchat_policybert.serving.limits import CHARS_PER_TOKEN, ServerLimits
 from chatchat_policybert.serving.protocol import header_timeout_protocol
+from tests.support.fast_loop import slow_fixture
 
 MODEL = "policybert"
 
@@ -86,7 +87,7 @@ def served(app, limits: ServerLimits) -> Iterator[str]:
         thread.join(10)
 
 
-@pytest.fixture(scope="module")
+@slow_fixture(scope="module")
 def live_url(embeddings, limits, model_calls):
     """The app under a real uvicorn on a loopback port, for concurrent clients."""
 

@@ -8,20 +8,28 @@ the dev install's own hook and editable finder stay out of it).
 from __future__ import annotations
 
 import json
+import os
+import re
 import shutil
 import subprocess
 import sys
 import sysconfig
 import venv
+import zipfile
 from pathlib import Path
 
 import numpy as np
-import pytest
 from chatchat_deploy import Deployment, run
 
 from chatchat_policybert.model.embeddings import PolicyBertEmbeddings
+from tests.support.fast_loop import slow_fixture
 
 PTH_NAME = "chatchat_policybert_hook.pth"
+ALONE = {"PYTHONPATH": ""}
+"""The fresh venv's processes see its own site-packages only: a checkout on PYTHONPATH (as a worktree's tests run
+it) would stand in for the wheel, and pip would take its .egg-info for an installed copy."""
+BUILD_LOG = "build.log"
+"""What `pip wheel -v` printed, setuptools' messages included, beside the wheel."""
 
 PROBE = """
 import json, multiprocessing as mp, sys
@@ -57,7 +65,7 @@ if __name__ == "__main__":
 """
 
 
-@pytest.fixture(scope="module")
+@slow_fixture(scope="module")
 def wheel(tmp_path_factory, repo_root: Path) -> Path:
     source = tmp_path_factory.mktemp("src") / "repo"
     shutil.copytree(
@@ -77,16 +85,18 @@ def wheel(tmp_path_factory, repo_root: Path) -> Path:
         ),
     )
     out = tmp_path_factory.mktemp("wheel")
-    subprocess.run(
-        [sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "--no-build-isolation", "-w", str(out), str(source)],
+    build = subprocess.run(
+        [sys.executable, "-m", "pip", "wheel", "-v", "--no-deps", "--no-build-isolation", "-w", str(out), str(source)],
         check=True,
         capture_output=True,
+        text=True,
         timeout=300,
     )
+    (out / BUILD_LOG).write_text(build.stdout + build.stderr, encoding="utf-8")
     return next(out.glob("chatchat_policybert-*.whl"))
 
 
-@pytest.fixture(scope="module")
+@slow_fixture(scope="module")
 def fresh_venv(tmp_path_factory, wheel: Path) -> Path:
     env_dir = tmp_path_factory.mktemp("fresh") / "venv"
     venv.EnvBuilder(with_pip=False).create(env_dir)
@@ -99,6 +109,7 @@ def fresh_venv(tmp_path_factory, wheel: Path) -> Path:
     (purelib / "zz_test_dependencies.pth").write_text(sysconfig.get_path("purelib") + "\n", encoding="utf-8")
     subprocess.run(
         [sys.executable, "-m", "pip", "--python", str(python), "install", "-q", "--no-deps", "--no-index", str(wheel)],
+        env={**os.environ, **ALONE},
         check=True,
         capture_output=True,
         timeout=300,
@@ -108,6 +119,27 @@ def fresh_venv(tmp_path_factory, wheel: Path) -> Path:
 
 def site_packages(env_dir: Path) -> Path:
     return next((env_dir / "lib").glob("python3*/site-packages"))
+
+
+def test_the_wheel_holds_every_module_and_data_file_and_builds_without_a_warning(wheel: Path, repo_root: Path):
+    """Every sub-package of the runtime and of training, the data, the hook and the settings `setup` copies; setuptools
+    says nothing (no "Package would be ignored" for the data folders, no deprecated configuration)."""
+    shipped = set(zipfile.ZipFile(wheel).namelist())
+    expected = {
+        path.relative_to(repo_root).as_posix()
+        for package in ("chatchat_policybert", "training")
+        for path in (repo_root / package).rglob("*")
+        if path.is_file() and "__pycache__" not in path.parts and (path.suffix == ".py" or "data" in path.parts)
+    }
+    assert len(expected) > 80 and {"chatchat_policybert/data/lexicon/words_list_checked.txt"} <= expected
+    assert sorted(expected - shipped) == []
+    packages = {name.rsplit("/", 1)[0] for name in shipped if name.endswith("/__init__.py")}
+    for sub in ("model", "chatchat", "retrieval", "stores", "deploy", "serving", "plugin", "cli", "evaluation", "data"):
+        assert f"chatchat_policybert/{sub}" in packages, sub
+    assert {PTH_NAME, "chatchat_policybert/chatchat_settings/kb_settings.yaml"} <= shipped
+    assert not any(name.startswith("tests/") for name in shipped)
+    log = (wheel.parent / BUILD_LOG).read_text(encoding="utf-8")
+    assert re.findall(r"\w*Warning\b.*", log) == [], "setuptools warned while building the wheel"
 
 
 def test_wheel_puts_pth_at_site_packages_root(fresh_venv: Path):
@@ -120,7 +152,7 @@ def test_wheel_puts_pth_at_site_packages_root(fresh_venv: Path):
 def test_hook_serves_policybert_in_every_chatchat_process(fresh_venv: Path, deployment: Deployment, tmp_path: Path):
     probe = tmp_path / "probe.py"
     probe.write_text(PROBE, encoding="utf-8")
-    result = run([str(fresh_venv / "bin" / "python"), str(probe)], {**deployment.env, "PYTHONPATH": ""}, timeout=300)
+    result = run([str(fresh_venv / "bin" / "python"), str(probe)], {**deployment.env, **ALONE}, timeout=300)
     assert result.returncode == 0, result.stderr[-4000:]
     report = json.loads(result.stdout.strip().splitlines()[-1])
     assert Path(report["package"]).is_relative_to(site_packages(fresh_venv))
@@ -133,7 +165,7 @@ def test_hook_serves_policybert_in_every_chatchat_process(fresh_venv: Path, depl
 
 def test_console_script_and_packaged_settings(fresh_venv: Path, deployment: Deployment):
     for args in (["--help"], ["setup", "--help"], ["doctor", "--help"], ["serve", "--help"], ["eval", "--help"]):
-        result = run([str(fresh_venv / "bin" / "chatchat-policybert"), *args], deployment.env, timeout=60)
+        result = run([str(fresh_venv / "bin" / "chatchat-policybert"), *args], {**deployment.env, **ALONE}, timeout=60)
         assert result.returncode == 0 and "usage:" in result.stdout, result.stderr
     where = run(
         [
@@ -141,7 +173,7 @@ def test_console_script_and_packaged_settings(fresh_venv: Path, deployment: Depl
             "-c",
             "from chatchat_policybert.cli.setup import shipped_settings_dir; print(shipped_settings_dir())",
         ],
-        deployment.env,
+        {**deployment.env, **ALONE},
         timeout=60,
     )
     assert Path(where.stdout.strip()).is_relative_to(site_packages(fresh_venv))
@@ -161,7 +193,7 @@ def test_wheel_ships_its_data_and_evaluates_outside_the_repository(
         "policy_questions.jsonl",
     ):
         assert (data / name).is_file(), name
-    env = {**deployment.env, "PYTHONPATH": ""}
+    env = {**deployment.env, **ALONE}
     env.pop("CHATCHAT_ROOT")
     result = subprocess.run(
         [
@@ -192,10 +224,13 @@ def test_uninstall_removes_the_hook_quietly(fresh_venv: Path):
     python = fresh_venv / "bin" / "python"
     subprocess.run(
         [sys.executable, "-m", "pip", "--python", str(python), "uninstall", "-y", "-q", "chatchat-policybert"],
+        env={**os.environ, **ALONE},
         check=True,
         capture_output=True,
         timeout=120,
     )
     assert not (site_packages(fresh_venv) / PTH_NAME).exists()
-    started = subprocess.run([str(python), "-c", "pass"], capture_output=True, text=True, timeout=60)
+    started = subprocess.run(
+        [str(python), "-c", "pass"], env={**os.environ, **ALONE}, capture_output=True, text=True, timeout=60
+    )
     assert started.returncode == 0 and started.stderr == ""

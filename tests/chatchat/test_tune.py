@@ -33,6 +33,7 @@ from chatchat_policybert.chatchat.process import chatchat_command, run_chatchat
 from chatchat_policybert.chatchat.root import content_dir, vector_store_dir
 from chatchat_policybert.deploy.rollback import faiss_vectors, tune_dir
 from chatchat_policybert.stores.pg_store import CANDIDATE_SCHEMA_PREFIX, connected, pg_vectors
+from tests.support.fast_loop import slow_fixture
 from tests.support.outside_chatchat import check_loads_outside_chatchat
 from tests.support.pg_cluster import DATABASE, PgCluster
 
@@ -71,7 +72,7 @@ def serve_vectors_first(root: Path) -> None:
     kb_path.write_text(yaml.safe_dump(kb, allow_unicode=True), encoding="utf-8")
 
 
-@pytest.fixture(scope="module")
+@slow_fixture(scope="module")
 def base_root(tmp_path_factory, policy_documents, reference_lexicon) -> Path:
     """A built root serving a random-weight tiny PolicyBERT vectors-first (copy it before changing it)."""
     root, _, _ = build_root(tmp_path_factory.mktemp("tune"), policy_documents, reference_lexicon)

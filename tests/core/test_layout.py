@@ -1,11 +1,14 @@
-"""The house rules that code review alone would let slip: imports point one way, the data ships inside,
-the runtime never uses test code."""
+"""The house rules that code review alone would let slip: imports point one way (import-linter's contracts), the data
+ships inside, the runtime never uses test code."""
 
 from __future__ import annotations
 
 import ast
 import importlib.util
 import re
+import subprocess
+import sys
+import tomllib
 from pathlib import Path
 
 import chatchat_policybert
@@ -17,23 +20,91 @@ TESTS = REPO / "tests"
 RUNTIME = (PACKAGE, REPO / "training")
 
 
-def imported_modules(path: Path) -> set[str]:
-    tree = ast.parse(path.read_text(encoding="utf-8"), filename=str(path))
-    names = set()
+CONTRACTS = (
+    "runtime-never-imports-training",
+    "model-knows-no-chatchat",
+    "runtime-layers",
+)
+"""The import rules of docs/architecture.md, as import-linter contracts (pyproject.toml [tool.importlinter])."""
+
+
+def test_import_linter_keeps_every_layer_contract():
+    """Each contract is checked by import-linter on every import statement, function-level ones included: the
+    runtime never imports training, the model knows nothing of Chatchat, the sub-packages form layers (no circle)."""
+    config = tomllib.loads((REPO / "pyproject.toml").read_text(encoding="utf-8"))["tool"]["importlinter"]
+    names = {contract["id"]: contract["name"] for contract in config["contracts"]}
+    assert sorted(names) == sorted(CONTRACTS), "a contract added or dropped: name it here"
+    contracts = [arg for contract in CONTRACTS for arg in ("--contract", contract)]
+    result = subprocess.run(
+        [str(Path(sys.executable).with_name("lint-imports")), "--no-cache", *contracts],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    report = re.sub(r"\x1b\[[0-9;]*m", "", result.stdout)
+    assert result.returncode == 0, report + result.stderr
+    for contract in CONTRACTS:
+        assert re.search(rf"^{re.escape(names[contract])}\s+KEPT$", report, re.MULTILINE), (contract, report)
+
+
+TRAINING_MODULE = re.compile(r"^training(\.\w+)*$")
+TRAINING_COMMAND = re.compile(r"^\S+(\s+-\S+)*\s+-m\s+training\b")
+
+
+def runs_of_training(source: str) -> list[str]:
+    """Where ``source`` runs training without importing it, which import-linter cannot see: a string that is a
+    training module name as a whole (a subprocess's ``-m`` argument, an ``importlib``/``runpy`` name, an f-string
+    such as ``f"training.{stage}"``) or a command line that runs one (``python -m training.x ...``). A sentence
+    telling the user to run a stage is advice, not a run; docstrings only describe."""
+    tree = ast.parse(source)
+    documentation = {id(node.value) for node in ast.walk(tree) if isinstance(node, ast.Expr)}
+    parts = {id(part) for node in ast.walk(tree) if isinstance(node, ast.JoinedStr) for part in node.values}
+    runs = []
     for node in ast.walk(tree):
-        if isinstance(node, ast.Import):
-            names.update(alias.name for alias in node.names)
-        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
-            names.add(node.module)
-    return names
+        if id(node) in documentation or id(node) in parts:
+            continue
+        if isinstance(node, ast.Constant) and isinstance(node.value, str):
+            text = node.value
+        elif isinstance(node, ast.JoinedStr):  # each {…} stands as x
+            text = "".join(part.value if isinstance(part, ast.Constant) else "x" for part in node.values)
+        else:
+            continue
+        if TRAINING_MODULE.match(text) or TRAINING_COMMAND.match(text):
+            runs.append(f"line {node.lineno}: runs {text!r}")
+    return runs
 
 
-def test_the_runtime_package_never_imports_training():
-    offenders = {
-        str(path.relative_to(PACKAGE)): sorted(m for m in imported_modules(path) if m.split(".")[0] == "training")
-        for path in PACKAGE.rglob("*.py")
+def test_the_training_run_check_catches_every_form_of_running_training():
+    offending = {
+        "subprocess.run([sys.executable, '-m', 'training.merge_bge', '--out', out])": "'training.merge_bge'",
+        "subprocess.run([sys.executable, '-m', f'training.{stage}', *args])": "'training.x'",
+        "importlib.import_module('training.tune')": "'training.tune'",
+        "runpy.run_module('training', run_name='__main__')": "'training'",
+        "os.system(f'{sys.executable} -m training.pairs --out {out}')": "'x -m training.pairs --out x'",
+        "subprocess.run('python3 -u -m training.export', shell=True)": "'python3 -u -m training.export'",
     }
-    assert {k: v for k, v in offenders.items() if v} == {}
+    for source, expected in offending.items():
+        runs = runs_of_training(source)
+        assert len(runs) == 1 and expected in runs[0], (source, runs)
+    benign = (
+        'def f():\n    """``python -m training.STAGE ARGS`` as a user would type it."""\n'
+        "raise InputError(f'{path}: make the pairs from the KB (python -m training.pairs --chatchat-root …)')\n"
+        "parser.add_argument('--questions', help=\"held-out questions (training.pairs' dev.jsonl)\")\n"
+        "x = ('training_data', 'the training stage', 'trainings', 'chatchat_policybert.commands')\n"
+    )
+    assert runs_of_training(benign) == []
+
+
+def test_the_runtime_never_runs_training():
+    """import-linter sees imports; a subprocess into training would be the same dependency under another name."""
+    sources = sorted(PACKAGE.rglob("*.py"))
+    runs = {
+        str(path.relative_to(REPO)): found
+        for path in sources
+        if (found := runs_of_training(path.read_text(encoding="utf-8")))
+    }
+    assert runs == {}
 
 
 def test_the_package_carries_the_data_with_its_licence():

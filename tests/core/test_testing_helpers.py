@@ -1,5 +1,5 @@
-"""tests.support.tiny_models (the download-free tiny models other tests and the benchmarks use) and the
-character tokenizer they are built with."""
+"""tests.support.tiny_models (the download-free tiny models other tests and the benchmarks use), the
+character tokenizer they are built with, and the fast loop's guard (tests.support.fast_loop)."""
 
 from __future__ import annotations
 
@@ -10,6 +10,7 @@ from chatchat_policybert.model.lexicon import Lexicon
 from chatchat_policybert.model.loading import load_policybert
 from chatchat_policybert.model.modeling_policybert import PolicyBertModel
 from chatchat_policybert.model.tokenization_policybert import build_char_tokenizer
+from tests.support.fast_loop import slow_command
 from tests.support.tiny_models import build_tiny_bert, build_tiny_policybert
 
 TEXTS = ["数据安全是国家安全的重要组成部分。", "推进5G和IPv6规模部署，促进数字经济发展"]
@@ -56,3 +57,42 @@ def test_tiny_bert_is_seeded(tmp_path):
     sa, sb, sc = ma.state_dict(), mb.state_dict(), mc.state_dict()
     assert all(torch.equal(sa[k], sb[k]) for k in sa)
     assert not all(torch.equal(sa[k], sc[k]) for k in sa)
+
+
+def test_the_fast_loop_guard_knows_every_slow_process():
+    """tests/conftest.py fails a fast test that spawns one of these (tests.support.fast_loop); their --help, and our
+    other commands, stay fast."""
+    python = "/venv/bin/python3.11"
+    slow = {
+        (python, "-m", "chatchat.cli", "init"): "Chatchat",
+        ("/venv/bin/chatchat", "kb", "-r"): "Chatchat",
+        (python, "-m", "chatchat_policybert.demo", "--root", "r"): "the demo",
+        (python, "-m", "chatchat_policybert.plugin.worker", "chunks"): "a Chatchat worker",
+        ("/venv/bin/chatchat-policybert", "serve", "--model", "m"): "uvicorn",
+        (python, "-m", "chatchat_policybert.cli", "tune", "--root", "r"): "tune",
+        (python, "-m", "training.tune", "--root", "r"): "tune",
+        ("uvicorn", "app:app"): "uvicorn",
+        ("/venv/bin/torchrun", "--nproc_per_node", "2", "-m", "training.pretrain"): "torchrun",
+        (python, "-m", "torch.distributed.run", "x.py"): "torchrun",
+        ("/usr/lib/postgresql/15/bin/initdb", "-D", "d"): "PostgreSQL",
+        ("/usr/lib/postgresql/15/bin/pg_ctl", "start"): "PostgreSQL",
+        (python, "-m", "venv", "/tmp/v"): "a venv",
+        (python, "-m", "pip", "wheel", "."): "a pip install",
+        ("/tmp/v/bin/pip", "install", "x.whl"): "a pip install",
+        ("/bin/sh", "-c", "chatchat start -a"): "Chatchat",
+    }
+    for argv, expected in slow.items():
+        assert expected in (slow_command(list(argv)) or ""), argv
+    assert slow_command("python -m chatchat.cli init") == "Chatchat"
+    fast = [
+        ("/venv/bin/chatchat-policybert", "serve", "--help"),
+        (python, "-m", "chatchat_policybert.cli", "tune", "-h"),
+        ("/venv/bin/chatchat-policybert", "setup", "--root", "r", "--no-check"),
+        (python, "-m", "chatchat_policybert.cli", "doctor", "--root", "r"),
+        (python, "-m", "training.pretrain", "--model", "m"),
+        (python, "-m", "chatchat_policybert_other"),
+        (python, "-c", "import chatchat"),
+        (python, "script.py", "-m", "chatchat"),
+        (),
+    ]
+    assert [argv for argv in fast if slow_command(list(argv))] == []

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import shutil
 
 import numpy as np
@@ -9,7 +10,8 @@ import pytest
 import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from langchain_core.embeddings import Embeddings
+from langchain_community.vectorstores import FAISS
+from langchain_community.vectorstores.utils import DistanceStrategy
 
 from chatchat_policybert.chatchat.registry import load_embeddings
 from chatchat_policybert.chatchat.settings import LocalEmbeddingsConfig
@@ -32,8 +34,19 @@ def docs(policy_sentences) -> list[str]:
     return policy_sentences[70:79]
 
 
-def test_is_a_langchain_embeddings(embeddings):
-    assert isinstance(embeddings, Embeddings)
+def test_langchain_callers_get_the_served_vectors(embeddings, docs):
+    """LangChain's side of the contract: its async methods (the base class's, in an executor) give the sync
+    vectors, and its FAISS store (Chatchat's) embeds texts as documents and the question as a query, instruction
+    included, and ranks by their cosine."""
+    query = "数据要素市场如何培育？"
+    vectors = embeddings.embed_documents(docs)
+    assert asyncio.run(embeddings.aembed_documents(docs)) == vectors
+    assert asyncio.run(embeddings.aembed_query(query)) == embeddings.embed_query(query)
+    store = FAISS.from_texts(docs, embeddings, distance_strategy=DistanceStrategy.MAX_INNER_PRODUCT)
+    hits = store.similarity_search_with_score(query, k=len(docs))
+    cosines = np.asarray(vectors) @ np.asarray(embeddings.embed_query(query))
+    assert [doc.page_content for doc, _ in hits] == [docs[i] for i in np.argsort(-cosines)]
+    assert np.allclose([score for _, score in hits], np.sort(cosines)[::-1], atol=1e-6)
 
 
 def test_vectors_unit_norm_float32_dimension(embeddings, docs):

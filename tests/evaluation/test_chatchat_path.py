@@ -31,6 +31,7 @@ from chatchat_policybert.evaluation.retrievers import (
 from chatchat_policybert.model.embeddings import PolicyBertEmbeddings
 from chatchat_policybert.model.tokenization_policybert import DEFAULT_QUERY_INSTRUCTION
 from chatchat_policybert.retrieval.hybrid import configured_analyzer
+from tests.support.fast_loop import slow_fixture
 from tests.support.tiny_models import build_tiny_policybert
 
 from .test_eval_data import write_csv, write_jsonl
@@ -41,7 +42,7 @@ TOP_K = 4
 QUERIES = ["数据出境需要安全评估吗", "个人信息被泄露怎么办", "公共数据怎么开放共享"]
 
 
-@pytest.fixture(scope="module")
+@slow_fixture(scope="module")
 def built(tmp_path_factory, policy_documents, reference_lexicon):
     """(root, kb, corpus, model dir, chunks) of a root built the way `chatchat_policybert.evaluation.evaluate` builds
     one."""

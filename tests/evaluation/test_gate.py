@@ -17,6 +17,7 @@ from chatchat_policybert.evaluation.evaluate import EXIT_WORSE, main
 from chatchat_policybert.evaluation.knowledge_base import prepare_root
 from chatchat_policybert.evaluation.metrics import paired_bootstrap_interval
 from chatchat_policybert.model.tokenization_policybert import DEFAULT_QUERY_INSTRUCTION
+from tests.support.fast_loop import slow_fixture
 from tests.support.tiny_models import build_tiny_bert, build_tiny_policybert
 
 from .test_eval_data import write_csv, write_jsonl
@@ -39,7 +40,7 @@ def test_paired_bootstrap_interval():
         paired_bootstrap_interval([1.0], [1.0, 0.0])
 
 
-@pytest.fixture(scope="module")
+@slow_fixture(scope="module")
 def setup(tmp_path_factory, policy_documents, reference_lexicon):
     """(root, corpus CSV, questions JSONL, PolicyBERT dir, BERT dir): two random models that rank differently."""
     tmp = tmp_path_factory.mktemp("gate")

@@ -324,6 +324,7 @@ def test_help():
     assert all(flag in result.stdout for flag in ("--finetuned", "--zen", "--init", "--dev-questions"))
 
 
+@pytest.mark.slow  # the evaluation builds a Chatchat root (`chatchat init`) for the dev questions
 def test_alpha_sweep_keeps_the_best_on_dev_questions(tmp_path, bge_dir, lexicon_file, policy_documents, capsys):
     """Several alphas: each merge is scored by the evaluation's dense MRR@10 and the best one is written."""
     import csv

@@ -4,12 +4,15 @@ from __future__ import annotations
 
 import json
 
+import pytest
 from safetensors.torch import load_file
 
 from chatchat_policybert.evaluation.dataset import load_corpus
 from chatchat_policybert.files import write_jsonl
 from training import ablate
 from training.ablate_retrieval import ARMS
+
+pytestmark = pytest.mark.slow  # every arm is evaluated on a Chatchat root of its own (`chatchat init`)
 
 TOY = [
     "--hidden-size",

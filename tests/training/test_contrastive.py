@@ -342,6 +342,7 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+@pytest.mark.slow  # two processes in a gloo process group, as under torchrun
 @pytest.mark.distributed
 def test_cross_device_step_uses_both_processes_passages(tmp_path):
     mp.spawn(distributed_step, args=(free_port(), str(tmp_path)), nprocs=WORLD, join=True)

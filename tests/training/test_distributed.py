@@ -20,7 +20,7 @@ from safetensors.torch import load_file
 
 from training._common import Document, write_corpus
 
-pytestmark = pytest.mark.distributed
+pytestmark = [pytest.mark.distributed, pytest.mark.slow]  # torchrun
 
 LOSS_RTOL, WEIGHT_ATOL = 1e-4, 1e-5
 

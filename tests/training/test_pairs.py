@@ -20,6 +20,7 @@ from chatchat_policybert.evaluation.dataset import load_corpus, text_group
 from chatchat_policybert.evaluation.knowledge_base import Chunk, load_chunks
 from chatchat_policybert.evaluation.retrievers import Bm25
 from chatchat_policybert.retrieval.analyzer import NEW_DEPLOYMENT, get_analyzer
+from tests.support.fast_loop import slow_fixture
 from training.pairs import main, pairs_from_chunks
 from training.pairs.config import PairsConfig
 from training.pairs.llm import LlmQuestions, parse_questions
@@ -411,7 +412,7 @@ def test_bad_input_is_one_error_line(tmp_path, capsys, argv, message):
     assert not (tmp_path / "out" / "train.jsonl").exists()
 
 
-@pytest.fixture(scope="module")
+@slow_fixture(scope="module")
 def chatchat_run(tmp_path_factory, small_csv):
     """`--corpus` on the small policy CSV through real Chatchat, keeping the root (`--work-dir`)."""
     tmp = tmp_path_factory.mktemp("pairs_chatchat")
