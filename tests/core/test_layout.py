@@ -43,24 +43,28 @@ def test_the_package_carries_the_data_with_its_licence():
     assert "Apache License" in data.LICENSE.read_text(encoding="utf-8")
 
 
-def test_runtime_commands_from_training_come_through_entry_points_only():
-    """`chatchat-policybert tune` lives in training: the runtime finds it by entry point, never by import."""
+def test_tune_reaches_the_training_through_an_entry_point_only():
+    """`chatchat-policybert tune` is the runtime's; what trains its candidate is found by entry point, never by
+    import, and its steps are the :class:`Trainer` protocol's."""
     import configparser
     from importlib.metadata import entry_points
 
     import pytest
 
-    from chatchat_policybert.cli import COMMAND_GROUP, PLUGIN_COMMANDS, plugin_command
+    from chatchat_policybert.deploy.tune import TRAINER_GROUP, Trainer, load_trainer
     from chatchat_policybert.errors import InputError
 
     config = configparser.ConfigParser()
     config.read(PACKAGE.parent / "setup.cfg", encoding="utf-8")
-    declared = dict(line.split(" = ") for line in config["options.entry_points"][COMMAND_GROUP].strip().splitlines())
-    assert declared == {"tune": "training.tune:main"} and set(declared) == set(PLUGIN_COMMANDS)
-    assert {ep.name: ep.value for ep in entry_points(group=COMMAND_GROUP)} == declared  # the installed metadata
-    assert plugin_command("tune").__module__ == "training.tune"
+    declared = dict(line.split(" = ") for line in config["options.entry_points"][TRAINER_GROUP].strip().splitlines())
+    assert declared == {"tune": "training.tune"}
+    assert {ep.name: ep.value for ep in entry_points(group=TRAINER_GROUP)} == declared  # the installed metadata
+    trainer = load_trainer()
+    assert trainer.__name__ == "training.tune"
+    steps = [name for name in vars(Trainer) if not name.startswith("_")]
+    assert steps and all(callable(getattr(trainer, name)) for name in steps)
     with pytest.raises(InputError, match=r"needs the training package: pip install .*no 'nope' in entry-point group"):
-        plugin_command("nope")
+        load_trainer("nope")
 
 
 def files_under_tests() -> frozenset[str]:
