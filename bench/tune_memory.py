@@ -22,10 +22,10 @@ from pathlib import Path
 
 import torch
 
+from chatchat_policybert.deploy.run import peak_rss_mb, reset_peak_rss
 from chatchat_policybert.files import write_json
 from chatchat_policybert.model.embeddings import token_limit
 from training.contrastive import ContrastiveConfig, ContrastiveTask, load_start_model, read_examples
-from training.tune import _peak_rss_mb, _reset_peak_rss
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -44,7 +44,7 @@ def main(argv: list[str] | None = None) -> int:
         cfg = ContrastiveConfig(out=Path("unused"), embed_chunk=chunk or None)
         task = ContrastiveTask(tokenizer, examples, [], cfg, token_limit(model, cfg.max_length))
         batch = task.batch(list(range(cfg.batch_size)), "bench")
-        _reset_peak_rss()
+        reset_peak_rss()
         seconds = []
         for _ in range(args.steps):
             started = time.perf_counter()
@@ -55,7 +55,7 @@ def main(argv: list[str] | None = None) -> int:
             "embed_chunk": chunk,
             "texts": len(batch["input_ids"]),
             "tokens": int(batch["input_ids"].shape[1]),
-            "peak_rss_mb": _peak_rss_mb(),
+            "peak_rss_mb": peak_rss_mb(),
             "seconds_per_step": [round(s, 2) for s in seconds],
         }
         print(json.dumps(row), flush=True)

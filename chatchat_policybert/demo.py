@@ -22,12 +22,12 @@ from pathlib import Path
 from chatchat_policybert.chatchat.process import WorkerProcess, chatchat_command, run_chatchat
 from chatchat_policybert.chatchat.root import content_dir, vector_store_dir
 from chatchat_policybert.cli import main as cli_main
-from chatchat_policybert.cli import plugin_command
 from chatchat_policybert.cli.doctor import llm_reachable
 from chatchat_policybert.corpus import PolicyDocument, export_policies, read_policies
 from chatchat_policybert.data import CORPUS_CSV, LEXICON
 from chatchat_policybert.errors import PlainArgumentParser, run_cli
 from chatchat_policybert.stores.faiss_store import index_size
+from chatchat_policybert.training_entry import load_training
 
 KB_NAME = "WeiMingPolicies"
 EMBED_MODEL = "policybert"
@@ -58,7 +58,7 @@ def obtain_model(out_dir: Path, lexicon: Path, corpus: Path) -> Path:
     if (out_dir / "config.json").is_file():
         print(f"[model] reusing {out_dir}")
         return out_dir
-    build = plugin_command("demo-model", "the demo's model (without --model)")
+    build = load_training("demo-model", "the demo's model (without --model)")
     problem = hub_reachable()
     if problem is None:
         print(f"[model] merging PolicyBERT from {BGE} (downloads about 400 MB)", flush=True)

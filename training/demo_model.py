@@ -1,8 +1,8 @@
 """The demo's model (``python -m chatchat_policybert.demo`` without ``--model``): PolicyBERT merged from bge
 with the identity start, or, offline, from a small character-only BERT built over the corpus.
 
-The runtime reaches it through the entry point ``demo-model`` of the ``chatchat_policybert.commands``
-group (:func:`chatchat_policybert.cli.plugin_command`), never by import, as it reaches ``tune``.
+The runtime reaches it through the entry point ``demo-model`` of the ``chatchat_policybert.training``
+group (:mod:`chatchat_policybert.training_entry`), never by import, as it reaches ``tune``.
 """
 
 from __future__ import annotations

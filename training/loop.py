@@ -37,7 +37,6 @@ from transformers import get_linear_schedule_with_warmup
 from chatchat_policybert.errors import InputError, Interrupted
 from chatchat_policybert.files import atomic_path, write_json
 from training.config import CHECKPOINT, METRICS, RESUMABLE, RUN, TrainConfig, config_dict, describe_changes
-from training.config import parse_flags as parse_config  # noqa: F401  the name training.tune still imports
 
 
 class Task(Protocol):

@@ -36,6 +36,9 @@ from chatchat_policybert.model.options import EmbeddingOptions
 PLATFORM_KEY = "local_embeddings"
 DEFAULT_CLASS = "chatchat_policybert.model.embeddings:PolicyBertEmbeddings"
 MOVED_CLASSES = {"chatchat_policybert.embeddings:PolicyBertEmbeddings": DEFAULT_CLASS}
+OLLAMA_URL = "http://127.0.0.1:11434/v1"
+"""Ollama's OpenAI-compatible address on this machine: the shipped settings' LLM platform, and the LLM that
+``tune --llm`` and ``training.pairs --llm`` ask when given no URL."""
 """Class paths settings files written before the runtime's sub-packages (0.1 ``setup``) carry -> where the class is
 now: a deployment keeps loading after an upgrade, without editing its ``model_settings.yaml``."""
 

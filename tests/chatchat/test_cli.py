@@ -72,7 +72,7 @@ def test_every_command_explains_every_option(command, capsys, options_without_he
     assert plain_text(text) == text, "no ``code`` or :func:`name` markup"
 
 
-@pytest.mark.parametrize("command", [[], ["setup"], ["doctor"], ["serve"], ["eval"], ["rollback"]])
+@pytest.mark.parametrize("command", [[], ["setup"], ["doctor"], ["serve"], ["eval"], ["rollback"], ["tune"]])
 def test_help_prints_no_warning_and_loads_no_model_code(command):
     """The installed command as a user starts it: nothing on stderr (e.g. requests' RequestsDependencyWarning, issue
     32), and neither torch nor Chatchat imported before the arguments are parsed (what keeps --help fast)."""

@@ -31,7 +31,9 @@ from test_pg import collection, collection_names
 
 from chatchat_policybert.chatchat.process import chatchat_command, run_chatchat
 from chatchat_policybert.chatchat.root import content_dir, vector_store_dir
+from chatchat_policybert.cli import build_parser
 from chatchat_policybert.deploy.rollback import faiss_vectors, tune_dir
+from chatchat_policybert.deploy.run import Run
 from chatchat_policybert.stores.pg_store import CANDIDATE_SCHEMA_PREFIX, connected, pg_vectors
 from tests.support.fast_loop import slow_fixture
 from tests.support.outside_chatchat import check_loads_outside_chatchat
@@ -182,11 +184,11 @@ def test_a_worse_candidate_is_refused_and_nothing_changes(tuned, tmp_path):
 
 
 def test_pairs_are_reused_while_documents_are_unchanged_and_rebuilt_when_one_changes(tuned, tmp_path):
-    from training.tune import Run, build_parser, step_pairs
+    from training.tune import step_pairs
 
     root = copy_root(tuned["installed"], tmp_path / "root")
     shutil.copytree(tuned["out"] / "pairs", tune_dir(root, KB) / "pairs")  # the finished run's pairs cache
-    args = build_parser().parse_args(["--root", str(root), "--kb", KB, "--pairs-args", PAIRS])
+    args = build_parser().parse_args(["tune", "--root", str(root), "--kb", KB, "--pairs-args", PAIRS])
     args.out = tune_dir(root, KB)
     (cached,) = (tune_dir(root, KB) / "pairs").iterdir()
     written = (cached / "train.jsonl").stat().st_mtime_ns
@@ -464,16 +466,16 @@ def test_doctor_reports_a_nan_score_threshold_as_an_error(base_root, tmp_path):
 def test_tune_help_shows_budget_and_a_budget_sizes_the_training_steps(tuned, tmp_path):
     help_text = run([str(BIN / "chatchat-policybert"), "tune", "--help"], dict(os.environ)).stdout
     assert "--budget MINUTES" in help_text and "'--max-steps 100'" in help_text
-    from training.tune import Run, build_parser, step_pairs, step_train
+    from training.tune import step_pairs, step_train
 
     root = copy_root(tuned["installed"], tmp_path / "root")
     shutil.copytree(tuned["out"] / "pairs", tune_dir(root, KB) / "pairs")  # the finished run's pairs
-    flags = ["--root", str(root), "--kb", KB, "--pairs-args", PAIRS, "--contrastive-args", "--epochs 50"]
+    flags = ["tune", "--root", str(root), "--kb", KB, "--pairs-args", PAIRS, "--contrastive-args", "--epochs 50"]
     args = build_parser().parse_args([*flags, "--budget", "0.02"])
     args.out = tune_dir(root, KB)
     run_ = Run(args)
     pairs_dir, pairs_key = step_pairs(run_)
-    final, key = step_train(run_, pairs_dir, pairs_key)
+    final = step_train(run_, pairs_dir, pairs_key).model
     budget = json.loads((final.parent / "budget.json").read_text(encoding="utf-8"))
     assert budget["steps"] == max(1, min(budget["planned_steps"], int(1.2 / budget["seconds_per_step"])))
     assert budget["steps"] < budget["planned_steps"], budget

@@ -114,27 +114,30 @@ def test_the_package_carries_the_data_with_its_licence():
     assert "Apache License" in data.LICENSE.read_text(encoding="utf-8")
 
 
-def test_runtime_commands_from_training_come_through_entry_points_only():
-    """`chatchat-policybert tune` and the demo's model live in training: the runtime finds them by entry point, never
-    by import."""
+def test_the_runtime_reaches_training_through_entry_points_only():
+    """`chatchat-policybert tune` and the demo are the runtime's; what trains tune's candidate and builds the demo's
+    model are found by entry point, never by import, and tune's steps are the :class:`Trainer` protocol's."""
     import configparser
     from importlib.metadata import entry_points
 
     import pytest
 
-    from chatchat_policybert.cli import COMMAND_GROUP, PLUGIN_COMMANDS, plugin_command
+    from chatchat_policybert.deploy.tune import Trainer
     from chatchat_policybert.errors import InputError
+    from chatchat_policybert.training_entry import GROUP, load_training
 
     config = configparser.ConfigParser()
     config.read(PACKAGE.parent / "setup.cfg", encoding="utf-8")
-    declared = dict(line.split(" = ") for line in config["options.entry_points"][COMMAND_GROUP].strip().splitlines())
-    assert declared == {"tune": "training.tune:main", "demo-model": "training.demo_model:demo_model"}
-    assert set(PLUGIN_COMMANDS) <= set(declared)  # every command chatchat-policybert lists is declared
-    assert {ep.name: ep.value for ep in entry_points(group=COMMAND_GROUP)} == declared  # the installed metadata
-    assert plugin_command("tune").__module__ == "training.tune"
-    assert plugin_command("demo-model").__module__ == "training.demo_model"
+    declared = dict(line.split(" = ") for line in config["options.entry_points"][GROUP].strip().splitlines())
+    assert declared == {"tune": "training.tune", "demo-model": "training.demo_model:demo_model"}
+    assert {ep.name: ep.value for ep in entry_points(group=GROUP)} == declared  # the installed metadata
+    trainer = load_training("tune", "tune")
+    assert trainer.__name__ == "training.tune"
+    steps = [name for name in vars(Trainer) if not name.startswith("_")]
+    assert steps and all(callable(getattr(trainer, name)) for name in steps)
+    assert load_training("demo-model", "the demo").__module__ == "training.demo_model"
     with pytest.raises(InputError, match=r"needs the training package: pip install .*no 'nope' in entry-point group"):
-        plugin_command("nope")
+        load_training("nope", "nothing")
 
 
 def files_under_tests() -> frozenset[str]:

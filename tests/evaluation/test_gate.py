@@ -13,7 +13,7 @@ import pytest
 
 from chatchat_policybert.errors import run_cli
 from chatchat_policybert.evaluation.dataset import load_corpus
-from chatchat_policybert.evaluation.evaluate import EXIT_WORSE, main
+from chatchat_policybert.evaluation.evaluate import EXIT_WORSE, Delta, gate_failure, main
 from chatchat_policybert.evaluation.knowledge_base import prepare_root
 from chatchat_policybert.evaluation.metrics import paired_bootstrap_interval
 from chatchat_policybert.model.tokenization_policybert import DEFAULT_QUERY_INSTRUCTION
@@ -38,6 +38,22 @@ def test_paired_bootstrap_interval():
     assert paired_bootstrap_interval(better, baseline, seed=2) != (low, high)
     with pytest.raises(ValueError, match="same, non-zero number"):
         paired_bootstrap_interval([1.0], [1.0, 0.0])
+
+
+def test_one_gate_rule_for_eval_and_tune_a_tie_passes_unless_a_rise_is_asked():
+    """`eval --require-better` lets an equal MRR@10 pass; `tune` asks a rise on the dev pairs it trained for."""
+
+    def mrr(candidate: float, baseline: float) -> list[Delta]:
+        delta = candidate - baseline
+        return [Delta("R@1", 1.0, 0.0, 1.0, 1.0), Delta("MRR@10", candidate, baseline, delta - 0.1, delta + 0.1)]
+
+    assert gate_failure(mrr(0.5, 0.5)) is None and gate_failure(mrr(0.75, 0.5), must_rise=True) is None
+    assert gate_failure(mrr(0.5, 0.5), must_rise=True, baseline="the deployed") == (
+        "candidate MRR@10 0.5000 is not above the deployed 0.5000 (delta +0.0000, 95% CI [-0.1000, +0.1000])"
+    )
+    assert gate_failure(mrr(0.25, 0.5)) == (
+        "candidate MRR@10 0.2500 is below the baseline's 0.5000 (delta -0.2500, 95% CI [-0.3500, -0.1500])"
+    )
 
 
 @slow_fixture(scope="module")

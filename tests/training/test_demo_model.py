@@ -5,10 +5,10 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from chatchat_policybert.cli import plugin_command
 from chatchat_policybert.errors import InputError
 from chatchat_policybert.evaluation.dataset import load_corpus
 from chatchat_policybert.model.embeddings import PolicyBertEmbeddings
+from chatchat_policybert.training_entry import load_training
 from training.demo_model import OFFLINE_SHAPE, demo_model
 
 
@@ -27,4 +27,4 @@ def test_offline_model_is_a_policybert_that_embeds_as_its_scratch_start(tmp_path
 
 def test_the_runtime_names_what_to_install_when_an_entry_point_is_missing():
     with pytest.raises(InputError, match=r"^the demo's model \(without --model\) needs the training package: pip"):
-        plugin_command("no-such-entry", "the demo's model (without --model)")
+        load_training("no-such-entry", "the demo's model (without --model)")

@@ -6,11 +6,12 @@ import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from chatchat_policybert.chatchat.settings import OLLAMA_URL
 from chatchat_policybert.errors import InputError
 from chatchat_policybert.retrieval.analyzer import check_name
 from training.config import require_positive, require_share
 
-DEFAULT_LLM_URL = "http://127.0.0.1:11434/v1"
+DEFAULT_LLM_URL = OLLAMA_URL
 KINDS = ("ict", "heading", "llm")
 
 

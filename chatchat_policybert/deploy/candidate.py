@@ -1,0 +1,126 @@
+"""``tune``'s step 3, the candidate: a Chatchat root like the deployment's serving the trained model, its knowledge
+base rebuilt and its ensemble calibrated on the dev pairs (:mod:`chatchat_policybert.deploy.calibration`).
+
+Nothing of the deployment changes here: the candidate root is in the run folder, and on pg its
+tables are in a schema of their own in the deployment's database
+(:class:`chatchat_policybert.stores.pg_store.OwnSchema`), dropped once the gate's decision is
+carried out (:func:`release_candidates`).
+"""
+
+from __future__ import annotations
+
+import shutil
+import sys
+from pathlib import Path
+
+from chatchat_policybert.chatchat.process import chatchat_command, run_chatchat
+from chatchat_policybert.chatchat.root import content_dir, kb_settings
+from chatchat_policybert.chatchat.settings import round_trip_yaml
+from chatchat_policybert.deploy.calibration import calibrate_root, write_calibration
+from chatchat_policybert.deploy.gate import GATE
+from chatchat_policybert.deploy.rollback import INSTALLED
+from chatchat_policybert.deploy.run import Run
+from chatchat_policybert.files import atomic_path, read_json, write_json
+from chatchat_policybert.stores.pg_store import OwnSchema, candidate_schema
+
+CALIBRATION = "calibration.json"
+"""In the candidate's folder: the calibration's chosen setting, metrics and table (written last: the step is done)."""
+
+
+def pg_schema(run: Run, root: Path) -> OwnSchema | None:
+    """On a pg deployment, the schema of its database holding the tables of the candidate root ``root``; else None."""
+    settings = kb_settings(run.root)
+    return OwnSchema(settings.pg_uri, candidate_schema(root)) if settings.vs_type == "pg" else None
+
+
+def release_candidates(run: Run) -> None:
+    """On pg, removes every candidate root of the run folder and drops its schema (FAISS keeps them: they are files).
+
+    Called once the gate's decision is carried out and before a new candidate is built, so the
+    deployment's database keeps no copy of the knowledge base. The root goes first: a candidate
+    root whose schema is gone would reach the deployment's own tables (see :class:`OwnSchema`).
+    """
+    for folder in sorted((run.out / "candidate").glob("*")):
+        schema = pg_schema(run, folder / "root")
+        if schema is not None:
+            shutil.rmtree(folder / "root", ignore_errors=True)
+            schema.drop()
+
+
+def decided(run: Run, key: str, inputs: str) -> bool:
+    """Whether the gate's decision on candidate ``key`` for these gate ``inputs``
+    (:func:`chatchat_policybert.deploy.gate.gate_inputs`) is carried out (refused, or installed): its root is done.
+    Other inputs decide again, on the candidate root."""
+    gate, marker = run.out / GATE, run.out / INSTALLED
+    decision = read_json(gate) if gate.is_file() else {}
+    if decision.get("candidate") != key or decision.get("inputs") != inputs:
+        return False
+    return not decision["install"] or (marker.is_file() and read_json(marker).get("candidate") == key)
+
+
+def step_candidate(run: Run, final: Path, key: str, dev: Path, inputs: str) -> Path:
+    """A root like the deployment's serving the candidate, its KB rebuilt and its ensemble calibrated on ``dev``.
+
+    On pg its tables are in a schema of their own in the deployment's database (:class:`OwnSchema`),
+    so its `kb -r` and searches never touch the deployment's collection.
+    """
+    folder = run.out / "candidate" / key
+    root = folder / "root"
+    schema = pg_schema(run, root)
+    if (folder / CALIBRATION).is_file():
+        if schema is None or (root.is_dir() and schema.exists()):
+            print(f"candidate: {root} is already built and calibrated")
+            return root
+        if decided(run, key, inputs):
+            print(f"candidate: not needed, the gate decided on it already ({run.out / GATE})")
+            return root
+    release_candidates(run)  # pg: earlier candidates' schemas, a half-built one's included
+    shutil.rmtree(folder, ignore_errors=True)  # a half-built one from a killed run
+    settings = folder / "settings"
+    settings.mkdir(parents=True)
+    for name in ("model_settings.yaml", "kb_settings.yaml"):
+        shutil.copy2(run.root / name, settings / name)
+    if schema is not None:
+        yaml = round_trip_yaml()
+        kb_file = settings / "kb_settings.yaml"
+        copied = yaml.load(kb_file.read_text(encoding="utf-8"))
+        copied["kbs_config"]["pg"]["connection_uri"] = schema.create()
+        with atomic_path(kb_file) as tmp, tmp.open("w", encoding="utf-8") as handle:
+            yaml.dump(copied, handle)
+        print(f"candidate: its pg tables are in the schema {schema.name} of the deployment's database")
+    root.mkdir()
+    run_chatchat(chatchat_command("init"), root, "chatchat init (candidate root)")
+    setup = [
+        sys.executable,
+        "-m",
+        "chatchat_policybert.cli",
+        "setup",
+        "--root",
+        str(root),
+        "--model",
+        str(final),
+        "--settings-dir",
+        str(settings),
+        "--no-check",
+    ]
+    run_chatchat(setup, root, "chatchat-policybert setup (candidate root)")
+    shutil.copytree(content_dir(run.root, run.kb), content_dir(root, run.kb), dirs_exist_ok=True)
+    run_chatchat(
+        chatchat_command("kb", "-r", "-n", run.kb), root, f"chatchat kb -r -n {run.kb} (candidate root)", progress=True
+    )
+    run.command(
+        f"CHATCHAT_ROOT={root} chatchat init && chatchat-policybert setup --model {final} "
+        f"--settings-dir {settings} && cp -r <KB content> && chatchat kb -r -n {run.kb}"
+    )
+    calibration = calibrate_root(root, run.kb, dev, folder)
+    write_calibration(root, calibration)
+    run.command(
+        f"CHATCHAT_ROOT={root} chatchat-policybert setup --model {final} --settings-dir {settings} "
+        f"--calibrate {dev} --kb {run.kb}"
+    )
+    print(calibration.table())
+    write_json(
+        {"chosen": vars(calibration.chosen), "metrics": calibration.metrics(), "table": calibration.table()},
+        folder / CALIBRATION,
+    )
+    return root

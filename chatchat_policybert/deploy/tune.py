@@ -1,0 +1,133 @@
+"""The runner of ``chatchat-policybert tune`` (its steps are described in :mod:`chatchat_policybert.cli.tune`): the
+inputs checked before any work, the knowledge base's tune lock, then the six steps in one run folder.
+
+What training contributes — the pairs and a trained candidate (steps 1 and 2) — comes through the
+entry point ``tune`` of :data:`chatchat_policybert.training_entry.GROUP` (``training.tune``, a :class:`Trainer`):
+this package never imports ``training`` (imports point one way), and where the training extras
+are not installed the command says what to install. The candidate root, the gate, the install and
+the report are this package's (:mod:`.candidate`, :mod:`.gate`, :mod:`.install`, :mod:`.report`),
+beside the rollback (:mod:`.rollback`) that must undo the install byte for byte.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Protocol
+
+from chatchat_policybert.chatchat.root import content_dir, default_kb, kb_settings
+from chatchat_policybert.deploy.calibration import is_pairs_file
+from chatchat_policybert.deploy.candidate import CALIBRATION, release_candidates, step_candidate
+from chatchat_policybert.deploy.gate import DEV_PAIRS, gate_inputs, step_gate
+from chatchat_policybert.deploy.install import step_install
+from chatchat_policybert.deploy.report import decision_lines, gate_rows, write_report
+from chatchat_policybert.deploy.rollback import tune_dir, tune_lock
+from chatchat_policybert.deploy.run import Run
+from chatchat_policybert.errors import EXIT_INTERRUPTED, InputError
+from chatchat_policybert.evaluation.dataset import kb_questions
+from chatchat_policybert.evaluation.evaluate import EXIT_WORSE
+from chatchat_policybert.files import read_json
+from chatchat_policybert.stores.pg_store import check_schema_rights
+from chatchat_policybert.stores.rebuild import check_kb_name
+from chatchat_policybert.training_entry import load_training
+
+
+@dataclass(frozen=True)
+class Trained:
+    """A trained candidate: its model directory, the key naming its inputs (the candidate's folder and installed
+    name), and the training's own dev MRR@10 (start, end, dev passages) for the decision's words, None without one."""
+
+    model: Path
+    key: str
+    dev_mrr: tuple[float, float, int] | None
+
+
+class Trainer(Protocol):
+    """What the training package contributes to ``tune`` (steps 1 and 2), each step resumable in the run folder."""
+
+    def check_args(self, args: argparse.Namespace) -> None:
+        """Refuses the training's flags (``--budget``, ``--llm-model``, ``--pairs-args``, ``--contrastive-args``)
+        before any work, with an :class:`InputError`; fills in ``args.llm_model`` where ``--llm`` needs one."""
+
+    def step_pairs(self, run: Run) -> tuple[Path, str]:
+        """The knowledge base's pairs folder (``train.jsonl``, ``dev.jsonl``) and the key naming its inputs."""
+
+    def step_train(self, run: Run, pairs_dir: Path, pairs_key: str) -> Trained:
+        """The candidate trained from the root's model (``run.start``) on the pairs, or resumed."""
+
+
+def check_questions(args: argparse.Namespace) -> None:
+    """``--questions`` read and checked against the KB's documents now, not after hours of training: every problem
+    (encoding, JSON, unknown titles, evidence) in one error block."""
+    if args.corpus is not None and args.questions is None:
+        raise InputError("--corpus only applies with --questions")
+    if args.questions is None:
+        return
+    if not args.questions.is_file():
+        raise InputError(f"--questions {args.questions}: file not found")
+    if not is_pairs_file(args.questions):  # dev pairs are checked against the chunks at the gate
+        kb_questions(args.questions, content_dir(args.root, args.kb), args.corpus)
+
+
+def run_tune(args: argparse.Namespace) -> int:
+    """``chatchat-policybert tune`` with its parsed flags (``args.root`` resolved): every input checked, then the
+    steps under the knowledge base's tune lock. Exit 0 installed, 1 refused by the gate, 130 interrupted."""
+    trainer = load_training("tune", "`chatchat-policybert tune`")
+    args.kb = args.kb or default_kb(args.root)
+    check_kb_name(args.kb)  # `--kb ../x` would put the run folder outside policybert_tune/
+    if not content_dir(args.root, args.kb).is_dir():
+        raise InputError(f"--kb {args.kb}: no knowledge base folder {content_dir(args.root, args.kb)}")
+    store = kb_settings(args.root)
+    if store.vs_type == "pg":
+        check_schema_rights(store.pg_uri)  # before any work: the candidate root needs a schema of its own
+    elif store.vs_type != "faiss":
+        raise InputError(f"{args.root}: tune supports DEFAULT_VS_TYPE faiss and pg, not {store.vs_type}")
+    check_questions(args)
+    trainer.check_args(args)
+    args.out = (args.out or tune_dir(args.root, args.kb)).resolve()
+    with tune_lock(args.root, args.kb, "tune"):
+        run = Run(args)
+        print(f"tune {args.kb} in {args.root}: start model {run.start}; run folder {args.out}")
+        try:
+            return run_steps(run, trainer)
+        except KeyboardInterrupt:
+            print(f"tune: interrupted; the same command continues from {args.out}", file=sys.stderr)
+            return EXIT_INTERRUPTED
+        except OSError as exc:  # a full disk, a folder removed under it: one line, and the run folder to continue from
+            raise InputError(f"tune stopped: {exc}; the same command continues from {args.out}") from None
+
+
+def run_steps(run: Run, trainer: Trainer) -> int:
+    """The six steps; each skips the work its results in the run folder show done."""
+    args = run.args
+    with run.step("pairs"):
+        pairs_dir, pairs_key = trainer.step_pairs(run)
+    dev = pairs_dir / "dev.jsonl"
+    with run.step("train"):
+        trained = trainer.step_train(run, pairs_dir, pairs_key)
+    final, key = trained.model, trained.key
+    question_sets = {DEV_PAIRS: dev, **({"questions": args.questions.resolve()} if args.questions else {})}
+    inputs = gate_inputs(run, key, question_sets)
+    with run.step("candidate"):
+        candidate = step_candidate(run, final, key, dev, inputs)
+    with run.step("gate"):
+        gate = step_gate(run, candidate, key, question_sets, inputs)
+    calibration = read_json(run.out / "candidate" / key / CALIBRATION)
+    decision = decision_lines(gate, calibration, trained.dev_mrr)
+    print("\n".join(gate_rows(gate)))
+    print("\n".join(f"decision: {line}" for line in decision), flush=True)
+    if gate["install"]:
+        with run.step("install"):
+            step_install(run, final, candidate, key)
+    with run.step("report"):
+        report = write_report(run, gate, calibration, decision)
+    release_candidates(run)
+    run.state["finished"] = True
+    run.save()
+    print(f"report: {report} and {report.with_suffix('.png')}")
+    if not gate["install"]:
+        print(f"tune: refused, the deployment is unchanged: {'; '.join(gate['reasons'])}", file=sys.stderr)
+        return EXIT_WORSE
+    return 0
