@@ -14,23 +14,24 @@ import sys
 from pathlib import Path
 
 from chatchat_policybert.chatchat.process import chatchat_command, run_chatchat
-from chatchat_policybert.chatchat.root import content_dir, kb_settings
+from chatchat_policybert.chatchat.root import content_dir
 from chatchat_policybert.chatchat.settings import round_trip_yaml
 from chatchat_policybert.deploy.calibration import calibrate_root, write_calibration
 from chatchat_policybert.deploy.gate import GATE
 from chatchat_policybert.deploy.rollback import INSTALLED
 from chatchat_policybert.deploy.run import Run
 from chatchat_policybert.files import atomic_path, read_json, write_json
-from chatchat_policybert.stores.pg_store import OwnSchema, candidate_schema
+from chatchat_policybert.stores import store_of
+from chatchat_policybert.stores.pg_store import OwnSchema
 
 CALIBRATION = "calibration.json"
 """In the candidate's folder: the calibration's chosen setting, metrics and table (written last: the step is done)."""
 
 
 def pg_schema(run: Run, root: Path) -> OwnSchema | None:
-    """On a pg deployment, the schema of its database holding the tables of the candidate root ``root``; else None."""
-    settings = kb_settings(run.root)
-    return OwnSchema(settings.pg_uri, candidate_schema(root)) if settings.vs_type == "pg" else None
+    """On a pg deployment, the schema of its database holding the tables of the candidate root ``root``; else None
+    (:meth:`chatchat_policybert.stores.base.Store.candidate_schema`)."""
+    return store_of(run.root).candidate_schema(run.root, root)
 
 
 def release_candidates(run: Run) -> None:

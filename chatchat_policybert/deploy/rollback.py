@@ -26,12 +26,10 @@ install the root no longer serves.
 from __future__ import annotations
 
 import argparse
-import base64
 import contextlib
 import datetime
 import fcntl
 import hashlib
-import json
 import os
 import pickle
 import shutil
@@ -40,17 +38,16 @@ from pathlib import Path
 from typing import Any
 
 from chatchat_policybert.chatchat.process import chatchat_command, run_chatchat
-from chatchat_policybert.chatchat.root import default_kb, kb_root, kb_settings, vector_store_dir
+from chatchat_policybert.chatchat.root import default_kb, kb_root, kb_settings
 from chatchat_policybert.chatchat.settings import find_local_model, load_yaml
 from chatchat_policybert.errors import InputError, SettingsError
-from chatchat_policybert.files import atomic_path, read_json, write_json, write_jsonl
-from chatchat_policybert.stores.pg_store import pg_vectors
+from chatchat_policybert.files import atomic_path, read_json, write_json
+from chatchat_policybert.stores import store_of
 from chatchat_policybert.stores.rebuild import check_kb_name
 
 SETTINGS_FILES = ("model_settings.yaml", "kb_settings.yaml")
 BACKUP_DIR = "previous"
 BACKUP_FILE = "backup.json"
-SAVED_FAISS, SAVED_PG = "vector_store", "pg_vectors.jsonl"
 """The backup's copy of the vectors: the FAISS folder, or a pg collection's (text, vector) rows."""
 TUNE_DIR = "policybert_tune"
 INSTALL_STARTED, INSTALLED, ROLLED_BACK = "install_started.json", "installed.json", "rolled_back.json"
@@ -100,57 +97,20 @@ def served_model(root: Path) -> tuple[str, Path]:
     return str(settings.get("DEFAULT_EMBEDDING_MODEL")), local.config.resolved_model_path(Path(root))
 
 
-def faiss_vectors(vector_store: Path) -> list[tuple[str, bytes]]:
-    """Every (chunk text, vector bytes) of a FAISS folder, sorted: what "byte-identical vectors" compares.
-
-    Sorted because ``kb -r`` embeds files in threads and stores chunks in the order they finish, so
-    two rebuilds of the same documents may order the same vectors differently.
-    """
-    import faiss
-
-    index = faiss.read_index(str(Path(vector_store) / "index.faiss"))
-    with (Path(vector_store) / "index.pkl").open("rb") as handle:
-        docstore, index_to_id = pickle.load(handle)  # Chatchat's own file, written by `kb -r`
-    vectors = index.reconstruct_n(0, index.ntotal)
-    return sorted((docstore.search(index_to_id[i]).page_content, vectors[i].tobytes()) for i in range(index.ntotal))
-
-
 def kb_vectors(root: Path, kb: str, embed_model: str) -> list[tuple[str, bytes]] | None:
-    """Every (chunk text, vector bytes) of ``kb`` in the root's store (DEFAULT_VS_TYPE), sorted; None if it has none.
-
-    FAISS: the embed model's folder (:func:`faiss_vectors`); pg: the collection the root's URI reaches
-    (:func:`chatchat_policybert.stores.pg_store.pg_vectors`).
-    """
-    settings = kb_settings(root)
-    if settings.vs_type == "pg":
-        return pg_vectors(settings.pg_uri, kb)
-    index = vector_store_dir(root, kb, embed_model)
-    return faiss_vectors(index) if (index / "index.faiss").is_file() else None
-
-
-def vectors_place(root: Path, kb: str, embed_model: str) -> str:
-    """Where :func:`kb_vectors` reads, for a message."""
-    if kb_settings(root).vs_type == "pg":
-        return f"pg collection '{kb}'"
-    return f"FAISS index {vector_store_dir(root, kb, embed_model)}"
-
-
-def saved_copy(backup: Path) -> Path:
-    """The backup's copy of the vectors: ``pg_vectors.jsonl`` where a pg root's was saved, else the FAISS folder."""
-    pg = Path(backup) / SAVED_PG
-    return pg if pg.is_file() else Path(backup) / SAVED_FAISS
+    """Every (chunk text, vector bytes) of ``kb`` in the root's store (DEFAULT_VS_TYPE), sorted; None if it has
+    none (:meth:`chatchat_policybert.stores.base.Store.vectors`)."""
+    return store_of(root).vectors(root, kb, embed_model)
 
 
 def saved_vectors(backup: Path) -> list[tuple[str, bytes]]:
-    """The backup's vectors, as :func:`kb_vectors` gives them; an :class:`InputError` naming the copy where it does
-    not read (truncated, replaced, not Chatchat's files)."""
-    saved = saved_copy(backup)
+    """The backup's vectors, as :func:`kb_vectors` gives them, from the copy the store of the backup's own
+    kb_settings.yaml kept; an :class:`InputError` naming the copy where it does not read (truncated, replaced, not
+    Chatchat's files)."""
+    store = store_of(backup)
+    saved = Path(backup) / store.backup_name
     try:
-        if saved.name != SAVED_PG:
-            return faiss_vectors(saved)
-        with saved.open(encoding="utf-8") as handle:
-            rows = [json.loads(line) for line in handle]
-        return sorted((row["text"], base64.b64decode(row["vector"])) for row in rows)
+        return store.read_copy(saved)
     except (OSError, RuntimeError, ValueError, KeyError, TypeError, EOFError, pickle.UnpicklingError) as exc:
         # faiss raises RuntimeError for a damaged index; pickle and json ValueError/EOFError for a damaged file
         raise InputError(f"{saved}: the saved vectors do not read ({type(exc).__name__}: {exc})") from None
@@ -173,22 +133,17 @@ def save_backup(root: Path, kb: str, dest: Path) -> None:
     """Keeps what ``root`` serves now for ``kb`` in ``dest`` (replaced atomically: a kill leaves the old backup or
     none)."""
     embed_model, model_dir = served_model(root)
-    vectors = kb_vectors(root, kb, embed_model)
+    store = store_of(root)
+    vectors = store.vectors(root, kb, embed_model)
     if vectors is None:
         raise InputError(
-            f"knowledge base {kb} has no {vectors_place(root, kb, embed_model)}: run `chatchat kb -r -n {kb}` first"
+            f"knowledge base {kb} has no {store.place(root, kb, embed_model)}: run `chatchat kb -r -n {kb}` first"
         )
     with atomic_path(dest) as tmp:
         tmp.mkdir()
         for name in SETTINGS_FILES:
             shutil.copy2(Path(root) / name, tmp / name)
-        if kb_settings(root).vs_type == "pg":
-            write_jsonl(
-                ({"text": text, "vector": base64.b64encode(vector).decode()} for text, vector in vectors),
-                tmp / SAVED_PG,
-            )
-        else:
-            shutil.copytree(vector_store_dir(root, kb, embed_model), tmp / SAVED_FAISS)
+        store.save_copy(root, kb, embed_model, vectors, tmp / store.backup_name)
         write_json(
             {
                 "kb": kb,
@@ -263,7 +218,7 @@ def restore_backup(root: Path, backup: Path) -> bool:
     rebuilt = kb_vectors(root, kb, info["embed_model"])
     if rebuilt is None:
         raise InputError(
-            f"`chatchat kb -r -n {kb}` left no {vectors_place(root, kb, info['embed_model'])}:\n{log[-2000:]}"
+            f"`chatchat kb -r -n {kb}` left no {store_of(root).place(root, kb, info['embed_model'])}:\n{log[-2000:]}"
         )
     return rebuilt == saved_vectors(backup)
 
@@ -297,6 +252,6 @@ def run_rollback(args: argparse.Namespace) -> int:
         return 0
     print(
         "WARN  vectors differ from those saved before the tune (another machine, device or dtype?): "
-        f"the index matches the restored model; the saved copy is {saved_copy(backup)}"
+        f"the index matches the restored model; the saved copy is {Path(backup) / store_of(backup).backup_name}"
     )
     return 1

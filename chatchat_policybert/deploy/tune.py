@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
 
-from chatchat_policybert.chatchat.root import content_dir, default_kb, kb_settings
+from chatchat_policybert.chatchat.root import content_dir, default_kb
 from chatchat_policybert.deploy.calibration import is_pairs_file
 from chatchat_policybert.deploy.candidate import CALIBRATION, release_candidates, step_candidate
 from chatchat_policybert.deploy.gate import DEV_PAIRS, gate_inputs, step_gate
@@ -29,7 +29,7 @@ from chatchat_policybert.errors import EXIT_INTERRUPTED, InputError
 from chatchat_policybert.evaluation.dataset import kb_questions
 from chatchat_policybert.evaluation.evaluate import EXIT_WORSE
 from chatchat_policybert.files import read_json
-from chatchat_policybert.stores.pg_store import check_schema_rights
+from chatchat_policybert.stores import store_of
 from chatchat_policybert.stores.rebuild import check_kb_name
 from chatchat_policybert.training_entry import load_training
 
@@ -79,11 +79,7 @@ def run_tune(args: argparse.Namespace) -> int:
     check_kb_name(args.kb)  # `--kb ../x` would put the run folder outside policybert_tune/
     if not content_dir(args.root, args.kb).is_dir():
         raise InputError(f"--kb {args.kb}: no knowledge base folder {content_dir(args.root, args.kb)}")
-    store = kb_settings(args.root)
-    if store.vs_type == "pg":
-        check_schema_rights(store.pg_uri)  # before any work: the candidate root needs a schema of its own
-    elif store.vs_type != "faiss":
-        raise InputError(f"{args.root}: tune supports DEFAULT_VS_TYPE faiss and pg, not {store.vs_type}")
+    store_of(args.root).check_candidate_rights(args.root)  # before any work (pg: a schema of its own)
     check_questions(args)
     trainer.check_args(args)
     args.out = (args.out or tune_dir(args.root, args.kb)).resolve()

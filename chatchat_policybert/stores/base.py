@@ -22,7 +22,10 @@ from __future__ import annotations
 
 from contextlib import AbstractContextManager
 from pathlib import Path
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
+
+if TYPE_CHECKING:
+    from chatchat_policybert.stores.pg_store import OwnSchema
 
 STAGING_SUFFIX = ".rebuilding"
 """A ``kb -r``'s staging store is the live one's name plus this (a FAISS folder, a pg collection)."""
@@ -70,6 +73,29 @@ class Store(Protocol):
     def stored_vectors(self, root: Path, kb: str) -> int:
         """Vectors ``kb -r`` stored for ``kb`` in ``root`` (it exits 0 even when embedding failed: this says whether
         it worked)."""
+
+    def vectors(self, root: Path, kb: str, embed_model: str) -> list[tuple[str, bytes]] | None:
+        """Every (chunk text, vector bytes) of ``kb`` in ``root``, sorted; None if it has none: what "byte-identical
+        vectors" compares (sorted, since ``kb -r`` stores chunks in the order its threads finish)."""
+
+    def place(self, root: Path, kb: str, embed_model: str) -> str:
+        """Where :meth:`vectors` reads, for a message."""
+
+    backup_name: str
+    """The name of a backup's copy of the vectors (``tune``'s install keeps one, ``rollback`` reads it)."""
+
+    def save_copy(self, root: Path, kb: str, embed_model: str, vectors: list[tuple[str, bytes]], dest: Path) -> None:
+        """Keep ``kb``'s vectors (as :meth:`vectors` gave them) at ``dest``, a path that does not exist yet."""
+
+    def read_copy(self, path: Path) -> list[tuple[str, bytes]]:
+        """The vectors a :meth:`save_copy` kept, as :meth:`vectors` gives them (OSError/ValueError/... if damaged)."""
+
+    def candidate_schema(self, root: Path, candidate_root: Path) -> OwnSchema | None:
+        """Where a ``tune`` candidate root beside ``root`` keeps its copy of the store, when that is not its own
+        folder: pg's candidate tables live in a schema of their own in the deployment's database."""
+
+    def check_candidate_rights(self, root: Path) -> None:
+        """Before a ``tune`` does any work: an InputError where a candidate root cannot get its own copy."""
 
     def cosine_cut(self, score_threshold: float) -> float:
         """The lowest cosine a hit may have under SCORE_THRESHOLD ``score_threshold`` (unit vectors); > 1: none

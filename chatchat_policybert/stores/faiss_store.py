@@ -11,18 +11,34 @@ import ctypes
 import errno
 import math
 import os
+import pickle
 import shutil
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-from chatchat_policybert.chatchat.root import kb_root
+from chatchat_policybert.chatchat.root import kb_root, vector_store_dir
 from chatchat_policybert.chatchat.switches import BM25_CACHE_ENV, switched_off
 from chatchat_policybert.errors import InputError
 from chatchat_policybert.stores.base import STAGING_SUFFIX
 
 RETIRED_SUFFIX = ".replaced"
 """Where a two-rename swap moves the old index first (file systems without an atomic exchange)."""
+
+
+def faiss_vectors(vector_store: Path) -> list[tuple[str, bytes]]:
+    """Every (chunk text, vector bytes) of a FAISS folder, sorted: what "byte-identical vectors" compares.
+
+    Sorted because ``kb -r`` embeds files in threads and stores chunks in the order they finish, so
+    two rebuilds of the same documents may order the same vectors differently.
+    """
+    import faiss
+
+    index = faiss.read_index(str(Path(vector_store) / "index.faiss"))
+    with (Path(vector_store) / "index.pkl").open("rb") as handle:
+        docstore, index_to_id = pickle.load(handle)  # Chatchat's own file, written by `kb -r`
+    vectors = index.reconstruct_n(0, index.ntotal)
+    return sorted((docstore.search(index_to_id[i]).page_content, vectors[i].tobytes()) for i in range(index.ntotal))
 
 
 def faiss_indexes(root: Path, kb: str) -> list[Path]:
@@ -178,6 +194,30 @@ class FaissStore:
     def stored_vectors(self, root: Path, kb: str) -> int:
         """Every embed model's index of the knowledge base."""
         return sum(index_size(index.parent) for index in faiss_indexes(root, kb))
+
+    def vectors(self, root: Path, kb: str, embed_model: str) -> list[tuple[str, bytes]] | None:
+        """The embed model's folder of the knowledge base."""
+        index = vector_store_dir(root, kb, embed_model)
+        return faiss_vectors(index) if (index / "index.faiss").is_file() else None
+
+    def place(self, root: Path, kb: str, embed_model: str) -> str:
+        return f"FAISS index {vector_store_dir(root, kb, embed_model)}"
+
+    backup_name = "vector_store"
+
+    def save_copy(self, root: Path, kb: str, embed_model: str, vectors: list[tuple[str, bytes]], dest: Path) -> None:
+        """The index folder itself, as ``kb -r`` wrote it."""
+        shutil.copytree(vector_store_dir(root, kb, embed_model), dest)
+
+    def read_copy(self, path: Path) -> list[tuple[str, bytes]]:
+        return faiss_vectors(path)
+
+    def candidate_schema(self, root: Path, candidate_root: Path) -> None:
+        """None: a candidate root's index is a folder of its own."""
+        return None
+
+    def check_candidate_rights(self, root: Path) -> None:
+        """Nothing to check: the candidate's index is written under the run folder."""
 
     def cosine_cut(self, score_threshold: float) -> float:
         return 1.0 - (1.0 - score_threshold) / math.sqrt(2.0)

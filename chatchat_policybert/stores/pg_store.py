@@ -24,8 +24,10 @@ import this module in processes that may not use the `pg` store at all.
 
 from __future__ import annotations
 
+import base64
 import copy
 import hashlib
+import json
 import math
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -35,6 +37,7 @@ from typing import Any
 
 from chatchat_policybert.chatchat.root import pg_uri
 from chatchat_policybert.errors import InputError
+from chatchat_policybert.files import write_jsonl
 from chatchat_policybert.stores.base import STAGING_SUFFIX
 from chatchat_policybert.stores.faiss_store import check_cosine
 
@@ -202,7 +205,7 @@ def _drop_collection(connection: Any, name: str) -> None:
 def pg_vectors(uri: str, name: str) -> list[tuple[str, bytes]] | None:
     """Every (chunk text, float32 vector bytes) of collection ``name``, sorted; None if the collection does not exist.
 
-    The pg twin of :func:`chatchat_policybert.deploy.rollback.faiss_vectors`, what "byte-identical vectors"
+    The pg twin of :func:`chatchat_policybert.stores.faiss_store.faiss_vectors`, what "byte-identical vectors"
     compares: by text, since every `kb -r` gives the rows new ids, and sorted, since `kb -r` inserts
     files in the order its threads finish. pgvector stores float4, which ``real[]`` gives back exactly.
     """
@@ -449,6 +452,31 @@ class PgStore:
     def stored_vectors(self, root: Path, kb: str) -> int:
         """The collection the root's URI reaches."""
         return collection_size(pg_uri(root), kb) or 0
+
+    def vectors(self, root: Path, kb: str, embed_model: str) -> list[tuple[str, bytes]] | None:
+        """The collection the root's URI reaches."""
+        return pg_vectors(pg_uri(root), kb)
+
+    def place(self, root: Path, kb: str, embed_model: str) -> str:
+        return f"pg collection '{kb}'"
+
+    backup_name = "pg_vectors.jsonl"
+
+    def save_copy(self, root: Path, kb: str, embed_model: str, vectors: list[tuple[str, bytes]], dest: Path) -> None:
+        """One JSON line per chunk: its text and its vector (base64 of the float32 bytes)."""
+        write_jsonl(({"text": text, "vector": base64.b64encode(vector).decode()} for text, vector in vectors), dest)
+
+    def read_copy(self, path: Path) -> list[tuple[str, bytes]]:
+        with Path(path).open(encoding="utf-8") as handle:
+            rows = [json.loads(line) for line in handle]
+        return sorted((row["text"], base64.b64decode(row["vector"])) for row in rows)
+
+    def candidate_schema(self, root: Path, candidate_root: Path) -> OwnSchema:
+        """A schema of the deployment's database, one per candidate folder (:class:`OwnSchema`)."""
+        return OwnSchema(pg_uri(root), candidate_schema(candidate_root))
+
+    def check_candidate_rights(self, root: Path) -> None:
+        check_schema_rights(pg_uri(root))
 
     def cosine_cut(self, score_threshold: float) -> float:
         slack = 1.0 - score_threshold
