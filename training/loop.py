@@ -24,7 +24,8 @@ import contextlib
 import math
 import os
 import random
-from collections.abc import Iterator
+import signal
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -192,6 +193,36 @@ def load_checkpoint(path: Path, cfg: TrainConfig, device: torch.device) -> dict:
     return saved
 
 
+@contextlib.contextmanager
+def ctrl_c_at_step_end(enabled: bool) -> Iterator[Callable[[], bool]]:
+    """While open, a first Ctrl-C only asks the run to stop at the end of the step it is in; yields "was it asked?".
+
+    Why: a KeyboardInterrupt raised wherever the signal lands can fall between the checkpoint's
+    rename and the record of its step (the message then denies a checkpoint that exists), or inside
+    a finaliser, where Python prints and drops it and training goes on. A second Ctrl-C interrupts at
+    once. Off (``enabled`` False) under several processes, where ranks stopping at different steps
+    would leave the others waiting in a collective, and off outside the main thread, which alone
+    receives signals.
+    """
+    asked: list[bool] = []
+    try:
+        previous = signal.getsignal(signal.SIGINT)
+
+        def ask(signum: int, frame: object) -> None:
+            asked.append(True)
+            signal.signal(signal.SIGINT, previous)
+
+        if enabled:
+            signal.signal(signal.SIGINT, ask)
+    except ValueError:  # not the main thread
+        enabled = False
+    try:
+        yield lambda: bool(asked)
+    finally:
+        if enabled:
+            signal.signal(signal.SIGINT, previous)
+
+
 def train(model: nn.Module, task: Task, cfg: TrainConfig, inputs: object | None = None) -> tuple[list[dict], bool]:
     """Trains ``model`` in place; returns the per-epoch metrics (also ``OUT/metrics.json``) and whether all steps ran.
 
@@ -280,71 +311,81 @@ def train(model: nn.Module, task: Task, cfg: TrainConfig, inputs: object | None 
         )
     bar: tqdm | None = None
     try:
-        if main and state["step"] == 0:
-            # The start model, scored by the same evaluation: every later record says how far training moved from it.
-            # Keyed on the step, not on an empty history: a resumed run never scores its mid-run weights as the start.
-            with evaluating(model, precision):
-                state["history"].append({"epoch": 0, "step": 0, "held_out": task.evaluate(model)})
-            tqdm.write(f"start: held out {state['history'][0]['held_out']}")
-            write_json(state["history"], cfg.out / METRICS)
-        bar = tqdm(total=total_steps, initial=state["step"], desc="training", unit="step", disable=not main)
-        stopped_early, order = False, None
-        for step in range(state["step"], total_steps):
-            epoch, position = divmod(step, steps_per_epoch)
-            if order is None or position == 0:
-                order = torch.randperm(
-                    len(task), generator=torch.Generator().manual_seed(cfg.seed * 1000 + epoch)
-                ).tolist()
-            chosen = order[position * cfg.batch_size : (position + 1) * cfg.batch_size]
-            chosen += order[: cfg.batch_size - len(chosen)]  # the last step of an epoch is topped up from its start
-            step_loss = torch.zeros((), device=device)
-            for micro_step in range(cfg.grad_accum):
-                part = rank * cfg.grad_accum + micro_step
-                key = f"{epoch}-{position}-{part}"
-                torch.manual_seed(random.Random(f"{cfg.seed}-{key}").getrandbits(63))  # dropout, whatever ran before
-                batch = {k: v.to(device) for k, v in task.batch(chosen[part * micro : (part + 1) * micro], key).items()}
-                # Processes exchange gradients once per optimiser step, after its last micro-batch.
-                sync = (
-                    ddp.no_sync() if ddp is not None and micro_step < cfg.grad_accum - 1 else contextlib.nullcontext()
-                )
-                with sync:
-                    with autocast(precision, device):
-                        loss = task.loss(ddp or model, batch) / cfg.grad_accum
-                    scaler.scale(loss).backward()
-                step_loss += loss.detach()
-            optimizer_step(model, optimizer, scheduler, scaler)
-            if ddp is not None:
-                dist.all_reduce(step_loss)  # SUM: gloo has no AVG
-                step_loss /= world
-            state["step"] = step + 1
-            state["loss_sum"] += step_loss.item()
-            bar.update()
-            bar.set_postfix(loss=f"{state['loss_sum'] / (position + 1):.3f}")
-
-            if position == steps_per_epoch - 1 or state["step"] == total_steps:
-                record = {
-                    "epoch": epoch + 1
-                    if position == steps_per_epoch - 1
-                    else round(epoch + (position + 1) / steps_per_epoch, 3),
-                    "step": state["step"],
-                    "train_loss": round(state["loss_sum"] / (position + 1), 4),
-                    "lr": scheduler.get_last_lr()[0],
-                }
-                if main:
-                    with evaluating(model, precision):
-                        record["held_out"] = task.evaluate(model)
-                    tqdm.write(
-                        f"epoch {record['epoch']}: train loss {record['train_loss']}, held out {record['held_out']}"
+        with ctrl_c_at_step_end(enabled=world == 1) as ctrl_c_asked:
+            if main and state["step"] == 0:
+                # The start model, scored by the same evaluation: every later record says how far training
+                # moved from it. Keyed on the step, not on an empty history: a resumed run never scores its
+                # mid-run weights as the start.
+                with evaluating(model, precision):
+                    state["history"].append({"epoch": 0, "step": 0, "held_out": task.evaluate(model)})
+                tqdm.write(f"start: held out {state['history'][0]['held_out']}")
+                write_json(state["history"], cfg.out / METRICS)
+            bar = tqdm(total=total_steps, initial=state["step"], desc="training", unit="step", disable=not main)
+            stopped_early, order = False, None
+            for step in range(state["step"], total_steps):
+                epoch, position = divmod(step, steps_per_epoch)
+                if order is None or position == 0:
+                    order = torch.randperm(
+                        len(task), generator=torch.Generator().manual_seed(cfg.seed * 1000 + epoch)
+                    ).tolist()
+                chosen = order[position * cfg.batch_size : (position + 1) * cfg.batch_size]
+                chosen += order[: cfg.batch_size - len(chosen)]  # the last step of an epoch is topped up from its start
+                step_loss = torch.zeros((), device=device)
+                for micro_step in range(cfg.grad_accum):
+                    part = rank * cfg.grad_accum + micro_step
+                    key = f"{epoch}-{position}-{part}"
+                    torch.manual_seed(
+                        random.Random(f"{cfg.seed}-{key}").getrandbits(63)
+                    )  # dropout, whatever ran before
+                    batch = {
+                        k: v.to(device) for k, v in task.batch(chosen[part * micro : (part + 1) * micro], key).items()
+                    }
+                    # Processes exchange gradients once per optimiser step, after its last micro-batch.
+                    sync = (
+                        ddp.no_sync()
+                        if ddp is not None and micro_step < cfg.grad_accum - 1
+                        else contextlib.nullcontext()
                     )
-                state["history"].append(record)
-                state["loss_sum"] = 0.0
-                if main:
-                    write_json(state["history"], cfg.out / METRICS)
-            if main and (state["step"] % cfg.checkpoint_every == 0 or state["step"] == cfg.stop_after):
-                save_checkpoint()
-            if state["step"] == cfg.stop_after and state["step"] < total_steps:
-                stopped_early = True
-                break
+                    with sync:
+                        with autocast(precision, device):
+                            loss = task.loss(ddp or model, batch) / cfg.grad_accum
+                        scaler.scale(loss).backward()
+                    step_loss += loss.detach()
+                optimizer_step(model, optimizer, scheduler, scaler)
+                if ddp is not None:
+                    dist.all_reduce(step_loss)  # SUM: gloo has no AVG
+                    step_loss /= world
+                state["step"] = step + 1
+                state["loss_sum"] += step_loss.item()
+                bar.update()
+                bar.set_postfix(loss=f"{state['loss_sum'] / (position + 1):.3f}")
+
+                if position == steps_per_epoch - 1 or state["step"] == total_steps:
+                    record = {
+                        "epoch": epoch + 1
+                        if position == steps_per_epoch - 1
+                        else round(epoch + (position + 1) / steps_per_epoch, 3),
+                        "step": state["step"],
+                        "train_loss": round(state["loss_sum"] / (position + 1), 4),
+                        "lr": scheduler.get_last_lr()[0],
+                    }
+                    if main:
+                        with evaluating(model, precision):
+                            record["held_out"] = task.evaluate(model)
+                        tqdm.write(
+                            f"epoch {record['epoch']}: train loss {record['train_loss']}, held out {record['held_out']}"
+                        )
+                    state["history"].append(record)
+                    state["loss_sum"] = 0.0
+                    if main:
+                        write_json(state["history"], cfg.out / METRICS)
+                if main and (state["step"] % cfg.checkpoint_every == 0 or state["step"] == cfg.stop_after):
+                    save_checkpoint()
+                if state["step"] == cfg.stop_after and state["step"] < total_steps:
+                    stopped_early = True
+                    break
+                if ctrl_c_asked():
+                    raise KeyboardInterrupt
     except KeyboardInterrupt:
         if bar is not None:
             bar.close()  # ends the progress line, so the message is a line of its own

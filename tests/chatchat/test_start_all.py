@@ -169,7 +169,7 @@ def test_misconfigured_platform_logs_one_clear_line_and_chatchat_keeps_running(s
         ours = [
             line
             for line in log_path.read_text(encoding="utf-8").splitlines()
-            if "PolicyBERT embed model" in line and reason in line
+            if "chatchat_policybert.chatchat.registry" in line and reason in line
         ]
         assert len(ours) == 1, ours
         assert "PolicyBERT embed model 'policybert' unavailable" in ours[0]

@@ -4,6 +4,7 @@ global-batch check, gradient checkpointing. Resume is tested in ``test_pretrain.
 
 from __future__ import annotations
 
+import os
 import re
 import signal
 import subprocess
@@ -14,7 +15,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from chatchat_policybert.errors import EXIT_INPUT_ERROR, EXIT_INTERRUPTED, InputError
+from chatchat_policybert.errors import EXIT_INPUT_ERROR, EXIT_INTERRUPTED, InputError, Interrupted
 from chatchat_policybert.model.modeling_policybert import PolicyBertForPreTraining
 from chatchat_policybert.model.tokenization_policybert import PolicyBertTokenizer
 from training.config import parse_flags
@@ -171,3 +172,29 @@ def test_ctrl_c_says_where_the_run_resumes_from(tiny_model_dir, corpus_dir, tmp_
     assert len(lines) == 1, stderr[-2000:]
     saved = torch.load(out / "checkpoint.pt", weights_only=False)["state"]["step"]
     assert f"{out / 'checkpoint.pt'} holds step {saved}: continue from there" in lines[0] and "--resume" in lines[0]
+
+
+def test_ctrl_c_during_a_checkpoint_write_lets_the_step_finish_and_names_what_it_saved(
+    tiny_model_dir, corpus_docs, tmp_path, monkeypatch
+):
+    """A Ctrl-C that lands while checkpoint.pt is written (the moment the subprocess test above can hit by chance)
+    stops the run at the end of that step: the checkpoint is complete and the message names the step it holds."""
+    real_save = torch.save
+
+    def save_then_ctrl_c(obj: object, f: object, *args: object, **kwargs: object) -> None:
+        real_save(obj, f, *args, **kwargs)
+        os.kill(os.getpid(), signal.SIGINT)  # the user's Ctrl-C, while the checkpoint is not yet in place
+
+    monkeypatch.setattr(torch, "save", save_then_ctrl_c)  # torch's, at the library boundary
+    model_dir = tiny_model_dir("none")
+    model, tokenizer = (
+        PolicyBertForPreTraining.from_pretrained(model_dir),
+        PolicyBertTokenizer.from_pretrained(model_dir),
+    )
+    out = tmp_path / "run"
+    cfg = PretrainConfig(out=out, batch_size=4, max_steps=50, max_length=32, device="cpu", checkpoint_every=2)
+    with pytest.raises(Interrupted) as caught:
+        pretrain(model, tokenizer, corpus_docs, cfg)
+    saved = torch.load(out / "checkpoint.pt", weights_only=False)["state"]["step"]
+    assert saved == 2
+    assert f"training stopped at step 2 of 50; {out / 'checkpoint.pt'} holds step 2" in str(caught.value)
