@@ -148,15 +148,14 @@ def diagnose(root: Path, load_model: bool) -> list[Finding]:
     if store not in STORES:
         add("WARN", f"DEFAULT_VS_TYPE '{store}': only {', '.join(STORES)} are checked here and rebuilt safely")
         return findings
-    threshold = settings.score_threshold
-    cosine = STORES[store].cosine_cut(threshold)
-    label = STORES[store].label
-    advice = f"{STORES[store].score_threshold_for(TARGET_COSINE):.4f} keeps cosine >= {TARGET_COSINE:.2f}"
+    threshold, vectors = settings.score_threshold, STORES[store]
+    cosine, label = vectors.cosine_cut(threshold), vectors.label
+    advice = f"{vectors.score_threshold_for(TARGET_COSINE):.4f} keeps cosine >= {TARGET_COSINE:.2f}"
     if cosine > 1.0:
         add(
             "ERROR",
             f"SCORE_THRESHOLD {threshold} needs cosine >= {cosine:.2f}: no {label} hit can pass, "
-            f"{STORES[store].without_vectors} ({advice})",
+            f"{vectors.without_vectors} ({advice})",
         )
     elif cosine < 0.0:
         add("WARN", f"SCORE_THRESHOLD {threshold} keeps every {label} hit (cosine >= {cosine:.2f}; {advice})")

@@ -24,6 +24,8 @@ from contextlib import AbstractContextManager
 from pathlib import Path
 from typing import TYPE_CHECKING, Protocol
 
+from chatchat_policybert.errors import InputError
+
 if TYPE_CHECKING:
     from chatchat_policybert.stores.pg_store import OwnSchema
 
@@ -104,3 +106,9 @@ class Store(Protocol):
     def score_threshold_for(self, cosine: float) -> float:
         """The SCORE_THRESHOLD that keeps exactly the hits with cosine >= ``cosine`` (inverse of
         :meth:`cosine_cut`)."""
+
+
+def check_cosine(cosine: float) -> None:
+    """A cosine cut must be one: an InputError naming it otherwise (every store's :meth:`Store.score_threshold_for`)."""
+    if not -1.0 <= cosine <= 1.0:
+        raise InputError(f"cosine cut {cosine} is not in [-1, 1]")

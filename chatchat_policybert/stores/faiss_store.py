@@ -19,8 +19,7 @@ from pathlib import Path
 
 from chatchat_policybert.chatchat.root import kb_root, vector_store_dir
 from chatchat_policybert.chatchat.switches import BM25_CACHE_ENV, switched_off
-from chatchat_policybert.errors import InputError
-from chatchat_policybert.stores.base import STAGING_SUFFIX
+from chatchat_policybert.stores.base import STAGING_SUFFIX, check_cosine
 
 RETIRED_SUFFIX = ".replaced"
 """Where a two-rename swap moves the old index first (file systems without an atomic exchange)."""
@@ -225,9 +224,3 @@ class FaissStore:
     def score_threshold_for(self, cosine: float) -> float:
         check_cosine(cosine)
         return 1.0 - math.sqrt(2.0) * (1.0 - cosine)
-
-
-def check_cosine(cosine: float) -> None:
-    """A cosine cut must be one: an InputError naming it otherwise."""
-    if not -1.0 <= cosine <= 1.0:
-        raise InputError(f"cosine cut {cosine} is not in [-1, 1]")

@@ -38,8 +38,7 @@ from typing import Any
 from chatchat_policybert.chatchat.root import pg_uri
 from chatchat_policybert.errors import InputError
 from chatchat_policybert.files import write_jsonl
-from chatchat_policybert.stores.base import STAGING_SUFFIX
-from chatchat_policybert.stores.faiss_store import check_cosine
+from chatchat_policybert.stores.base import STAGING_SUFFIX, check_cosine
 
 COLLECTIONS = "langchain_pg_collection"
 EMBEDDINGS = "langchain_pg_embedding"
