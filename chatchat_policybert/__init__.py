@@ -1,8 +1,25 @@
 """chatchat-policybert: the PolicyBERT embedding model for Langchain-Chatchat 0.3.x.
 
-Kept import-free on purpose: the start-up hook (a ``.pth`` file) imports this package in every
-Python process, so nothing heavy (torch, transformers) may load here. Import the submodules:
-``chatchat_policybert.model.embeddings.PolicyBertEmbeddings``, ``chatchat_policybert.model.modeling_policybert`` ...
+``from chatchat_policybert import PolicyBertEmbeddings`` is the name a deployment registers and
+LangChain users import. It is resolved lazily (PEP 562): the start-up hook (a ``.pth`` file)
+imports this package in every Python process, so importing it must stay light — torch and
+transformers load only when the class is first asked for.
 """
 
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from chatchat_policybert.model.embeddings import PolicyBertEmbeddings
+
 __version__ = "0.1.0"
+__all__ = ["PolicyBertEmbeddings", "__version__"]
+
+
+def __getattr__(name: str) -> Any:
+    if name == "PolicyBertEmbeddings":
+        from chatchat_policybert.model.embeddings import PolicyBertEmbeddings
+
+        return PolicyBertEmbeddings
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
