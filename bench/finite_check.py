@@ -18,7 +18,7 @@ from pathlib import Path
 import torch
 from transformers import BertConfig, BertModel
 
-from chatchat_policybert.model.loading import check_finite
+from chatchat_policybert.model.load_checks import check_finite
 
 
 def main() -> None:

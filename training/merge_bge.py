@@ -153,7 +153,8 @@ def read_state_dict(directory: Path) -> dict[str, torch.Tensor]:
 
 def load_bge(name_or_path: str) -> tuple[Path, dict, dict[str, torch.Tensor]]:
     """bge's directory, config and tensors; refuses anything but a plain BERT checkpoint."""
-    from chatchat_policybert.model.loading import ModelDirError, read_config, resolve_model_dir
+    from chatchat_policybert.model.load_checks import ModelDirError
+    from chatchat_policybert.model.loading import read_config, resolve_model_dir
 
     try:
         path = resolve_model_dir(name_or_path)
@@ -353,7 +354,8 @@ def merge_finetuned(args: MergeConfig) -> tuple[PolicyBertModel, PolicyBertToken
     The fine-tuned directory goes through the runtime's loader, so it is checked as a deployment
     would check it, and a directory saved before the fusion scales existed merges with s = 1.
     """
-    from chatchat_policybert.model.loading import ModelDirError, load_model_dir
+    from chatchat_policybert.model.load_checks import ModelDirError
+    from chatchat_policybert.model.loading import load_model_dir
     from chatchat_policybert.model.modeling_policybert import PolicyBertModel
 
     try:

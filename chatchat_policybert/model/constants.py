@@ -15,3 +15,8 @@ LATE_FUSIONS: tuple[str, ...] = get_args(LateFusion)
 
 DEFAULT_QUERY_INSTRUCTION = "为这个句子生成表示以用于检索相关文章："
 """bge-zh's retrieval instruction: what a query is prefixed with when its model directory names none."""
+
+TASK_HEADS = ("cls.", "classifier.")
+"""The training stages' task heads, by the name prefix they have in a saved directory: pre-training's (``cls.``, BERT's
+MLM + NSP) and fine-tuning's (``classifier.``). A stage's output also holds its head, which the encoder (embedding, the
+next stage's start) does not use: loading drops them."""

@@ -8,7 +8,7 @@ tensors are missing — here that is an error, because it would silently change 
 :func:`load_model_dir` is the one loader of runtime and training: every stage (pre-training,
 fine-tuning, merging, serving) gets the same refusals, and a stage that creates a head names it
 in ``allow_missing`` instead of switching the check off. A stage's output also holds its task head
-(``modeling.TASK_HEADS``), which a class without that head drops by name; any other tensor the
+(``constants.TASK_HEADS``), which a class without that head drops by name; any other tensor the
 checkpoint has and the class lacks is refused too.
 """
 
@@ -33,7 +33,8 @@ from chatchat_policybert.errors import InputError
 from chatchat_policybert.files import atomic_path, read_json
 from chatchat_policybert.model.configuration_policybert import CONFIG_ERRORS, PolicyBertConfig
 from chatchat_policybert.model.lexicon import LEXICON_FILE
-from chatchat_policybert.model.modeling_policybert import TASK_HEADS, PolicyBertModel
+from chatchat_policybert.model.load_checks import ModelDirError, check_finite, check_loading_info
+from chatchat_policybert.model.modeling_policybert import PolicyBertModel
 from chatchat_policybert.model.options import EmbeddingOptions
 from chatchat_policybert.model.tokenization_policybert import PROMPTS_FILE, TOKENIZER_CONFIG, PolicyBertTokenizer
 
@@ -45,10 +46,6 @@ SUPPORTED_TYPES = ("policybert", "bert")
 MAX_UNUSED_VOCAB_ROWS = 127
 # A Hugging Face hub id: ``owner/name``, letters, digits, ``_ . -``. Anything else can only be a local path.
 _HUB_ID = re.compile(r"[A-Za-z0-9][\w.-]{0,95}/[A-Za-z0-9][\w.-]{0,95}")
-
-
-class ModelDirError(InputError):
-    """A model directory (or hub id) that cannot be used as an embedding model."""
 
 
 def _looks_like_path(name: str) -> bool:
@@ -124,23 +121,6 @@ def _numbers(value: object, field: str = "") -> Iterator[tuple[str, float]]:
     elif isinstance(value, list):
         for i, item in enumerate(value):
             yield from _numbers(item, f"{field}[{i}]")
-
-
-def check_finite(model: torch.nn.Module, path: Path) -> None:
-    """Refuse weights holding NaN or Inf: every vector would be NaN (or every float answer a 500).
-
-    A tensor's sum is finite unless it holds a NaN or Inf, or its values overflow float32 when
-    summed; only a non-finite sum is checked element by element. The sum reads each weight once
-    (its cost at bge-base size: ``bench/finite_check.py``, quoted in docs/guarantees.md).
-    """
-    for name, tensor in model.state_dict().items():
-        if tensor.is_floating_point() and not tensor.sum().isfinite():
-            bad = int((~torch.isfinite(tensor)).sum())
-            if bad:
-                raise ModelDirError(
-                    f"{path}: tensor {name} has {bad} non-finite value(s) (NaN or Inf) of {tensor.numel()}: "
-                    f"the weights are corrupt or training diverged; use another checkpoint"
-                )
 
 
 def refuse_remote_code(path: Path, config: dict) -> None:
@@ -252,49 +232,6 @@ def _checked_here() -> Iterator[None]:
         report_logger.removeFilter(not_the_report)
 
 
-def _check_loading_info(
-    path: Path, model_class: type[PreTrainedModel], info: dict, allow_missing: tuple[str, ...]
-) -> None:
-    """Refuse a checkpoint that does not fill ``model_class`` exactly (the heads allowed by name aside).
-
-    Missing: a tensor the class has and the checkpoint lacks would be random. Wrong shape: the
-    config does not describe these weights. Unexpected: a tensor with no place in the class (a
-    layer more than the config's, a renamed module) means the directory is not what its config says.
-    """
-    encoder = f"{model_class.base_model_prefix}."  # "pooler." allows a training class's "bert.pooler." too
-    missing = sorted(
-        k
-        for k in info["missing_keys"]
-        if not (k.startswith(allow_missing) or k.removeprefix(encoder).startswith(allow_missing))
-    )
-    mismatched = sorted(info["mismatched_keys"])  # (name, shape in the checkpoint, shape by the config)
-    if missing or mismatched:
-        if missing:
-            example = missing[0]
-        else:
-            name, checkpoint, model = mismatched[0]
-            example = f"{name}: {list(checkpoint)} in the weights, {list(model)} by config.json"
-        raise ModelDirError(
-            f"{path}: weights do not fit config.json ({len(missing) + len(mismatched)} tensors missing or of the "
-            f"wrong shape, e.g. {example})"
-        )
-    unexpected = sorted(k for k in info["unexpected_keys"] if not k.startswith(TASK_HEADS))
-    if unexpected:
-        raise ModelDirError(
-            f"{path}: {len(unexpected)} tensors in the weights have no place in {model_class.__name__} "
-            f"(e.g. {unexpected[0]}): the weights do not belong to this config.json"
-        )
-
-
-def check_loaded(path: str | os.PathLike, model: PreTrainedModel, info: dict) -> None:
-    """The refusals of :func:`load_model_dir` for a model transformers has loaded by itself (``AutoModel``).
-
-    Missing tensors are allowed only for the heads a stage creates (the pooler, :data:`TASK_HEADS`).
-    """
-    _check_loading_info(Path(path), type(model), info, ("pooler.", *TASK_HEADS))
-    check_finite(model, Path(path))
-
-
 def load_model_dir(
     name_or_path: str | os.PathLike,
     model_class: type[PreTrainedModel] | None = None,
@@ -359,7 +296,7 @@ def load_model_dir(
             )
     except (RuntimeError, ValueError, OSError, SafetensorError) as err:
         raise ModelDirError(f"{path}: weights do not fit config.json: {str(err).strip().splitlines()[0]}") from None
-    _check_loading_info(path, model_class, info, allow_missing)
+    check_loading_info(path, model_class, info, allow_missing)
     check_finite(model, path)
     return model.to(device).eval(), tokenizer
 

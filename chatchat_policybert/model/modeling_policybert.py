@@ -56,6 +56,8 @@ from transformers.models.bert.modeling_bert import (
 from transformers.utils import ModelOutput
 
 from chatchat_policybert.model.configuration_policybert import FUSION_TYPES, PolicyBertConfig
+from chatchat_policybert.model.constants import TASK_HEADS
+from chatchat_policybert.model.load_checks import check_loaded
 
 # The config is importable from here too, as transformers' modeling files import theirs (training.ablate does).
 __all__ = [
@@ -66,15 +68,9 @@ __all__ = [
     "PolicyBertForPreTraining",
     "PolicyBertForSequenceClassification",
     "PolicyBertModel",
-    "TASK_HEADS",
     "coverage_groups",
     "merge_repeated_words",
 ]
-
-# The training stages' task heads, by the name prefix they have in a saved directory: pre-training's
-# (``cls.``, BERT's MLM + NSP) and fine-tuning's (``classifier.``). A stage's output also holds its
-# head, which the encoder (embedding, the next stage's start) does not use: loading it drops them.
-TASK_HEADS = ("cls.", "classifier.")
 
 
 class PolicyBertWordEmbeddings(nn.Module):
@@ -425,14 +421,12 @@ class PolicyBertPreTrainedModel(PreTrainedModel):
         """transformers' loading (``AutoModel.from_pretrained``, sentence-transformers), with the loader's refusals.
 
         transformers would randomly initialise an encoder tensor the checkpoint lacks and load NaN
-        weights, both silently; :func:`chatchat_policybert.model.loading.check_loaded` refuses them as
+        weights, both silently; :func:`chatchat_policybert.model.load_checks.check_loaded` refuses them as
         ``load_model_dir`` does (heads a stage creates, the pooler and :data:`TASK_HEADS`, may be
         missing). A caller that asks for the loading info checks it itself (``load_model_dir`` does).
         """
         if kwargs.get("output_loading_info"):
             return super().from_pretrained(pretrained_model_name_or_path, *model_args, **kwargs)
-        from chatchat_policybert.model.loading import check_loaded  # loading imports this module
-
         model, info = super().from_pretrained(
             pretrained_model_name_or_path, *model_args, output_loading_info=True, **kwargs
         )

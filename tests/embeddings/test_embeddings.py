@@ -17,7 +17,8 @@ from chatchat_policybert.chatchat.registry import load_embeddings
 from chatchat_policybert.chatchat.settings import LocalEmbeddingsConfig
 from chatchat_policybert.errors import SettingsError
 from chatchat_policybert.model.embeddings import PolicyBertEmbeddings
-from chatchat_policybert.model.loading import ModelDirError, load_policybert, save_model_dir
+from chatchat_policybert.model.load_checks import ModelDirError
+from chatchat_policybert.model.loading import load_policybert, save_model_dir
 from chatchat_policybert.model.options import EmbeddingOptions
 from chatchat_policybert.model.tokenization_policybert import DEFAULT_QUERY_INSTRUCTION, PROMPTS_FILE
 

@@ -26,7 +26,7 @@ from sentence_transformers import SentenceTransformer
 from transformers import AutoModel
 
 from chatchat_policybert.model.embeddings import PolicyBertEmbeddings
-from chatchat_policybert.model.loading import ModelDirError
+from chatchat_policybert.model.load_checks import ModelDirError
 from tests.support.outside_chatchat import TEXTS, check_loads_outside_chatchat
 
 README = Path(__file__).resolve().parents[2] / "README.md"
