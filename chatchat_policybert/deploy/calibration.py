@@ -36,16 +36,17 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from chatchat_policybert.chatchat.config import KB_SETTINGS, MODEL_SETTINGS, SettingsDocs, kb_settings
 from chatchat_policybert.chatchat.process import WorkerProcess
-from chatchat_policybert.chatchat.root import content_dir, kb_settings
-from chatchat_policybert.chatchat.settings import PLATFORM_KEY, find_local_model, round_trip_yaml
+from chatchat_policybert.chatchat.root import content_dir
+from chatchat_policybert.chatchat.settings import PLATFORM_KEY
+from chatchat_policybert.configure.doctor import ensemble_label
 from chatchat_policybert.errors import InputError
 from chatchat_policybert.evaluation.dataset import Query, kb_questions, utf8_text
 from chatchat_policybert.evaluation.evaluate import MRR_K, RunResult, evaluate_retriever
 from chatchat_policybert.evaluation.knowledge_base import Chunk, load_chunks
 from chatchat_policybert.evaluation.metrics import evidence_in_chunk, mrr_at_k, unique_in_order
 from chatchat_policybert.evaluation.retrievers import ChunkLocator
-from chatchat_policybert.files import atomic_path
 from chatchat_policybert.retrieval.analyzer import ANALYZERS
 from chatchat_policybert.retrieval.hybrid import CHATCHAT_WEIGHTS, HYBRID_KEY, HybridConfig, configured_hybrid
 from chatchat_policybert.stores import get_store
@@ -75,11 +76,6 @@ class Setting:
     @property
     def label(self) -> str:
         return f"bm25 {self.bm25_weight:g} / dense {self.dense_weight:g}, thr {self.threshold:g}"
-
-
-def ensemble_label(store: str) -> str:
-    """How ``doctor`` and ``setup`` name the ensemble of a store (``faiss``/``pg``)."""
-    return f"{get_store(store).label} ensemble"
 
 
 def threshold_grid(current: float, store: str) -> list[float]:
@@ -389,86 +385,29 @@ def write_calibration(root: Path, calibration: Calibration) -> None:
 def update_settings(
     root: Path, *, hybrid: HybridConfig | None = None, threshold: float | None = None, model_path: str | None = None
 ) -> None:
-    """Sets the served platform's ``hybrid`` block and ``local_embeddings.model_path``, and SCORE_THRESHOLD.
-
-    Both files are rewritten atomically (comments kept), model settings first: a crash between
-    the two leaves a ``hybrid`` block whose threshold differs from SCORE_THRESHOLD, which ``doctor``
-    reports.
-    """
-    yaml = round_trip_yaml()
-    model_file = Path(root) / "model_settings.yaml"
-    model = yaml.load(model_file.read_text(encoding="utf-8"))
-    platform = find_local_model(model).entry
+    """Sets the served platform's ``hybrid`` block and ``local_embeddings.model_path``, and SCORE_THRESHOLD, through the
+    one writer of the root's settings (:class:`~chatchat_policybert.chatchat.config.SettingsDocs`: comments kept,
+    both validated, each atomically)."""
+    docs = SettingsDocs(root)
+    platform = docs.platform()
     if hybrid is not None:
         platform[HYBRID_KEY] = hybrid.block()
     if model_path is not None:
         platform[PLATFORM_KEY]["model_path"] = model_path
-    _dump(yaml, model, model_file)
     if threshold is not None:
-        kb_file = Path(root) / "kb_settings.yaml"
-        kb = yaml.load(kb_file.read_text(encoding="utf-8"))
-        kb["SCORE_THRESHOLD"] = threshold
-        _dump(yaml, kb, kb_file)
+        docs.kb["SCORE_THRESHOLD"] = threshold
+    docs.write()
 
 
-def _dump(yaml: Any, data: Any, path: Path) -> None:
-    with atomic_path(path) as tmp, tmp.open("w", encoding="utf-8") as handle:
-        yaml.dump(data, handle)
-
-
-def describe(hybrid: Any, configured_threshold: float, store: str = "faiss") -> list[tuple[str, str]]:
-    """``doctor``'s lines for a platform's ``hybrid`` block (a
-    :class:`~chatchat_policybert.retrieval.hybrid.HybridConfig` or None)."""
-    if hybrid is None or (hybrid.calibration is None and hybrid.weights == CHATCHAT_WEIGHTS):
-        return [
-            (
-                "OK",
-                f"{ensemble_label(store)}: Chatchat's weights "
-                f"BM25 {CHATCHAT_WEIGHTS[0]:g} / dense {CHATCHAT_WEIGHTS[1]:g}, "
-                f"not calibrated (`chatchat-policybert setup --calibrate DEV.jsonl` after `chatchat kb -r`)",
-            )
-        ]
-    lines = [
-        (
-            "OK",
-            f"{ensemble_label(store)}: weights BM25 {hybrid.bm25_weight:g} / dense {hybrid.dense_weight:g}, "
-            f"SCORE_THRESHOLD {configured_threshold:g}",
-        )
-    ]
-    info = hybrid.calibration or {}
-    metrics = info.get("metrics") or {}
-    if hybrid.dense_weight == 0 or get_store(store).cosine_cut(configured_threshold) > 1.0:
-        key = f"MRR@{MRR_K}"
-        scores = {name: (metrics.get(name) or {}).get(key) for name in ("dense", "bm25")}
-        measured = (
-            f"; on the calibration questions the vectors alone scored {key} {scores['dense']:.3f}, BM25 alone "
-            f"{scores['bm25']:.3f}"
-            if None not in scores.values()
-            else ""
-        )
-        lines.append(
-            (
-                "OK",
-                "the ensemble is BM25 alone (dense weight 0, or no vector hit passes SCORE_THRESHOLD): the served "
-                f"model's vectors are not used by the RAG path{measured}",
-            )
-        )
-    if metrics:
-        key = f"MRR@{MRR_K}"
-        shown = ", ".join(f"{name} {values.get(key, float('nan')):.3f}" for name, values in metrics.items())
-        lines.append(
-            (
-                "OK",
-                f"calibrated {info.get('date', '?')} on {info.get('questions', '?')} questions of "
-                f"{info.get('source', '?')} (KB {info.get('kb', '?')}, top_k {info.get('top_k', '?')}): {key} {shown}",
-            )
-        )
-    if hybrid.score_threshold is not None and not math.isclose(hybrid.score_threshold, configured_threshold):
-        lines.append(
-            (
-                "WARN",
-                f"SCORE_THRESHOLD {configured_threshold:g} is not the {hybrid.score_threshold:g} the weights "
-                "were calibrated with: calibrate again or set it back in kb_settings.yaml",
-            )
-        )
-    return lines
+def calibrate_setup(root: Path, kb: str, questions: Path) -> str:
+    """``setup --calibrate``: choose the ensemble's weights and threshold on ``questions``, record them; returns the
+    table and the line that says what was chosen."""
+    calibration = calibrate_root(root, kb, questions, root / "logs")
+    write_calibration(root, calibration)
+    chosen = calibration.chosen
+    return (
+        f"{calibration.table()}\n"
+        f"OK    calibrated the {ensemble_label(calibration.store)} "
+        f"on {calibration.questions} questions of {questions}: "
+        f"{chosen.label} (written to {MODEL_SETTINGS} and {KB_SETTINGS})"
+    )

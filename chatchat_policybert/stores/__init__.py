@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from chatchat_policybert.chatchat.root import kb_settings
+from chatchat_policybert.chatchat.config import kb_settings
 from chatchat_policybert.errors import InputError
 from chatchat_policybert.stores.base import Store
 from chatchat_policybert.stores.faiss_store import FaissStore

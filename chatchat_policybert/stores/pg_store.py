@@ -35,10 +35,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from chatchat_policybert.chatchat.root import pg_uri
+from chatchat_policybert.chatchat.config import KbSettings, kb_settings
 from chatchat_policybert.errors import InputError
 from chatchat_policybert.files import write_jsonl
-from chatchat_policybert.stores.base import STAGING_SUFFIX, check_cosine
+from chatchat_policybert.stores.base import STAGING_SUFFIX, SearchSide, check_cosine, kb_folder_problem, setup_settings
 
 COLLECTIONS = "langchain_pg_collection"
 EMBEDDINGS = "langchain_pg_embedding"
@@ -49,6 +49,11 @@ CONNECT_TIMEOUT_S = 3
 CANDIDATE_SCHEMA_PREFIX = "policybert_candidate_"
 INSUFFICIENT_PRIVILEGE = "42501"
 """PostgreSQL's SQLSTATE for "permission denied"."""
+HYBRID_NOTE = (
+    "on pg the plugin gives Chatchat's pg search the FAISS ensemble (BM25 + vectors, the platform's "
+    "`hybrid` weights); without the plugin's hook Chatchat retrieves dense-only there"
+)
+URI_FORM = "postgresql+psycopg2://USER:PASSWORD@HOST:PORT/DATABASE"
 
 
 def validate_uri(uri: str) -> str:
@@ -273,6 +278,11 @@ def check_schema_rights(uri: str | None) -> None:
         raise InputError(f"{_where(uri)}: the user may not create a schema; {_rights_hint(uri)}")
 
 
+def _uri(root: Path) -> str | None:
+    """The root's ``kbs_config.pg.connection_uri``."""
+    return kb_settings(root).pg_uri
+
+
 def _reason(exc: Exception) -> str:
     """The first line of a database error: what PostgreSQL or the driver said."""
     return str(getattr(exc, "orig", exc)).strip().splitlines()[0]
@@ -450,11 +460,11 @@ class PgStore:
 
     def stored_vectors(self, root: Path, kb: str) -> int:
         """The collection the root's URI reaches."""
-        return collection_size(pg_uri(root), kb) or 0
+        return collection_size(_uri(root), kb) or 0
 
     def vectors(self, root: Path, kb: str, embed_model: str) -> list[tuple[str, bytes]] | None:
         """The collection the root's URI reaches."""
-        return pg_vectors(pg_uri(root), kb)
+        return pg_vectors(_uri(root), kb)
 
     def place(self, root: Path, kb: str, embed_model: str) -> str:
         return f"pg collection '{kb}'"
@@ -472,10 +482,10 @@ class PgStore:
 
     def candidate_schema(self, root: Path, candidate_root: Path) -> OwnSchema:
         """A schema of the deployment's database, one per candidate folder (:class:`OwnSchema`)."""
-        return OwnSchema(pg_uri(root), candidate_schema(candidate_root))
+        return OwnSchema(_uri(root), candidate_schema(candidate_root))
 
     def check_candidate_rights(self, root: Path) -> None:
-        check_schema_rights(pg_uri(root))
+        check_schema_rights(_uri(root))
 
     def cosine_cut(self, score_threshold: float) -> float:
         slack = 1.0 - score_threshold
@@ -484,3 +494,49 @@ class PgStore:
     def score_threshold_for(self, cosine: float) -> float:
         check_cosine(cosine)
         return 1.0 - math.sqrt(1.0 - cosine)
+
+    takes_uri = True
+    setup_note = HYBRID_NOTE
+
+    def setup_settings(self, uri: str | None) -> dict[str, Any]:
+        """``kbs_config.pg.connection_uri`` = ``uri``, which must be given and parse."""
+        if uri is None:
+            raise InputError(f"--vs pg needs --pg-uri {URI_FORM}")
+        return setup_settings(self, {"connection_uri": validate_uri(uri)})
+
+    def saved_bm25(self, root: Path, kb: str) -> list[tuple[Path, str | None]]:
+        """None: pg's BM25 index is built in memory from the collection
+        (:mod:`chatchat_policybert.stores.pg_search`)."""
+        return []
+
+    def checks(self, root: Path, settings: KbSettings, embed_model: str, analyzer: Any | None) -> list[tuple[str, str]]:
+        """The URI and drivers, the server and pgvector (one engine for every check), the collection's vectors."""
+        findings = [("OK", f"vector store pg: {HYBRID_NOTE}")]
+        unusable = check_configured(settings.pg_uri)
+        if unusable:
+            return findings + unusable
+        with connected(settings.pg_uri) as engine:
+            server = check_server(engine)
+            findings += server
+            if any(level == "ERROR" for level, _ in server):
+                return findings
+            name = settings.default_kb
+            problem = kb_folder_problem(root, name)
+            if problem:
+                return findings + problem
+            vectors = vectors_in(engine, name)
+        if not vectors:
+            return [
+                *findings,
+                ("WARN", f"knowledge base '{name}' has no vectors in pg: run `chatchat kb -r -n {name}`"),
+            ]
+        return [*findings, ("OK", f"knowledge base '{name}' has {vectors} vectors in pg")]
+
+    def search_side(self, service: Any) -> SearchSide:
+        """The store the plugin keeps for the knowledge base, as its pg search uses it
+        (:mod:`chatchat_policybert.stores.pg_search`)."""
+        from contextlib import nullcontext
+
+        from chatchat_policybert.stores.pg_search import cached_bm25, stale_collection
+
+        return SearchSide(lambda: nullcontext(service.pg_vector), stale_collection, cached_bm25)
