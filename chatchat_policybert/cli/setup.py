@@ -93,7 +93,7 @@ def run_setup(args: argparse.Namespace) -> int:
     if args.kb is not None and args.calibrate is None:
         raise InputError("--kb only applies with --calibrate")
     if args.calibrate is not None:
-        from chatchat_policybert.deploy.calibration import is_pairs_file
+        from chatchat_policybert.deploy.questions import is_pairs_file
 
         is_pairs_file(args.calibrate)  # found, UTF-8 and JSON before the root changes (a GBK file: one line)
     options = SetupOptions(

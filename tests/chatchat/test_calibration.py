@@ -24,10 +24,10 @@ from chatchat_policybert.deploy.calibration import (
     Candidates,
     Setting,
     calibrate_root,
-    dev_queries,
     fuse,
     write_calibration,
 )
+from chatchat_policybert.deploy.questions import dev_queries
 from chatchat_policybert.errors import InputError, SettingsError
 from chatchat_policybert.evaluation.dataset import load_corpus, load_questions
 from chatchat_policybert.evaluation.evaluate import evaluate_retriever
