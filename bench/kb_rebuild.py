@@ -44,7 +44,7 @@ from chatchat_policybert.data import CORPUS_CSV, LEXICON
 from chatchat_policybert.demo import KB_NAME, run_step
 from chatchat_policybert.model.configuration_policybert import FUSION_TYPES
 from chatchat_policybert.stores import store_of
-from chatchat_policybert.stores.pg_store import drop_collection
+from chatchat_policybert.stores.pg_db import drop_collection
 
 TIME_TARGET = 1.2
 RSS_TARGET_GIB = 2.0

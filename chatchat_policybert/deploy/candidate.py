@@ -3,7 +3,7 @@ base rebuilt and its ensemble calibrated on the dev pairs (:mod:`chatchat_policy
 
 Nothing of the deployment changes here: the candidate root is in the run folder, and on pg its
 tables are in a schema of their own in the deployment's database
-(:class:`chatchat_policybert.stores.pg_store.OwnSchema`), dropped once the gate's decision is
+(:class:`chatchat_policybert.stores.pg_schema.OwnSchema`), dropped once the gate's decision is
 carried out (:func:`release_candidates`).
 """
 

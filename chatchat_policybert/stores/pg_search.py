@@ -40,7 +40,7 @@ from typing import TYPE_CHECKING, Any
 
 from chatchat_policybert.chatchat.config import MODEL_SETTINGS
 from chatchat_policybert.chatchat.switches import WRAPPED_MARK
-from chatchat_policybert.stores.pg_store import COLLECTIONS, EMBEDDINGS
+from chatchat_policybert.stores.pg_db import COLLECTIONS, EMBEDDINGS
 
 if TYPE_CHECKING:
     from chatchat_policybert.retrieval.analyzer import Analyzer
