@@ -19,7 +19,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from chatchat_policybert.chatchat.root import default_kb
+from chatchat_policybert.chatchat.config import default_kb
 from chatchat_policybert.evaluation.knowledge_base import load_chunks
 from chatchat_policybert.retrieval import bm25_index
 from chatchat_policybert.retrieval.analyzer import ANALYZERS, get_analyzer

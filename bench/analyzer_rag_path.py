@@ -34,8 +34,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from embed import REPO, machine_line
 
 sys.path.insert(0, str(REPO))
+from chatchat_policybert.chatchat.config import default_kb
 from chatchat_policybert.chatchat.process import chatchat_command, run_chatchat
-from chatchat_policybert.chatchat.root import default_kb
 from chatchat_policybert.data import CORPUS_CSV, LEXICON
 from chatchat_policybert.evaluation.dataset import load_corpus
 from chatchat_policybert.evaluation.knowledge_base import prepare_root

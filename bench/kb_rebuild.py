@@ -36,14 +36,15 @@ from embed import REPO, build_models, machine_line
 
 sys.path.insert(0, str(REPO))
 from chatchat_policybert import cli
+from chatchat_policybert.chatchat.config import kb_settings
 from chatchat_policybert.chatchat.process import chatchat_command, chatchat_env
-from chatchat_policybert.chatchat.root import content_dir, kb_root, pg_uri, vs_type
+from chatchat_policybert.chatchat.root import content_dir, kb_root
 from chatchat_policybert.corpus import PolicyDocument, export_policies, read_policies
 from chatchat_policybert.data import CORPUS_CSV, LEXICON
 from chatchat_policybert.demo import KB_NAME, run_step
 from chatchat_policybert.model.configuration_policybert import FUSION_TYPES
 from chatchat_policybert.stores import store_of
-from chatchat_policybert.stores.pg_store import drop_collection
+from chatchat_policybert.stores.pg_db import drop_collection
 
 TIME_TARGET = 1.2
 RSS_TARGET_GIB = 2.0
@@ -101,8 +102,9 @@ def timed_rebuild(root: Path) -> Rebuild:
     # The safe `kb -r` keeps the previous index (or pg collection) when a rebuild fails: remove it
     # (untimed), so a failed repetition shows as an empty index instead of the last one's vectors.
     shutil.rmtree(kb_root(root) / KB_NAME / "vector_store", ignore_errors=True)
-    if vs_type(root) == "pg":
-        drop_collection(pg_uri(root), KB_NAME)
+    settings = kb_settings(root)
+    if settings.vs_type == "pg":
+        drop_collection(settings.pg_uri, KB_NAME)
     env = chatchat_env(root)
     log = root / LOG_NAME
     with log.open("w", encoding="utf-8") as out:  # a file, not a pipe: nobody reads while wait4 blocks

@@ -46,8 +46,9 @@ from embed import REPO, machine_line
 from kb_rebuild import scratch_dir
 
 sys.path.insert(0, str(REPO))
+from chatchat_policybert.chatchat.config import default_kb
 from chatchat_policybert.chatchat.process import run_chatchat
-from chatchat_policybert.chatchat.root import default_kb, kb_root
+from chatchat_policybert.chatchat.root import kb_root
 from chatchat_policybert.chatchat.switches import BM25_CACHE_ENV
 from chatchat_policybert.data import CORPUS_CSV, LEXICON, QUESTIONS
 from chatchat_policybert.evaluation.dataset import load_corpus, load_questions

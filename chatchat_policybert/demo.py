@@ -21,8 +21,8 @@ from pathlib import Path
 
 from chatchat_policybert.chatchat.process import WorkerProcess, chatchat_command, run_chatchat
 from chatchat_policybert.chatchat.root import content_dir, vector_store_dir
-from chatchat_policybert.cli import main as cli_main
-from chatchat_policybert.cli.doctor import llm_reachable
+from chatchat_policybert.configure.doctor import llm_reachable
+from chatchat_policybert.configure.setup import SetupOptions, setup_root
 from chatchat_policybert.corpus import PolicyDocument, export_policies, read_policies
 from chatchat_policybert.data import CORPUS_CSV, LEXICON
 from chatchat_policybert.errors import PlainArgumentParser, run_cli
@@ -108,8 +108,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
 
     run_step("init", ["init"], root)
-    if cli_main(["setup", "--root", str(root), "--model", str(model), "--ollama-url", args.ollama_url, "--no-check"]):
-        return 1
+    print(setup_root(root, SetupOptions(model=model, ollama_url=args.ollama_url)).text(), flush=True)
     content = content_dir(root, KB_NAME)
     export_policies(documents, content)
     print(f"[corpus] {len(documents)} policies in {content}")

@@ -17,8 +17,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from chatchat_policybert.chatchat.config import kb_settings, model_settings
 from chatchat_policybert.chatchat.root import content_dir
-from chatchat_policybert.chatchat.settings import load_yaml
 from chatchat_policybert.deploy.run import Run, digest
 from chatchat_policybert.deploy.tune import Trained
 from chatchat_policybert.errors import InputError
@@ -53,7 +53,7 @@ def content_key(root: Path, kb: str, llm: str | None, llm_model: str | None, pai
         for p in sorted(folder.rglob("*"))
         if p.is_file()
     }
-    settings = load_yaml(Path(root) / "kb_settings.yaml")
+    settings = kb_settings(root)
     chunking = {k: settings.get(k) for k in CHUNKING_KEYS}
     analyzer = configured_analyzer(root).identity
     return digest(files, chunking, analyzer, llm, llm_model if llm else None, pairs_args)
@@ -65,21 +65,20 @@ def check_args(args: argparse.Namespace) -> None:
     if args.budget is not None and not (math.isfinite(args.budget) and args.budget > 0):
         raise InputError(f"--budget {args.budget:g}: expected a positive number of minutes")
     if args.llm and not args.llm_model:
-        args.llm_model = str(load_yaml(args.root / "model_settings.yaml").get("DEFAULT_LLM_MODEL") or "")
+        args.llm_model = str(model_settings(args.root).get("DEFAULT_LLM_MODEL") or "")
         if not args.llm_model:
             raise InputError("--llm: the root names no DEFAULT_LLM_MODEL; pass --llm-model")
-    check_config(
-        parse_flags(
-            PairsConfig,
-            ["--out", "unused", *shlex.split(args.pairs_args)],
-            "chatchat-policybert tune --pairs-args",
-            "training.pairs' flags",
-        )
-    )
+    check_config(pairs_config(["--out", "unused", *shlex.split(args.pairs_args)]))
     train_config(Path("unused"), args.device, args.contrastive_args)
 
 
 # ----------------------------------------------------------------------------- 1 pairs
+
+
+def pairs_config(flags: list[str]) -> PairsConfig:
+    """The pairs stage's configuration from its flags (tune's own and the user's ``--pairs-args``), refused as
+    ``tune --pairs-args`` where they do not parse."""
+    return parse_flags(PairsConfig, flags, "chatchat-policybert tune --pairs-args", "training.pairs' flags")
 
 
 def step_pairs(run: Run) -> tuple[Path, str]:
@@ -95,7 +94,7 @@ def step_pairs(run: Run) -> tuple[Path, str]:
         argv += ["--llm", args.llm, "--llm-model", args.llm_model]
     argv += shlex.split(args.pairs_args)
     run.command("python -m training.pairs " + shlex.join(argv))
-    pairs_stage.main(argv)
+    pairs_stage.run(pairs_config(argv), argv)
     return out, key
 
 

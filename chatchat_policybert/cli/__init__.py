@@ -1,6 +1,8 @@
 """`chatchat-policybert setup | doctor | serve | rollback | eval | tune`: wire PolicyBERT into a Chatchat 0.3.1.3 root.
 
-One module a command, each with ``register(commands)`` adding its parser and the function it runs:
+One module a command, each with ``register(commands)`` adding its parser and the function it runs; the work is done
+by functions of the layers below (``setup`` and ``doctor``: :mod:`chatchat_policybert.configure`), which no other
+part of the package reaches through this one (import-linter's ``cli-is-the-top``):
 
 - `setup` (:mod:`.setup`) merges the shipped `model_settings.yaml` / `kb_settings.yaml` into a root
   that `chatchat init` prepared, points the PolicyBERT platform at `--model`, creates the default

@@ -8,7 +8,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from chatchat_policybert.chatchat.settings import find_local_model, load_yaml
+from chatchat_policybert.chatchat.config import served_platform
 from chatchat_policybert.cli.common import add_root_argument
 from chatchat_policybert.errors import InputError
 from chatchat_policybert.serving.limits import ServerLimits
@@ -59,7 +59,7 @@ def run_serve(args: argparse.Namespace) -> int:
         config = LocalEmbeddingsConfig(model_path=str(args.model_path.resolve()), device=args.device or "cpu")
         platform, name = "command line", args.model_name or "policybert"
     else:
-        local = find_local_model(load_yaml(args.root / "model_settings.yaml"), args.model_name)
+        local = served_platform(args.root, args.model_name)
         config, platform = local.config, local.platform_name
         name = args.model_name or local.embed_models[0]
     try:

@@ -23,7 +23,7 @@ entry point: this package never imports ``training``), steps 3 to 6 this package
    root's model and KB settings, the candidate model, the KB's documents, ``chatchat kb -r``), then
    the ensemble's weights and threshold calibrated there on the dev pairs
    (:mod:`chatchat_policybert.deploy.calibration`). On pg its tables are in a schema of their own in
-   the deployment's database (:class:`chatchat_policybert.stores.pg_store.OwnSchema`), dropped once
+   the deployment's database (:class:`chatchat_policybert.stores.pg_schema.OwnSchema`), dropped once
    the gate's decision is carried out.
 4. ``gate`` (:mod:`chatchat_policybert.deploy.gate`) — Chatchat's own ``search_docs`` in the root as
    it is (before) and in the candidate root (after), on the held-out-document dev pairs and on

@@ -15,10 +15,7 @@ the ensemble fuses — made by the same objects ``search_docs`` uses — and :fu
 LangChain's ``EnsembleRetriever.weighted_reciprocal_rank`` and the vector store's threshold on
 them (``tests/chatchat/test_calibration.py`` checks the result equals ``search_docs``'s hits).
 
-Questions are either held-out pairs (``training.pairs``' ``dev.jsonl``: a query and the passage
-it came from; the relevant document is the one whose chunk holds that passage) or labelled
-questions in the evaluation's JSONL format (``{"id", "question", "doc_title", "evidence"}``,
-titles being the knowledge base's file names without suffix).
+Questions are either held-out pairs or labelled questions (:mod:`chatchat_policybert.deploy.questions`).
 
 Labelled questions also choose the BM25 analyzer (:mod:`chatchat_policybert.retrieval.analyzer`): the grid
 runs once per analyzer and the best MRR@10 wins, the configured analyzer on ties. Dev pairs
@@ -30,22 +27,21 @@ a user's questions; with dev pairs the configured analyzer is kept.
 from __future__ import annotations
 
 import datetime
-import json
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
+from chatchat_policybert.chatchat.config import KB_SETTINGS, MODEL_SETTINGS, SettingsDocs, kb_settings
 from chatchat_policybert.chatchat.process import WorkerProcess
-from chatchat_policybert.chatchat.root import content_dir, kb_settings
-from chatchat_policybert.chatchat.settings import PLATFORM_KEY, find_local_model, round_trip_yaml
+from chatchat_policybert.chatchat.settings import PLATFORM_KEY
+from chatchat_policybert.configure.doctor import ensemble_label
+from chatchat_policybert.deploy.questions import dev_queries
 from chatchat_policybert.errors import InputError
-from chatchat_policybert.evaluation.dataset import Query, kb_questions, utf8_text
+from chatchat_policybert.evaluation.dataset import Query
 from chatchat_policybert.evaluation.evaluate import MRR_K, RunResult, evaluate_retriever
-from chatchat_policybert.evaluation.knowledge_base import Chunk, load_chunks
-from chatchat_policybert.evaluation.metrics import evidence_in_chunk, mrr_at_k, unique_in_order
+from chatchat_policybert.evaluation.knowledge_base import Chunk
+from chatchat_policybert.evaluation.metrics import mrr_at_k, unique_in_order
 from chatchat_policybert.evaluation.retrievers import ChunkLocator
-from chatchat_policybert.files import atomic_path
 from chatchat_policybert.retrieval.analyzer import ANALYZERS
 from chatchat_policybert.retrieval.hybrid import CHATCHAT_WEIGHTS, HYBRID_KEY, HybridConfig, configured_hybrid
 from chatchat_policybert.stores import get_store
@@ -77,11 +73,6 @@ class Setting:
         return f"bm25 {self.bm25_weight:g} / dense {self.dense_weight:g}, thr {self.threshold:g}"
 
 
-def ensemble_label(store: str) -> str:
-    """How ``doctor`` and ``setup`` name the ensemble of a store (``faiss``/``pg``)."""
-    return f"{get_store(store).label} ensemble"
-
-
 def threshold_grid(current: float, store: str) -> list[float]:
     """SCORE_THRESHOLDs tried: the root's, the loosest, one per cosine cut in ``store`` (rounded up: never looser),
     none."""
@@ -95,94 +86,6 @@ def setting_grid(current: float, store: str) -> list[Setting]:
     grid = [Setting(*CHATCHAT_WEIGHTS, current)]
     grid += [Setting(w, round(1 - w, 4), t) for t in threshold_grid(current, store) for w in weights]
     return list(dict.fromkeys(grid))
-
-
-# ----------------------------------------------------------------------------- questions
-
-
-def dev_queries(
-    path: Path, root: Path, kb: str, corpus_path: Path | None = None
-) -> tuple[list[Query], list[Chunk], bool]:
-    """The questions of ``path`` (dev pairs or evaluation JSONL, told apart by their keys), the KB's chunks, and
-    whether the questions are labelled (evaluation JSONL: they may choose the analyzer).
-
-    Evaluation JSONL is read by :func:`~chatchat_policybert.evaluation.dataset.kb_questions`
-    (``doc_title``: a title of ``corpus_path``, else a KB file name).
-    """
-    if is_pairs_file(path):
-        chunks = load_chunks(root, kb, None)
-        return pair_queries(path, chunks), chunks, False
-    corpus, queries = kb_questions(path, content_dir(root, kb), corpus_path)
-    return queries, load_chunks(root, kb, corpus), True
-
-
-def is_pairs_file(path: Path) -> bool:
-    """Whether ``path`` holds dev pairs (else evaluation JSONL questions); an :class:`InputError` where it is
-    neither."""
-    first = _first_object(path)
-    if "query" in first and "pos" in first:
-        return True
-    if "question" in first and "doc_title" in first:
-        return False
-    raise InputError(
-        f'{path}: expected dev pairs ({{"query", "pos", …}}, training.pairs\' dev.jsonl) or questions '
-        '({"id", "question", "doc_title", "evidence"}, the evaluation\'s JSONL)'
-    )
-
-
-def _first_object(path: Path) -> dict[str, Any]:
-    if not Path(path).is_file():
-        raise InputError(f"{path}: question file not found")
-    for lineno, line in enumerate(utf8_text(path).splitlines(), 1):
-        if line.strip():
-            try:
-                obj = json.loads(line)
-            except json.JSONDecodeError:
-                raise InputError(f"{path}:{lineno}: not JSON") from None
-            if not isinstance(obj, dict):
-                raise InputError(f"{path}:{lineno}: expected a JSON object")
-            return obj
-    raise InputError(f"{path}: no questions in the file")
-
-
-def pair_queries(path: Path, chunks: list[Chunk]) -> list[Query]:
-    """Dev pairs as questions: the query, relevant = the documents of the chunks holding its positive passage.
-
-    A pair's positive comes from one chunk (a whole chunk, the text under a heading, or a chunk
-    without its query sentence, which keeps a contiguous run of at least half of it), so
-    :func:`evidence_in_chunk` finds that chunk; a pair whose passage no chunk holds (the KB
-    changed since the pairs were made) is an error naming its line.
-    """
-    queries = []
-    for lineno, line in enumerate(utf8_text(path).splitlines(), 1):
-        if not line.strip():
-            continue
-        try:
-            obj = json.loads(line)
-            query, positive = obj["query"], obj["pos"][0]
-            if not isinstance(query, str) or not isinstance(positive, str) or not query or not positive:
-                raise TypeError
-        except (json.JSONDecodeError, KeyError, IndexError, TypeError):
-            raise InputError(f'{path}:{lineno}: expected {{"query": "…", "pos": ["…"], …}}') from None
-        groups = {c.group for c in chunks if _holds(c.text, positive)}
-        if not groups:
-            raise InputError(
-                f"{path}:{lineno}: no chunk of the knowledge base holds this pair's passage: "
-                "make the pairs from the KB as it is now (python -m training.pairs --chatchat-root …)"
-            )
-        queries.append(Query(f"dev-{lineno}", query, {g: 1.0 for g in groups}, positive))
-    if not queries:
-        raise InputError(f"{path}: no pairs in the file")
-    return queries
-
-
-def _holds(chunk: str, passage: str) -> bool:
-    """``evidence_in_chunk``, after a cheap test that the two share the passage's start, middle or end."""
-    probe = max(1, min(20, len(passage) // 4))
-    middle = len(passage) // 2
-    if not any(p in chunk for p in (passage[:probe], passage[middle : middle + probe], passage[-probe:])):
-        return False
-    return evidence_in_chunk(chunk, passage)
 
 
 # ----------------------------------------------------------------------------- the two lists and their fusion
@@ -389,86 +292,29 @@ def write_calibration(root: Path, calibration: Calibration) -> None:
 def update_settings(
     root: Path, *, hybrid: HybridConfig | None = None, threshold: float | None = None, model_path: str | None = None
 ) -> None:
-    """Sets the served platform's ``hybrid`` block and ``local_embeddings.model_path``, and SCORE_THRESHOLD.
-
-    Both files are rewritten atomically (comments kept), model settings first: a crash between
-    the two leaves a ``hybrid`` block whose threshold differs from SCORE_THRESHOLD, which ``doctor``
-    reports.
-    """
-    yaml = round_trip_yaml()
-    model_file = Path(root) / "model_settings.yaml"
-    model = yaml.load(model_file.read_text(encoding="utf-8"))
-    platform = find_local_model(model).entry
+    """Sets the served platform's ``hybrid`` block and ``local_embeddings.model_path``, and SCORE_THRESHOLD, through the
+    one writer of the root's settings (:class:`~chatchat_policybert.chatchat.config.SettingsDocs`: comments kept,
+    both validated, each atomically)."""
+    docs = SettingsDocs(root)
+    platform = docs.platform()
     if hybrid is not None:
         platform[HYBRID_KEY] = hybrid.block()
     if model_path is not None:
         platform[PLATFORM_KEY]["model_path"] = model_path
-    _dump(yaml, model, model_file)
     if threshold is not None:
-        kb_file = Path(root) / "kb_settings.yaml"
-        kb = yaml.load(kb_file.read_text(encoding="utf-8"))
-        kb["SCORE_THRESHOLD"] = threshold
-        _dump(yaml, kb, kb_file)
+        docs.kb["SCORE_THRESHOLD"] = threshold
+    docs.write()
 
 
-def _dump(yaml: Any, data: Any, path: Path) -> None:
-    with atomic_path(path) as tmp, tmp.open("w", encoding="utf-8") as handle:
-        yaml.dump(data, handle)
-
-
-def describe(hybrid: Any, configured_threshold: float, store: str = "faiss") -> list[tuple[str, str]]:
-    """``doctor``'s lines for a platform's ``hybrid`` block (a
-    :class:`~chatchat_policybert.retrieval.hybrid.HybridConfig` or None)."""
-    if hybrid is None or (hybrid.calibration is None and hybrid.weights == CHATCHAT_WEIGHTS):
-        return [
-            (
-                "OK",
-                f"{ensemble_label(store)}: Chatchat's weights "
-                f"BM25 {CHATCHAT_WEIGHTS[0]:g} / dense {CHATCHAT_WEIGHTS[1]:g}, "
-                f"not calibrated (`chatchat-policybert setup --calibrate DEV.jsonl` after `chatchat kb -r`)",
-            )
-        ]
-    lines = [
-        (
-            "OK",
-            f"{ensemble_label(store)}: weights BM25 {hybrid.bm25_weight:g} / dense {hybrid.dense_weight:g}, "
-            f"SCORE_THRESHOLD {configured_threshold:g}",
-        )
-    ]
-    info = hybrid.calibration or {}
-    metrics = info.get("metrics") or {}
-    if hybrid.dense_weight == 0 or get_store(store).cosine_cut(configured_threshold) > 1.0:
-        key = f"MRR@{MRR_K}"
-        scores = {name: (metrics.get(name) or {}).get(key) for name in ("dense", "bm25")}
-        measured = (
-            f"; on the calibration questions the vectors alone scored {key} {scores['dense']:.3f}, BM25 alone "
-            f"{scores['bm25']:.3f}"
-            if None not in scores.values()
-            else ""
-        )
-        lines.append(
-            (
-                "OK",
-                "the ensemble is BM25 alone (dense weight 0, or no vector hit passes SCORE_THRESHOLD): the served "
-                f"model's vectors are not used by the RAG path{measured}",
-            )
-        )
-    if metrics:
-        key = f"MRR@{MRR_K}"
-        shown = ", ".join(f"{name} {values.get(key, float('nan')):.3f}" for name, values in metrics.items())
-        lines.append(
-            (
-                "OK",
-                f"calibrated {info.get('date', '?')} on {info.get('questions', '?')} questions of "
-                f"{info.get('source', '?')} (KB {info.get('kb', '?')}, top_k {info.get('top_k', '?')}): {key} {shown}",
-            )
-        )
-    if hybrid.score_threshold is not None and not math.isclose(hybrid.score_threshold, configured_threshold):
-        lines.append(
-            (
-                "WARN",
-                f"SCORE_THRESHOLD {configured_threshold:g} is not the {hybrid.score_threshold:g} the weights "
-                "were calibrated with: calibrate again or set it back in kb_settings.yaml",
-            )
-        )
-    return lines
+def calibrate_setup(root: Path, kb: str, questions: Path) -> str:
+    """``setup --calibrate``: choose the ensemble's weights and threshold on ``questions``, record them; returns the
+    table and the line that says what was chosen."""
+    calibration = calibrate_root(root, kb, questions, root / "logs")
+    write_calibration(root, calibration)
+    chosen = calibration.chosen
+    return (
+        f"{calibration.table()}\n"
+        f"OK    calibrated the {ensemble_label(calibration.store)} "
+        f"on {calibration.questions} questions of {questions}: "
+        f"{chosen.label} (written to {MODEL_SETTINGS} and {KB_SETTINGS})"
+    )

@@ -3,32 +3,32 @@ base rebuilt and its ensemble calibrated on the dev pairs (:mod:`chatchat_policy
 
 Nothing of the deployment changes here: the candidate root is in the run folder, and on pg its
 tables are in a schema of their own in the deployment's database
-(:class:`chatchat_policybert.stores.pg_store.OwnSchema`), dropped once the gate's decision is
+(:class:`chatchat_policybert.stores.pg_schema.OwnSchema`), dropped once the gate's decision is
 carried out (:func:`release_candidates`).
 """
 
 from __future__ import annotations
 
 import shutil
-import sys
 from pathlib import Path
 
+from chatchat_policybert.chatchat.config import SettingsDocs, copy_settings
 from chatchat_policybert.chatchat.process import chatchat_command, run_chatchat
 from chatchat_policybert.chatchat.root import content_dir
-from chatchat_policybert.chatchat.settings import round_trip_yaml
+from chatchat_policybert.configure.setup import SetupOptions, setup_root
 from chatchat_policybert.deploy.calibration import calibrate_root, write_calibration
 from chatchat_policybert.deploy.gate import GATE
 from chatchat_policybert.deploy.rollback import INSTALLED
 from chatchat_policybert.deploy.run import Run
-from chatchat_policybert.files import atomic_path, read_json, write_json
+from chatchat_policybert.files import read_json, write_json
 from chatchat_policybert.stores import store_of
-from chatchat_policybert.stores.pg_store import OwnSchema
+from chatchat_policybert.stores.base import CandidateCopy
 
 CALIBRATION = "calibration.json"
 """In the candidate's folder: the calibration's chosen setting, metrics and table (written last: the step is done)."""
 
 
-def pg_schema(run: Run, root: Path) -> OwnSchema | None:
+def pg_schema(run: Run, root: Path) -> CandidateCopy | None:
     """On a pg deployment, the schema of its database holding the tables of the candidate root ``root``; else None
     (:meth:`chatchat_policybert.stores.base.Store.candidate_schema`)."""
     return store_of(run.root).candidate_schema(run.root, root)
@@ -78,33 +78,15 @@ def step_candidate(run: Run, final: Path, key: str, dev: Path, inputs: str) -> P
     release_candidates(run)  # pg: earlier candidates' schemas, a half-built one's included
     shutil.rmtree(folder, ignore_errors=True)  # a half-built one from a killed run
     settings = folder / "settings"
-    settings.mkdir(parents=True)
-    for name in ("model_settings.yaml", "kb_settings.yaml"):
-        shutil.copy2(run.root / name, settings / name)
+    copy_settings(run.root, settings)
     if schema is not None:
-        yaml = round_trip_yaml()
-        kb_file = settings / "kb_settings.yaml"
-        copied = yaml.load(kb_file.read_text(encoding="utf-8"))
-        copied["kbs_config"]["pg"]["connection_uri"] = schema.create()
-        with atomic_path(kb_file) as tmp, tmp.open("w", encoding="utf-8") as handle:
-            yaml.dump(copied, handle)
+        copied = SettingsDocs(settings)
+        copied.kb["kbs_config"]["pg"]["connection_uri"] = schema.create()
+        copied.write()
         print(f"candidate: its pg tables are in the schema {schema.name} of the deployment's database")
     root.mkdir()
     run_chatchat(chatchat_command("init"), root, "chatchat init (candidate root)")
-    setup = [
-        sys.executable,
-        "-m",
-        "chatchat_policybert.cli",
-        "setup",
-        "--root",
-        str(root),
-        "--model",
-        str(final),
-        "--settings-dir",
-        str(settings),
-        "--no-check",
-    ]
-    run_chatchat(setup, root, "chatchat-policybert setup (candidate root)")
+    setup_root(root, SetupOptions(model=final, settings_dir=settings))
     shutil.copytree(content_dir(run.root, run.kb), content_dir(root, run.kb), dirs_exist_ok=True)
     run_chatchat(
         chatchat_command("kb", "-r", "-n", run.kb), root, f"chatchat kb -r -n {run.kb} (candidate root)", progress=True

@@ -14,8 +14,10 @@ import hashlib
 from pathlib import Path
 from typing import Any
 
-from chatchat_policybert.deploy.calibration import NO_VECTORS, Candidates, Fused, Setting, dev_queries
-from chatchat_policybert.deploy.rollback import BACKUP_DIR, INSTALL_STARTED, INSTALLED, SETTINGS_FILES, restore_backup
+from chatchat_policybert.chatchat.config import SETTINGS_FILES
+from chatchat_policybert.deploy.calibration import NO_VECTORS, Candidates, Fused, Setting
+from chatchat_policybert.deploy.questions import dev_queries
+from chatchat_policybert.deploy.rollback import BACKUP_DIR, INSTALL_STARTED, INSTALLED, restore_backup
 from chatchat_policybert.deploy.run import Run, digest
 from chatchat_policybert.errors import InputError
 from chatchat_policybert.evaluation.evaluate import RunResult, compare_runs, evaluate_retriever, gate_failure

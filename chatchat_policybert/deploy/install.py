@@ -13,8 +13,8 @@ from __future__ import annotations
 import shutil
 from pathlib import Path
 
+from chatchat_policybert.chatchat.config import kb_settings, served_model
 from chatchat_policybert.chatchat.process import chatchat_command, run_chatchat
-from chatchat_policybert.chatchat.root import kb_settings
 from chatchat_policybert.deploy.calibration import update_settings
 from chatchat_policybert.deploy.rollback import (
     BACKUP_DIR,
@@ -25,7 +25,6 @@ from chatchat_policybert.deploy.rollback import (
     restore_backup,
     restore_settings,
     save_backup,
-    served_model,
 )
 from chatchat_policybert.deploy.run import Run, now
 from chatchat_policybert.errors import InputError

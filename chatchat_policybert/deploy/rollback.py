@@ -18,7 +18,8 @@ settings files back, rebuild the knowledge base with the same transactional ``ch
 (so Chatchat's file rows match the index again) and compare the new vectors with the saved ones,
 chunk by chunk, byte for byte. A damaged backup is refused in one line and the root is unchanged.
 
-``tune`` and ``rollback`` of one knowledge base never overlap (:func:`tune_lock`), and a rollback
+``tune`` and ``rollback`` of one knowledge base never overlap
+(:func:`chatchat_policybert.deploy.run.tune_lock`), and a rollback
 marks the run's install as undone (:data:`ROLLED_BACK`), so the next ``tune`` never reports an
 install the root no longer serves.
 """
@@ -28,73 +29,28 @@ from __future__ import annotations
 import argparse
 import contextlib
 import datetime
-import fcntl
 import hashlib
 import os
 import pickle
-import shutil
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+from chatchat_policybert.chatchat.config import MODEL_SETTINGS, copy_settings, default_kb, kb_settings, served_model
+from chatchat_policybert.chatchat.config import model_settings as read_model_settings
 from chatchat_policybert.chatchat.process import chatchat_command, run_chatchat
-from chatchat_policybert.chatchat.root import default_kb, kb_root, kb_settings
-from chatchat_policybert.chatchat.settings import find_local_model, load_yaml
+from chatchat_policybert.chatchat.root import kb_root
+from chatchat_policybert.chatchat.settings import find_local_model
+from chatchat_policybert.deploy.run import model_manifest, tune_dir, tune_lock
 from chatchat_policybert.errors import InputError, SettingsError
 from chatchat_policybert.files import atomic_path, read_json, write_json
 from chatchat_policybert.stores import store_of
 from chatchat_policybert.stores.rebuild import check_kb_name
 
-SETTINGS_FILES = ("model_settings.yaml", "kb_settings.yaml")
 BACKUP_DIR = "previous"
 BACKUP_FILE = "backup.json"
 """The backup's copy of the vectors: the FAISS folder, or a pg collection's (text, vector) rows."""
-TUNE_DIR = "policybert_tune"
 INSTALL_STARTED, INSTALLED, ROLLED_BACK = "install_started.json", "installed.json", "rolled_back.json"
 """A run folder's install state: the backup is saved for a candidate; the candidate serves; a rollback undid it."""
-TUNE_LOCK = ".policybert-tune.lock"
-"""In the knowledge base's folder, beside ``kb -r``'s lock: held by a ``tune`` or ``rollback`` of it."""
-
-
-@contextlib.contextmanager
-def tune_lock(root: Path, kb: str, command: str) -> Iterator[None]:
-    """Holds the knowledge base's tune lock (an exclusive ``flock``) for ``command``; refuses while another holds it.
-
-    Why refuse rather than wait (as ``kb -r`` does): a second tune of the same knowledge base would
-    redo every step in the same run folder once the first ends, and a rollback during a tune would
-    restore under its feet. The kernel releases the lock when its holder exits, killed or not.
-    """
-    path = kb_root(root) / kb / TUNE_LOCK
-    with path.open("a") as handle:
-        try:
-            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            raise InputError(
-                f"{command} --kb {kb}: a tune or rollback of it is running in {root} ({path} is locked); "
-                "wait for it to end, nothing was changed"
-            ) from None
-        try:
-            yield
-        finally:
-            fcntl.flock(handle, fcntl.LOCK_UN)
-
-
-def tune_dir(root: Path, kb: str) -> Path:
-    """The default run folder of ``tune --kb KB`` in ``root`` (where ``rollback`` looks for the backup)."""
-    return Path(root) / TUNE_DIR / kb
-
-
-def model_manifest(model_dir: Path) -> dict[str, str]:
-    """SHA-256 of every file of a model directory, by relative path: what "the same model" means to rollback."""
-    files = sorted(p for p in Path(model_dir).rglob("*") if p.is_file())
-    return {p.relative_to(model_dir).as_posix(): hashlib.sha256(p.read_bytes()).hexdigest() for p in files}
-
-
-def served_model(root: Path) -> tuple[str, Path]:
-    """(embed model name, model directory) of the root's DEFAULT_EMBEDDING_MODEL."""
-    settings = load_yaml(Path(root) / "model_settings.yaml")
-    local = find_local_model(settings, None)
-    return str(settings.get("DEFAULT_EMBEDDING_MODEL")), local.config.resolved_model_path(Path(root))
 
 
 def kb_vectors(root: Path, kb: str, embed_model: str) -> list[tuple[str, bytes]] | None:
@@ -141,8 +97,7 @@ def save_backup(root: Path, kb: str, dest: Path) -> None:
         )
     with atomic_path(dest) as tmp:
         tmp.mkdir()
-        for name in SETTINGS_FILES:
-            shutil.copy2(Path(root) / name, tmp / name)
+        copy_settings(root, tmp)
         store.save_copy(root, kb, embed_model, vectors, tmp / store.backup_name)
         write_json(
             {
@@ -158,9 +113,7 @@ def save_backup(root: Path, kb: str, dest: Path) -> None:
 
 def restore_settings(root: Path, backup: Path) -> None:
     """Puts the backed-up settings files back, each atomically."""
-    for name in SETTINGS_FILES:
-        with atomic_path(Path(root) / name) as tmp:
-            shutil.copy2(Path(backup) / name, tmp)
+    copy_settings(backup, root)
 
 
 def check_backup(root: Path, backup: Path) -> dict[str, Any]:
@@ -189,17 +142,17 @@ def check_backup(root: Path, backup: Path) -> dict[str, Any]:
         if changed:
             raise InputError(f"{backup}: {', '.join(changed[:5])} changed since the tune saved it; {damaged}")
     try:
-        model_settings = load_yaml(backup / SETTINGS_FILES[0])
+        model_settings = read_model_settings(backup)
         local = find_local_model(model_settings, None)
         kb_settings(backup)  # the file beside it: parsed and typed as the root's would be
     except SettingsError as exc:
         raise InputError(f"{exc}; {damaged}") from None
     served = local.config.resolved_model_path(Path(root))
     if str(model_settings.get("DEFAULT_EMBEDDING_MODEL")) != info["embed_model"] or str(served) != info["model_path"]:
-        raise InputError(f"{backup / SETTINGS_FILES[0]} does not serve the saved model {info['model_path']}; {damaged}")
+        raise InputError(f"{backup / MODEL_SETTINGS} does not serve the saved model {info['model_path']}; {damaged}")
     platforms = model_settings.get("MODEL_PLATFORMS") or []
     if not any(isinstance(p, dict) and p.get("llm_models") for p in platforms):
-        raise InputError(f"{backup / SETTINGS_FILES[0]}: no platform lists an LLM; {damaged}")
+        raise InputError(f"{backup / MODEL_SETTINGS}: no platform lists an LLM; {damaged}")
     saved_vectors(backup)
     model_dir = Path(info["model_path"])
     if not model_dir.is_dir() or model_manifest(model_dir) != info["model_files"]:

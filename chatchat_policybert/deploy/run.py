@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import datetime
+import fcntl
 import hashlib
 import json
 import resource
@@ -18,11 +19,50 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from chatchat_policybert.deploy.rollback import model_manifest, served_model
+from chatchat_policybert.chatchat.config import served_model
+from chatchat_policybert.chatchat.root import kb_root
+from chatchat_policybert.errors import InputError
 from chatchat_policybert.files import read_json, write_json
 
 STEPS = ("pairs", "train", "candidate", "gate", "install", "report")
 STATE = "tune.json"
+TUNE_DIR = "policybert_tune"
+TUNE_LOCK = ".policybert-tune.lock"
+"""In the knowledge base's folder, beside ``kb -r``'s lock: held by a ``tune`` or ``rollback`` of it."""
+
+
+@contextlib.contextmanager
+def tune_lock(root: Path, kb: str, command: str) -> Iterator[None]:
+    """Holds the knowledge base's tune lock (an exclusive ``flock``) for ``command``; refuses while another holds it.
+
+    Why refuse rather than wait (as ``kb -r`` does): a second tune of the same knowledge base would
+    redo every step in the same run folder once the first ends, and a rollback during a tune would
+    restore under its feet. The kernel releases the lock when its holder exits, killed or not.
+    """
+    path = kb_root(root) / kb / TUNE_LOCK
+    with path.open("a") as handle:
+        try:
+            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            raise InputError(
+                f"{command} --kb {kb}: a tune or rollback of it is running in {root} ({path} is locked); "
+                "wait for it to end, nothing was changed"
+            ) from None
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
+
+
+def tune_dir(root: Path, kb: str) -> Path:
+    """The default run folder of ``tune --kb KB`` in ``root`` (where ``rollback`` looks for the backup)."""
+    return Path(root) / TUNE_DIR / kb
+
+
+def model_manifest(model_dir: Path) -> dict[str, str]:
+    """SHA-256 of every file of a model directory, by relative path: what "the same model" means to rollback."""
+    files = sorted(p for p in Path(model_dir).rglob("*") if p.is_file())
+    return {p.relative_to(model_dir).as_posix(): hashlib.sha256(p.read_bytes()).hexdigest() for p in files}
 
 
 def digest(*parts: object) -> str:

@@ -17,14 +17,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
 
-from chatchat_policybert.chatchat.root import content_dir, default_kb
-from chatchat_policybert.deploy.calibration import is_pairs_file
+from chatchat_policybert.chatchat.config import default_kb
+from chatchat_policybert.chatchat.root import content_dir
 from chatchat_policybert.deploy.candidate import CALIBRATION, release_candidates, step_candidate
 from chatchat_policybert.deploy.gate import DEV_PAIRS, gate_inputs, step_gate
 from chatchat_policybert.deploy.install import step_install
+from chatchat_policybert.deploy.questions import is_pairs_file
 from chatchat_policybert.deploy.report import decision_lines, gate_rows, write_report
-from chatchat_policybert.deploy.rollback import tune_dir, tune_lock
-from chatchat_policybert.deploy.run import Run
+from chatchat_policybert.deploy.run import Run, tune_dir, tune_lock
 from chatchat_policybert.errors import EXIT_INTERRUPTED, InputError
 from chatchat_policybert.evaluation.dataset import kb_questions
 from chatchat_policybert.evaluation.evaluate import EXIT_WORSE

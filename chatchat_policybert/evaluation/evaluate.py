@@ -32,7 +32,8 @@ from pathlib import Path
 
 from tqdm import tqdm
 
-from chatchat_policybert.chatchat.root import content_dir, default_kb
+from chatchat_policybert.chatchat.config import default_kb
+from chatchat_policybert.chatchat.root import content_dir
 from chatchat_policybert.data import CORPUS_CSV, QUESTIONS
 from chatchat_policybert.errors import InputError, PlainArgumentParser, run_cli
 from chatchat_policybert.evaluation.dataset import Corpus, Query, kb_questions, load_beir, load_corpus, load_questions

@@ -9,14 +9,14 @@ and splitter (the worker's ``chunks``), so every retriever sees the same chunkin
 from __future__ import annotations
 
 import pickle
-import sys
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
 from chatchat_policybert.chatchat.process import LOG_TAIL, call_worker, chatchat_command, run_chatchat
-from chatchat_policybert.chatchat.root import content_dir, default_kb
+from chatchat_policybert.chatchat.root import content_dir
+from chatchat_policybert.configure.setup import SetupOptions, setup_root
 from chatchat_policybert.errors import InputError
 from chatchat_policybert.evaluation.dataset import Corpus, text_group
 from chatchat_policybert.stores.faiss_store import faiss_indexes
@@ -39,13 +39,7 @@ def prepare_root(root: Path, corpus: Corpus, model: Path | None, build_index: bo
     """
     root.mkdir(parents=True, exist_ok=True)
     run_chatchat(chatchat_command("init"), root, "chatchat init")
-    setup = [sys.executable, "-m", "chatchat_policybert.cli", "setup", "--root", str(root), "--no-check"]
-    if analyzer is not None:
-        setup += ["--analyzer", analyzer]
-    if model is not None:
-        setup += ["--model", str(Path(model).resolve())]
-    run_chatchat(setup, root, "chatchat-policybert setup")
-    kb = default_kb(root)
+    kb = setup_root(root, SetupOptions(model=model, analyzer=analyzer)).kb
     corpus.write_kb(content_dir(root, kb))
     if build_index:
         if model is None:

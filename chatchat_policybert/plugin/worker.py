@@ -98,81 +98,26 @@ def search(kb: str, top_k: int | None) -> None:
         _emit(answer)
 
 
-def _stale_index(store) -> str | None:
-    """Why the index cannot be searched with the configured model (empty, or built by another model), else None.
-
-    One stored chunk embedded again must give its stored vector back: a FAISS index built by the
-    previous model would otherwise be searched with the new model's query vectors, silently.
-    """
-    import numpy as np
-
-    if store.index.ntotal == 0:
-        return "the FAISS index is empty"
-    text = store.docstore.search(store.index_to_docstore_id[0]).page_content
-    try:
-        fresh = np.asarray(store.embedding_function.embed_documents([text])[0], dtype=np.float32)
-    except Exception as exc:  # the hook's stand-in for a model that did not load raises its reason
-        return f"the configured model does not embed ({exc})"
-    stored = store.index.reconstruct(0)
-    cosine = float(fresh @ stored / (np.linalg.norm(fresh) * np.linalg.norm(stored)))
-    return None if cosine > 0.999 else f"its vectors were not made by the configured model (cosine {cosine:.3f})"
-
-
-def _stale_collection(store) -> str | None:
-    """:func:`_stale_index` for a pg store: one stored row embedded again must give its stored vector back."""
-    import numpy as np
-
-    with store._make_session() as session:
-        collection = store.get_collection(session)
-        row = (
-            None
-            if collection is None
-            else session.query(store.EmbeddingStore)
-            .filter(store.EmbeddingStore.collection_id == collection.uuid)
-            .first()
-        )
-        if row is None:
-            return "the pg collection is empty"
-        text, stored = row.document, np.asarray(row.embedding, dtype=np.float32)
-    try:
-        fresh = np.asarray(store.embedding_function.embed_documents([text])[0], dtype=np.float32)
-    except Exception as exc:  # the hook's stand-in for a model that did not load raises its reason
-        return f"the configured model does not embed ({exc})"
-    cosine = float(fresh @ stored / (np.linalg.norm(fresh) * np.linalg.norm(stored)))
-    return None if cosine > 0.999 else f"its vectors were not made by the configured model (cosine {cosine:.3f})"
-
-
 def candidates(kb: str, top_k: int | None) -> None:
     """Answers request lines with the BM25 and vector lists of the plugin's ensemble, before fusion and threshold.
 
     A request ``{"query": …, "analyzer": NAME}`` gets the BM25 list of that analyzer (calibration
     compares them; ask one analyzer's questions together: the kept BM25 index is one analyzer's).
     """
-    from contextlib import nullcontext
-
     from chatchat.server.knowledge_base.kb_service.base import KBServiceFactory
     from chatchat.settings import Settings
 
-    from chatchat_policybert.retrieval import ensemble as ensemble_cache
-    from chatchat_policybert.stores import STORES, pg_search
+    from chatchat_policybert.retrieval.ensemble import analyzer_of
+    from chatchat_policybert.stores import STORES
 
     top_k = top_k or Settings.kb_settings.VECTOR_SEARCH_TOP_K
     service = KBServiceFactory.get_service_by_name(kb)
     if service is None or service.vs_type() not in STORES:
-        _emit({"error": f"knowledge base {kb} is not a FAISS or pg knowledge base of this root"})
+        labels = " or ".join(store.label for store in STORES.values())
+        _emit({"error": f"knowledge base {kb} is not a {labels} knowledge base of this root"})
         return
-    if service.vs_type() == "faiss":
-        acquire, stale_check, cached_bm25 = (
-            lambda: service.load_vector_store().acquire(),
-            _stale_index,
-            ensemble_cache.cached_bm25,
-        )
-    else:  # the store the plugin keeps for the knowledge base, as its pg search uses it
-        acquire, stale_check, cached_bm25 = (
-            lambda: nullcontext(service.pg_vector),
-            _stale_collection,
-            pg_search.cached_bm25,
-        )
+    side = STORES[service.vs_type()].search_side(service)
+    acquire, stale_check, cached_bm25 = side.acquire, side.stale, side.cached_bm25
     with acquire() as store:
         stale = stale_check(store)
     if stale:
@@ -183,7 +128,7 @@ def candidates(kb: str, top_k: int | None) -> None:
         request = json.loads(line)
         query, analyzer_name = request["query"], request.get("analyzer")
         with acquire() as store:
-            analyzer = None if analyzer_name is None else ensemble_cache.analyzer_of(store, analyzer_name)
+            analyzer = None if analyzer_name is None else analyzer_of(store, analyzer_name)
             bm25 = cached_bm25(store, analyzer).copy(update={"k": top_k}).invoke(query)
             # What as_retriever(search_type="similarity_score_threshold") asks, with no threshold yet.
             dense = store.similarity_search_with_relevance_scores(query, k=top_k)

@@ -43,11 +43,11 @@ from types import ModuleType
 from typing import Any
 
 from chatchat_policybert.chatchat.switches import WRAPPED_MARK
-from chatchat_policybert.errors import InputError
+from chatchat_policybert.errors import InputError, SettingsError
 from chatchat_policybert.retrieval import bm25_index
 from chatchat_policybert.retrieval.analyzer import WITHOUT_KEY, Analyzer, get_analyzer
 from chatchat_policybert.retrieval.bm25_index import BM25_FILE, ChunkIndex, PostingsBM25Okapi, SavedIndexUnusable
-from chatchat_policybert.retrieval.hybrid import CHATCHAT_WEIGHTS, HybridConfig
+from chatchat_policybert.retrieval.hybrid import CHATCHAT_WEIGHTS, HybridConfig, Resolved, resolved
 
 _logged: set[str] = set()
 
@@ -200,26 +200,31 @@ def _pool_folder(vectorstore: Any) -> Path | None:
     return None
 
 
-def hybrid_config(vectorstore: Any) -> HybridConfig | None:
-    """The ``hybrid`` block of the PolicyBERT platform that embeds ``vectorstore``; None without one.
-
-    Read from Chatchat's settings on every search (Chatchat's own platform lookup, one dict
-    comprehension), so a calibration written while Chatchat runs applies from the next question
-    wherever Chatchat reloads its settings. A broken block is logged once through Chatchat's logger
-    and taken as absent (Chatchat's weights and tokens): retrieval keeps working while ``doctor``
-    names the problem.
-    """
+def resolved_for(vectorstore: Any) -> Resolved | None:
+    """What the PolicyBERT platform that embeds ``vectorstore`` configures (:func:`retrieval.hybrid.resolved`: parsed
+    once per change of the root's settings files, so a calibration written while Chatchat runs applies from the next
+    question); None where the store is not embedded by one of our platforms (stock Chatchat's ensemble)."""
     from chatchat_policybert.chatchat.registry import platform_of
-    from chatchat_policybert.errors import SettingsError
-    from chatchat_policybert.retrieval.hybrid import parse_hybrid
 
     platform_name = platform_of(getattr(vectorstore, "embedding_function", None))
     if platform_name is None:
         return None
-    from chatchat.server.utils import get_config_platforms
+    from chatchat.settings import Settings
 
+    return resolved(Path(Settings.CHATCHAT_ROOT), platform_name)
+
+
+def hybrid_config(vectorstore: Any) -> HybridConfig | None:
+    """The ``hybrid`` block of the PolicyBERT platform that embeds ``vectorstore``; None without one.
+
+    A broken block is logged once through Chatchat's logger and taken as absent (Chatchat's weights
+    and tokens): retrieval keeps working while ``doctor`` names the problem.
+    """
+    platform = resolved_for(vectorstore)
+    if platform is None:
+        return None
     try:
-        return parse_hybrid(get_config_platforms().get(platform_name, {}))
+        return platform.hybrid()
     except SettingsError as exc:
         _log_once(f"{exc}: the BM25 + vector ensemble uses Chatchat's weights {CHATCHAT_WEIGHTS} and tokens")
         return None
@@ -240,8 +245,13 @@ def analyzer_of(vectorstore: Any, name: str | None = None) -> Analyzer:
     tokens are used; the index then carries their identity, so the fixed list rebuilds it.
     """
     hybrid = hybrid_config(vectorstore)
-    if hybrid is None:
-        hybrid = HybridConfig()
+    if name is None and hybrid is not None:
+        try:
+            return resolved_for(vectorstore).analyzer()
+        except InputError as exc:
+            _log_once(f"analyzer {hybrid.analyzer_name!r}: {exc}: BM25 uses Chatchat's tokens ({WITHOUT_KEY})")
+            return get_analyzer(WITHOUT_KEY)
+    hybrid = hybrid or HybridConfig()
     if name is not None:
         hybrid = hybrid.model_copy(update={"analyzer": name})
     from chatchat.settings import Settings

@@ -1,19 +1,22 @@
 """The ``hybrid`` block of the PolicyBERT platform: how the ensemble fuses BM25 and the vectors, and how BM25
-tokenises; and the block a root's served model has.
+tokenises; and the one resolver of what a root's platform configures (:func:`resolved`: the block and its analyzer,
+once per change of the settings files).
 
-Read by the ensemble on both stores (:mod:`chatchat_policybert.retrieval.ensemble`), written by
-calibration (:mod:`chatchat_policybert.deploy.calibration`) and ``setup --analyzer``, shown by ``doctor``.
+Read by the ensemble on both stores (:mod:`chatchat_policybert.retrieval.ensemble`), written (through
+:class:`chatchat_policybert.chatchat.config.SettingsDocs`) by calibration and ``setup --analyzer``, shown by ``doctor``.
 """
 
 from __future__ import annotations
 
+import threading
 from pathlib import Path
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from chatchat_policybert.chatchat.settings import find_local_model, load_yaml, under_root, validated_block
-from chatchat_policybert.errors import SettingsError
+from chatchat_policybert.chatchat.config import MODEL_SETTINGS, fingerprint, model_settings
+from chatchat_policybert.chatchat.settings import find_local_model, iter_local_platforms, under_root, validated_block
+from chatchat_policybert.errors import InputError, SettingsError
 
 HYBRID_KEY = "hybrid"
 """The platform entry's key for the FAISS ensemble's settings (next to ``local_embeddings``)."""
@@ -93,22 +96,87 @@ def parse_hybrid(platform: dict[str, Any]) -> HybridConfig | None:
     return validated_block(platform, HYBRID_KEY, HybridConfig)
 
 
+class Resolved:
+    """What one platform of a root configures for the ensemble, parsed once per change of its settings files.
+
+    Why one object: the weights and the analyzer are read on every question (the FAISS ensemble,
+    pg's, the worker's candidates) and by ``setup``, ``eval``, ``tune`` and ``training.pairs``; each
+    parsing the files again meant two parses per question and two resolvers that could disagree.
+    A block that does not validate, or an analyzer whose word list does not read, is kept as the
+    error: the strict readers (:meth:`hybrid`, :meth:`analyzer`) raise it, the ensemble logs it and
+    serves Chatchat's weights and tokens.
+    """
+
+    def __init__(self, root: Path, platform: dict[str, Any] | None) -> None:
+        self.root = Path(root)
+        self._hybrid: HybridConfig | None = None
+        self.hybrid_error: SettingsError | None = None
+        try:
+            self._hybrid = None if platform is None else parse_hybrid(platform)
+        except SettingsError as exc:
+            self.hybrid_error = exc
+        self._analyzer: Any = None
+        self.analyzer_error: Exception | None = None
+
+    def hybrid(self) -> HybridConfig | None:
+        """The platform's block, None without one; a :class:`SettingsError` naming it where it does not validate."""
+        if self.hybrid_error is not None:
+            raise self.hybrid_error
+        return self._hybrid
+
+    def analyzer(self) -> Any:
+        """The block's BM25 :class:`~chatchat_policybert.retrieval.analyzer.Analyzer` (Chatchat's tokens without an
+        ``analyzer:``), built on first use; an InputError naming a word list it cannot read."""
+        block = self.hybrid() or HybridConfig()
+        if self._analyzer is None and self.analyzer_error is None:
+            try:
+                self._analyzer = block.get_analyzer(self.root)
+            except InputError as exc:
+                self.analyzer_error = exc
+        if self.analyzer_error is not None:
+            raise self.analyzer_error
+        return self._analyzer
+
+
+_resolved: dict[tuple[Path, str | None], tuple[tuple, Resolved]] = {}
+_resolved_lock = threading.Lock()
+
+
+def resolved(root: Path, platform_name: str | None = None) -> Resolved:
+    """The root's platform ``platform_name`` (default: the one serving DEFAULT_EMBEDDING_MODEL in-process) as this
+    process resolved it: parsed again only when :func:`~chatchat_policybert.chatchat.config.fingerprint` changed.
+
+    No model_settings.yaml, or no such ``local_embeddings`` platform: no block (stock Chatchat's ensemble).
+    """
+    root = Path(root)
+    key, stamp = (root, platform_name), fingerprint(root)
+    with _resolved_lock:
+        kept = _resolved.get(key)
+    if kept is not None and kept[0] == stamp:
+        return kept[1]
+    platform = None
+    if (root / MODEL_SETTINGS).is_file():
+        settings = model_settings(root)
+        if platform_name is None:
+            try:
+                platform = find_local_model(settings).entry
+            except SettingsError:
+                platform = None
+        else:
+            platform = next((p.entry for p in iter_local_platforms(settings) if p.platform_name == platform_name), None)
+    value = Resolved(root, platform)
+    with _resolved_lock:
+        _resolved[key] = (stamp, value)
+    return value
+
+
 def configured_hybrid(root: Path) -> HybridConfig | None:
     """The ``hybrid`` block of the platform serving the root's DEFAULT_EMBEDDING_MODEL in-process; None without one
     (or where that model is not served by a ``local_embeddings`` platform: stock Chatchat's ensemble)."""
-    path = Path(root) / "model_settings.yaml"
-    model_settings = load_yaml(path) if path.is_file() else {}
-    try:
-        local = find_local_model(model_settings)
-    except SettingsError:
-        return None
-    return parse_hybrid(local.entry)
+    return resolved(root).hybrid()
 
 
 def configured_analyzer(root: Path) -> Any:
     """The BM25 :class:`~chatchat_policybert.retrieval.analyzer.Analyzer` the root's ensemble uses (Chatchat's tokens
     without an ``analyzer:``); a word list it names that cannot be read is an InputError naming the file."""
-    from chatchat_policybert.retrieval.analyzer import WITHOUT_KEY, get_analyzer
-
-    hybrid = configured_hybrid(root)
-    return get_analyzer(WITHOUT_KEY) if hybrid is None else hybrid.get_analyzer(Path(root))
+    return resolved(root).analyzer()

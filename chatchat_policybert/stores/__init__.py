@@ -1,11 +1,13 @@
-"""The vector stores Chatchat keeps PolicyBERT's vectors in (FAISS, PostgreSQL + pgvector): the transactional
-``kb -r`` (staging + swap), stored vectors, the score threshold ↔ cosine mapping and pg's search patch."""
+"""The vector stores Chatchat keeps PolicyBERT's vectors in (FAISS, PostgreSQL + pgvector), each one module with one
+:class:`~chatchat_policybert.stores.base.Store`: the transactional ``kb -r`` (staging + swap), stored vectors and their
+backup, the score threshold ↔ cosine mapping, what ``setup --vs`` writes, ``doctor``'s checks, the search side the
+worker uses; and pg's search patch. A third store is a module here and its entry in :data:`STORES`."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
-from chatchat_policybert.chatchat.root import kb_settings
+from chatchat_policybert.chatchat.config import kb_settings
 from chatchat_policybert.errors import InputError
 from chatchat_policybert.stores.base import Store
 from chatchat_policybert.stores.faiss_store import FaissStore

@@ -20,14 +20,16 @@ The two agree only where (1 - t)/√2 = (1 - t)², i.e. t = 1 - 1/√2 ≈ 0.293
 
 from __future__ import annotations
 
+import math
+from collections.abc import Callable
 from contextlib import AbstractContextManager
+from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Protocol
+from typing import Any, Protocol
 
+from chatchat_policybert.chatchat.config import KbSettings
+from chatchat_policybert.chatchat.root import kb_root
 from chatchat_policybert.errors import InputError
-
-if TYPE_CHECKING:
-    from chatchat_policybert.stores.pg_store import OwnSchema
 
 STAGING_SUFFIX = ".rebuilding"
 """A ``kb -r``'s staging store is the live one's name plus this (a FAISS folder, a pg collection)."""
@@ -57,6 +59,33 @@ class Staging(Protocol):
 
     def discard(self) -> None:
         """Remove the staging store after a failure, leaving the live one as it was."""
+
+
+class CandidateCopy(Protocol):
+    """Where a ``tune`` candidate root keeps its copy of the store when that is not its own folder (pg: a schema)."""
+
+    name: str
+
+    def create(self) -> str:
+        """(Re)creates the copy, empty; returns the ``connection_uri`` the candidate root's kb_settings.yaml gets."""
+
+    def exists(self) -> bool:
+        """Whether the copy is there: a candidate root is usable only while it is."""
+
+    def drop(self) -> None:
+        """Removes the copy, if it exists."""
+
+
+@dataclass(frozen=True)
+class SearchSide:
+    """What the worker's ``candidates`` needs of a knowledge base's store, as the plugin's search uses it."""
+
+    acquire: Callable[[], AbstractContextManager[Any]]
+    """Opens the store object the search uses (FAISS: the pool's, held; pg: the kept ``PGVector``)."""
+    stale: Callable[[Any], str | None]
+    """Why the store cannot be searched with the configured model (empty, made by another model), else None."""
+    cached_bm25: Callable[..., Any]
+    """``(store, analyzer=None)`` -> the BM25 retriever the ensemble fuses, kept while its chunks are unchanged."""
 
 
 class Store(Protocol):
@@ -92,7 +121,7 @@ class Store(Protocol):
     def read_copy(self, path: Path) -> list[tuple[str, bytes]]:
         """The vectors a :meth:`save_copy` kept, as :meth:`vectors` gives them (OSError/ValueError/... if damaged)."""
 
-    def candidate_schema(self, root: Path, candidate_root: Path) -> OwnSchema | None:
+    def candidate_schema(self, root: Path, candidate_root: Path) -> CandidateCopy | None:
         """Where a ``tune`` candidate root beside ``root`` keeps its copy of the store, when that is not its own
         folder: pg's candidate tables live in a schema of their own in the deployment's database."""
 
@@ -106,6 +135,46 @@ class Store(Protocol):
     def score_threshold_for(self, cosine: float) -> float:
         """The SCORE_THRESHOLD that keeps exactly the hits with cosine >= ``cosine`` (inverse of
         :meth:`cosine_cut`)."""
+
+    takes_uri: bool
+    """Whether ``setup --pg-uri`` (a ``kbs_config`` connection URI) applies to it."""
+    setup_note: str | None
+    """What ``setup --vs`` and ``doctor`` say of the store's search, if anything."""
+
+    def setup_settings(self, uri: str | None) -> dict[str, Any]:
+        """The kb_settings.yaml keys ``setup --vs`` writes for it (:func:`setup_settings`); an InputError naming a
+        missing or bad ``--pg-uri``."""
+
+    def saved_bm25(self, root: Path, kb: str) -> list[tuple[Path, str | None]]:
+        """(folder, analyzer identity or None) of each BM25 index ``kb -r`` saved for ``kb`` ([] where BM25 is built
+        in memory): what ``setup`` compares with the configured analyzer."""
+
+    def checks(self, root: Path, settings: KbSettings, embed_model: str, analyzer: Any | None) -> list[tuple[str, str]]:
+        """``doctor``'s ``(level, message)`` lines for the store: reachable, the default knowledge base's vectors, its
+        BM25 index (``analyzer``: the configured one, None where it cannot be built)."""
+
+    def search_side(self, service: Any) -> SearchSide:
+        """The store objects of Chatchat's knowledge-base ``service`` as the plugin's search uses them."""
+
+
+def setup_settings(store: Store, connection: dict[str, Any] | None = None) -> dict[str, Any]:
+    """DEFAULT_VS_TYPE = ``store`` with the SCORE_THRESHOLD keeping cosine >= TARGET_COSINE there (rounded up at the
+    4th decimal, so the cut stays at, not below, the target), and ``kbs_config.<store>`` where given."""
+    keys: dict[str, Any] = {
+        "DEFAULT_VS_TYPE": store.vs_type,
+        "SCORE_THRESHOLD": math.ceil(store.score_threshold_for(TARGET_COSINE) * 1e4) / 1e4,
+    }
+    if connection is not None:
+        keys["kbs_config"] = {store.vs_type: connection}
+    return keys
+
+
+def kb_folder_problem(root: Path, name: str) -> list[tuple[str, str]]:
+    """``doctor``'s error where the default knowledge base has no folder (every store keeps its files there)."""
+    kb_dir = kb_root(root) / name
+    if kb_dir.is_dir():
+        return []
+    return [("ERROR", f"DEFAULT_KNOWLEDGE_BASE '{name}' has no folder {kb_dir}: the WebUI page crashes")]
 
 
 def check_cosine(cosine: float) -> None:

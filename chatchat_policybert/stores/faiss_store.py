@@ -16,10 +16,12 @@ import shutil
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
+from chatchat_policybert.chatchat.config import KbSettings
 from chatchat_policybert.chatchat.root import kb_root, vector_store_dir
 from chatchat_policybert.chatchat.switches import BM25_CACHE_ENV, switched_off
-from chatchat_policybert.stores.base import STAGING_SUFFIX, check_cosine
+from chatchat_policybert.stores.base import STAGING_SUFFIX, SearchSide, check_cosine, kb_folder_problem, setup_settings
 
 RETIRED_SUFFIX = ".replaced"
 """Where a two-rename swap moves the old index first (file systems without an atomic exchange)."""
@@ -224,3 +226,87 @@ class FaissStore:
     def score_threshold_for(self, cosine: float) -> float:
         check_cosine(cosine)
         return 1.0 - math.sqrt(2.0) * (1.0 - cosine)
+
+    takes_uri = False
+    setup_note = None
+
+    def setup_settings(self, uri: str | None) -> dict[str, Any]:
+        return setup_settings(self)
+
+    def saved_bm25(self, root: Path, kb: str) -> list[tuple[Path, str | None]]:
+        """The BM25 index beside each embed model's FAISS index."""
+        from chatchat_policybert.retrieval.bm25_index import BM25_FILE, SavedIndexUnusable, saved_summary
+
+        found = []
+        for index in faiss_indexes(root, kb):
+            try:
+                built_by = saved_summary(index.parent / BM25_FILE)[0]
+            except (FileNotFoundError, SavedIndexUnusable):
+                built_by = None
+            found.append((index.parent, built_by))
+        return found
+
+    def checks(self, root: Path, settings: KbSettings, embed_model: str, analyzer: Any | None) -> list[tuple[str, str]]:
+        """The default knowledge base's index for the embed model, and the BM25 index saved beside it."""
+        name = settings.default_kb
+        problem = kb_folder_problem(root, name)
+        if problem:
+            return problem
+        index = vector_store_dir(root, name, embed_model) / "index.faiss"
+        if not index.is_file():
+            return [("WARN", f"knowledge base '{name}' has no FAISS index {index}: run `chatchat kb -r -n {name}`")]
+        return [
+            ("OK", f"knowledge base '{name}' has a FAISS index for '{embed_model}'"),
+            _check_saved_bm25(index.parent, name, analyzer),
+        ]
+
+    def search_side(self, service: Any) -> SearchSide:
+        """The pool's store, held while in use; the ensemble's BM25 cache
+        (:mod:`chatchat_policybert.retrieval.ensemble`)."""
+        from chatchat_policybert.retrieval.ensemble import cached_bm25
+
+        return SearchSide(lambda: service.load_vector_store().acquire(), _stale_index, cached_bm25)
+
+
+def _check_saved_bm25(folder: Path, kb: str, analyzer: Any | None) -> tuple[str, str]:
+    """The BM25 index `kb -r` saved beside the FAISS index: a regular, readable file, as many chunks as the index
+    has vectors, built by the configured analyzer — else the first question tokenises the whole KB."""
+    from chatchat_policybert.retrieval.bm25_index import BM25_FILE, SavedIndexUnusable, saved_summary
+
+    path = folder / BM25_FILE
+    rebuild = f"run `chatchat kb -r -n {kb}`, or the first question of each process tokenises every chunk"
+    try:
+        built_by, chunks = saved_summary(path)
+    except FileNotFoundError:
+        return ("WARN", f"knowledge base '{kb}' has no saved BM25 index {path}: {rebuild}")
+    except SavedIndexUnusable as exc:
+        return ("WARN", f"saved BM25 index {path} is not used ({exc}): {rebuild}")
+    vectors = index_size(folder)
+    if chunks != vectors:
+        return ("WARN", f"saved BM25 index {path} counts {chunks} chunks, the FAISS index {vectors}: {rebuild}")
+    if analyzer is not None and built_by != analyzer.identity:
+        return (
+            "WARN",
+            f"saved BM25 index {path} was built by analyzer {built_by!r}, not the configured one: {rebuild}",
+        )
+    return ("OK", f"saved BM25 index {path}: {chunks} chunks, analyzer {built_by!r}")
+
+
+def _stale_index(store: Any) -> str | None:
+    """Why the index cannot be searched with the configured model (empty, or built by another model), else None.
+
+    One stored chunk embedded again must give its stored vector back: a FAISS index built by the
+    previous model would otherwise be searched with the new model's query vectors, silently.
+    """
+    import numpy as np
+
+    if store.index.ntotal == 0:
+        return "the FAISS index is empty"
+    text = store.docstore.search(store.index_to_docstore_id[0]).page_content
+    try:
+        fresh = np.asarray(store.embedding_function.embed_documents([text])[0], dtype=np.float32)
+    except Exception as exc:  # the hook's stand-in for a model that did not load raises its reason
+        return f"the configured model does not embed ({exc})"
+    stored = store.index.reconstruct(0)
+    cosine = float(fresh @ stored / (np.linalg.norm(fresh) * np.linalg.norm(stored)))
+    return None if cosine > 0.999 else f"its vectors were not made by the configured model (cosine {cosine:.3f})"

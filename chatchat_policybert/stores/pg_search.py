@@ -38,14 +38,13 @@ from dataclasses import dataclass
 from types import ModuleType
 from typing import TYPE_CHECKING, Any
 
+from chatchat_policybert.chatchat.config import MODEL_SETTINGS
 from chatchat_policybert.chatchat.switches import WRAPPED_MARK
-from chatchat_policybert.stores.pg_store import COLLECTIONS, EMBEDDINGS
+from chatchat_policybert.stores.pg_db import COLLECTIONS, EMBEDDINGS
 
 if TYPE_CHECKING:
     from chatchat_policybert.retrieval.analyzer import Analyzer
     from chatchat_policybert.retrieval.bm25_index import ChunkIndex
-
-MODEL_SETTINGS = "model_settings.yaml"
 
 
 @dataclass(frozen=True)
@@ -182,6 +181,31 @@ def cached_bm25(store: Any, analyzer: Analyzer | None = None) -> Any | None:
     with _indexes_lock:
         _indexes[store] = _PgBm25(fingerprint, retriever, tokens)
     return retriever
+
+
+def stale_collection(store: Any) -> str | None:
+    """Why the collection cannot be searched with the configured model (empty, or made by another model), else None:
+    one stored row embedded again must give its stored vector back (the worker asks before calibrating)."""
+    import numpy as np
+
+    with store._make_session() as session:
+        collection = store.get_collection(session)
+        row = (
+            None
+            if collection is None
+            else session.query(store.EmbeddingStore)
+            .filter(store.EmbeddingStore.collection_id == collection.uuid)
+            .first()
+        )
+        if row is None:
+            return "the pg collection is empty"
+        text, stored = row.document, np.asarray(row.embedding, dtype=np.float32)
+    try:
+        fresh = np.asarray(store.embedding_function.embed_documents([text])[0], dtype=np.float32)
+    except Exception as exc:  # the hook's stand-in for a model that did not load raises its reason
+        return f"the configured model does not embed ({exc})"
+    cosine = float(fresh @ stored / (np.linalg.norm(fresh) * np.linalg.norm(stored)))
+    return None if cosine > 0.999 else f"its vectors were not made by the configured model (cosine {cosine:.3f})"
 
 
 def patch_pg(module: ModuleType) -> None:

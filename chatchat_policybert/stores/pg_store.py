@@ -1,9 +1,11 @@
-"""Chatchat's `pg` store (PostgreSQL + pgvector): the URI check of `setup`, the checks of `doctor`,
-and a `chatchat kb -r` that never loses the collection it was asked to rebuild.
+"""Chatchat's `pg` store (PostgreSQL + pgvector) as a :class:`~chatchat_policybert.stores.base.Store`, and a
+`chatchat kb -r` that never loses the collection it was asked to rebuild.
 
-Chatchat 0.3.1.3 keeps every knowledge base of the `pg` store in langchain's two tables: one row
-per knowledge base in ``langchain_pg_collection`` (``name`` = the knowledge base), one row per chunk
-in ``langchain_pg_embedding``. Its `kb -r` empties the collection first (``do_clear_vs``), then
+Its other jobs have modules of their own: langchain's tables (:mod:`.pg_db`), the checks of
+`setup` and `doctor` (:mod:`.pg_checks`), ``tune``'s candidate schema (:mod:`.pg_schema`), the
+search patch (:mod:`.pg_search`).
+
+Chatchat 0.3.1.3's `kb -r` empties the collection first (``do_clear_vs``), then
 embeds and inserts file by file, committing each: a failure part-way leaves a half-filled (or
 empty) collection and `kb -r` still exits 0.
 
@@ -14,10 +16,6 @@ collection is deleted and the staging one renamed: a search sees the old collect
 one, never a mix. The shared steps (the check that every chunk became a vector, dropping the
 staging collection and putting the file rows back on failure) are those of FAISS.
 
-:class:`OwnSchema` gives ``chatchat-policybert tune``'s candidate root langchain's tables in a
-schema of their own in the deployment's database, and :func:`pg_vectors` reads a collection's
-vectors for ``tune`` and ``rollback`` to compare byte for byte.
-
 Imports of SQLAlchemy, psycopg2 and Chatchat stay inside functions: the import hook and the CLI
 import this module in processes that may not use the `pg` store at all.
 """
@@ -26,348 +24,32 @@ from __future__ import annotations
 
 import base64
 import copy
-import hashlib
 import json
 import math
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from chatchat_policybert.chatchat.root import pg_uri
+from chatchat_policybert.chatchat.config import KbSettings, kb_settings
 from chatchat_policybert.errors import InputError
 from chatchat_policybert.files import write_jsonl
-from chatchat_policybert.stores.base import STAGING_SUFFIX, check_cosine
-
-COLLECTIONS = "langchain_pg_collection"
-EMBEDDINGS = "langchain_pg_embedding"
-DRIVERS = ("psycopg2", "pgvector")
-"""Modules Chatchat's pg store needs but langchain-chatchat does not declare (Chatchat issue #4905)."""
-EXTRA_HINT = "pip install 'chatchat-policybert[pg]'"
-CONNECT_TIMEOUT_S = 3
-CANDIDATE_SCHEMA_PREFIX = "policybert_candidate_"
-INSUFFICIENT_PRIVILEGE = "42501"
-"""PostgreSQL's SQLSTATE for "permission denied"."""
-
-
-def validate_uri(uri: str) -> str:
-    """``uri`` if SQLAlchemy can parse it as a PostgreSQL URI with a database, else an :class:`InputError`."""
-    from sqlalchemy.engine import make_url
-    from sqlalchemy.exc import ArgumentError
-
-    try:
-        url = make_url(uri)
-    except (ArgumentError, ValueError):  # ValueError: e.g. a port that is not a number
-        raise InputError(
-            f"--pg-uri {uri!r} is not a database URI; expected postgresql+psycopg2://USER:PASSWORD@HOST:PORT/DATABASE"
-        ) from None
-    if url.get_backend_name() != "postgresql" or not url.database:
-        raise InputError(
-            f"--pg-uri {uri!r}: expected a PostgreSQL URI naming a database, "
-            "postgresql+psycopg2://USER:PASSWORD@HOST:PORT/DATABASE"
-        )
-    return uri
-
-
-@contextmanager
-def connected(uri: str) -> Iterator[Any]:
-    """A SQLAlchemy engine for ``uri`` (connect timeout :data:`CONNECT_TIMEOUT_S`), disposed on leaving."""
-    import sqlalchemy
-
-    engine = sqlalchemy.create_engine(uri, connect_args={"connect_timeout": CONNECT_TIMEOUT_S})
-    try:
-        yield engine
-    finally:
-        engine.dispose()
-
-
-def check_configured(uri: str | None) -> list[tuple[str, str]]:
-    """``(level, message)`` errors that keep the root from reaching pg at all (no URI, drivers missing); [] if none."""
-    if not uri:
-        return [
-            (
-                "ERROR",
-                "DEFAULT_VS_TYPE is pg but kbs_config.pg.connection_uri is not set: "
-                "`chatchat-policybert setup --vs pg --pg-uri URI`",
-            )
-        ]
-    missing = [name for name in DRIVERS if not _importable(name)]
-    if missing:
-        return [("ERROR", f"pg store drivers missing ({', '.join(missing)}): `{EXTRA_HINT}`")]
-    return []
-
-
-def check_server(engine: Any) -> list[tuple[str, str]]:
-    """``(level, message)`` lines: server reachable, pgvector extension present (after :func:`check_configured`)."""
-    import sqlalchemy
-
-    where = engine.url.render_as_string(hide_password=True)
-    try:
-        with engine.connect() as connection:
-            version = connection.execute(sqlalchemy.text("SHOW server_version")).scalar()
-            installed = connection.execute(
-                sqlalchemy.text("SELECT extversion FROM pg_extension WHERE extname = 'vector'")
-            ).scalar()
-            available = connection.execute(
-                sqlalchemy.text("SELECT default_version FROM pg_available_extensions WHERE name = 'vector'")
-            ).scalar()
-    except Exception as exc:  # any failure to connect means "not usable now"; say which
-        return [("ERROR", f"PostgreSQL at {where} does not answer: {_reason(exc)}")]
-    findings = [("OK", f"PostgreSQL {version} answers at {where}")]
-    if installed:
-        findings.append(("OK", f"pgvector {installed} is created in the database"))
-    elif available:
-        findings.append(
-            (
-                "WARN",
-                f"pgvector {available} is installed on the server but not created in the database: "
-                "Chatchat runs CREATE EXTENSION on first use, which needs a superuser or the database owner",
-            )
-        )
-    else:
-        findings.append(
-            (
-                "ERROR",
-                "the server has no pgvector extension: install Debian's postgresql-<major>-pgvector "
-                "(or build it: .ci/pgvector.sh)",
-            )
-        )
-    return findings
-
-
-def _importable(module: str) -> bool:
-    import importlib.util
-
-    return importlib.util.find_spec(module) is not None
-
-
-def collection_size(uri: str, kb_name: str) -> int | None:
-    """Vectors in the collection of ``kb_name``; None if the collection (or langchain's tables) does not exist."""
-    with connected(uri) as engine:
-        return vectors_in(engine, kb_name)
-
-
-def vectors_in(engine: Any, kb_name: str) -> int | None:
-    """:func:`collection_size` on an engine the caller holds (doctor: one engine for all its pg checks)."""
-    with engine.connect() as connection:
-        return _count(connection, kb_name)
-
-
-def _count(connection: Any, name: str) -> int | None:
-    import sqlalchemy
-
-    collection_id = _collection_id(connection, name)
-    if collection_id is None:
-        return None
-    return connection.execute(
-        sqlalchemy.text(f"SELECT count(*) FROM {EMBEDDINGS} WHERE collection_id = :id"), {"id": collection_id}
-    ).scalar()
-
-
-def _collection_id(connection: Any, name: str) -> Any:
-    """The uuid of collection ``name``; None if it does not exist (nor langchain's tables, before the first kb -r)."""
-    import sqlalchemy
-
-    if not _has_tables(connection):
-        return None
-    return connection.execute(
-        sqlalchemy.text(f"SELECT uuid FROM {COLLECTIONS} WHERE name = :name"), {"name": name}
-    ).scalar()
-
-
-def _has_tables(connection: Any) -> bool:
-    """Whether langchain's tables exist where the connection's ``search_path`` looks (not before the first kb -r)."""
-    import sqlalchemy
-
-    return connection.execute(sqlalchemy.text("SELECT to_regclass(:t)"), {"t": COLLECTIONS}).scalar() is not None
-
-
-def drop_collection(uri: str, name: str) -> None:
-    """Delete collection ``name`` and its vectors, if it exists (benchmarks start each rebuild from nothing)."""
-    with connected(uri) as engine, engine.begin() as connection:
-        _drop_collection(connection, name)
-
-
-def _drop_collection(connection: Any, name: str) -> None:
-    """Delete a collection and its embeddings (explicitly: langchain's foreign key may not cascade)."""
-    import sqlalchemy
-
-    collection_id = _collection_id(connection, name)
-    if collection_id is not None:
-        connection.execute(
-            sqlalchemy.text(f"DELETE FROM {EMBEDDINGS} WHERE collection_id = :id"), {"id": collection_id}
-        )
-        connection.execute(sqlalchemy.text(f"DELETE FROM {COLLECTIONS} WHERE uuid = :id"), {"id": collection_id})
-
-
-def pg_vectors(uri: str, name: str) -> list[tuple[str, bytes]] | None:
-    """Every (chunk text, float32 vector bytes) of collection ``name``, sorted; None if the collection does not exist.
-
-    The pg twin of :func:`chatchat_policybert.stores.faiss_store.faiss_vectors`, what "byte-identical vectors"
-    compares: by text, since every `kb -r` gives the rows new ids, and sorted, since `kb -r` inserts
-    files in the order its threads finish. pgvector stores float4, which ``real[]`` gives back exactly.
-    """
-    import numpy as np
-    import sqlalchemy
-
-    try:
-        with connected(uri) as engine, engine.connect() as connection:
-            collection_id = _collection_id(connection, name)
-            if collection_id is None:
-                return None
-            rows = connection.execute(
-                sqlalchemy.text(f"SELECT document, embedding::real[] FROM {EMBEDDINGS} WHERE collection_id = :id"),
-                {"id": collection_id},
-            ).fetchall()
-    except sqlalchemy.exc.DBAPIError as exc:
-        raise InputError(f"cannot read pg collection '{name}' at {_where(uri)}: {_reason(exc)}") from None
-    return sorted((text or "", np.asarray(vector, dtype=np.float32).tobytes()) for text, vector in rows)
-
-
-# ----------------------------------------------------------------------------- tune's candidate root
-
-
-def candidate_schema(candidate_root: Path) -> str:
-    """The schema of the candidate root at ``candidate_root``: one per folder, a name PostgreSQL takes unquoted."""
-    return CANDIDATE_SCHEMA_PREFIX + hashlib.sha256(str(candidate_root).encode()).hexdigest()[:16]
-
-
-def _where(uri: str) -> str:
-    """``uri`` with its password hidden, to name the database in a message."""
-    from sqlalchemy.engine import make_url
-
-    return make_url(uri).render_as_string(hide_password=True)
-
-
-def _rights_hint(uri: str) -> str:
-    """What the user of ``uri`` needs for tune on pg, as the statement that grants it."""
-    from sqlalchemy.engine import make_url
-
-    url = make_url(uri)
-    return (
-        f"tune builds its candidate root in a schema of its own in this database, which needs "
-        f"`GRANT CREATE ON DATABASE {url.database} TO {url.username or 'USER'}`"
-    )
-
-
-def check_schema_rights(uri: str | None) -> None:
-    """An :class:`InputError` unless the user of ``uri`` may create a schema in its database (tune on pg needs it).
-
-    Checked before tune does any work, so a missing right costs no training.
-    """
-    import sqlalchemy
-
-    if not uri:
-        raise InputError("DEFAULT_VS_TYPE is pg but kbs_config.pg.connection_uri is not set")
-    validate_uri(uri)
-    with connected(uri) as engine:
-        try:
-            with engine.connect() as connection:
-                allowed = connection.execute(
-                    sqlalchemy.text("SELECT has_database_privilege(current_database(), 'CREATE')")
-                ).scalar()
-        except sqlalchemy.exc.DBAPIError as exc:
-            raise InputError(f"PostgreSQL at {_where(uri)} does not answer: {_reason(exc)}") from None
-    if not allowed:
-        raise InputError(f"{_where(uri)}: the user may not create a schema; {_rights_hint(uri)}")
-
-
-def _reason(exc: Exception) -> str:
-    """The first line of a database error: what PostgreSQL or the driver said."""
-    return str(getattr(exc, "orig", exc)).strip().splitlines()[0]
-
-
-def _with_search_path(uri: str, path: str) -> str:
-    """``uri`` whose connections start with ``search_path`` = ``path`` (libpq's ``options``, escaped for it)."""
-    from sqlalchemy.engine import make_url
-
-    url = make_url(uri)
-    option = "-csearch_path=" + path.replace("\\", "\\\\").replace(" ", "\\ ")
-    current = url.query.get("options")
-    options = f"{current} {option}" if current else option  # a later -c wins over the URI's own
-    return url.update_query_dict({"options": options}).render_as_string(hide_password=False)
-
-
-@dataclass(frozen=True)
-class OwnSchema:
-    """Langchain's two tables in a schema of their own in the deployment's database (``tune``'s candidate root).
-
-    Why: the candidate root runs Chatchat's own `kb -r` and `search_docs` on pg, and its collection
-    has the deployment's name (the knowledge base's); in the deployment's tables its `kb -r` would
-    replace the deployment's collection before the gate decides. The candidate's URI
-    (:meth:`create`) starts every connection with ``search_path`` = the schema, then the
-    deployment's own path (where pgvector's ``vector`` type is), so every unqualified statement —
-    langchain's, Chatchat's, this module's — reaches the schema's tables. They are created here,
-    shaped as the deployment's (``LIKE … INCLUDING ALL`` plus langchain's cascading foreign key):
-    langchain's ``create_all`` would find the deployment's tables through the path and create none.
-    For the same reason a candidate root must never outlive its schema (``tune`` removes
-    the root first).
-    """
-
-    uri: str
-    """The deployment's URI."""
-    name: str
-
-    def create(self) -> str:
-        """(Re)creates the schema with empty tables; returns the URI a candidate root uses to reach them."""
-        import sqlalchemy
-
-        with connected(self.uri) as engine:
-            try:
-                with engine.begin() as connection:
-                    if not _has_tables(connection):
-                        raise InputError(
-                            f"{_where(self.uri)} has no langchain tables yet: run `chatchat kb -r` in the root first"
-                        )
-                    path = connection.execute(
-                        sqlalchemy.text(
-                            "SELECT string_agg(quote_ident(s), ',' ORDER BY n) "
-                            "FROM unnest(current_schemas(false)) WITH ORDINALITY AS t(s, n)"
-                        )
-                    ).scalar()
-                    schema = self.name
-                    for statement in (
-                        f"DROP SCHEMA IF EXISTS {schema} CASCADE",  # a half-built one from a killed run
-                        f"CREATE SCHEMA {schema}",
-                        f"CREATE TABLE {schema}.{COLLECTIONS} (LIKE {COLLECTIONS} INCLUDING ALL)",
-                        f"CREATE TABLE {schema}.{EMBEDDINGS} (LIKE {EMBEDDINGS} INCLUDING ALL)",
-                        f"ALTER TABLE {schema}.{EMBEDDINGS} ADD FOREIGN KEY (collection_id) "
-                        f"REFERENCES {schema}.{COLLECTIONS} (uuid) ON DELETE CASCADE",
-                    ):
-                        connection.execute(sqlalchemy.text(statement))
-            except sqlalchemy.exc.DBAPIError as exc:
-                denied = getattr(exc.orig, "pgcode", None) == INSUFFICIENT_PRIVILEGE
-                raise InputError(
-                    f"{_where(self.uri)}: cannot create the schema {self.name}: {_reason(exc)}"
-                    + (f"; {_rights_hint(self.uri)}" if denied else "")
-                ) from None
-        return _with_search_path(self.uri, f"{self.name},{path}" if path else self.name)
-
-    def exists(self) -> bool:
-        """Whether the schema is there: a candidate root is usable only while it is."""
-        import sqlalchemy
-
-        with connected(self.uri) as engine, engine.connect() as connection:
-            found = connection.execute(sqlalchemy.text("SELECT to_regnamespace(:s)"), {"s": self.name}).scalar()
-        return found is not None
-
-    def drop(self) -> None:
-        """Drops the schema and its tables, if it exists."""
-        import sqlalchemy
-
-        with connected(self.uri) as engine:
-            try:
-                with engine.begin() as connection:
-                    connection.execute(sqlalchemy.text(f"DROP SCHEMA IF EXISTS {self.name} CASCADE"))
-            except sqlalchemy.exc.DBAPIError as exc:
-                raise InputError(
-                    f"{_where(self.uri)}: cannot drop the candidate's schema {self.name} ({_reason(exc)}); "
-                    f"drop it with `DROP SCHEMA {self.name} CASCADE`"
-                ) from None
-
-
-# ----------------------------------------------------------------------------- kb -r
+from chatchat_policybert.stores.base import STAGING_SUFFIX, SearchSide, check_cosine, kb_folder_problem, setup_settings
+from chatchat_policybert.stores.pg_checks import HYBRID_NOTE, URI_FORM, check_configured, check_server, validate_uri
+from chatchat_policybert.stores.pg_db import (
+    COLLECTIONS,
+    collection_size,
+    connected,
+    drop_collection_in,
+    pg_vectors,
+    vectors_in,
+)
+from chatchat_policybert.stores.pg_schema import OwnSchema, candidate_schema, check_schema_rights
+
+
+def _uri(root: Path) -> str | None:
+    """The root's ``kbs_config.pg.connection_uri``."""
+    return kb_settings(root).pg_uri
 
 
 class PgStaging:
@@ -388,7 +70,7 @@ class PgStaging:
     def clear(self) -> None:
         """Drop the staging collection: one a killed rebuild left, or (as ``discard``) that of a failed one."""
         with self.service.engine.begin() as connection:
-            _drop_collection(connection, self.staging)
+            drop_collection_in(connection, self.staging)
 
     discard = clear
 
@@ -431,7 +113,7 @@ class PgStaging:
         import sqlalchemy
 
         with self.service.engine.begin() as connection:
-            _drop_collection(connection, self.kb_name)
+            drop_collection_in(connection, self.kb_name)
             connection.execute(
                 sqlalchemy.text(f"UPDATE {COLLECTIONS} SET name = :name WHERE name = :staging"),
                 {"name": self.kb_name, "staging": self.staging},
@@ -450,11 +132,11 @@ class PgStore:
 
     def stored_vectors(self, root: Path, kb: str) -> int:
         """The collection the root's URI reaches."""
-        return collection_size(pg_uri(root), kb) or 0
+        return collection_size(_uri(root), kb) or 0
 
     def vectors(self, root: Path, kb: str, embed_model: str) -> list[tuple[str, bytes]] | None:
         """The collection the root's URI reaches."""
-        return pg_vectors(pg_uri(root), kb)
+        return pg_vectors(_uri(root), kb)
 
     def place(self, root: Path, kb: str, embed_model: str) -> str:
         return f"pg collection '{kb}'"
@@ -472,10 +154,10 @@ class PgStore:
 
     def candidate_schema(self, root: Path, candidate_root: Path) -> OwnSchema:
         """A schema of the deployment's database, one per candidate folder (:class:`OwnSchema`)."""
-        return OwnSchema(pg_uri(root), candidate_schema(candidate_root))
+        return OwnSchema(_uri(root), candidate_schema(candidate_root))
 
     def check_candidate_rights(self, root: Path) -> None:
-        check_schema_rights(pg_uri(root))
+        check_schema_rights(_uri(root))
 
     def cosine_cut(self, score_threshold: float) -> float:
         slack = 1.0 - score_threshold
@@ -484,3 +166,49 @@ class PgStore:
     def score_threshold_for(self, cosine: float) -> float:
         check_cosine(cosine)
         return 1.0 - math.sqrt(1.0 - cosine)
+
+    takes_uri = True
+    setup_note = HYBRID_NOTE
+
+    def setup_settings(self, uri: str | None) -> dict[str, Any]:
+        """``kbs_config.pg.connection_uri`` = ``uri``, which must be given and parse."""
+        if uri is None:
+            raise InputError(f"--vs pg needs --pg-uri {URI_FORM}")
+        return setup_settings(self, {"connection_uri": validate_uri(uri)})
+
+    def saved_bm25(self, root: Path, kb: str) -> list[tuple[Path, str | None]]:
+        """None: pg's BM25 index is built in memory from the collection
+        (:mod:`chatchat_policybert.stores.pg_search`)."""
+        return []
+
+    def checks(self, root: Path, settings: KbSettings, embed_model: str, analyzer: Any | None) -> list[tuple[str, str]]:
+        """The URI and drivers, the server and pgvector (one engine for every check), the collection's vectors."""
+        findings = [("OK", f"vector store pg: {HYBRID_NOTE}")]
+        unusable = check_configured(settings.pg_uri)
+        if unusable:
+            return findings + unusable
+        with connected(settings.pg_uri) as engine:
+            server = check_server(engine)
+            findings += server
+            if any(level == "ERROR" for level, _ in server):
+                return findings
+            name = settings.default_kb
+            problem = kb_folder_problem(root, name)
+            if problem:
+                return findings + problem
+            vectors = vectors_in(engine, name)
+        if not vectors:
+            return [
+                *findings,
+                ("WARN", f"knowledge base '{name}' has no vectors in pg: run `chatchat kb -r -n {name}`"),
+            ]
+        return [*findings, ("OK", f"knowledge base '{name}' has {vectors} vectors in pg")]
+
+    def search_side(self, service: Any) -> SearchSide:
+        """The store the plugin keeps for the knowledge base, as its pg search uses it
+        (:mod:`chatchat_policybert.stores.pg_search`)."""
+        from contextlib import nullcontext
+
+        from chatchat_policybert.stores.pg_search import cached_bm25, stale_collection
+
+        return SearchSide(lambda: nullcontext(service.pg_vector), stale_collection, cached_bm25)

@@ -24,10 +24,10 @@ from chatchat_policybert.deploy.calibration import (
     Candidates,
     Setting,
     calibrate_root,
-    dev_queries,
     fuse,
     write_calibration,
 )
+from chatchat_policybert.deploy.questions import dev_queries
 from chatchat_policybert.errors import InputError, SettingsError
 from chatchat_policybert.evaluation.dataset import load_corpus, load_questions
 from chatchat_policybert.evaluation.evaluate import evaluate_retriever
@@ -185,7 +185,7 @@ def test_doctor_warns_when_the_threshold_moved_and_names_a_broken_block():
         parse_hybrid({"platform_name": "p", "hybrid": {"bm25_weight": 0, "dense_weight": 0}})
     with pytest.raises(SettingsError, match=r"platform 'p': invalid 'hybrid' \(colour: Extra inputs"):
         parse_hybrid({"platform_name": "p", "hybrid": {"colour": 1}})
-    from chatchat_policybert.deploy.calibration import describe
+    from chatchat_policybert.configure.doctor import describe
 
     hybrid = HybridConfig(bm25_weight=0.7, dense_weight=0.3, score_threshold=0.5)
     assert [level for level, _ in describe(hybrid, 0.5)] == ["OK"]

@@ -171,7 +171,7 @@ def test_console_script_and_packaged_settings(fresh_venv: Path, deployment: Depl
         [
             str(fresh_venv / "bin" / "python"),
             "-c",
-            "from chatchat_policybert.cli.setup import shipped_settings_dir; print(shipped_settings_dir())",
+            "from chatchat_policybert.configure.setup import shipped_settings_dir; print(shipped_settings_dir())",
         ],
         {**deployment.env, **ALONE},
         timeout=60,

@@ -35,7 +35,7 @@ from chatchat_policybert.evaluation.retrievers import Bm25, ChatchatSearch
 from chatchat_policybert.model.embeddings import PolicyBertEmbeddings
 from chatchat_policybert.retrieval.hybrid import configured_analyzer
 from chatchat_policybert.stores import STORES
-from chatchat_policybert.stores.pg_store import COLLECTIONS, EMBEDDINGS, collection_size
+from chatchat_policybert.stores.pg_db import COLLECTIONS, EMBEDDINGS, collection_size
 from tests.support.pg_cluster import PgCluster
 from training import pairs
 

@@ -32,10 +32,10 @@ from test_pg import collection, collection_names
 from chatchat_policybert.chatchat.process import chatchat_command, run_chatchat
 from chatchat_policybert.chatchat.root import content_dir, vector_store_dir
 from chatchat_policybert.cli import build_parser
-from chatchat_policybert.deploy.rollback import tune_dir
-from chatchat_policybert.deploy.run import Run
+from chatchat_policybert.deploy.run import Run, tune_dir
 from chatchat_policybert.stores.faiss_store import faiss_vectors
-from chatchat_policybert.stores.pg_store import CANDIDATE_SCHEMA_PREFIX, connected, pg_vectors
+from chatchat_policybert.stores.pg_db import connected, pg_vectors
+from chatchat_policybert.stores.pg_schema import CANDIDATE_SCHEMA_PREFIX
 from tests.support.fast_loop import slow_fixture
 from tests.support.outside_chatchat import check_loads_outside_chatchat
 from tests.support.pg_cluster import DATABASE, PgCluster

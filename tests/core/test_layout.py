@@ -23,6 +23,7 @@ RUNTIME = (PACKAGE, REPO / "training")
 CONTRACTS = (
     "runtime-never-imports-training",
     "model-knows-no-chatchat",
+    "cli-is-the-top",
     "runtime-layers",
 )
 """The import rules of docs/architecture.md, as import-linter contracts (pyproject.toml [tool.importlinter])."""
@@ -105,6 +106,113 @@ def test_the_runtime_never_runs_training():
         if (found := runs_of_training(path.read_text(encoding="utf-8")))
     }
     assert runs == {}
+
+
+OWN_COMMAND = re.compile(r"^chatchat_policybert(\.\w+)*$")
+WORKER = "chatchat_policybert.plugin.worker"
+"""The one module of ours a child process runs: Chatchat's settings are read once per process from CHATCHAT_ROOT, so
+its chunking and search for another root run in a process of their own (:mod:`chatchat_policybert.chatchat.process`);
+the worker is not a command line of a layer above."""
+
+
+def runs_of_own_commands(source: str) -> list[str]:
+    """Where ``source`` runs one of our own command lines instead of calling a function: an argument list with ``-m``
+    and one of our modules (``[sys.executable, "-m", "chatchat_policybert.cli", …]``), a command-line string running
+    one (``"python -m chatchat_policybert.cli setup …"``), or a ``main`` called with a literal argument list or from
+    another module (``cli_main(["setup", …])``, ``pairs.main(argv)``). Docstrings only describe; a parser's ``prog``
+    names what the user types."""
+    tree = ast.parse(source)
+    documentation = {id(node.value) for node in ast.walk(tree) if isinstance(node, ast.Expr)}
+    progs = {
+        id(k.value) for node in ast.walk(tree) if isinstance(node, ast.Call) for k in node.keywords if k.arg == "prog"
+    }
+    runs = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Call):
+            func = node.func
+            name = func.attr if isinstance(func, ast.Attribute) else getattr(func, "id", "")
+            literal = any(isinstance(arg, ast.List | ast.Tuple) for arg in node.args)
+            if node.args and (isinstance(func, ast.Attribute) and name == "main" or name.endswith("main") and literal):
+                runs.append(f"line {node.lineno}: calls {ast.unparse(node)[:80]}")
+        elif isinstance(node, ast.List | ast.Tuple):
+            words = [e.value for e in node.elts if isinstance(e, ast.Constant) and isinstance(e.value, str)]
+            for before, word in zip(words, words[1:]):
+                if before == "-m" and OWN_COMMAND.match(word) and word != WORKER:
+                    runs.append(f"line {node.lineno}: runs -m {word!r}")
+        elif isinstance(node, ast.Constant) and isinstance(node.value, str) and id(node) not in documentation | progs:
+            if re.search(r"\s-m\s+chatchat_policybert", node.value) and WORKER not in node.value:
+                runs.append(f"line {node.lineno}: runs {node.value.strip()!r}")
+    return runs
+
+
+def test_the_own_command_check_catches_every_form_of_running_a_command_line():
+    offending = {
+        "run_chatchat([sys.executable, '-m', 'chatchat_policybert.cli', 'setup', '--root', root], root, 'setup')": (
+            "-m 'chatchat_policybert.cli'"
+        ),
+        "cli_main(['setup', '--root', str(root)])": "calls cli_main",
+        "pairs_stage.main(argv)": "calls pairs_stage.main(argv)",
+        "os.system('python -m chatchat_policybert.cli setup --root x')": "python -m chatchat_policybert.cli",
+    }
+    for source, expected in offending.items():
+        runs = runs_of_own_commands(source)
+        assert len(runs) == 1 and expected in runs[0], (source, runs)
+    benign = (
+        'def f():\n    """``python -m chatchat_policybert.demo --root R`` as a user types it."""\n'
+        "parser = PlainArgumentParser(prog='python -m chatchat_policybert.demo')\n"
+        "return [sys.executable, '-m', 'chatchat_policybert.plugin.worker', mode, *args]\n"
+        "sys.exit(run_cli(main))\nmain()\ndef run_cli(main, argv):\n    return main(argv)\n"
+        "PATCHES = {'chatchat_policybert.model.embeddings': patch}\n"
+    )
+    assert runs_of_own_commands(benign) == []
+
+
+def test_no_module_runs_a_command_line_of_its_own():
+    """``setup``, the pairs stage and the rest are functions; a subprocess or a ``main([...])`` would be an upward
+    dependency import-linter cannot see, whose errors reach the user as a child process's text."""
+    runs = {
+        str(path.relative_to(REPO)): found
+        for base in RUNTIME
+        for path in sorted(base.rglob("*.py"))
+        if (found := runs_of_own_commands(path.read_text(encoding="utf-8")))
+    }
+    assert runs == {}
+
+
+STORE_NAME = re.compile(
+    r"""([=!]=\s*['"](faiss|pg)['"])|(['"](faiss|pg)['"]\s*[=!]=)|(\bin\s*\(\s*['"](faiss|pg)['"])"""
+)
+
+
+def test_only_stores_know_a_store_by_name():
+    """Adding a store is one module in stores/ and its entry in ``STORES``: no code outside stores/ branches on a
+    store's name (the worker, doctor and setup ask the :class:`~chatchat_policybert.stores.base.Store`)."""
+    assert STORE_NAME.search('if store == "faiss":') and STORE_NAME.search("if 'pg' != vs:")
+    comparisons = [
+        f"{path.relative_to(REPO)}:{lineno}: {line.strip()}"
+        for base in RUNTIME
+        for path in sorted(base.rglob("*.py"))
+        if not path.is_relative_to(PACKAGE / "stores")
+        for lineno, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1)
+        if STORE_NAME.search(line)
+    ]
+    assert comparisons == []
+
+
+def test_the_settings_files_are_named_once():
+    """model_settings.yaml and kb_settings.yaml are read and written by chatchat/config.py alone: no other module
+    builds their paths (messages may name them)."""
+    path_of = re.compile(r"""/\s*['"](model|kb)_settings\.yaml['"]|=\s*\(?['"](model|kb)_settings\.yaml['"]""")
+    assert path_of.search('path = Path(root) / "kb_settings.yaml"') and path_of.search('NAME = "model_settings.yaml"')
+    named = [
+        f"{path.relative_to(REPO)}:{lineno}: {line.strip()}"
+        for base in RUNTIME
+        for path in sorted(base.rglob("*.py"))
+        if path != PACKAGE / "chatchat" / "config.py"
+        for lineno, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1)
+        if path_of.search(line)
+    ]
+    assert named == []
 
 
 def test_the_package_carries_the_data_with_its_licence():

@@ -51,7 +51,7 @@ from pathlib import Path
 
 from tqdm import tqdm
 
-from chatchat_policybert.chatchat.root import default_kb
+from chatchat_policybert.chatchat.config import default_kb
 from chatchat_policybert.data import CORPUS_CSV
 from chatchat_policybert.errors import InputError
 from chatchat_policybert.evaluation.dataset import load_corpus

@@ -1,0 +1,285 @@
+"""``chatchat-policybert doctor``'s checks as a function: what would stop PolicyBERT retrieval from working in a root,
+one :class:`Finding` each (``setup`` runs the same checks after merging its settings; the command prints them).
+
+The per-store checks (a FAISS index and its saved BM25 index, a PostgreSQL server) are the store's
+(:meth:`chatchat_policybert.stores.base.Store.checks`); the lines for the ensemble's ``hybrid`` block are
+:func:`describe`'s.
+"""
+
+from __future__ import annotations
+
+import math
+import site
+import sys
+import urllib.request
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from chatchat_policybert.chatchat.config import kb_settings
+from chatchat_policybert.chatchat.config import model_settings as read_model_settings
+from chatchat_policybert.chatchat.root import is_loopback, server_hosts
+from chatchat_policybert.chatchat.settings import find_local_model
+from chatchat_policybert.errors import InputError, SettingsError
+from chatchat_policybert.retrieval.hybrid import CHATCHAT_WEIGHTS, HybridConfig, parse_hybrid
+from chatchat_policybert.stores import STORES, get_store
+from chatchat_policybert.stores.base import TARGET_COSINE
+from chatchat_policybert.stores.faiss_store import index_size
+
+PTH_NAME = "chatchat_policybert_hook.pth"
+
+
+@dataclass
+class Finding:
+    """One line of the doctor's report."""
+
+    level: str  # "OK", "WARN" or "ERROR"
+    message: str
+
+
+def hook_installed() -> Path | None:
+    """The start-up `.pth` of this interpreter's environment, if present and not disabled."""
+    from chatchat_policybert.chatchat.switches import DISABLE_ENV, switched_off
+
+    if switched_off(DISABLE_ENV):
+        return None
+    for directory in [*site.getsitepackages(), site.getusersitepackages()]:
+        candidate = Path(directory) / PTH_NAME
+        if candidate.is_file():
+            return candidate
+    return None
+
+
+def llm_reachable(url: str) -> str | None:
+    """None if the OpenAI-compatible server at `url` answers `/models`, else the reason (doctor and the demo ask)."""
+    try:
+        with urllib.request.urlopen(url.rstrip("/") + "/models", timeout=2) as response:
+            response.read(1)
+        return None
+    except Exception as exc:  # any failure means "not usable now"
+        return f"{type(exc).__name__}: {exc}"
+
+
+def diagnose(root: Path, load_model: bool) -> list[Finding]:
+    """Check a Chatchat root for everything PolicyBERT retrieval depends on."""
+    findings: list[Finding] = []
+
+    def add(level: str, message: str) -> None:
+        findings.append(Finding(level, message))
+
+    try:
+        model_settings = read_model_settings(root)
+        settings = kb_settings(root)
+    except SettingsError as exc:
+        add("ERROR", f"{exc} (run `chatchat init` and `chatchat-policybert setup`)")
+        return findings
+    platforms = model_settings.get("MODEL_PLATFORMS") or []
+
+    llms = {m: p for p in platforms for m in (p.get("llm_models") or []) if isinstance(p.get("llm_models"), list)}
+    if not llms:
+        add("ERROR", "no platform lists an LLM: every `chatchat` command dies with IndexError at import")
+    default_llm = model_settings.get("DEFAULT_LLM_MODEL")
+    if llms and default_llm not in llms:
+        add("WARN", f"DEFAULT_LLM_MODEL '{default_llm}' is not listed; Chatchat falls back to '{next(iter(llms))}'")
+    elif default_llm in llms:
+        url = llms[default_llm].get("api_base_url", "")
+        problem = llm_reachable(url)
+        if problem:
+            add(
+                "WARN",
+                f"LLM '{default_llm}' platform at {url} does not answer ({problem}); for Ollama: "
+                f"`ollama serve` and `ollama pull {default_llm}`",
+            )
+        else:
+            add("OK", f"LLM '{default_llm}' platform answers at {url}")
+
+    try:
+        local = find_local_model(model_settings, None)
+    except SettingsError as exc:
+        add("ERROR", f"{exc}: DEFAULT_EMBEDDING_MODEL is not PolicyBERT")
+        local = None
+    pth = hook_installed()
+    if pth is None:
+        add(
+            "ERROR",
+            f"import hook not installed in {sys.prefix} ({PTH_NAME} missing or CHATCHAT_POLICYBERT_HOOK=0): "
+            "Chatchat will call api_base_url instead of loading the model",
+        )
+    else:
+        add("OK", f"import hook installed: {pth}")
+
+    for key, host in server_hosts(root).items():
+        if not is_loopback(host):
+            add(
+                "WARN",
+                f"{key}.host {host} in basic_settings.yaml: reachable from other machines (Chatchat's API has no "
+                f"authentication); `chatchat-policybert setup --bind 127.0.0.1` keeps it on this machine",
+            )
+
+    chunk = settings.chunk_size
+    if local is not None:
+        add("OK", f"embed model '{local.embed_models[0]}' served in-process by platform '{local.platform_name}'")
+        if chunk + 2 > local.config.max_length:
+            add(
+                "WARN",
+                f"CHUNK_SIZE {chunk} + [CLS]/[SEP] exceeds max_length {local.config.max_length}: long chunks get cut",
+            )
+        if load_model:
+            findings.extend(_check_model(local, root))
+
+    store = settings.vs_type
+    if store not in STORES:
+        add("WARN", f"DEFAULT_VS_TYPE '{store}': only {', '.join(STORES)} are checked here and rebuilt safely")
+        return findings
+    threshold, vectors = settings.score_threshold, STORES[store]
+    cosine, label = vectors.cosine_cut(threshold), vectors.label
+    advice = f"{vectors.score_threshold_for(TARGET_COSINE):.4f} keeps cosine >= {TARGET_COSINE:.2f}"
+    if cosine > 1.0:
+        add(
+            "ERROR",
+            f"SCORE_THRESHOLD {threshold} needs cosine >= {cosine:.2f}: no {label} hit can pass, "
+            f"{vectors.without_vectors} ({advice})",
+        )
+    elif cosine < 0.0:
+        add("WARN", f"SCORE_THRESHOLD {threshold} keeps every {label} hit (cosine >= {cosine:.2f}; {advice})")
+    else:
+        add("OK", f"SCORE_THRESHOLD {threshold} keeps {label} hits with cosine >= {cosine:.2f}")
+
+    findings.extend(_check_interrupted_swaps(root))
+    analyzer = None
+    if local is not None:
+        hybrid_findings, analyzer = _check_hybrid(local.entry, threshold, store, root)
+        findings.extend(hybrid_findings)
+    embed_model = str(model_settings.get("DEFAULT_EMBEDDING_MODEL", ""))
+    findings.extend(Finding(level, message) for level, message in vectors.checks(root, settings, embed_model, analyzer))
+    return findings
+
+
+def _check_hybrid(platform: dict[str, Any], threshold: float, store: str, root: Path) -> tuple[list[Finding], Any]:
+    """The ensemble's weights, threshold and the dev metrics they were chosen on (the platform's ``hybrid``), the
+    BM25 analyzer it configures, and that analyzer (None where it cannot be built)."""
+    try:
+        hybrid = parse_hybrid(platform)
+    except SettingsError as exc:
+        return [Finding("ERROR", f"{exc}: the ensemble falls back to Chatchat's 0.5/0.5 and tokens")], None
+    findings = [Finding(level, message) for level, message in describe(hybrid, threshold, store)]
+    block = hybrid or HybridConfig()
+    try:
+        analyzer = block.get_analyzer(root)
+    except InputError as exc:
+        message = f"BM25 analyzer {block.analyzer_name}: {exc}; the ensemble falls back to Chatchat's tokens"
+        return [*findings, Finding("ERROR", message)], None
+    unset = "" if block.analyzer else " (the hybrid block has no `analyzer:`: Chatchat's own tokens)"
+    findings.append(Finding("OK", f"BM25 analyzer {block.analyzer_name}{unset}: {analyzer.identity}"))
+    return findings, analyzer
+
+
+def _check_model(local: Any, root: Path) -> list[Finding]:
+    from chatchat_policybert.chatchat.registry import load_embeddings
+
+    try:
+        embeddings = load_embeddings(local.config, root, local.platform_name)
+        vector = embeddings.embed_query("数据要素")
+    except Exception as exc:
+        return [Finding("ERROR", f"model of platform '{local.platform_name}' does not load: {exc}")]
+    norm = math.sqrt(sum(x * x for x in vector))
+    level = "OK" if abs(norm - 1.0) < 1e-3 else "ERROR"
+    path = local.config.resolved_model_path(root)
+    return [Finding(level, f"model {path} loads: dimension {len(vector)}, query vector norm {norm:.4f}")]
+
+
+def _check_interrupted_swaps(root: Path) -> list[Finding]:
+    """A ``.replaced`` folder of any knowledge base: a FAISS `kb -r` killed during its swap (see
+    :func:`recover_swap`)."""
+    from chatchat_policybert.stores.faiss_store import interrupted_swaps, swap_finished
+
+    findings = []
+    for final, retired in interrupted_swaps(root):
+        kb = final.parent.parent.name
+        if swap_finished(final):
+            findings.append(
+                Finding(
+                    "WARN",
+                    f"{retired} is left over by a `kb -r` killed after its swap ({final} is "
+                    f"the new index, {index_size(final)} vectors): remove it, or let the next "
+                    f"`chatchat kb -r -n {kb}` do so",
+                )
+            )
+        else:
+            findings.append(
+                Finding(
+                    "ERROR",
+                    f"the index of '{kb}' is at {retired}, not served ({final} has no "
+                    f"vectors): a `kb -r` was killed during its swap; `chatchat kb -r -n {kb}` "
+                    f"puts it back first, or with Chatchat stopped: rm -rf '{final}' && "
+                    f"mv '{retired}' '{final}'",
+                )
+            )
+    return findings
+
+
+def ensemble_label(store: str) -> str:
+    """How ``doctor`` and ``setup`` name the ensemble of a store (``faiss``/``pg``)."""
+    return f"{get_store(store).label} ensemble"
+
+
+def describe(hybrid: Any, configured_threshold: float, store: str = "faiss") -> list[tuple[str, str]]:
+    """``doctor``'s lines for a platform's ``hybrid`` block (a
+    :class:`~chatchat_policybert.retrieval.hybrid.HybridConfig` or None)."""
+    if hybrid is None or (hybrid.calibration is None and hybrid.weights == CHATCHAT_WEIGHTS):
+        return [
+            (
+                "OK",
+                f"{ensemble_label(store)}: Chatchat's weights "
+                f"BM25 {CHATCHAT_WEIGHTS[0]:g} / dense {CHATCHAT_WEIGHTS[1]:g}, "
+                f"not calibrated (`chatchat-policybert setup --calibrate DEV.jsonl` after `chatchat kb -r`)",
+            )
+        ]
+    lines = [
+        (
+            "OK",
+            f"{ensemble_label(store)}: weights BM25 {hybrid.bm25_weight:g} / dense {hybrid.dense_weight:g}, "
+            f"SCORE_THRESHOLD {configured_threshold:g}",
+        )
+    ]
+    info = hybrid.calibration or {}
+    metrics = info.get("metrics") or {}
+    key = _mrr_key(metrics)
+    if hybrid.dense_weight == 0 or get_store(store).cosine_cut(configured_threshold) > 1.0:
+        scores = {name: (metrics.get(name) or {}).get(key) for name in ("dense", "bm25")}
+        measured = (
+            f"; on the calibration questions the vectors alone scored {key} {scores['dense']:.3f}, BM25 alone "
+            f"{scores['bm25']:.3f}"
+            if None not in scores.values()
+            else ""
+        )
+        lines.append(
+            (
+                "OK",
+                "the ensemble is BM25 alone (dense weight 0, or no vector hit passes SCORE_THRESHOLD): the served "
+                f"model's vectors are not used by the RAG path{measured}",
+            )
+        )
+    if metrics:
+        shown = ", ".join(f"{name} {values.get(key, float('nan')):.3f}" for name, values in metrics.items())
+        lines.append(
+            (
+                "OK",
+                f"calibrated {info.get('date', '?')} on {info.get('questions', '?')} questions of "
+                f"{info.get('source', '?')} (KB {info.get('kb', '?')}, top_k {info.get('top_k', '?')}): {key} {shown}",
+            )
+        )
+    if hybrid.score_threshold is not None and not math.isclose(hybrid.score_threshold, configured_threshold):
+        lines.append(
+            (
+                "WARN",
+                f"SCORE_THRESHOLD {configured_threshold:g} is not the {hybrid.score_threshold:g} the weights "
+                "were calibrated with: calibrate again or set it back in kb_settings.yaml",
+            )
+        )
+    return lines
+
+
+def _mrr_key(metrics: dict[str, dict[str, float]]) -> str:
+    """The MRR the calibration recorded (``MRR@10``: the evaluation's cut), as its rows name it."""
+    return next((name for values in metrics.values() for name in values if name.startswith("MRR@")), "MRR@?")

@@ -1,0 +1,94 @@
+"""The one owner of a root's settings files (chatchat/config.py) and ``setup`` as a function: nothing is written
+before every input is checked, both files go through one validated writer, and a process resolves the hybrid block
+again only when a file changed."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import pytest
+import yaml
+from test_cli import make_root
+
+from chatchat_policybert.chatchat.config import SETTINGS_FILES, SettingsDocs, fingerprint, kb_settings
+from chatchat_policybert.configure.setup import SetupOptions, setup_root, shipped_settings_dir
+from chatchat_policybert.deploy.calibration import update_settings
+from chatchat_policybert.errors import InputError
+from chatchat_policybert.retrieval.hybrid import HybridConfig, resolved
+
+ROOT_FILES = (*SETTINGS_FILES, "basic_settings.yaml")
+
+
+def snapshot(root: Path) -> dict[str, bytes]:
+    return {name: (root / name).read_bytes() for name in ROOT_FILES}
+
+
+def settings_dir(tmp_path: Path, model: str | None = None, kb: str | None = None) -> Path:
+    """The shipped settings, with model_settings.yaml / kb_settings.yaml replaced where given."""
+    folder = tmp_path / "settings"
+    folder.mkdir()
+    for name in SETTINGS_FILES:
+        shutil.copy2(shipped_settings_dir() / name, folder / name)
+    if model is not None:
+        (folder / SETTINGS_FILES[0]).write_text(model, encoding="utf-8")
+    if kb is not None:
+        (folder / SETTINGS_FILES[1]).write_text(kb, encoding="utf-8")
+    return folder
+
+
+@pytest.mark.parametrize(
+    ("options", "problem"),
+    [
+        ({"kb": "DEFAULT_KNOWLEDGE_BASE: WeiMingPolicies\nSCORE_THRESHOLD: high\n"}, "SCORE_THRESHOLD 'high'"),
+        ({"model": "MODEL_PLATFORMS: [\n"}, "not valid YAML"),
+        ({"model": "DEFAULT_EMBEDDING_MODEL: policybert\nMODEL_PLATFORMS: []\n"}, "lists embed model 'policybert'"),
+        ({"store": "pg"}, "--vs pg needs --pg-uri"),
+        ({"store": "pg", "pg_uri": "mysql://u@h/db"}, "expected a PostgreSQL URI"),
+        ({"pg_uri": "postgresql+psycopg2://u@h/db"}, "--pg-uri is only used with --vs pg"),
+    ],
+)
+def test_setup_checks_every_input_before_it_writes_anything(tmp_path: Path, options: dict, problem: str):
+    """A bad --settings-dir file or store option leaves the root's three settings files byte for byte as they were
+    and creates no knowledge base folder (today's setup wrote model_settings.yaml before reading kb_settings.yaml)."""
+    root = make_root(tmp_path)
+    before = snapshot(root)
+    files = {key: options.pop(key) for key in ("model", "kb") if key in options}
+    with pytest.raises(InputError, match=problem):
+        setup_root(root, SetupOptions(settings_dir=settings_dir(tmp_path, **files), **options))
+    assert snapshot(root) == before
+    assert not (root / "data").exists()
+
+
+def test_setup_writes_through_the_one_writer_and_reports_what_it_did(tmp_path: Path, tiny_model: Path):
+    root = make_root(tmp_path)
+    report = setup_root(root, SetupOptions(model=tiny_model, analyzer="chatchat"))
+    assert report.kb == "WeiMingPolicies" and (root / "data/knowledge_base/WeiMingPolicies/content").is_dir()
+    assert [level for level, _ in report.lines][:3] == ["OK", "OK", "OK"]
+    assert f"merged {shipped_settings_dir() / SETTINGS_FILES[0]} into {root / SETTINGS_FILES[0]}" in report.text()
+    assert "BM25 analyzer chatchat" in report.text()
+    assert "# written by chatchat init" in (root / SETTINGS_FILES[0]).read_text(encoding="utf-8")
+    assert not list(root.glob(".*.partial-*")), "the atomic writes leave no scratch folder"
+    docs = SettingsDocs(root)
+    assert Path(docs.platform()["local_embeddings"]["model_path"]) == tiny_model.resolve()
+    assert docs.platform()["hybrid"]["analyzer"] == "chatchat"
+
+
+def test_the_hybrid_block_is_resolved_once_per_change_of_the_files(tmp_path: Path):
+    """Every question asks for the weights and the analyzer; the files are parsed again only after a writer changed
+    them (their fingerprint), and what it wrote is what the next question gets."""
+    root = make_root(tmp_path)
+    setup_root(root, SetupOptions())
+    first = resolved(root)
+    assert resolved(root) is first, "unchanged files: no parse"
+    assert first.hybrid().analyzer == "policy"
+    stamp = fingerprint(root)
+    update_settings(root, hybrid=HybridConfig(bm25_weight=0.7, dense_weight=0.3, analyzer="policy"), threshold=0.4)
+    assert fingerprint(root) != stamp
+    again = resolved(root)
+    assert again is not first and again.hybrid().weights == (0.7, 0.3)
+    assert kb_settings(root).score_threshold == 0.4
+    platform = next(
+        p for p in yaml.safe_load((root / SETTINGS_FILES[0]).read_text())["MODEL_PLATFORMS"] if "hybrid" in p
+    )
+    assert platform["hybrid"] == {"bm25_weight": 0.7, "dense_weight": 0.3, "analyzer": "policy"}
