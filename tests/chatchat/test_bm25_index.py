@@ -121,6 +121,23 @@ def test_a_saved_index_that_is_not_a_regular_file_is_refused_without_blocking(tm
         bm25_index.saved_summary(fifo)
 
 
+def test_a_saved_index_that_is_a_link_loop_is_refused_and_a_link_to_an_index_is_read(tmp_path, chunks):
+    """A self-link as bm25.safetensors failed every search with ``OSError [Errno 40]``; a link to a good file is
+    followed once."""
+    ids, texts = [i for i, _ in chunks], [t for _, t in chunks]
+    looped = tmp_path / "loop" / BM25_FILE
+    looped.parent.mkdir()
+    looped.symlink_to(BM25_FILE)
+    for read in (lambda: load(looped, ids, texts, CHATCHAT), lambda: bm25_index.saved_summary(looped)):
+        with pytest.raises(SavedIndexUnusable, match="^a symbolic link loop$"):
+            read()
+    build(ids, texts, CHATCHAT).save(tmp_path / "real.safetensors")
+    linked = tmp_path / BM25_FILE
+    linked.symlink_to("real.safetensors")
+    assert load(linked, ids, texts, CHATCHAT).ids == ids
+    assert bm25_index.saved_summary(linked) == (CHATCHAT.identity, len(ids))
+
+
 @pytest.mark.parametrize("analyzer", [CHATCHAT, POLICY], ids=["chatchat", "policy"])
 def test_an_empty_knowledge_base_scores_nothing(analyzer):
     empty = build([], [], analyzer)
