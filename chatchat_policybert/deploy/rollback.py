@@ -38,12 +38,12 @@ from pathlib import Path
 from typing import Any
 
 from chatchat_policybert.chatchat.process import chatchat_command, run_chatchat
-from chatchat_policybert.chatchat.root import default_kb, kb_root, kb_settings
+from chatchat_policybert.chatchat.root import kb_root, kb_settings
 from chatchat_policybert.chatchat.settings import find_local_model, load_yaml
 from chatchat_policybert.errors import InputError, SettingsError
 from chatchat_policybert.files import atomic_path, read_json, write_json
 from chatchat_policybert.stores import store_of
-from chatchat_policybert.stores.rebuild import check_kb_name
+from chatchat_policybert.stores.rebuild import chosen_kb
 
 SETTINGS_FILES = ("model_settings.yaml", "kb_settings.yaml")
 BACKUP_DIR = "previous"
@@ -237,8 +237,7 @@ def mark_rolled_back(run_dir: Path) -> None:
 
 def run_rollback(args: argparse.Namespace) -> int:
     """``chatchat-policybert rollback``: the model, settings and vectors from before the last installed tune."""
-    kb = args.kb or default_kb(args.root)
-    check_kb_name(kb)
+    kb = chosen_kb(args.root, args.kb)
     if not (kb_root(args.root) / kb).is_dir():
         raise InputError(f"knowledge base {kb} has no folder in {kb_root(args.root)}")
     run_dir = args.run_dir or tune_dir(args.root, kb)
