@@ -180,9 +180,18 @@ class PostingsBM25Okapi:
         return score
 
     def get_top_n(self, query: Sequence[str], documents: Sequence, n: int = 5) -> list:
-        """rank_bm25's ``get_top_n`` (the call ``BM25Retriever`` makes)."""
+        """rank_bm25's ``get_top_n`` (the call ``BM25Retriever`` makes), except for a query no chunk shares a word
+        with: nothing, where rank_bm25 returns the first ``n`` chunks of an all-zero ranking.
+
+        Why: a question of punctuation, emoji or stopwords alone (no token left, or none in the
+        vocabulary) scores 0 everywhere, and those ``n`` unrelated chunks then entered the ensemble's
+        fusion as BM25's "hits"; now the answer rests on the vectors (or is empty at the threshold).
+        """
         assert self.corpus_size == len(documents), "The documents given don't match the index corpus!"
-        top_n = np.argsort(self.get_scores(query))[::-1][:n]
+        scores = self.get_scores(query)
+        if not scores.any():
+            return []
+        top_n = np.argsort(scores)[::-1][:n]
         return [documents[i] for i in top_n]
 
     def arrays(self) -> dict[str, np.ndarray]:

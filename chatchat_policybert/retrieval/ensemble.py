@@ -209,11 +209,16 @@ def hybrid_config(vectorstore: Any) -> HybridConfig | None:
     and taken as absent (Chatchat's weights and tokens): retrieval keeps working while ``doctor``
     names the problem.
     """
+    return _hybrid_of(getattr(vectorstore, "embedding_function", None))
+
+
+def _hybrid_of(embeddings: Any) -> HybridConfig | None:
+    """:func:`hybrid_config` of a store that ``embeddings`` fills."""
     from chatchat_policybert.chatchat.registry import platform_of
     from chatchat_policybert.errors import SettingsError
     from chatchat_policybert.retrieval.hybrid import parse_hybrid
 
-    platform_name = platform_of(getattr(vectorstore, "embedding_function", None))
+    platform_name = platform_of(embeddings)
     if platform_name is None:
         return None
     from chatchat.server.utils import get_config_platforms
@@ -251,6 +256,15 @@ def analyzer_of(vectorstore: Any, name: str | None = None) -> Analyzer:
     except InputError as exc:
         _log_once(f"analyzer {hybrid.analyzer_name!r}: {exc}: BM25 uses Chatchat's tokens ({WITHOUT_KEY})")
         return get_analyzer(WITHOUT_KEY)
+
+
+def check_analyzer(embeddings: Any) -> None:
+    """Build the analyzer a store that ``embeddings`` fills searches with, without :func:`analyzer_of`'s fallback: a
+    word list that cannot be read is the InputError naming it. `kb -r` asks before it embeds anything
+    (:mod:`chatchat_policybert.stores.rebuild`), so it refuses in a second instead of saving Chatchat's tokens."""
+    from chatchat.settings import Settings
+
+    (_hybrid_of(embeddings) or HybridConfig()).get_analyzer(Path(Settings.CHATCHAT_ROOT))
 
 
 def _log_once(message: str) -> None:
