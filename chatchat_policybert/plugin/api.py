@@ -41,7 +41,10 @@ class SearchRequestError(ValueError):
 
 def check_search(query: Any, top_k: Any, score_threshold: Any) -> None:
     """Refuse what the search path cannot answer: a query that is not text (a lone surrogate), ``top_k`` below 1,
-    a threshold that is not a finite number (:class:`SearchRequestError`)."""
+    a threshold that is not a finite number (:class:`SearchRequestError`). Without a query Chatchat searches
+    nothing (it lists a file's chunks), so nothing is checked."""
+    if not query:
+        return
     if isinstance(query, str):
         try:
             query.encode("utf-8")
