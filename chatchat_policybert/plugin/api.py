@@ -16,8 +16,8 @@ fail deep inside as a 500 with a traceback in the log:
   spelled out.
 - ``recreate_vector_store`` (the WebUI's rebuild button) cleared the live index, then refilled it
   file by file: questions arriving meanwhile got no hits, then a partial knowledge base. For the
-  stores whose ``kb -r`` is transactional (:mod:`chatchat_policybert.stores.rebuild`) it is refused
-  with a message that points to that command, which rebuilds into staging and swaps in one step.
+  stores whose ``kb -r`` is transactional (:mod:`chatchat_policybert.stores.rebuild`) it now runs that
+  rebuild: staging, the knowledge base's lock, one swap.
 
 The import hook (:mod:`chatchat_policybert.plugin.hook`) applies :func:`patch_kb_doc_api` when
 Chatchat's ``kb_doc_api`` module has run (before its routes and ``kb_chat`` bind the names) and
@@ -61,7 +61,8 @@ def check_search(query: Any, top_k: Any, score_threshold: Any) -> None:
 
 def patch_kb_doc_api(module: ModuleType) -> None:
     """Wrap ``module.search_docs`` (Chatchat's ``kb_doc_api``) with :func:`check_search` (a 422 from the route) and
-    replace ``recreate_vector_store`` for the stores ``kb -r`` rebuilds safely (:func:`refuse_recreate`).
+    ``recreate_vector_store`` with ``kb -r``'s transactional rebuild for the stores that have it
+    (:func:`transactional_recreate`).
 
     ``functools.wraps`` keeps Chatchat's signature (FastAPI reads its ``Body`` parameters through
     ``__wrapped__``), so the route's fields, defaults and schema are unchanged.
@@ -88,9 +89,8 @@ def patch_kb_doc_api(module: ModuleType) -> None:
 
         @functools.wraps(recreate)
         def recreate_vector_store(*args: Any, **kwargs: Any) -> Any:
-            bound = _bind(recreate, args, kwargs)
-            refusal = refuse_recreate(bound["knowledge_base_name"], bound["vs_type"])
-            return recreate(*args, **kwargs) if refusal is None else refusal
+            rebuilt = transactional_recreate(_bind(recreate, args, kwargs))
+            return recreate(*args, **kwargs) if rebuilt is None else rebuilt
 
         setattr(recreate_vector_store, WRAPPED_MARK, True)
         module.recreate_vector_store = recreate_vector_store
@@ -106,26 +106,50 @@ def _bind(function: Any, args: tuple, kwargs: dict) -> dict[str, Any]:
     return dict(bound.arguments)
 
 
-def refuse_recreate(kb_name: str, vs_type: str) -> Any | None:
-    """The answer to ``recreate_vector_store`` of a knowledge base in a store ``kb -r`` rebuilds transactionally:
-    one event in Chatchat's shape (``code``, ``msg``, which the WebUI shows) saying to run ``chatchat kb -r``;
-    None for the other stores (Chatchat's own rebuild)."""
+def transactional_recreate(params: dict[str, Any]) -> Any | None:
+    """``recreate_vector_store`` (``params``: its arguments by name) of a knowledge base in a store whose ``kb -r`` is
+    transactional: that very rebuild (the patched ``folder2db``: model tried first, the KB's lock, a staging store
+    Chatchat fills, one swap), its progress as Chatchat's events (``code``, ``msg``, ``finished``/``total``, what
+    the WebUI shows); None for the other stores (Chatchat's own rebuild).
+
+    The rebuild runs in the one thread that iterates the events, which is what scopes the staging redirect
+    (:mod:`chatchat_policybert.stores.faiss_store`, :mod:`~chatchat_policybert.stores.pg_store`) to it: the
+    server's other threads keep searching the live store until the swap, then the new one.
+    """
     from sse_starlette.sse import EventSourceResponse
 
     from chatchat_policybert.stores import STORES
 
+    kb_name, vs_type = params["knowledge_base_name"], params["vs_type"]
     if vs_type not in STORES:
         return None
-    message = (
-        f"rebuilding '{kb_name}' from the API or the WebUI empties its {vs_type} index while questions arrive; "
-        f"nothing was changed. Run `chatchat kb -r -n {kb_name}` on the server: it rebuilds into a staging "
-        "copy and swaps it in at once"
-    )
 
-    def events():
-        yield json.dumps({"code": 409, "msg": message}, ensure_ascii=False)
+    def events() -> Any:
+        from chatchat.server.knowledge_base.migrate import folder2db
+        from chatchat.server.knowledge_base.utils import list_files_from_folder
+
+        total = max(len(list_files_from_folder(kb_name)), 1)
+        yield _event(200, f"rebuilding '{kb_name}' into a staging copy; searches use the current index until the swap")
+        try:
+            folder2db(
+                kb_names=[kb_name],
+                mode="recreate_vs",
+                vs_type=vs_type,
+                embed_model=params["embed_model"],
+                chunk_size=params["chunk_size"],
+                chunk_overlap=params["chunk_overlap"],
+                zh_title_enhance=params["zh_title_enhance"],
+            )
+        except Exception as exc:  # logged by the rebuild; the live store is what it was
+            yield _event(500, f"rebuild of '{kb_name}' failed, its previous index is unchanged: {exc}")
+            return
+        yield _event(200, f"'{kb_name}' rebuilt and swapped in", finished=total, total=total)
 
     return EventSourceResponse(events())
+
+
+def _event(code: int, msg: str, finished: int = 0, total: int = 1) -> str:
+    return json.dumps({"code": code, "msg": msg, "finished": finished, "total": total}, ensure_ascii=False)
 
 
 def patch_app(module: ModuleType, warm_up: bool) -> None:

@@ -11,8 +11,8 @@ before anything can import the name. It also makes `kb -r` transactional for FAI
 FAISS ensemble's BM25 index between questions (`chatchat_policybert.retrieval.ensemble`), and gives
 the pg store one store object per knowledge base and the same BM25 + vector ensemble
 (`chatchat_policybert.stores.pg_search`), and warms the model and the default knowledge base when the API
-starts (`chatchat_policybert.plugin.warm_up`), and checks the API's search requests and refuses its
-non-transactional rebuild (`chatchat_policybert.plugin.api`); set CHATCHAT_POLICYBERT_BM25_CACHE=0 for
+starts (`chatchat_policybert.plugin.warm_up`), and checks the API's search requests and gives its
+rebuild `kb -r`'s transaction (`chatchat_policybert.plugin.api`); set CHATCHAT_POLICYBERT_BM25_CACHE=0 for
 Chatchat's own search on both stores (BM25 rebuilt per question on FAISS, dense-only on pg), e.g. to compare.
 
 The same finder makes transformers' Auto classes know model type ``policybert`` in every process

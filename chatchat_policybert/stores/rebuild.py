@@ -18,6 +18,10 @@ staging collection, see :mod:`chatchat_policybert.stores.pg_store`):
    any failure the staging folder is removed, the knowledge base's file rows are put back, and the
    error is logged and re-raised.
 
+The API's ``recreate_vector_store`` (the WebUI's rebuild button) runs this same rebuild
+(:mod:`chatchat_policybert.plugin.api`); there the staging redirects apply to the rebuilding thread
+alone, so the server's other threads search the live store until the swap.
+
 Before step 1, the BM25 analyzer is built too: a stopword file it cannot read (a link loop, a FIFO,
 ...) stops the rebuild in a second, where it used to fail after embedding the whole knowledge base.
 
@@ -37,6 +41,7 @@ from __future__ import annotations
 import fcntl
 import functools
 import inspect
+import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -205,9 +210,10 @@ def _counted_chunks(service: type, kb_name: str) -> Iterator[list[int]]:
     """
     original_add = service.add_doc
     chunks = [0]
+    rebuilder = threading.get_ident()  # in the API process another thread may add a file meanwhile
 
     def add_doc(self, kb_file: Any, docs: list = [], **kwargs: Any) -> Any:  # noqa: B006 - Chatchat's signature
-        if self.kb_name == kb_name:
+        if self.kb_name == kb_name and threading.get_ident() == rebuilder:
             chunks[0] += len(docs or kb_file.splited_docs or [])
         return original_add(self, kb_file, docs, **kwargs)
 

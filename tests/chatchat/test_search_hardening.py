@@ -163,35 +163,46 @@ def test_a_question_without_bm25_tokens_gets_no_bm25_hits(api):
     assert len(hits(url, "🙂🎉🙂", 0.0)) == 3  # at a threshold every vector passes, the answer is the vectors'
 
 
-def test_the_api_rebuild_never_empties_the_knowledge_base(api):
+def recreate(url: str) -> list[dict]:
+    """``POST /knowledge_base/recreate_vector_store`` as the WebUI's rebuild button sends it: its events."""
+    response = requests.post(
+        f"{url}/knowledge_base/recreate_vector_store",
+        json={"knowledge_base_name": KB_NAME, "allow_empty_kb": True, "vs_type": "faiss"},
+        timeout=300,
+    )
+    assert response.status_code == 200, response.text
+    return [json.loads(line[len("data:") :]) for line in response.text.splitlines() if line.startswith("data:")]
+
+
+def test_the_api_rebuild_is_kb_r_s_transaction_and_never_empties_the_knowledge_base(api):
     """``recreate_vector_store`` (the WebUI's rebuild button) cleared the live index, then refilled it: questions
-    meanwhile got 0 hits, then others. Searches during and after it give the hits of before, and the index files
-    are unchanged."""
+    meanwhile got 0 hits, then others. Now it is `kb -r`'s rebuild: refused as `kb -r` is while the stopword file
+    is a link loop (nothing changes), and once the file is fixed, searches during and after the rebuild give the
+    hits of before while the index is replaced by a new one."""
     url, root, *_ = api
-    before, files = hits(url, QUESTION, BM25_ONLY), files_of(vector_store(root))
-    answers: list = []
+    files = files_of(vector_store(root))
+    (refused,) = [e for e in recreate(url) if e["code"] != 200]
+    assert refused["code"] == 500 and f"stopword file {root / LOOP}: a symbolic link loop" in refused["msg"], refused
+    assert files_of(vector_store(root)) == files
 
-    def rebuild() -> None:
-        answers.append(
-            requests.post(
-                f"{url}/knowledge_base/recreate_vector_store",
-                json={"knowledge_base_name": KB_NAME, "allow_empty_kb": True, "vs_type": "faiss"},
-                timeout=300,
-            )
-        )
-
-    thread = threading.Thread(target=rebuild)
+    (root / LOOP).unlink()
+    (root / LOOP).write_text("的\n是\n什么\n", encoding="utf-8")
+    before = hits(url, QUESTION, BM25_ONLY)
+    assert before
+    events: list = []
+    thread = threading.Thread(target=lambda: events.extend(recreate(url)))
     thread.start()
     seen = []
     while thread.is_alive() or len(seen) < 5:
         seen.append(hits(url, QUESTION, BM25_ONLY))
         time.sleep(0.05)
     thread.join()
-    assert all(found == before for found in seen)
-    (response,) = answers
-    assert response.status_code == 200 and '"code": 409' in response.text, response.text
-    assert f"chatchat kb -r -n {KB_NAME}" in response.text, response.text
-    assert files_of(vector_store(root)) == files and hits(url, QUESTION, BM25_ONLY) == before
+    assert [e["code"] for e in events] == [200, 200] and "rebuilt and swapped in" in events[-1]["msg"], events
+    assert all(found == before for found in seen), [len(found) for found in seen]
+    after = files_of(vector_store(root))
+    assert after["index.pkl"] != files["index.pkl"]  # a new docstore (new chunk ids): the KB was rebuilt
+    assert not (vector_store(root).parent / "policybert.rebuilding").exists()
+    assert hits(url, QUESTION, BM25_ONLY) == before and len(seen) >= 5
 
 
 def test_doctor_eval_and_kb_r_name_the_looped_stopword_file_in_one_line(deployment: Deployment, tmp_path):
