@@ -8,6 +8,7 @@ Chatchat) would read, and a failed rewrite leaves the previous version in place.
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import shutil
@@ -63,21 +64,51 @@ def read_json(file: Path, error: type[InputError] = InputError) -> Any:
         raise error(f"{file}: not valid JSON ({err})") from None
 
 
-def read_text_file(path: Path, what: str, max_bytes: int) -> str:
-    """The UTF-8 text of a regular file of at most ``max_bytes``; else an ``InputError`` naming ``what`` and the file.
+class NotARegularFile(InputError):
+    """A path that is not (or does not lead, through links, to) a regular file; :attr:`reason` says what it is."""
 
-    Why a regular file: opening a FIFO or a device blocks or reads forever where a list was expected.
+    def __init__(self, what: str, path: Path, reason: str) -> None:
+        super().__init__(f"{what} {path}: {reason}")
+        self.reason = reason
+
+
+def regular_file(path: str | os.PathLike, what: str) -> Path:
+    """``path`` resolved once (links followed) if it ends at a regular file; else :class:`NotARegularFile` naming
+    ``what``, the file and what it is (missing, a link loop, a directory, a FIFO, ...).
+
+    Why: a FIFO or a device blocks or reads forever where a list or an index was expected, a directory or
+    a link loop fails deep in the reader (``RuntimeError: Symlink loop``, ``OSError [Errno 40]``) instead
+    of with one line. Every reader of a file a user or an attacker may replace goes through this check
+    and then reads the resolved path it returns.
     """
+    resolved = Path(os.path.realpath(path))  # a loop stays unresolved here; stat below names it
     try:
-        info = os.stat(path)
-    except OSError:
-        raise InputError(f"{what} {path}: not found") from None
+        info = os.stat(resolved)
+    except FileNotFoundError:
+        reason = "a symbolic link to nothing" if os.path.islink(path) else "not found"
+        raise NotARegularFile(what, Path(path), reason) from None
+    except OSError as err:
+        reason = "a symbolic link loop" if err.errno == errno.ELOOP else f"cannot be read ({err.strerror})"
+        raise NotARegularFile(what, Path(path), reason) from None
     if not stat.S_ISREG(info.st_mode):
-        raise InputError(f"{what} {path}: not a regular file")
-    if info.st_size > max_bytes:
-        raise InputError(f"{what} {path}: {info.st_size:,} bytes, more than the {max_bytes:,} allowed")
+        kind = "a directory" if stat.S_ISDIR(info.st_mode) else "a FIFO" if stat.S_ISFIFO(info.st_mode) else "special"
+        raise NotARegularFile(what, Path(path), f"not a regular file ({kind})")
+    return resolved
+
+
+def read_text_file(path: Path, what: str, max_bytes: int) -> str:
+    """The UTF-8 text (a leading byte-order mark dropped) of a regular file of at most ``max_bytes``; else an
+    ``InputError`` naming ``what`` and the file (:func:`regular_file`: links are followed once, loops refused).
+
+    Why ``utf-8-sig``: Windows editors save UTF-8 with a BOM, which would otherwise stick to the first line
+    (a stopword ``\\ufeff的`` that never matches 的).
+    """
+    resolved = regular_file(path, what)
+    size = resolved.stat().st_size
+    if size > max_bytes:
+        raise InputError(f"{what} {path}: {size:,} bytes, more than the {max_bytes:,} allowed")
     try:
-        text = Path(path).read_text(encoding="utf-8")
+        text = resolved.read_text(encoding="utf-8-sig")
     except UnicodeDecodeError as err:
         raise InputError(f"{what} {path}: not UTF-8 text ({err.reason} at byte {err.start})") from None
     if not text.strip():

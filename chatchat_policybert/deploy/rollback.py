@@ -35,7 +35,7 @@ import pickle
 from pathlib import Path
 from typing import Any
 
-from chatchat_policybert.chatchat.config import MODEL_SETTINGS, copy_settings, default_kb, kb_settings, served_model
+from chatchat_policybert.chatchat.config import MODEL_SETTINGS, copy_settings, kb_settings, served_model
 from chatchat_policybert.chatchat.config import model_settings as read_model_settings
 from chatchat_policybert.chatchat.process import chatchat_command, run_chatchat
 from chatchat_policybert.chatchat.root import kb_root
@@ -44,7 +44,7 @@ from chatchat_policybert.deploy.run import model_manifest, tune_dir, tune_lock
 from chatchat_policybert.errors import InputError, SettingsError
 from chatchat_policybert.files import atomic_path, read_json, write_json
 from chatchat_policybert.stores import store_of
-from chatchat_policybert.stores.rebuild import check_kb_name
+from chatchat_policybert.stores.rebuild import chosen_kb
 
 BACKUP_DIR = "previous"
 BACKUP_FILE = "backup.json"
@@ -190,8 +190,7 @@ def mark_rolled_back(run_dir: Path) -> None:
 
 def run_rollback(args: argparse.Namespace) -> int:
     """``chatchat-policybert rollback``: the model, settings and vectors from before the last installed tune."""
-    kb = args.kb or default_kb(args.root)
-    check_kb_name(kb)
+    kb = chosen_kb(args.root, args.kb)
     if not (kb_root(args.root) / kb).is_dir():
         raise InputError(f"knowledge base {kb} has no folder in {kb_root(args.root)}")
     run_dir = args.run_dir or tune_dir(args.root, kb)

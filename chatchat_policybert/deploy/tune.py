@@ -17,7 +17,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
 
-from chatchat_policybert.chatchat.config import default_kb
 from chatchat_policybert.chatchat.root import content_dir
 from chatchat_policybert.deploy.candidate import CALIBRATION, release_candidates, step_candidate
 from chatchat_policybert.deploy.gate import DEV_PAIRS, gate_inputs, step_gate
@@ -30,7 +29,7 @@ from chatchat_policybert.evaluation.dataset import kb_questions
 from chatchat_policybert.evaluation.evaluate import EXIT_WORSE
 from chatchat_policybert.files import read_json
 from chatchat_policybert.stores import store_of
-from chatchat_policybert.stores.rebuild import check_kb_name
+from chatchat_policybert.stores.rebuild import chosen_kb
 from chatchat_policybert.training_entry import load_training
 
 
@@ -75,8 +74,7 @@ def run_tune(args: argparse.Namespace) -> int:
     """``chatchat-policybert tune`` with its parsed flags (``args.root`` resolved): every input checked, then the
     steps under the knowledge base's tune lock. Exit 0 installed, 1 refused by the gate, 130 interrupted."""
     trainer = load_training("tune", "`chatchat-policybert tune`")
-    args.kb = args.kb or default_kb(args.root)
-    check_kb_name(args.kb)  # `--kb ../x` would put the run folder outside policybert_tune/
+    args.kb = chosen_kb(args.root, args.kb)  # `--kb ../x` would put the run folder outside policybert_tune/
     if not content_dir(args.root, args.kb).is_dir():
         raise InputError(f"--kb {args.kb}: no knowledge base folder {content_dir(args.root, args.kb)}")
     store_of(args.root).check_candidate_rights(args.root)  # before any work (pg: a schema of its own)

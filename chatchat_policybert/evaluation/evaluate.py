@@ -32,7 +32,6 @@ from pathlib import Path
 
 from tqdm import tqdm
 
-from chatchat_policybert.chatchat.config import default_kb
 from chatchat_policybert.chatchat.root import content_dir
 from chatchat_policybert.data import CORPUS_CSV, QUESTIONS
 from chatchat_policybert.errors import InputError, PlainArgumentParser, run_cli
@@ -52,6 +51,7 @@ from chatchat_policybert.files import write_json
 from chatchat_policybert.retrieval.analyzer import ANALYZERS, NEW_DEPLOYMENT, Analyzer
 from chatchat_policybert.retrieval.hybrid import configured_analyzer
 from chatchat_policybert.stores import store_of
+from chatchat_policybert.stores.rebuild import chosen_kb
 
 RETRIEVERS = ("bm25", "dense", "rrf", "chatchat")
 MRR_K = NDCG_K = 10
@@ -392,7 +392,7 @@ def _load_data(args: EvalConfig) -> tuple[Corpus, list[Query]]:
         corpus, queries = load_beir(args.beir, args.beir_split)
     elif args.chatchat_root is not None and args.questions is not None:
         root = args.chatchat_root.resolve()
-        corpus, queries = kb_questions(args.questions, content_dir(root, args.kb or default_kb(root)), args.corpus)
+        corpus, queries = kb_questions(args.questions, content_dir(root, chosen_kb(root, args.kb)), args.corpus)
     elif (args.corpus is None) == (args.questions is None):
         corpus = load_corpus(args.corpus or CORPUS_CSV)
         queries = load_questions(args.questions or QUESTIONS, corpus)
@@ -416,7 +416,7 @@ def _run(
     from chatchat_policybert.model.embeddings import PolicyBertEmbeddings
 
     if args.chatchat_root is not None:
-        kb = args.kb or default_kb(root)
+        kb = chosen_kb(root, args.kb)
         if "chatchat" in kinds and not store_of(root).stored_vectors(root, kb):
             raise InputError(f"{root}: knowledge base {kb} has no vectors; run `chatchat kb -r -n {kb}`")
         analyzer = _analyzer(args.analyzer, root)

@@ -140,13 +140,14 @@ class Lexicon:
 
     @classmethod
     def load(cls, path: str | os.PathLike) -> Lexicon:
-        """Read ``word,count`` lines (UTF-8). Blank lines are skipped; anything else malformed is an error."""
+        """Read ``word,count`` lines (UTF-8; a leading byte-order mark, as Windows editors write, is dropped rather than
+        glued to the first word). Blank lines are skipped; anything else malformed is an error."""
         path = Path(path)
         if not path.is_file():
             raise LexiconError(f"lexicon file not found: {path}")
         words, counts = [], []
         try:
-            lines = path.read_text(encoding="utf-8").splitlines()
+            lines = path.read_text(encoding="utf-8-sig").splitlines()
         except UnicodeDecodeError as err:
             raise LexiconError(f"{path}: not UTF-8 text ({err.reason} at byte {err.start})") from None
         for number, line in enumerate(lines, 1):

@@ -11,8 +11,9 @@ before anything can import the name. It also makes `kb -r` transactional for FAI
 FAISS ensemble's BM25 index between questions (`chatchat_policybert.retrieval.ensemble`), and gives
 the pg store one store object per knowledge base and the same BM25 + vector ensemble
 (`chatchat_policybert.stores.pg_search`), and warms the model and the default knowledge base when the API
-starts (`chatchat_policybert.plugin.warm_up`); set CHATCHAT_POLICYBERT_BM25_CACHE=0 for Chatchat's own search
-on both stores (BM25 rebuilt per question on FAISS, dense-only on pg), e.g. to compare.
+starts (`chatchat_policybert.plugin.warm_up`), and checks the API's search requests and gives its
+rebuild `kb -r`'s transaction (`chatchat_policybert.plugin.api`); set CHATCHAT_POLICYBERT_BM25_CACHE=0 for
+Chatchat's own search on both stores (BM25 rebuilt per question on FAISS, dense-only on pg), e.g. to compare.
 
 The same finder makes transformers' Auto classes know model type ``policybert`` in every process
 of the environment, so that ``SentenceTransformer(dir)`` and ``AutoModel.from_pretrained(dir)`` load a
@@ -61,6 +62,7 @@ REGISTERING_MODULES = (
 )
 """The modules that register ``policybert`` with AutoConfig / AutoModel* / AutoTokenizer when imported."""
 APP_MODULE = "chatchat.server.api_server.server_app"
+KB_DOC_API_MODULE = "chatchat.server.knowledge_base.kb_doc_api"
 
 
 def install() -> None:
@@ -123,10 +125,15 @@ def _registering_first(load: object) -> object:
 
 
 def _patch_app(module: ModuleType) -> None:
-    from chatchat_policybert.plugin.warm_up import patch_app
+    from chatchat_policybert.plugin.api import patch_app
 
-    if not switched_off(WARM_UP_ENV):
-        patch_app(module)
+    patch_app(module, warm_up=not switched_off(WARM_UP_ENV))
+
+
+def _patch_kb_doc_api(module: ModuleType) -> None:
+    from chatchat_policybert.plugin.api import patch_kb_doc_api
+
+    patch_kb_doc_api(module)
 
 
 def _patchers() -> dict[str, object]:
@@ -138,6 +145,7 @@ def _patchers() -> dict[str, object]:
         PG_MODULE: _patch_pg,
         **dict.fromkeys(AUTO_CLASSES, _register_on_use),
         APP_MODULE: _patch_app,
+        KB_DOC_API_MODULE: _patch_kb_doc_api,
     }
 
 

@@ -3,7 +3,8 @@
 Why: after ``chatchat start --api`` the first knowledge-base question paid for everything a
 process loads once — torch and the model, Chatchat's FAISS docstore (unpickled), jieba and the
 saved BM25 index — 5.0 s on the demo root, against 31–186 ms for the next ones. The import hook
-(:mod:`chatchat_policybert.plugin.hook`) wraps Chatchat's ``create_app`` so that the API server
+(:mod:`chatchat_policybert.plugin.hook`, through :func:`chatchat_policybert.plugin.api.patch_app`) wraps
+Chatchat's ``create_app`` so that the API server
 process, as it creates its app, starts one search of ``DEFAULT_KNOWLEDGE_BASE`` through Chatchat's
 own ``search_docs`` in a background thread (not on FastAPI's start-up event: ``chatchat start``
 replaces the app's lifespan, which runs those events): the objects it loads are the ones every later search
@@ -16,12 +17,8 @@ warm-up is one warning in Chatchat's log, and the first question loads what it n
 
 from __future__ import annotations
 
-import functools
 import threading
 import time
-from types import ModuleType
-
-from chatchat_policybert.chatchat.switches import WRAPPED_MARK
 
 WARM_UP_QUERIES = (
     "政策",
@@ -31,26 +28,6 @@ WARM_UP_QUERIES = (
 """Any texts load the same objects; three lengths, because the model's first call at each new input length
 costs more (torch's CPU kernels are prepared per shape): measured, one warm-up question left the first
 user's at 0.67 s against 0.08–0.15 s for the next ones."""
-
-
-def patch_app(module: ModuleType) -> None:
-    """Wrap ``module.create_app`` (Chatchat's ``server_app``): each call starts :func:`warm_up` in the background.
-
-    Patched after the module ran, so its own module-level ``app`` (made at import) does not warm up;
-    ``chatchat start``'s API process calls ``create_app`` again, and that one does.
-    """
-    original = module.create_app
-    if getattr(original, WRAPPED_MARK, False):
-        return
-
-    @functools.wraps(original)
-    def create_app(*args: object, **kwargs: object) -> object:
-        app = original(*args, **kwargs)
-        start_warm_up()
-        return app
-
-    setattr(create_app, WRAPPED_MARK, True)
-    module.create_app = create_app
 
 
 def start_warm_up() -> None:

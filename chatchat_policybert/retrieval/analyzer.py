@@ -38,7 +38,7 @@ from pathlib import Path
 
 from chatchat_policybert.data import LEXICON, STOPWORDS
 from chatchat_policybert.errors import InputError
-from chatchat_policybert.files import read_text_file
+from chatchat_policybert.files import read_text_file, regular_file
 from chatchat_policybert.model.lexicon import Lexicon, fold_text
 
 ANALYZERS = ("chatchat", "policy")
@@ -106,17 +106,19 @@ def check_name(name: str, where: str = "analyzer") -> str:
 def get_analyzer(name: str, stopwords: Path | None = None) -> Analyzer:
     """The analyzer called ``name``; ``policy`` reads ``stopwords`` (default: the shipped list).
 
-    Built once per process and arguments (a jieba dictionary takes about a second to load).
+    Built once per process and arguments (a jieba dictionary takes about a second to load). A stopword
+    file that is not a regular file (missing, a directory, a FIFO, a link loop) is one ``InputError`` naming it.
     """
     check_name(name)
     if name == "chatchat":
         return _chatchat()
-    return _policy(POLICY, Path(stopwords or STOPWORDS).resolve(), None)
+    return _policy(POLICY, regular_file(stopwords or STOPWORDS, "stopword file"), None)
 
 
 def recipe_analyzer(recipe: Recipe, stopwords: Path = STOPWORDS, lexicon: Path = LEXICON) -> Analyzer:
     """An analyzer from any recipe, for the study; deployments use the named ones (:func:`get_analyzer`)."""
-    return _policy(recipe, Path(stopwords).resolve(), Path(lexicon).resolve() if recipe.lexicon_words else None)
+    lexicon_path = regular_file(lexicon, "lexicon file") if recipe.lexicon_words else None
+    return _policy(recipe, regular_file(stopwords, "stopword file"), lexicon_path)
 
 
 @functools.cache

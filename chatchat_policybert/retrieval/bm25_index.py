@@ -19,7 +19,6 @@ import hashlib
 import json
 import math
 import os
-import stat
 import threading
 import zlib
 from collections import Counter
@@ -29,7 +28,7 @@ from pathlib import Path
 
 import numpy as np
 
-from chatchat_policybert.files import atomic_path
+from chatchat_policybert.files import NotARegularFile, atomic_path, regular_file
 from chatchat_policybert.retrieval.analyzer import Analyzer
 
 BM25_FILE = "bm25.safetensors"
@@ -181,9 +180,18 @@ class PostingsBM25Okapi:
         return score
 
     def get_top_n(self, query: Sequence[str], documents: Sequence, n: int = 5) -> list:
-        """rank_bm25's ``get_top_n`` (the call ``BM25Retriever`` makes)."""
+        """rank_bm25's ``get_top_n`` (the call ``BM25Retriever`` makes), except for a query no chunk shares a word
+        with: nothing, where rank_bm25 returns the first ``n`` chunks of an all-zero ranking.
+
+        Why: a question of punctuation, emoji or stopwords alone (no token left, or none in the
+        vocabulary) scores 0 everywhere, and those ``n`` unrelated chunks then entered the ensemble's
+        fusion as BM25's "hits"; now the answer rests on the vectors (or is empty at the threshold).
+        """
         assert self.corpus_size == len(documents), "The documents given don't match the index corpus!"
-        top_n = np.argsort(self.get_scores(query))[::-1][:n]
+        scores = self.get_scores(query)
+        if not scores.any():
+            return []
+        top_n = np.argsort(scores)[::-1][:n]
         return [documents[i] for i in top_n]
 
     def arrays(self) -> dict[str, np.ndarray]:
@@ -271,9 +279,9 @@ def saved_summary(path: Path) -> tuple[str, int]:
     """
     from safetensors import SafetensorError, safe_open
 
-    _check_regular(path)
+    resolved = _check_regular(path)
     try:
-        with safe_open(str(path), framework="numpy") as saved:
+        with safe_open(str(resolved), framework="numpy") as saved:
             analyzer = (saved.metadata() or {}).get("tokenizer", "?")
             offsets = saved.get_slice("offsets").get_shape()
     except (SafetensorError, OSError, ValueError) as exc:
@@ -283,12 +291,16 @@ def saved_summary(path: Path) -> tuple[str, int]:
     return analyzer, offsets[0] - 1
 
 
-def _check_regular(path: Path) -> None:
-    """FileNotFoundError without a file; :class:`SavedIndexUnusable` for anything but a regular file (a FIFO
-    would block the reader forever)."""
-    info = os.stat(path)
-    if not stat.S_ISREG(info.st_mode):
-        raise SavedIndexUnusable("not a regular file")
+def _check_regular(path: Path) -> Path:
+    """``path`` resolved (:func:`~chatchat_policybert.files.regular_file`); FileNotFoundError where nothing is there,
+    :class:`SavedIndexUnusable` for anything but a regular file at the end of its links (a FIFO would block the
+    reader forever, a link loop fail in it)."""
+    if not os.path.lexists(path):
+        raise FileNotFoundError(path)
+    try:
+        return regular_file(path, "saved BM25 index")
+    except NotARegularFile as exc:
+        raise SavedIndexUnusable(exc.reason) from None
 
 
 def load(path: Path, ids: list[str], texts: list[str], analyzer: Analyzer) -> ChunkIndex:
@@ -300,9 +312,9 @@ def load(path: Path, ids: list[str], texts: list[str], analyzer: Analyzer) -> Ch
     """
     from safetensors import SafetensorError, safe_open
 
-    _check_regular(path)
+    resolved = _check_regular(path)
     try:
-        with safe_open(str(path), framework="numpy") as saved:
+        with safe_open(str(resolved), framework="numpy") as saved:
             metadata = saved.metadata() or {}
             if metadata.get("format") != str(FORMAT):
                 raise SavedIndexUnusable(f"format {metadata.get('format')!r}, expected {str(FORMAT)!r}")

@@ -204,9 +204,14 @@ def resolved_for(vectorstore: Any) -> Resolved | None:
     """What the PolicyBERT platform that embeds ``vectorstore`` configures (:func:`retrieval.hybrid.resolved`: parsed
     once per change of the root's settings files, so a calibration written while Chatchat runs applies from the next
     question); None where the store is not embedded by one of our platforms (stock Chatchat's ensemble)."""
+    return _resolved_of(getattr(vectorstore, "embedding_function", None))
+
+
+def _resolved_of(embeddings: Any) -> Resolved | None:
+    """:func:`resolved_for` of a store that ``embeddings`` fills."""
     from chatchat_policybert.chatchat.registry import platform_of
 
-    platform_name = platform_of(getattr(vectorstore, "embedding_function", None))
+    platform_name = platform_of(embeddings)
     if platform_name is None:
         return None
     from chatchat.settings import Settings
@@ -261,6 +266,16 @@ def analyzer_of(vectorstore: Any, name: str | None = None) -> Analyzer:
     except InputError as exc:
         _log_once(f"analyzer {hybrid.analyzer_name!r}: {exc}: BM25 uses Chatchat's tokens ({WITHOUT_KEY})")
         return get_analyzer(WITHOUT_KEY)
+
+
+def check_analyzer(embeddings: Any) -> None:
+    """Build the analyzer a store that ``embeddings`` fills searches with, without :func:`analyzer_of`'s fallback: a
+    word list that cannot be read is the InputError naming it. `kb -r` asks before it embeds anything
+    (:mod:`chatchat_policybert.stores.rebuild`), so it refuses in a second instead of saving Chatchat's tokens.
+    A block that does not validate is left to the ensemble, which logs it and serves Chatchat's tokens."""
+    platform = _resolved_of(embeddings)
+    if platform is not None and platform.hybrid_error is None:
+        platform.analyzer()
 
 
 def _log_once(message: str) -> None:

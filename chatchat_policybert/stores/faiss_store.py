@@ -13,6 +13,7 @@ import math
 import os
 import pickle
 import shutil
+import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -84,13 +85,21 @@ class FaissStaging:
 
         service, kb_name, staging_name = self.service, self.kb_name, self.staging.name
         original_init = service.do_init
+        rebuilder = threading.get_ident()  # in the API process other threads search the live index meanwhile
 
         def do_init(self) -> None:
-            if self.kb_name == kb_name and not self.vector_name:
+            if self.kb_name == kb_name and not self.vector_name and threading.get_ident() == rebuilder:
                 self.vector_name = staging_name
             original_init(self)
 
         service.do_init = do_init
+        # One more store in Chatchat's pool (CACHED_VS_NUM, 1 by default): in the API process the live store,
+        # which searches keep using, would otherwise push the staging one out between two files, and the next
+        # file would start a new, empty store (the vector count check then fails the rebuild).
+        with kb_faiss_pool.atomic:
+            room = isinstance(kb_faiss_pool._cache_num, int) and kb_faiss_pool._cache_num > 0
+            if room:
+                kb_faiss_pool._cache_num += 1
         try:
             yield
             filled = kb_faiss_pool.get((kb_name, staging_name))
@@ -102,6 +111,9 @@ class FaissStaging:
         finally:
             service.do_init = original_init
             kb_faiss_pool.pop((kb_name, staging_name))
+            if room:
+                with kb_faiss_pool.atomic:
+                    kb_faiss_pool._cache_num -= 1
 
     def vectors(self) -> int:
         if not (self.staging / "index.faiss").is_file():
@@ -109,7 +121,12 @@ class FaissStaging:
         return index_size(self.staging)
 
     def swap(self) -> None:
+        """Swap the folders, then drop the live store this process holds (the API's, for a rebuild it runs), so that
+        its next search loads the new index; a search under way keeps the object it holds."""
+        from chatchat.server.knowledge_base.kb_cache.faiss_cache import kb_faiss_pool
+
         swap_index(self.staging, self.final)
+        kb_faiss_pool.pop((self.kb_name, self.final.name))
 
     def discard(self) -> None:
         shutil.rmtree(self.staging, ignore_errors=True)

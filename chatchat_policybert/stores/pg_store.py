@@ -26,6 +26,7 @@ import base64
 import copy
 import json
 import math
+import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -85,17 +86,18 @@ class PgStaging:
         """
         service, kb_name, staging = self.service, self.kb_name, self.staging
         original_load, original_delete = service._load_pg_vector, service.do_delete_doc
+        rebuilder = threading.get_ident()  # in the API process other threads search the live collection meanwhile
 
         def load_pg_vector(self) -> None:
             original_load(self)
-            if self.kb_name == kb_name:
+            if self.kb_name == kb_name and threading.get_ident() == rebuilder:
                 # A copy: the store original_load gives may be the one kept for searches (pg_search).
                 self.pg_vector = copy.copy(self.pg_vector)
                 self.pg_vector.collection_name = staging
                 self.pg_vector.create_collection()
 
         def do_delete_doc(self, kb_file: Any, **kwargs: Any) -> None:
-            if self.kb_name != kb_name:
+            if self.kb_name != kb_name or threading.get_ident() != rebuilder:
                 original_delete(self, kb_file, **kwargs)
 
         service._load_pg_vector, service.do_delete_doc = load_pg_vector, do_delete_doc

@@ -18,6 +18,13 @@ staging collection, see :mod:`chatchat_policybert.stores.pg_store`):
    any failure the staging folder is removed, the knowledge base's file rows are put back, and the
    error is logged and re-raised.
 
+The API's ``recreate_vector_store`` (the WebUI's rebuild button) runs this same rebuild
+(:mod:`chatchat_policybert.plugin.api`); there the staging redirects apply to the rebuilding thread
+alone, so the server's other threads search the live store until the swap.
+
+Before step 1, the BM25 analyzer is built too: a stopword file it cannot read (a link loop, a FIFO,
+...) stops the rebuild in a second, where it used to fail after embedding the whole knowledge base.
+
 Two rebuilds of one knowledge base never overlap: each takes the knowledge base's lock file
 (:func:`rebuild_lock`), and a second `kb -r` waits for the first (stock Chatchat interleaves them,
 and its ``file_doc`` table ends with both runs' rows, most pointing to nothing).
@@ -34,14 +41,17 @@ from __future__ import annotations
 import fcntl
 import functools
 import inspect
+import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from types import ModuleType
 from typing import Any
 
+from chatchat_policybert.chatchat.config import default_kb
 from chatchat_policybert.chatchat.switches import WRAPPED_MARK
 from chatchat_policybert.errors import InputError
+from chatchat_policybert.retrieval.ensemble import check_analyzer
 from chatchat_policybert.stores import STORES
 from chatchat_policybert.stores.base import Staging
 
@@ -75,12 +85,17 @@ def _rebuild_all(migrate: ModuleType, original: Any, params: dict) -> None:
     kb_names = params["kb_names"] or migrate.list_kbs_from_folder()
     embed_model = params["embed_model"]
     try:
-        _preflight(embed_model)
+        embeddings = _preflight(embed_model)
     except Exception as exc:
         logger.error(
             f"kb -r of {kb_names} not started, every existing index is unchanged: "
             f"embed model '{embed_model}' does not work: {exc}"
         )
+        raise
+    try:
+        check_analyzer(embeddings)
+    except InputError as exc:
+        logger.error(f"kb -r of {kb_names} not started, every existing index is unchanged: BM25 analyzer: {exc}")
         raise
     for kb_name in kb_names:
         staging = STORES[params["vs_type"]].staging(kb_name, embed_model)
@@ -131,20 +146,33 @@ def check_kb_name(kb_name: str) -> None:
         )
 
 
+def chosen_kb(root: Path, kb_name: str | None) -> str:
+    """The knowledge base a command's ``--kb`` names, checked (:func:`check_kb_name`), or the root's
+    DEFAULT_KNOWLEDGE_BASE where the flag was not given at all.
+
+    Why ``None`` and not "false": ``--kb ''`` was taken as "not given" and tuned the default knowledge
+    base; an empty name is refused like any other name that is not one folder.
+    """
+    kb_name = default_kb(root) if kb_name is None else kb_name
+    check_kb_name(kb_name)
+    return kb_name
+
+
 def _chatchat_logger():
     from chatchat.utils import build_logger
 
     return build_logger()
 
 
-def _preflight(embed_model: str) -> None:
-    """Load the model and embed one text, so a broken model fails before anything is deleted."""
+def _preflight(embed_model: str) -> Any:
+    """Load the model and embed one text, so a broken model fails before anything is deleted; the embeddings."""
     from chatchat.server.utils import get_Embeddings
 
     embeddings = get_Embeddings(embed_model=embed_model)
     if embeddings is None:
         raise RuntimeError("Chatchat could not create it (see the log above)")
     embeddings.embed_documents(["知识库重建前的模型检查"])
+    return embeddings
 
 
 def rebuild_kb(original: Any, params: dict, kb_name: str, staging: Staging, logger: Any) -> None:
@@ -182,9 +210,10 @@ def _counted_chunks(service: type, kb_name: str) -> Iterator[list[int]]:
     """
     original_add = service.add_doc
     chunks = [0]
+    rebuilder = threading.get_ident()  # in the API process another thread may add a file meanwhile
 
     def add_doc(self, kb_file: Any, docs: list = [], **kwargs: Any) -> Any:  # noqa: B006 - Chatchat's signature
-        if self.kb_name == kb_name:
+        if self.kb_name == kb_name and threading.get_ident() == rebuilder:
             chunks[0] += len(docs or kb_file.splited_docs or [])
         return original_add(self, kb_file, docs, **kwargs)
 

@@ -44,7 +44,8 @@ def assert_scores_as_rank_bm25(index: bm25_index.ChunkIndex, queries: list[list[
     reference = BM25Okapi([jieba.lcut_for_search(text) for text in index.texts])
     for query in queries:
         assert np.array_equal(index.bm25.get_scores(query), reference.get_scores(query))
-        assert index.bm25.get_top_n(query, index.ids, n=10) == reference.get_top_n(query, index.ids, n=10)
+        expected = reference.get_top_n(query, index.ids, n=10) if reference.get_scores(query).any() else []
+        assert index.bm25.get_top_n(query, index.ids, n=10) == expected  # no word in common: no hit (issue #38)
 
 
 def test_incremental_build_tokenises_only_new_chunks_and_scores_as_a_fresh_one(chunks, queries):
@@ -121,6 +122,23 @@ def test_a_saved_index_that_is_not_a_regular_file_is_refused_without_blocking(tm
         bm25_index.saved_summary(fifo)
 
 
+def test_a_saved_index_that_is_a_link_loop_is_refused_and_a_link_to_an_index_is_read(tmp_path, chunks):
+    """A self-link as bm25.safetensors failed every search with ``OSError [Errno 40]``; a link to a good file is
+    followed once."""
+    ids, texts = [i for i, _ in chunks], [t for _, t in chunks]
+    looped = tmp_path / "loop" / BM25_FILE
+    looped.parent.mkdir()
+    looped.symlink_to(BM25_FILE)
+    for read in (lambda: load(looped, ids, texts, CHATCHAT), lambda: bm25_index.saved_summary(looped)):
+        with pytest.raises(SavedIndexUnusable, match="^a symbolic link loop$"):
+            read()
+    build(ids, texts, CHATCHAT).save(tmp_path / "real.safetensors")
+    linked = tmp_path / BM25_FILE
+    linked.symlink_to("real.safetensors")
+    assert load(linked, ids, texts, CHATCHAT).ids == ids
+    assert bm25_index.saved_summary(linked) == (CHATCHAT.identity, len(ids))
+
+
 @pytest.mark.parametrize("analyzer", [CHATCHAT, POLICY], ids=["chatchat", "policy"])
 def test_an_empty_knowledge_base_scores_nothing(analyzer):
     empty = build([], [], analyzer)
@@ -132,3 +150,20 @@ def test_saved_summary_reads_the_analyzer_and_chunk_count(tmp_path, chunks):
     ids, texts = [i for i, _ in chunks], [t for _, t in chunks]
     build(ids, texts, POLICY).save(tmp_path / BM25_FILE)
     assert bm25_index.saved_summary(tmp_path / BM25_FILE) == (POLICY.identity, len(ids))
+
+
+@pytest.mark.parametrize("analyzer", [CHATCHAT, POLICY], ids=["chatchat", "policy"])
+def test_a_question_that_shares_no_word_with_any_chunk_gets_no_bm25_hit(chunks, analyzer):
+    """Emoji, unseen symbols or (policy) stopwords alone score 0 on every chunk: rank_bm25 then returned the first
+    top_k chunks, which the ensemble fused as BM25's hits (issue #38 item 10); a question with a word keeps its."""
+    from chatchat_policybert.retrieval.ensemble import bm25_retriever
+
+    ids, texts = [i for i, _ in chunks], [t for _, t in chunks]
+    index = build(ids, texts, analyzer)
+    retriever = bm25_retriever(index.bm25, ids, analyzer)  # any documents: the retriever hands back what it ranks
+    retriever.k = 5
+    questions = ["🙂🎉🙂", "⊙▽⊙"] + (["什么？", "如何？哪些？"] if analyzer is POLICY else [])
+    for question in questions:
+        assert not index.bm25.get_scores(analyzer(question)).any(), question
+        assert index.bm25.get_top_n(analyzer(question), ids, n=5) == [], question
+    assert len(index.bm25.get_top_n(analyzer("数据要素"), ids, n=5)) == 5

@@ -246,3 +246,18 @@ def test_bad_local_embeddings_block_names_the_key(block, fragment):
 
 def test_platform_without_block_is_left_to_chatchat():
     assert local_embeddings_block({"platform_name": "ollama", "platform_type": "ollama"}) is None
+
+
+@pytest.mark.slow  # on a broken check `tune` goes on to pairs and training
+@pytest.mark.parametrize("command", ["tune", "rollback"])
+def test_an_empty_kb_name_is_refused_not_taken_as_the_default(tmp_path: Path, command: str):
+    """`tune --kb ''` was DEFAULT_KNOWLEDGE_BASE and started pairs and training (issue #38, item 6)."""
+    root = make_root(tmp_path)
+    (root / "data" / "knowledge_base" / "samples" / "content").mkdir(parents=True)
+    result = cli(command, "--root", str(root), "--kb", "")
+    assert result.returncode == 2 and "Traceback" not in result.stderr, result.stdout + result.stderr
+    assert result.stderr.strip().splitlines()[-1] == (
+        "error: knowledge base name '' is not a single folder name (no '/', '\\', '..', surrounding spaces or NUL); "
+        "nothing was touched"
+    ), result.stderr
+    assert not (root / "policybert_tune").exists()

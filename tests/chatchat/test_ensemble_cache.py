@@ -207,8 +207,9 @@ def first_question(env: dict[str, str]) -> tuple[dict, str]:
     found = json.loads(result.stdout.strip().splitlines()[-1])
     assert found["first_hits"] == 5 and found["chunks"] >= 10
     assert found["same_scores"]
-    for served, fresh in found["hits"]:
-        assert served == fresh and len(served) == 5
+    for served, fresh in found["hits"]:  # a question sharing no word with the KB gets no BM25 hit (issue #38)
+        assert served == fresh and len(served) in (0, 5)
+    assert sum(len(served) == 5 for served, _ in found["hits"]) > len(found["hits"]) // 2
     return found, result.stdout + result.stderr
 
 

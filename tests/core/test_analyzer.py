@@ -9,6 +9,7 @@ import pytest
 
 from chatchat_policybert.data import QUESTIONS, STOPWORDS
 from chatchat_policybert.errors import InputError, SettingsError
+from chatchat_policybert.model.lexicon import Lexicon
 from chatchat_policybert.retrieval.analyzer import (
     ANALYZERS,
     MAX_WORD_LIST_BYTES,
@@ -64,6 +65,12 @@ def _fifo(path):
     os.mkfifo(path)
 
 
+def _loop(path):
+    """``path`` -> loop2 -> ``path``: every open of it fails with ELOOP (Python's resolve() raised RuntimeError)."""
+    (path.parent / "loop2").symlink_to(path.name)
+    path.symlink_to("loop2")
+
+
 @pytest.mark.parametrize(
     "write, message",
     [
@@ -71,9 +78,14 @@ def _fifo(path):
         (lambda p: p.write_text(" \n\n", encoding="utf-8"), "empty"),
         (lambda p: p.write_bytes("政策".encode("gbk")), "not UTF-8 text"),
         (lambda p: p.write_bytes(b"a\n" * (MAX_WORD_LIST_BYTES // 2 + 1)), "[0-9,]+ bytes, more than the"),
-        (_fifo, "not a regular file"),
+        (_fifo, "not a regular file \\(a FIFO\\)"),
+        (_loop, "a symbolic link loop"),
+        (lambda p: p.symlink_to(p), "a symbolic link loop"),
+        (lambda p: p.symlink_to("nowhere.txt"), "a symbolic link to nothing"),
+        (lambda p: p.mkdir(), "not a regular file \\(a directory\\)"),
+        (lambda p: p.symlink_to(p.parent), "not a regular file \\(a directory\\)"),
     ],
-    ids=["missing", "empty", "gbk", "huge", "fifo"],
+    ids=["missing", "empty", "gbk", "huge", "fifo", "loop", "self-link", "dangling-link", "directory", "link-to-dir"],
 )
 def test_a_bad_stopword_file_is_one_error_naming_it(tmp_path, write, message):
     path = tmp_path / "stop.txt"
@@ -81,6 +93,30 @@ def test_a_bad_stopword_file_is_one_error_naming_it(tmp_path, write, message):
         write(path)
     with pytest.raises(InputError, match=f"stopword file {path}: {message}"):
         get_analyzer("policy", path)
+
+
+def test_a_link_to_a_stopword_file_is_read_as_the_file(tmp_path):
+    target = tmp_path / "real.txt"
+    target.write_text("政策\n", encoding="utf-8")
+    (tmp_path / "link.txt").symlink_to(target)
+    assert get_analyzer("policy", tmp_path / "link.txt").identity == get_analyzer("policy", target).identity
+
+
+def test_a_byte_order_mark_does_not_hide_the_first_stopword(tmp_path):
+    """Windows editors save UTF-8 with a BOM: read as part of the first line, 的 was never dropped."""
+    with_bom, without = tmp_path / "bom.txt", tmp_path / "plain.txt"
+    with_bom.write_bytes("\ufeff的\n是\n".encode())
+    without.write_text("的\n是\n", encoding="utf-8")
+    analyzer = get_analyzer("policy", with_bom)
+    assert "的" not in analyzer("我的数据") and "数据" in analyzer("我的数据")
+    assert analyzer.identity == get_analyzer("policy", without).identity
+
+
+def test_a_byte_order_mark_does_not_stick_to_the_first_lexicon_word(tmp_path):
+    path = tmp_path / "lexicon.txt"
+    path.write_bytes("\ufeff数据要素,3\n市场化,2\n".encode())
+    assert Lexicon.load(path).words[:1] == ["数据要素"]
+    assert "数据要素" in recipe_analyzer(Recipe(lexicon_words=True), lexicon=path)("数据要素市场化配置")
 
 
 def test_a_bad_lexicon_file_is_one_error_naming_it(tmp_path):

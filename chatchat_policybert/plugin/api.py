@@ -1,0 +1,200 @@
+"""What the plugin changes in Chatchat's API server: checked search requests, errors that render, a safe rebuild.
+
+Why: the plugin owns Chatchat's knowledge-base search path (its ensemble, its embeddings), so a
+request that path cannot answer must be refused at the door with a 422 naming the field, not
+fail deep inside as a 500 with a traceback in the log:
+
+- ``top_k`` below 1 reached FAISS's ``assert k > 0``; a query with a lone surrogate (``"\\ud800数据"``,
+  valid JSON, not text) reached the tokenizer's ``ValueError``. :func:`check_search` refuses both
+  (and a non-finite threshold) in ``search_docs`` itself, so the route answers 422 and ``kb_chat``,
+  which calls it, reports the same message as its stream's ``error`` event. Refused rather than
+  replaced: a surrogate is a client's encoding bug, and a question silently changed is answered
+  wrongly.
+- FastAPI's own validation error echoes the input, and ``score_threshold: NaN`` (which Python's
+  JSON reader accepts) made that echo unrenderable (``Out of range float values``): a 500.
+  :func:`validation_error` renders the same 422 with non-finite numbers and lone surrogates
+  spelled out.
+- ``recreate_vector_store`` (the WebUI's rebuild button) cleared the live index, then refilled it
+  file by file: questions arriving meanwhile got no hits, then a partial knowledge base. For the
+  stores whose ``kb -r`` is transactional (:mod:`chatchat_policybert.stores.rebuild`) it now runs that
+  rebuild: staging, the knowledge base's lock, one swap.
+
+The import hook (:mod:`chatchat_policybert.plugin.hook`) applies :func:`patch_kb_doc_api` when
+Chatchat's ``kb_doc_api`` module has run (before its routes and ``kb_chat`` bind the names) and
+:func:`patch_app` to ``create_app``, which also starts the warm-up (:mod:`chatchat_policybert.plugin.warm_up`).
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import math
+from types import ModuleType
+from typing import Any
+
+from chatchat_policybert.chatchat.switches import WRAPPED_MARK
+
+
+class SearchRequestError(ValueError):
+    """A search request the knowledge-base search cannot answer; the message names the field and what it needs."""
+
+
+def check_search(query: Any, top_k: Any, score_threshold: Any) -> None:
+    """Refuse what the search path cannot answer: a query that is not text (a lone surrogate), ``top_k`` below 1,
+    a threshold that is not a finite number (:class:`SearchRequestError`). Without a query Chatchat searches
+    nothing (it lists a file's chunks), so nothing is checked."""
+    if not query:
+        return
+    if isinstance(query, str):
+        try:
+            query.encode("utf-8")
+        except UnicodeEncodeError as err:
+            raise SearchRequestError(
+                f"query: a lone surrogate (U+{ord(query[err.start]):04X}) at character {err.start} is not text; "
+                "send the question as UTF-8 text"
+            ) from None
+    if isinstance(top_k, bool) or not isinstance(top_k, int) or top_k < 1:
+        raise SearchRequestError(f"top_k: {top_k!r} asks for no hits; expected an integer of at least 1")
+    if not isinstance(score_threshold, int | float) or not math.isfinite(score_threshold):
+        raise SearchRequestError(f"score_threshold: {score_threshold!r} is not a number; expected 0 to 2")
+
+
+def patch_kb_doc_api(module: ModuleType) -> None:
+    """Wrap ``module.search_docs`` (Chatchat's ``kb_doc_api``) with :func:`check_search` (a 422 from the route) and
+    ``recreate_vector_store`` with ``kb -r``'s transactional rebuild for the stores that have it
+    (:func:`transactional_recreate`).
+
+    ``functools.wraps`` keeps Chatchat's signature (FastAPI reads its ``Body`` parameters through
+    ``__wrapped__``), so the route's fields, defaults and schema are unchanged.
+    """
+    search_docs = module.search_docs
+    if not getattr(search_docs, WRAPPED_MARK, False):
+
+        @functools.wraps(search_docs)
+        def checked_search_docs(*args: Any, **kwargs: Any) -> Any:
+            from fastapi import HTTPException
+
+            bound = _bind(search_docs, args, kwargs)
+            try:
+                check_search(bound["query"], bound["top_k"], bound["score_threshold"])
+            except SearchRequestError as exc:
+                raise HTTPException(status_code=422, detail=str(exc)) from None
+            return search_docs(*args, **kwargs)
+
+        setattr(checked_search_docs, WRAPPED_MARK, True)
+        module.search_docs = checked_search_docs
+
+    recreate = module.recreate_vector_store
+    if not getattr(recreate, WRAPPED_MARK, False):
+
+        @functools.wraps(recreate)
+        def recreate_vector_store(*args: Any, **kwargs: Any) -> Any:
+            rebuilt = transactional_recreate(_bind(recreate, args, kwargs))
+            return recreate(*args, **kwargs) if rebuilt is None else rebuilt
+
+        setattr(recreate_vector_store, WRAPPED_MARK, True)
+        module.recreate_vector_store = recreate_vector_store
+
+
+def _bind(function: Any, args: tuple, kwargs: dict) -> dict[str, Any]:
+    """The arguments of a call of ``function`` by name, its defaults filled in (a ``Body`` default is FastAPI's
+    marker: the route always passes every field, Python callers such as ``kb_chat`` pass them by name)."""
+    import inspect
+
+    bound = inspect.signature(function).bind(*args, **kwargs)
+    bound.apply_defaults()
+    return dict(bound.arguments)
+
+
+def transactional_recreate(params: dict[str, Any]) -> Any | None:
+    """``recreate_vector_store`` (``params``: its arguments by name) of a knowledge base in a store whose ``kb -r`` is
+    transactional: that very rebuild (the patched ``folder2db``: model tried first, the KB's lock, a staging store
+    Chatchat fills, one swap), its progress as Chatchat's events (``code``, ``msg``, ``finished``/``total``, what
+    the WebUI shows); None for the other stores (Chatchat's own rebuild).
+
+    The rebuild runs in the one thread that iterates the events, which is what scopes the staging redirect
+    (:mod:`chatchat_policybert.stores.faiss_store`, :mod:`~chatchat_policybert.stores.pg_store`) to it: the
+    server's other threads keep searching the live store until the swap, then the new one.
+    """
+    from sse_starlette.sse import EventSourceResponse
+
+    from chatchat_policybert.stores import STORES
+
+    kb_name, vs_type = params["knowledge_base_name"], params["vs_type"]
+    if vs_type not in STORES:
+        return None
+
+    def events() -> Any:
+        from chatchat.server.knowledge_base.migrate import folder2db
+        from chatchat.server.knowledge_base.utils import list_files_from_folder
+
+        total = max(len(list_files_from_folder(kb_name)), 1)
+        yield _event(200, f"rebuilding '{kb_name}' into a staging copy; searches use the current index until the swap")
+        try:
+            folder2db(
+                kb_names=[kb_name],
+                mode="recreate_vs",
+                vs_type=vs_type,
+                embed_model=params["embed_model"],
+                chunk_size=params["chunk_size"],
+                chunk_overlap=params["chunk_overlap"],
+                zh_title_enhance=params["zh_title_enhance"],
+            )
+        except Exception as exc:  # logged by the rebuild; the live store is what it was
+            yield _event(500, f"rebuild of '{kb_name}' failed, its previous index is unchanged: {exc}")
+            return
+        yield _event(200, f"'{kb_name}' rebuilt and swapped in", finished=total, total=total)
+
+    return EventSourceResponse(events())
+
+
+def _event(code: int, msg: str, finished: int = 0, total: int = 1) -> str:
+    return json.dumps({"code": code, "msg": msg, "finished": finished, "total": total}, ensure_ascii=False)
+
+
+def patch_app(module: ModuleType, warm_up: bool) -> None:
+    """Wrap ``module.create_app`` (Chatchat's ``server_app``): each app renders validation errors of any input
+    (:func:`validation_error`), and, with ``warm_up``, starts :func:`~chatchat_policybert.plugin.warm_up.warm_up`.
+
+    Patched after the module ran, so its own module-level ``app`` (made at import) is left as it is;
+    ``chatchat start``'s API process calls ``create_app`` again, and that one is patched.
+    """
+    original = module.create_app
+    if getattr(original, WRAPPED_MARK, False):
+        return
+
+    @functools.wraps(original)
+    def create_app(*args: object, **kwargs: object) -> object:
+        from fastapi.exceptions import RequestValidationError
+
+        app = original(*args, **kwargs)
+        app.add_exception_handler(RequestValidationError, validation_error)
+        if warm_up:
+            from chatchat_policybert.plugin.warm_up import start_warm_up
+
+            start_warm_up()
+        return app
+
+    setattr(create_app, WRAPPED_MARK, True)
+    module.create_app = create_app
+
+
+async def validation_error(request: Any, exc: Any) -> Any:
+    """FastAPI's 422 for a request that fails validation, with every value it echoes made renderable: a non-finite
+    number as its name (``"nan"``), a lone surrogate as U+FFFD (FastAPI's own handler raised on both: a 500)."""
+    from fastapi.encoders import jsonable_encoder
+    from fastapi.responses import JSONResponse
+
+    return JSONResponse(status_code=422, content={"detail": _renderable(jsonable_encoder(exc.errors()))})
+
+
+def _renderable(value: Any) -> Any:
+    if isinstance(value, float) and not math.isfinite(value):
+        return str(value)
+    if isinstance(value, str):
+        return value.encode("utf-16", "surrogatepass").decode("utf-16", "replace")
+    if isinstance(value, dict):
+        return {_renderable(k): _renderable(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_renderable(v) for v in value]
+    return value
