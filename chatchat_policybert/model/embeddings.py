@@ -19,7 +19,7 @@ from langchain_core.embeddings import Embeddings
 
 from chatchat_policybert.model.dtypes import DTYPE_NAMES
 from chatchat_policybert.model.loading import load_policybert
-from chatchat_policybert.model.modeling_policybert import ClsOnlyLayer
+from chatchat_policybert.model.modeling_policybert import ClsOnlyLayer, PolicyBertModel
 from chatchat_policybert.model.options import EmbeddingOptions
 from chatchat_policybert.model.tokenization_policybert import check_texts
 
@@ -115,6 +115,8 @@ class PolicyBertEmbeddings(Embeddings):
             self.query_instruction = self.tokenizer.query_prompt
         self.long_text = checked.long_text
         self.dimension = self.model.config.hidden_size
+        # A model whose fusion scales are all 0 (a fresh merge) skips its word stream: no words to match either.
+        self.words = isinstance(self.model, PolicyBertModel) and not self.model.word_stream_silent()
         # One model serves Chatchat's worker threads; the tokenizer's Rust core is not re-entrant.
         self._lock = threading.Lock()
 
@@ -151,7 +153,9 @@ class PolicyBertEmbeddings(Embeddings):
                 # Sorted longest first, so the first text sets the batch's padded length.
                 size = max(1, min(self.batch_size, self.batch_tokens // int(lengths[order[start]])))
                 index = order[start : start + size]
-                batch = self.tokenizer.collate([encodings[i] for i in index], [texts[i] for i in index])
+                batch = self.tokenizer.collate(
+                    [encodings[i] for i in index], [texts[i] for i in index], words=self.words
+                )
                 vectors[index] = cls_vectors(self.model, batch.to(self.device)).cpu().numpy()
                 start += size
         return vectors

@@ -2,8 +2,8 @@
 
 ``PolicyBertTokenizer`` wraps a fast BERT tokenizer (bge's, or a character vocabulary built for
 from-scratch training) and a :class:`~chatchat_policybert.model.lexicon.Lexicon`. A lexicon word is
-kept only where its span starts and ends on token boundaries, so ``M[b, t, q] = 1`` means token
-``t`` of example ``b`` lies inside word ``q``. Words are ordered by position and cut to the
+matched to every token it overlaps, so ``M[b, t, q] = 1`` means token ``t`` of example ``b`` shares a
+character with word ``q`` (with one character per token: lies inside it). Words are ordered by position and cut to the
 ``k_w`` budget deterministically at inference; ``shuffle_words`` (training only) draws the order
 and the cut from a seeded generator, as ZEN does.
 """
@@ -85,6 +85,18 @@ def check_texts(texts: list, name: str = "text") -> None:
             raise ValueError(
                 f"{name} {i} has a lone surrogate {text[err.start]!r} at character {err.start} (not valid Unicode text)"
             ) from None
+
+
+def overlapping_tokens(offsets: np.ndarray, starts: np.ndarray, ends: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """For character spans ``[starts, ends)``, the tokens (rows of ``offsets``, in text order) sharing a character
+    with each: ``first`` and one past ``last``, as indices into ``offsets``; ``first == last`` where none does.
+
+    ``offsets`` (tokens x 2, character ``[start, end)``) must be non-decreasing in both columns, as
+    one segment's tokens are (a lone metaspace piece ``▁`` may share its start with the next piece).
+    """
+    first = np.searchsorted(offsets[:, 1], starts, side="right")  # the first token ending after the start
+    last = np.searchsorted(offsets[:, 0], ends, side="left")  # one past the last token starting before the end
+    return first, np.maximum(first, last)
 
 
 class PolicyBertTokenizer:
@@ -181,7 +193,13 @@ class PolicyBertTokenizer:
         config_file.write_text(json.dumps(config, ensure_ascii=False, indent=2) + "\n", encoding="utf-8")
 
     def word_spans(self, encoding: Encoding, texts: tuple[str, ...]) -> np.ndarray:
-        """All lexicon words of one example that align with its tokens: rows ``(word_id, first, last)``."""
+        """All lexicon words of one example with the tokens they overlap: rows ``(word_id, first, last)``.
+
+        A word matches every token that shares a character with it (:func:`overlapping_tokens`), not
+        only tokens it starts and ends on: with one character per token (bge) the two rules are the
+        same, with word pieces (e5's Unigram, ``数据`` + ``安全管理``) the aligned rule drops most
+        words (docs/model.md, "Words over word pieces": measured on the shipped corpus).
+        """
         sequence_ids = np.array([-1 if s is None else s for s in encoding.sequence_ids])
         offsets = np.array(encoding.offsets, dtype=np.int64).reshape(-1, 2)
         spans = []
@@ -189,20 +207,15 @@ class PolicyBertTokenizer:
             tokens = np.flatnonzero((sequence_ids == segment) & (offsets[:, 1] > offsets[:, 0]))
             if not len(tokens):
                 continue
-            # Only the characters this encoding covers: a word must start and end on its tokens, and
-            # a long text's windows each search their own part, so matching stays linear in its length.
+            # Only the characters this encoding covers: a long text's windows each search their own
+            # part, so matching stays linear in its length.
             low, high = int(offsets[tokens, 0].min()), int(offsets[tokens, 1].max())
             found = self.lexicon.find(text[low:high])
             if not len(found):
                 continue
-            # Character offset (from ``low``) -> token index where a token starts / one past where one ends.
-            first_of = np.full(high - low + 1, -1)
-            last_of = np.full(high - low + 1, -1)
-            first_of[offsets[tokens[::-1], 0] - low] = tokens[::-1]
-            last_of[offsets[tokens, 1] - low] = tokens + 1
-            first, last = first_of[found[:, 1]], last_of[found[:, 2]]
-            aligned = (first >= 0) & (last >= 0)
-            spans.append(np.stack([found[aligned, 0], first[aligned], last[aligned]], axis=1))
+            first, last = overlapping_tokens(offsets[tokens] - low, found[:, 1], found[:, 2])
+            kept = first < last
+            spans.append(np.stack([found[kept, 0], tokens[first[kept]], tokens[last[kept] - 1] + 1], axis=1))
         return np.concatenate(spans) if spans else np.zeros((0, 3), dtype=np.int64)
 
     def encode(
@@ -275,15 +288,18 @@ class PolicyBertTokenizer:
         shuffle_words: bool = False,
         seed: int | None = None,
         return_word_spans: bool = False,
+        words: bool = True,
     ) -> BatchEncoding:
         """``encodings`` of ``text`` (and ``text_pair``), padded to the longest, as ``pt`` tensors.
 
         Returns ``input_ids``, ``token_type_ids``, ``attention_mask`` and, with a lexicon,
         ``word_ids`` / ``word_attention_mask`` (batch x words) and ``word_matching_matrix``
         (batch x tokens x words, float 0/1). ``return_word_spans`` adds ``word_spans``: per
-        example every aligned match (before the k_w cut) as ``(word_id, first, last)`` rows,
+        example every match (before the k_w cut) as ``(word_id, first, last)`` rows,
         for whole-word masking. An encoding may be an overflowing window of its text: its
         offsets still point into the whole text, and words outside the window do not align.
+        ``words=False`` leaves the word inputs out (no matching at all): for a model that would
+        skip them (:meth:`PolicyBertModel.word_stream_silent`).
         """
         # Tensors are built here from the Rust encodings: transformers' own padding and
         # conversion walk nested Python lists and cost more than tokenising.
@@ -302,7 +318,7 @@ class PolicyBertTokenizer:
                 "attention_mask": torch.from_numpy(attention_mask),
             }
         )
-        if self.lexicon is None:
+        if self.lexicon is None or not words:
             return batch
         batch.update(
             self.word_inputs(
