@@ -38,22 +38,67 @@ PROMPTS_FILE = "config_sentence_transformers.json"
 """Where a model directory keeps its query instruction: sentence-transformers' file, ``{"prompts": {"query": …}}``."""
 
 
-def read_query_instruction(path: Path) -> str | None:
-    """The query instruction a model directory was trained with (``prompts.query`` of :data:`PROMPTS_FILE`), None if
-    none.
+POOLING_MODES = ("cls", "mean")
+"""How a model directory pools token states into its vector: bge's [CLS] state, or e5's mean over the tokens."""
+ST_MODULES_FILE = "modules.json"
+POOLING_MODULE = "Pooling"
+LEGACY_POOLING = {"pooling_mode_cls_token": "cls", "pooling_mode_mean_tokens": "mean"}
+
+
+def read_prompts(path: Path) -> tuple[str | None, str | None]:
+    """The query and document prompts a model directory was trained with (``prompts.query`` /
+    ``prompts.document`` of :data:`PROMPTS_FILE`), None for each it names none.
 
     bge's own directories carry that file without prompts, so None is common; a file that is no
-    JSON, or a ``prompts.query`` that is no string, is an :class:`InputError` naming the file.
+    JSON, or a prompt that is no string, is an :class:`InputError` naming the file.
     """
     file = path / PROMPTS_FILE
     if not file.is_file():
-        return None
+        return None, None
     content = read_json(file)
     prompts = content.get("prompts") if isinstance(content, dict) else None
-    instruction = prompts.get("query") if isinstance(prompts, dict) else None
-    if instruction is not None and not isinstance(instruction, str):
-        raise InputError(f"{file}: prompts.query is {type(instruction).__name__}, expected a string")
-    return instruction
+    found = []
+    for name in ("query", "document"):
+        prompt = prompts.get(name) if isinstance(prompts, dict) else None
+        if prompt is not None and not isinstance(prompt, str):
+            raise InputError(f"{file}: prompts.{name} is {type(prompt).__name__}, expected a string")
+        found.append(prompt)
+    return found[0], found[1]
+
+
+def read_pooling(path: Path) -> str:
+    """A model directory's pooling (:data:`POOLING_MODES`), from its sentence-transformers Pooling module.
+
+    The module is the ``modules.json`` entry whose type ends in ``Pooling``; its ``config.json`` says
+    ``pooling_mode`` (sentence-transformers 6) or ``pooling_mode_cls_token`` / ``pooling_mode_mean_tokens``
+    (the hub's older directories, bge's and e5's among them). A directory without these files pools as
+    bge does ([CLS]); a pooling this package cannot compute is an :class:`InputError` naming the file,
+    never a silently different vector.
+    """
+    modules_file = path / ST_MODULES_FILE
+    if not modules_file.is_file():
+        return "cls"
+    modules = read_json(modules_file)
+    folders = [
+        m.get("path", "")
+        for m in (modules if isinstance(modules, list) else [])
+        if isinstance(m, dict) and str(m.get("type", "")).endswith(POOLING_MODULE)
+    ]
+    if not folders:
+        raise InputError(f"{modules_file}: no {POOLING_MODULE} module (expected CLS or mean pooling)")
+    config_file = path / folders[0] / "config.json"
+    config = read_json(config_file) if config_file.is_file() else None
+    if not isinstance(config, dict):
+        raise InputError(f"{config_file}: missing or not a JSON object (the directory's pooling)")
+    mode = config.get("pooling_mode")
+    if mode is None:  # the hub's older files: one boolean per mode
+        chosen = [key for key, value in config.items() if key.startswith("pooling_mode_") and value is True]
+        mode = LEGACY_POOLING.get(chosen[0], chosen[0]) if len(chosen) == 1 else " + ".join(chosen) or "none"
+    if mode not in POOLING_MODES:
+        raise InputError(f"{config_file}: pooling {mode!r} is not supported (expected {' or '.join(POOLING_MODES)})")
+    if config.get("include_prompt", True) is not True:
+        raise InputError(f"{config_file}: include_prompt false is not supported (the prompt's tokens are pooled too)")
+    return mode
 
 
 def build_char_tokenizer(texts: Iterable[str], min_count: int = 1, model_max_length: int = 512) -> BertTokenizerFast:
@@ -100,11 +145,15 @@ def overlapping_tokens(offsets: np.ndarray, starts: np.ndarray, ends: np.ndarray
 
 
 class PolicyBertTokenizer:
-    """Character tokenizer + lexicon matcher. Without a lexicon it returns plain BERT inputs.
+    """The directory's tokenizer (bge's WordPiece, a character vocabulary, e5's Unigram) + lexicon matcher.
+    Without a lexicon it returns plain BERT inputs.
 
-    ``query_instruction`` is the prefix the model's queries were trained with (None: the model
-    names none, and :attr:`query_prompt` is bge's); it is saved and loaded with the tokenizer
-    files, so every stage that loads a directory and writes another keeps it.
+    It also carries how the directory embeds, so that every stage that loads a directory and writes
+    another keeps it: ``query_instruction`` is the prefix the model's queries were trained with (None: the
+    model names none, and :attr:`query_prompt` is bge's), ``document_instruction`` the documents' (None:
+    none, as bge), ``pooling`` one of :data:`POOLING_MODES`. They are read from and written to the
+    directory's sentence-transformers files (:func:`read_prompts`, :func:`read_pooling`,
+    :func:`chatchat_policybert.model.loading.sentence_transformers_files`).
     """
 
     def __init__(
@@ -114,6 +163,8 @@ class PolicyBertTokenizer:
         max_words: int = PolicyBertConfig.max_words,
         max_words_span: int = PolicyBertConfig.max_words_span,
         query_instruction: str | None = None,
+        document_instruction: str | None = None,
+        pooling: str = "cls",
     ):
         if not tokenizer.is_fast:
             raise ValueError("PolicyBertTokenizer needs a fast tokenizer (offsets map words onto tokens)")
@@ -122,12 +173,21 @@ class PolicyBertTokenizer:
         self.max_words = max_words
         self.max_words_span = max_words_span
         self.query_instruction = query_instruction
+        self.document_instruction = document_instruction
+        if pooling not in POOLING_MODES:
+            raise ValueError(f"pooling {pooling!r}: expected one of {', '.join(POOLING_MODES)}")
+        self.pooling = pooling
 
     @property
     def query_prompt(self) -> str:
         """What a query is prefixed with: the directory's instruction, else bge's
         (:data:`DEFAULT_QUERY_INSTRUCTION`)."""
         return DEFAULT_QUERY_INSTRUCTION if self.query_instruction is None else self.query_instruction
+
+    @property
+    def document_prompt(self) -> str:
+        """What a document is prefixed with: the directory's document prompt (e5's ``passage: ``), else nothing."""
+        return self.document_instruction or ""
 
     @property
     def model_max_length(self) -> int:
@@ -141,7 +201,7 @@ class PolicyBertTokenizer:
 
     @classmethod
     def from_pretrained(cls, path: str | os.PathLike, config: PreTrainedConfig | None = None) -> PolicyBertTokenizer:
-        """Load the tokenizer files, ``lexicon.txt``, the query instruction and the k_w settings from a model dir.
+        """Load the tokenizer files, ``lexicon.txt``, the prompts, the pooling and the k_w settings from a model dir.
 
         ``config`` is the directory's (the loader passes the one it has read; without it
         ``config.json`` is read here, once, for the k_w settings and transformers' tokenizer
@@ -155,12 +215,15 @@ class PolicyBertTokenizer:
         lexicon = getattr(tokenizer, "lexicon", None)  # a PolicyBertTokenizerFast has read it already
         if lexicon is None and (path / LEXICON_FILE).is_file():
             lexicon = Lexicon.load(path / LEXICON_FILE)
+        query_instruction, document_instruction = read_prompts(path)
         return cls(
             tokenizer,
             lexicon,
             max_words=getattr(config, "max_words", PolicyBertConfig.max_words),
             max_words_span=getattr(config, "max_words_span", PolicyBertConfig.max_words_span),
-            query_instruction=read_query_instruction(path),
+            query_instruction=query_instruction,
+            document_instruction=document_instruction,
+            pooling=read_pooling(path),
         )
 
     def count_tokens(self, texts: list[str]) -> list[int]:
@@ -172,7 +235,7 @@ class PolicyBertTokenizer:
         """The tokenizer files and the lexicon; ``tokenizer_config.json`` names :class:`PolicyBertTokenizerFast`
         where there is a lexicon, so that ``AutoTokenizer`` gives the word inputs too.
 
-        The query instruction is saved with the rest of sentence-transformers' files by
+        The prompts and the pooling are saved with the rest of sentence-transformers' files by
         :func:`chatchat_policybert.model.loading.save_model_dir`.
         """
         path = Path(path)
