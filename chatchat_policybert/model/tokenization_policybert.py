@@ -16,6 +16,7 @@ import random
 import string
 from collections import Counter
 from collections.abc import Iterable
+from functools import cached_property
 from pathlib import Path
 
 import numpy as np
@@ -252,7 +253,8 @@ class PolicyBertTokenizer:
                 max_words_span=self.max_words_span,
             )
         elif config.get("tokenizer_class") == PolicyBertTokenizerFast.__name__:
-            config["tokenizer_class"] = "BertTokenizer"
+            # transformers' generic fast tokenizer: tokenizer.json as it is, WordPiece or Unigram.
+            config["tokenizer_class"] = "TokenizersBackend"
         config_file.write_text(json.dumps(config, ensure_ascii=False, indent=2) + "\n", encoding="utf-8")
 
     def word_spans(self, encoding: Encoding, texts: tuple[str, ...]) -> np.ndarray:
@@ -409,8 +411,12 @@ class PolicyBertTokenizer:
         )
 
 
-class PolicyBertTokenizerFast(BertTokenizerFast):
-    """The tokenizer transformers' ``AutoTokenizer`` gives for a PolicyBERT directory: BERT's, plus the word inputs.
+class PolicyBertTokenizerFast(PreTrainedTokenizerFast):
+    """The tokenizer transformers' ``AutoTokenizer`` gives for a PolicyBERT directory: the base's, plus the word inputs.
+
+    It is the directory's ``tokenizer.json`` as saved, whatever its model (bge's WordPiece, e5's
+    Unigram): transformers' generic fast tokenizer, not ``BertTokenizerFast``, which rebuilds a
+    WordPiece from the vocabulary and would cut e5's text into characters.
 
     Why: ``AutoModel.from_pretrained(dir)(**tokenizer(texts, padding=True, return_tensors="pt"))``
     and sentence-transformers' ``Transformer`` module (which calls it that way) must feed the model
@@ -421,20 +427,25 @@ class PolicyBertTokenizerFast(BertTokenizerFast):
     ``tokenizer_config.json``, which :meth:`PolicyBertTokenizer.save_pretrained` writes.
     """
 
-    vocab_files_names = {**BertTokenizerFast.vocab_files_names, "lexicon_file": LEXICON_FILE}
+    vocab_files_names = {**PreTrainedTokenizerFast.vocab_files_names, "lexicon_file": LEXICON_FILE}
 
-    def __init__(
-        self,
-        *args,
-        lexicon_file: str | os.PathLike | None = None,
-        max_words: int = PolicyBertConfig.max_words,
-        max_words_span: int = PolicyBertConfig.max_words_span,
-        **kwargs,
-    ):
-        super().__init__(*args, **kwargs)
-        self.lexicon = Lexicon.load(lexicon_file) if lexicon_file is not None else None
-        self.max_words = max_words
-        self.max_words_span = max_words_span
+    # No __init__ of its own: transformers 5 loads tokenizer.json as it is only for a class without one, and
+    # rebuilds the backend from the bare vocabulary for any other (a Unigram one then gains <s> and </s>).
+    # The lexicon and the k_w settings are read from the keyword arguments it keeps (init_kwargs).
+
+    @cached_property
+    def lexicon(self) -> Lexicon | None:
+        """``lexicon.txt`` of the directory (None without one)."""
+        file = self.init_kwargs.get("lexicon_file")
+        return Lexicon.load(file) if file is not None else None
+
+    @property
+    def max_words(self) -> int:
+        return self.init_kwargs.get("max_words", PolicyBertConfig.max_words)
+
+    @property
+    def max_words_span(self) -> int:
+        return self.init_kwargs.get("max_words_span", PolicyBertConfig.max_words_span)
 
     def __call__(self, text=None, text_pair=None, *args, **kwargs) -> BatchEncoding:
         batch = super().__call__(text, text_pair, *args, **kwargs)
