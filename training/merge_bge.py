@@ -450,7 +450,7 @@ def run(cfg: MergeConfig) -> Path:
     )
     print(
         f"wrote {out}: {len(report['used'])} tensors set from sources, {len(report['dropped'])} dropped, "
-        f"{len(report.get('fresh', []))} fresh fusion tensors (details in merge_report.json)"
+        f"{len(report.get('fresh', []))} fresh tensors (details in merge_report.json)"
     )
     for key, reason in report["dropped"].items():
         print(f"  dropped {key}: {reason}")
