@@ -192,7 +192,7 @@ def build_from_bge(args: MergeConfig) -> tuple[PolicyBertModel, PolicyBertTokeni
 
     from chatchat_policybert.model.configuration_policybert import CONFIG_ERRORS, PolicyBertConfig
     from chatchat_policybert.model.modeling_policybert import PolicyBertModel
-    from chatchat_policybert.model.tokenization_policybert import PolicyBertTokenizer
+    from chatchat_policybert.model.tokenization_policybert import PolicyBertTokenizer, read_recipe
 
     bge_dir, bge_config, bge_state = load_bge(args.bge)
     try:
@@ -311,7 +311,8 @@ def build_from_bge(args: MergeConfig) -> tuple[PolicyBertModel, PolicyBertTokeni
     )
     report["fresh"] = [k for k in target if k.startswith(("fusions.", "fusion_scales"))]
     model.load_state_dict(target)
-    wrapped = PolicyBertTokenizer(tokenizer, lexicon, config.max_words, config.max_words_span)
+    # The base's prompts and pooling: a merge embeds as its base does (bge: [CLS]; e5: mean, "query: "/"passage: ").
+    wrapped = PolicyBertTokenizer(tokenizer, lexicon, config.max_words, config.max_words_span, **read_recipe(bge_dir))
     return model, wrapped, report
 
 
