@@ -2,10 +2,10 @@
 
 ``PolicyBertTokenizer`` wraps the directory's fast tokenizer (bge's WordPiece, a character vocabulary built
 for from-scratch training, e5's Unigram; special tokens are the tokenizer's own) and a
-:class:`~chatchat_policybert.model.lexicon.Lexicon`. A lexicon word is kept only where its span starts and ends on token boundaries, so ``M[b, t, q] = 1`` means token
-``t`` of example ``b`` lies inside word ``q``. Words are ordered by position and cut to the
-``k_w`` budget deterministically at inference; ``shuffle_words`` (training only) draws the order
-and the cut from a seeded generator, as ZEN does.
+:class:`~chatchat_policybert.model.lexicon.Lexicon`. A lexicon word is kept only where its span starts and
+ends on token boundaries, so ``M[b, t, q] = 1`` means token ``t`` of example ``b`` lies inside word ``q``.
+Words are ordered by position and cut to the ``k_w`` budget deterministically at inference;
+``shuffle_words`` (training only) draws the order and the cut from a seeded generator, as ZEN does.
 """
 
 from __future__ import annotations
