@@ -120,18 +120,21 @@ def encoder_flops(config, tokens: np.ndarray, words: np.ndarray, groups: np.ndar
 
 
 def full_forward_vectors(model, tokenizer, texts: list[str], batch_size: int, device: str) -> np.ndarray:
-    """Unit [CLS] vectors of ``texts`` from the model's whole forward pass in fp32, in order, ``batch_size`` at a time.
+    """Unit vectors (the directory's pooling) of ``texts`` from the model's whole forward pass in fp32, in order,
+    ``batch_size`` at a time.
 
     ``model`` and ``tokenizer`` as :func:`~chatchat_policybert.model.loading.load_policybert` returns them
     (fp32, eval mode, on ``device``). Every layer runs over every position (no ``ClsOnlyLayer``):
     the vectors that the embeddings' shortcuts must reproduce, compared in the ``min cos full`` column.
     """
-    from chatchat_policybert.model.embeddings import cls_vectors
+    from chatchat_policybert.model.embeddings import sentence_vectors
 
     with torch.inference_mode():
         return np.concatenate(
             [
-                cls_vectors(model, tokenizer(texts[i : i + batch_size]).to(device)).cpu().numpy()
+                sentence_vectors(model, tokenizer(texts[i : i + batch_size]).to(device), tokenizer.pooling)
+                .cpu()
+                .numpy()
                 for i in range(0, len(texts), batch_size)
             ]
         )

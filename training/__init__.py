@@ -9,8 +9,8 @@ Stages, in the order of the recipe, each ``python -m training.<stage> --help`` (
 3. ``policysm`` — PolicySM-1/-2 sentence-pair TSVs from comma sub-clauses.
 4. ``pretrain`` — MLM (whole-word masking over lexicon words) + NSP pre-training, resumable.
 5. ``finetune`` — NSP sentence-pair classification on a PolicySM TSV folder.
-6. ``merge_bge`` — build PolicyBERT from bge (``--init bge`` starts as exactly bge), or merge a
-   fine-tuned one back with an ``--alpha`` chosen on dev questions.
+6. ``merge_bge`` — build PolicyBERT from any BERT-family base, bge's or e5's (``--init bge`` starts as exactly
+   the base), or merge a fine-tuned one back with an ``--alpha`` chosen on dev questions.
 7. ``pairs``    — retrieval training pairs (inverse cloze, headings, optional LLM questions) with
    hard negatives that never come from the positive's document, FlagEmbedding's line format.
 8. ``contrastive`` — InfoNCE retrieval training on those pairs, on the vectors the runtime serves.

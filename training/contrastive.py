@@ -6,9 +6,11 @@ as ``training.pairs`` writes them, or your own). Every query is scored against e
 the micro-batch — its positive, its own hard negatives and all other queries' passages (in-batch
 negatives) — and, across processes, against every other process's passages too (FlagEmbedding's
 ``negatives_cross_device``); the loss is the cross-entropy of the positive at temperature
-``--temperature`` (0.02, bge's). Queries carry bge's retrieval instruction, documents do not, and
-vectors are the L2-normalised [CLS] states computed by :func:`chatchat_policybert.model.embeddings.cls_vectors`
-on the tokenizer's own batches: the model is trained on exactly the vectors it will serve.
+``--temperature`` (0.02, bge's). Queries carry the model directory's query prompt (bge's retrieval
+instruction, e5's ``query: ``; ``--query-instruction`` replaces it), documents its document prompt where it
+has one (e5's ``passage: ``), and vectors are the directory's pooling (bge's [CLS] state, e5's mean),
+L2-normalised, computed by :func:`chatchat_policybert.model.embeddings.sentence_vectors` on the tokenizer's
+own batches: the model is trained on exactly the vectors it will serve.
 
 The character encoder, the word stream, the fusions and the fusion scales ``s`` all train;
 ``--freeze-chars`` trains only the word side (word embeddings and encoder, fusions, ``s``).
@@ -36,7 +38,6 @@ from tqdm import tqdm
 
 from chatchat_policybert.errors import InputError, run_cli
 from chatchat_policybert.evaluation.metrics import mrr_at_k, rank_by_score, recall_at_k
-from chatchat_policybert.model.constants import DEFAULT_QUERY_INSTRUCTION
 from training._common import jsonl_lines
 from training.config import TrainConfig, parse_flags, require_positive
 
@@ -75,9 +76,12 @@ class ContrastiveConfig(TrainConfig):
     freeze_chars: bool = field(
         default=False, metadata={"help": "train only the word side (word embeddings/encoder, fusions, s)"}
     )
-    query_instruction: str = field(
-        default=DEFAULT_QUERY_INSTRUCTION,
-        metadata={"help": "prefix of every query (bge's); saved with the model, whose queries are served with it"},
+    query_instruction: str | None = field(
+        default=None,
+        metadata={
+            "help": "prefix of every query (default: the --model directory's query prompt, else bge's instruction); "
+            "saved with the model, whose queries are served with it"
+        },
     )
 
     embed_chunk: int | None = field(
@@ -218,7 +222,7 @@ class ContrastiveTask:
         # instruction.
         self.dev_pool = list(dict.fromkeys(text for e in dev for text in (*e.pos, *e.neg)))
         self.dev_position = {text: i for i, text in enumerate(self.dev_pool)}
-        self.dev_queries = [cfg.query_instruction + e.query for e in dev]
+        self.dev_queries = [tokenizer.query_prompt + e.query for e in dev]
 
     def __len__(self) -> int:
         return len(self.train)
@@ -239,8 +243,8 @@ class ContrastiveTask:
         """Queries (with the instruction) then their groups, in one padded batch; draws seeded by ``key``."""
         rng = random.Random(f"{self.cfg.seed}-{key}")
         examples = [self.train[i] for i in indices]
-        passages = [text for example in examples for text in self.group(example, rng)]
-        return self.tokenize([self.cfg.query_instruction + e.query for e in examples] + passages)
+        passages = [self.tokenizer.document_prompt + text for example in examples for text in self.group(example, rng)]
+        return self.tokenize([self.tokenizer.query_prompt + e.query for e in examples] + passages)
 
     def loss(self, model: nn.Module, batch: dict[str, torch.Tensor]) -> torch.Tensor:
         """InfoNCE over one forward pass of queries and passages together (one forward per step suits DDP).
@@ -253,8 +257,8 @@ class ContrastiveTask:
         return info_nce(vectors[:num_queries], vectors[num_queries:], self.cfg.train_group_size, self.cfg.temperature)
 
     def vectors(self, model: nn.Module, batch: dict[str, torch.Tensor]) -> torch.Tensor:
-        """:func:`cls_vectors` of the batch; with ``embed_chunk``, ``embed_chunk`` rows at a time under activation
-        checkpointing.
+        """:func:`sentence_vectors` of the batch (the tokenizer's pooling); with ``embed_chunk``, ``embed_chunk`` rows
+        at a time under activation checkpointing.
 
         Why: the attention of one padded batch of ``batch_size × (1 + train_group_size)`` texts of
         512 tokens holds gigabytes for the backward pass (eager attention keeps every head's
@@ -267,15 +271,22 @@ class ContrastiveTask:
         import torch.distributed as dist
         from torch.utils.checkpoint import checkpoint
 
-        from chatchat_policybert.model.embeddings import cls_vectors
+        from chatchat_policybert.model.embeddings import sentence_vectors
 
+        pooling = self.tokenizer.pooling
         rows, chunk = len(batch["input_ids"]), self.cfg.embed_chunk
         if chunk is None or rows <= chunk or not torch.is_grad_enabled():
-            return cls_vectors(model, batch)
+            return sentence_vectors(model, batch, pooling)
         if dist.is_available() and dist.is_initialized():
             raise InputError("--embed-chunk runs in one process (DistributedDataParallel expects one forward a step)")
         parts = [
-            checkpoint(cls_vectors, model, {k: v[start : start + chunk] for k, v in batch.items()}, use_reentrant=False)
+            checkpoint(
+                sentence_vectors,
+                model,
+                {k: v[start : start + chunk] for k, v in batch.items()},
+                pooling,
+                use_reentrant=False,
+            )
             for start in range(0, rows, chunk)
         ]
         return torch.cat(parts)
@@ -284,15 +295,16 @@ class ContrastiveTask:
         """Unit vectors of ``texts`` in batches of ``eval_batch_size`` (longest first, as serving sorts)."""
         import torch
 
-        from chatchat_policybert.model.embeddings import cls_vectors
+        from chatchat_policybert.model.embeddings import sentence_vectors
 
         device = next(model.parameters()).device
         order = sorted(range(len(texts)), key=lambda i: -len(texts[i]))
+        pooling = self.tokenizer.pooling
         vectors = torch.empty(len(texts), model.config.hidden_size)
         for start in tqdm(range(0, len(order), self.cfg.eval_batch_size), desc="dev", unit="batch", leave=False):
             index = order[start : start + self.cfg.eval_batch_size]
             batch = self.tokenize([texts[i] for i in index])
-            vectors[index] = cls_vectors(model, {k: v.to(device) for k, v in batch.items()}).cpu()
+            vectors[index] = sentence_vectors(model, {k: v.to(device) for k, v in batch.items()}, pooling).cpu()
         return vectors
 
     def evaluate(self, model: nn.Module) -> dict:
@@ -320,7 +332,7 @@ class ContrastiveTask:
 
         position = self.dev_position
         queries = self.embed(model, self.dev_queries)
-        scores = (queries @ self.embed(model, self.dev_pool).T).numpy()
+        scores = (queries @ self.embed(model, [self.tokenizer.document_prompt + t for t in self.dev_pool]).T).numpy()
         per_query: dict[str, list[float]] = {f"mrr@{MRR_K}": [], **{f"recall@{k}": [] for k in RECALL_KS}, "loss": []}
         for example, row in zip(self.dev, scores):
             ranked = rank_by_score(row, depth=max(MRR_K, *RECALL_KS))
@@ -343,14 +355,16 @@ def contrastive(
 ) -> tuple[list[dict], bool]:
     """Trains ``model`` in place on the pairs; returns the per-epoch metrics and whether all steps ran.
 
-    ``tokenizer`` takes ``cfg.query_instruction``, so that every directory saved from it (``final/``
-    here and in ``training.tune``) serves queries with the instruction the model was trained with.
+    ``tokenizer`` takes ``cfg.query_instruction`` where it is given, so that every directory saved from it
+    (``final/`` here and in ``training.tune``) serves queries with the instruction the model was trained with;
+    its document prompt and pooling are the start directory's, kept the same way.
     ``inputs``, the command line's, only goes into ``run.json`` (see :func:`training.loop.train`).
     """
     from chatchat_policybert.model.embeddings import token_limit
     from training.loop import is_main_process, train
 
-    tokenizer.query_instruction = cfg.query_instruction
+    if cfg.query_instruction is not None:
+        tokenizer.query_instruction = cfg.query_instruction
     if cfg.freeze_chars:
         freeze_character_encoder(model)
     task = ContrastiveTask(tokenizer, train_examples, dev_examples, cfg, token_limit(model, cfg.max_length))
@@ -366,7 +380,7 @@ def contrastive(
 def load_start_model(model_dir: Path) -> tuple[PreTrainedModel, PolicyBertTokenizer]:
     """The model this stage trains, from its ``--model``; ``training.export`` rebuilds a checkpoint into the same model.
 
-    A merged or pre-trained directory may lack the pooler; [CLS] pooling never uses it.
+    A merged or pre-trained directory may lack the pooler; neither [CLS] nor mean pooling uses it.
     """
     from chatchat_policybert.model.loading import load_policybert
 

@@ -23,7 +23,6 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from chatchat_policybert.errors import InputError, run_cli
-from chatchat_policybert.model.constants import DEFAULT_QUERY_INSTRUCTION
 from training import contrastive, finetune, pretrain
 from training.config import CHECKPOINT, RESUMABLE, RUN, TrainConfig, describe_changes, parse_flags
 
@@ -202,8 +201,11 @@ def export(cfg: ExportConfig) -> tuple[str, int]:
             f"expected the directory the {stage} run started from"
         )
     model.load_state_dict(weights)
-    if stage == "contrastive":  # served with the query instruction it trains with, as its final/ would be
-        tokenizer.query_instruction = saved["config"].get("query_instruction", DEFAULT_QUERY_INSTRUCTION)
+    instruction = saved["config"].get("query_instruction")
+    if stage == "contrastive" and instruction is not None:
+        # Served with the query instruction it trained with, as its final/ would be; None trained with the start
+        # directory's, which the tokenizer loaded from it carries (with its document prompt and pooling).
+        tokenizer.query_instruction = instruction
     save_model_dir(model, tokenizer, cfg.out)
     return stage, saved["state"]["step"]
 

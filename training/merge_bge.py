@@ -1,4 +1,8 @@
-"""Build a PolicyBERT directory from bge-base-zh-v1.5 (+ ZEN), or merge a fine-tuned one back with bge.
+"""Build a PolicyBERT directory from any BERT-family base (+ ZEN), or merge a fine-tuned one back with its base.
+
+The base (``--bge``, named after the thesis's base) is any plain BERT directory: bge-base-zh-v1.5
+(one character per token), the multilingual-e5-small that ``training.import_e5`` converts (XLM-R's
+Unigram word pieces), the tests' small ones. Its pooling and prompts are kept.
 
 Build mode::
 
@@ -9,9 +13,10 @@ Build mode::
   word layers from ZEN (its word layers are BERT layers) or, with ``--zen none``, from copies of
   bge's first layers; word-embedding rows are looked up BY WORD STRING in ZEN's ``ngram.txt``
   (the reference merge paired new ids with unrelated ZEN rows) and a word ZEN lacks starts as the
-  mean of its characters' bge embeddings; fusion parameters are fresh. ``--init bge`` (the
-  default) starts every fusion scale at 0, so the built model embeds every text exactly as bge
-  does and training lets the word stream in; ``--init thesis`` is the thesis's start (scales 1,
+  mean of the base's embeddings of its pieces (its characters, for bge); fusion parameters are
+  fresh. ``--init bge`` (the default) starts every fusion scale at 0, so the built model embeds
+  every text exactly as its base does (bit for bit: the word stream is skipped) and training lets
+  the word stream in; ``--init thesis`` is the thesis's start (scales 1,
   gate bias 5.0), which changes bge's vector of every text with a lexicon match, for reproducing
   its tables.
 
@@ -71,7 +76,11 @@ class MergeConfig:
 
     out: Path = field(metadata={"help": "output model directory (replaced atomically)"})
     bge: str = field(
-        default="BAAI/bge-base-zh-v1.5", metadata={"help": "hub id or local directory of bge-base-zh-v1.5"}
+        default="BAAI/bge-base-zh-v1.5",
+        metadata={
+            "help": "the base: hub id or local directory of any BERT-family model (bge-base-zh-v1.5, "
+            "the e5 of training.import_e5, ...)"
+        },
     )
     zen: str = field(default="none", metadata={"help": "ZEN_pretrain_base directory (with ngram.txt), or 'none'"})
     lexicon: Path | None = field(default=None, metadata={"help": "word,count lexicon file (build mode)"})
@@ -93,7 +102,7 @@ class MergeConfig:
     init: Literal[tuple(INITS)] = field(
         default="bge",
         metadata={
-            "help": "bge: fusion scales 0, the model starts as exactly bge; thesis: scales 1, "
+            "help": "bge: fusion scales 0, the model starts as exactly its base (any base); thesis: scales 1, "
             "gate bias 5 (the thesis's start, to reproduce its tables)"
         },
     )
@@ -152,7 +161,8 @@ def read_state_dict(directory: Path) -> dict[str, torch.Tensor]:
 
 
 def load_bge(name_or_path: str) -> tuple[Path, dict, dict[str, torch.Tensor]]:
-    """bge's directory, config and tensors; refuses anything but a plain BERT checkpoint."""
+    """The base's directory, config and tensors (bge's or any BERT-family base's); refuses anything but a plain BERT
+    checkpoint."""
     from chatchat_policybert.model.load_checks import ModelDirError
     from chatchat_policybert.model.loading import read_config, resolve_model_dir
 
@@ -180,16 +190,22 @@ def read_ngrams(zen_dir: Path) -> dict[str, int]:
     return rows
 
 
-def char_mean_embedding(word: str, tokenizer, char_embeddings: torch.Tensor) -> torch.Tensor:
-    """A word's starting vector when ZEN has none: the mean of its characters' bge embeddings."""
+def piece_mean_embedding(word: str, tokenizer, piece_embeddings: torch.Tensor) -> torch.Tensor:
+    """A word's starting vector when ZEN has none: the mean of the base's embeddings of the pieces the base's
+    tokenizer cuts the word into (its characters, for bge), so the word starts where its pieces are.
+
+    A piece that stands for no character of the word is left out: the lone word-start marker a
+    Unigram tokenizer puts before a text (``▁`` in ``▁`` + ``数据``), which inside a text is absent.
+    """
     ids = tokenizer(word, add_special_tokens=False)["input_ids"]
-    return char_embeddings[ids].mean(dim=0)
+    pieces = [i for i in ids if tokenizer.decode([i]).strip()] or ids
+    return piece_embeddings[pieces].mean(dim=0)
 
 
 def build_from_bge(args: MergeConfig) -> tuple[PolicyBertModel, PolicyBertTokenizer, dict]:
-    """A new PolicyBERT: bge's character encoder, a word stream from ZEN or bge, fusions as ``--init`` says."""
+    """A new PolicyBERT: the base's character encoder, a word stream from ZEN or the base, fusions as ``--init``
+    says."""
     import torch
-    from transformers import AutoTokenizer
 
     from chatchat_policybert.model.configuration_policybert import CONFIG_ERRORS, PolicyBertConfig
     from chatchat_policybert.model.modeling_policybert import PolicyBertModel
@@ -242,13 +258,24 @@ def build_from_bge(args: MergeConfig) -> tuple[PolicyBertModel, PolicyBertTokeni
         else:
             target[key] = tensor
             report["used"][key] = f"bge:{key}"
-    missing_char = [k for k in target if k.startswith(CHAR_PREFIXES) and k not in report["used"]]
+    # A mean-pooling base (e5) has no pooler: embeddings never read it, so it starts fresh, as the loader allows.
+    fresh_pooler = [k for k in target if k.startswith("pooler.") and k not in report["used"]]
+    missing_char = [k for k in target if k.startswith(CHAR_PREFIXES) and k not in report["used"].keys() | fresh_pooler]
     if missing_char:
         raise InputError(
             f"--bge {bge_dir}: checkpoint lacks {len(missing_char)} encoder tensors, e.g. {missing_char[0]}"
         )
 
-    tokenizer = AutoTokenizer.from_pretrained(bge_dir, trust_remote_code=False)  # never run a directory's code
+    # The base's tokenizer with its prompts (PolicyBertTokenizer reads them and never runs a directory's code),
+    # given the lexicon: the built model embeds each text as the base does, prompts included.
+    try:
+        wrapped = PolicyBertTokenizer.from_pretrained(bge_dir)
+    except (ValueError, OSError) as err:
+        raise InputError(
+            f"--bge {bge_dir}: tokenizer files cannot be read: {str(err).strip().splitlines()[0]}"
+        ) from None
+    wrapped.lexicon, wrapped.max_words, wrapped.max_words_span = lexicon, config.max_words, config.max_words_span
+    tokenizer = wrapped.tokenizer
     char_embeddings = target["embeddings.word_embeddings.weight"]
     word_rows = target["word_embeddings.word_embeddings.weight"]
     zen_rows: dict[str, int] = {}
@@ -303,16 +330,15 @@ def build_from_bge(args: MergeConfig) -> tuple[PolicyBertModel, PolicyBertTokeni
             word_rows[word_id] = zen_words[row]
             from_zen += 1
         else:
-            word_rows[word_id] = char_mean_embedding(word, tokenizer, char_embeddings)
+            word_rows[word_id] = piece_mean_embedding(word, tokenizer, char_embeddings)
     word_rows[0] = 0.0
     target["word_embeddings.word_embeddings.weight"] = word_rows
     report["used"]["word_embeddings.word_embeddings.weight"] = (
         f"{from_zen} rows from ZEN by word string, "
-        f"{len(lexicon.words) - from_zen} from the mean of their characters' bge embeddings"
+        f"{len(lexicon.words) - from_zen} from the mean of their pieces' embeddings in the base"
     )
-    report["fresh"] = [k for k in target if k.startswith(("fusions.", "fusion_scales"))]
+    report["fresh"] = [k for k in target if k.startswith(("fusions.", "fusion_scales"))] + fresh_pooler
     model.load_state_dict(target)
-    wrapped = PolicyBertTokenizer(tokenizer, lexicon, config.max_words, config.max_words_span)
     return model, wrapped, report
 
 
@@ -426,7 +452,7 @@ def run(cfg: MergeConfig) -> Path:
     )
     print(
         f"wrote {out}: {len(report['used'])} tensors set from sources, {len(report['dropped'])} dropped, "
-        f"{len(report.get('fresh', []))} fresh fusion tensors (details in merge_report.json)"
+        f"{len(report.get('fresh', []))} fresh tensors (details in merge_report.json)"
     )
     for key, reason in report["dropped"].items():
         print(f"  dropped {key}: {reason}")
@@ -439,8 +465,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             MergeConfig,
             argv,
             prog="python -m training.merge_bge",
-            description="Build a PolicyBERT directory from bge (+ ZEN), "
-            "or merge a fine-tuned PolicyBERT back with bge.",
+            description="Build a PolicyBERT directory from any BERT-family base (bge, e5, ...; + ZEN), "
+            "or merge a fine-tuned PolicyBERT back with its base.",
         )
     )
     return 0

@@ -1,8 +1,9 @@
 """``PolicyBertEmbeddings``: the LangChain ``Embeddings`` that Chatchat retrieves with.
 
-It follows bge's recipe (``HuggingFaceBgeEmbeddings``): queries get a retrieval instruction — the
-one the model directory was trained with, else bge's — documents do not; the vector is the [CLS]
-state, L2-normalised, as float32.
+It follows the model directory's recipe, read from its sentence-transformers files: queries get the
+query prompt the directory was trained with (else bge's instruction), documents the document prompt
+where it has one (e5's ``passage: ``; bge's documents get none); the vector is the [CLS] state or the
+mean of the token states, as the directory pools, L2-normalised, as float32.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ from langchain_core.embeddings import Embeddings
 
 from chatchat_policybert.model.dtypes import DTYPE_NAMES
 from chatchat_policybert.model.loading import load_policybert
-from chatchat_policybert.model.modeling_policybert import ClsOnlyLayer
+from chatchat_policybert.model.modeling_policybert import ClsOnlyLayer, PolicyBertModel
 from chatchat_policybert.model.options import EmbeddingOptions
 from chatchat_policybert.model.tokenization_policybert import check_texts
 
@@ -50,15 +51,23 @@ def auto_dtype(device: str, flags: set[str] | None = None) -> str:
     return "bfloat16" if (cpu_flags() if flags is None else flags) & BF16_CPU_FLAGS else "float32"
 
 
-def cls_vectors(model: torch.nn.Module, batch: Mapping[str, torch.Tensor]) -> torch.Tensor:
-    """The L2-normalised [CLS] states (float32) of one collated batch, as bge pools.
+def sentence_vectors(model: torch.nn.Module, batch: Mapping[str, torch.Tensor], pooling: str) -> torch.Tensor:
+    """The L2-normalised sentence vectors (float32) of one collated batch: the [CLS] states (``pooling="cls"``, bge)
+    or the mean of each text's token states, padding left out (``"mean"``, e5).
 
     The one pooling step of serving (:class:`PolicyBertEmbeddings`) and of contrastive training
     (``training.contrastive``), so that a model is trained on exactly the vectors it will serve.
     Gradients flow unless the caller disables them (inference mode here, ``no_grad`` in evaluation).
     """
-    output = model(**batch)
-    return torch.nn.functional.normalize(output.last_hidden_state[:, 0].float(), dim=-1)
+    states = model(**batch).last_hidden_state
+    if pooling == "cls":
+        pooled = states[:, 0]
+    elif pooling == "mean":
+        mask = batch["attention_mask"].unsqueeze(-1).to(states.dtype)
+        pooled = (states * mask).sum(dim=1) / mask.sum(dim=1).clamp(min=1)
+    else:
+        raise ValueError(f"pooling {pooling!r}: expected cls or mean")
+    return torch.nn.functional.normalize(pooled.float(), dim=-1)
 
 
 def token_limit(model: torch.nn.Module, max_length: int) -> int:
@@ -79,7 +88,9 @@ class PolicyBertEmbeddings(Embeddings):
     (default) embeds its beginning and logs a warning with the number of texts cut; ``window``
     embeds it as consecutive windows of ``max_length`` tokens and returns the normalised mean of
     the window vectors. ``query_instruction`` prefixes every query; None (the default) takes the
-    model directory's (``training.contrastive --query-instruction`` saves it), else bge's.
+    model directory's (``training.contrastive --query-instruction`` saves it), else bge's. Documents get
+    the directory's document prompt where it has one (e5's ``passage: ``), and the vector is the
+    directory's pooling (:func:`sentence_vectors`).
     """
 
     def __init__(
@@ -103,8 +114,9 @@ class PolicyBertEmbeddings(Embeddings):
         device = checked.device
         dtype = auto_dtype(device) if checked.dtype == "auto" else checked.dtype
         self.model, self.tokenizer = load_policybert(model_name_or_path, device=device)
-        # Only the last layer's [CLS] state is read: that layer computes that row alone.
-        self.model.encoder.layer[-1] = ClsOnlyLayer(self.model.encoder.layer[-1])
+        self.pooling = self.tokenizer.pooling
+        if self.pooling == "cls":  # only the last layer's [CLS] state is read: that layer computes that row alone
+            self.model.encoder.layer[-1] = ClsOnlyLayer(self.model.encoder.layer[-1])
         self.device = torch.device(device)
         self.dtype = dtype
         self.batch_size = checked.batch_size
@@ -113,8 +125,11 @@ class PolicyBertEmbeddings(Embeddings):
         self.query_instruction = checked.query_instruction
         if self.query_instruction is None:
             self.query_instruction = self.tokenizer.query_prompt
+        self.document_instruction = self.tokenizer.document_prompt
         self.long_text = checked.long_text
         self.dimension = self.model.config.hidden_size
+        # A model whose fusion scales are all 0 (a fresh merge) skips its word stream: no words to match either.
+        self.words = isinstance(self.model, PolicyBertModel) and not self.model.word_stream_silent()
         # One model serves Chatchat's worker threads; the tokenizer's Rust core is not re-entrant.
         self._lock = threading.Lock()
 
@@ -140,7 +155,7 @@ class PolicyBertEmbeddings(Embeddings):
         return vectors / np.linalg.norm(vectors, axis=1, keepdims=True).clip(min=1e-12)
 
     def _embed_pieces(self, encodings: list, texts: list[str]) -> np.ndarray:
-        """Unit [CLS] vectors of encodings (of ``texts``), longest first, in token-budget batches."""
+        """Unit vectors of encodings (of ``texts``), longest first, in token-budget batches."""
         vectors = np.empty((len(encodings), self.dimension), dtype=np.float32)
         lengths = np.array([len(e.ids) for e in encodings])
         order = np.argsort(-lengths, kind="stable")
@@ -151,13 +166,15 @@ class PolicyBertEmbeddings(Embeddings):
                 # Sorted longest first, so the first text sets the batch's padded length.
                 size = max(1, min(self.batch_size, self.batch_tokens // int(lengths[order[start]])))
                 index = order[start : start + size]
-                batch = self.tokenizer.collate([encodings[i] for i in index], [texts[i] for i in index])
-                vectors[index] = cls_vectors(self.model, batch.to(self.device)).cpu().numpy()
+                batch = self.tokenizer.collate(
+                    [encodings[i] for i in index], [texts[i] for i in index], words=self.words
+                )
+                vectors[index] = sentence_vectors(self.model, batch.to(self.device), self.pooling).cpu().numpy()
                 start += size
         return vectors
 
     def embed_documents(self, texts: list[str]) -> list[list[float]]:
-        return self._embed(list(texts)).tolist()
+        return self.encode_corpus(texts).tolist()
 
     def embed_query(self, text: str) -> list[float]:
         if not isinstance(text, str):
@@ -170,5 +187,10 @@ class PolicyBertEmbeddings(Embeddings):
         return self._embed([self.query_instruction + query for query in queries])
 
     def encode_corpus(self, corpus: list[str]) -> np.ndarray:
-        """FlagEmbedding's name: the document vectors (no instruction) as one float32 array, a row per document."""
-        return self._embed(list(corpus))
+        """FlagEmbedding's name: the document vectors (document prompt prefixed where the directory has one) as one
+        float32 array, a row per document."""
+        corpus = list(corpus)
+        if not self.document_instruction:
+            return self._embed(corpus)
+        check_texts(corpus)
+        return self._embed([self.document_instruction + text for text in corpus])

@@ -313,8 +313,8 @@ def load_policybert(
 
 
 # sentence-transformers' description of a model directory: its own Transformer module at the root (which
-# reaches PolicyBERT through transformers' Auto classes, registered by this package), [CLS] pooling
-# and L2 normalisation, i.e. what PolicyBertEmbeddings computes. Its own classes only: sentence-
+# reaches PolicyBERT through transformers' Auto classes, registered by this package), the directory's
+# pooling ([CLS] or mean) and L2 normalisation, i.e. what PolicyBertEmbeddings computes. Its own classes only: sentence-
 # transformers imports any other class named in modules.json only with trust_remote_code=True.
 ST_MODULES = (
     ("", "sentence_transformers.base.modules.transformer.Transformer"),
@@ -327,8 +327,9 @@ def sentence_transformers_files(model: PreTrainedModel, tokenizer: PolicyBertTok
     """The files that make a model directory a sentence-transformers one (path -> JSON text).
 
     ``SentenceTransformer(dir)`` then embeds as :class:`~chatchat_policybert.model.embeddings.PolicyBertEmbeddings`
-    does by default: the [CLS] state, normalised, of at most ``min(512, positions)`` tokens, with
-    the query prompt the model was trained with (``prompt_name="query"``; documents get none).
+    does by default: the tokenizer's pooling ([CLS] state or mean of the tokens), normalised, of at most
+    ``min(512, positions)`` tokens, with the prompts the model was trained with (``prompt_name="query"``,
+    ``prompt_name="document"``; bge's documents get none).
     """
 
     def dump(content: object) -> str:
@@ -352,7 +353,7 @@ def sentence_transformers_files(model: PreTrainedModel, tokenizer: PolicyBertTok
             }
         ),
         "1_Pooling/config.json": dump(
-            {"embedding_dimension": model.config.hidden_size, "pooling_mode": "cls", "include_prompt": True}
+            {"embedding_dimension": model.config.hidden_size, "pooling_mode": tokenizer.pooling, "include_prompt": True}
         ),
         "2_Normalize/config.json": dump(
             {"module_input_name": "sentence_embedding", "module_output_name": "sentence_embedding"}
@@ -360,7 +361,7 @@ def sentence_transformers_files(model: PreTrainedModel, tokenizer: PolicyBertTok
         PROMPTS_FILE: dump(
             {
                 "model_type": "SentenceTransformer",
-                "prompts": {"query": tokenizer.query_prompt, "document": ""},
+                "prompts": {"query": tokenizer.query_prompt, "document": tokenizer.document_prompt},
                 "default_prompt_name": None,
                 "similarity_fn_name": "cosine",
             }

@@ -19,8 +19,10 @@ and ``C + s_i M W`` for the late additions. ``s = 1`` is the formulas above; ``s
 the ``BertModel`` the characters come from, so a model merged from bge can start as bge and
 training decides how much of the word stream to let in. At inference two exact shortcuts cut the work: each
 distinct word runs once (:func:`merge_repeated_words`) and attn attends to the distinct coverage
-rows of ``M`` (:meth:`PolicyBertFusion.key_groups`). An embedding model's last layer can
-compute its [CLS] row alone (:class:`ClsOnlyLayer`, used by ``PolicyBertEmbeddings``).
+rows of ``M`` (:meth:`PolicyBertFusion.key_groups`), and a model whose fusion scales are all 0
+skips the word stream altogether (:meth:`PolicyBertModel.word_stream_skipped`: the same bits, less
+work). An embedding model's last layer can compute its [CLS] row alone (:class:`ClsOnlyLayer`, used
+by ``PolicyBertEmbeddings``).
 """
 
 from __future__ import annotations
@@ -472,6 +474,30 @@ class PolicyBertModel(PolicyBertPreTrainedModel):
             self.fusion_scales = nn.Parameter(torch.full((config.num_hidden_layers,), config.fusion_scale_init))
         self.post_init()
 
+    def word_stream_silent(self) -> bool:
+        """True when the word stream cannot change any output: no word stream, or every fusion scale it uses is 0.
+
+        ``C + 0 * (Fuse - C)`` is ``C`` bit for bit, so such a model (a fresh ``merge_bge --init
+        bge``, what ``make demo`` and an untuned deployment serve) computes its base ``BertModel``
+        exactly; running the word layers would only cost time (1.22x on a bge-base-sized model).
+        Inputs need no word matches either (``PolicyBertEmbeddings`` asks this before collating).
+        """
+        if not self.config.word_vocab_size:
+            return True
+        used = self.config.num_hidden_layers if self.config.late_fusion == "add" else self.config.num_word_layers
+        return not bool(self.fusion_scales[:used].any())
+
+    def word_stream_skipped(self) -> bool:
+        """Whether this forward pass leaves the word stream out: silent (:meth:`word_stream_silent`) and no gradient
+        asked for the scales.
+
+        Training at ``s = 0`` still runs it: the scales' gradient is ``(Fuse - C) * dL/dC'``, which
+        needs the word states, and it is what moves ``s`` off 0.
+        """
+        if self.config.word_vocab_size and torch.is_grad_enabled() and self.fusion_scales.requires_grad:
+            return False
+        return self.word_stream_silent()
+
     def get_input_embeddings(self) -> nn.Embedding:
         return self.embeddings.word_embeddings
 
@@ -490,13 +516,14 @@ class PolicyBertModel(PolicyBertPreTrainedModel):
         output_hidden_states: bool = False,
         **kwargs,
     ) -> BaseModelOutputWithPooling:
-        """``BertModel``'s inputs plus the tokenizer's word inputs; without ``word_ids`` the word stream is off."""
+        """``BertModel``'s inputs plus the tokenizer's word inputs; without ``word_ids``, or when every fusion scale is
+        0 and no gradient is asked for (:meth:`word_stream_skipped`), the word stream is off."""
         if attention_mask is None:
             attention_mask = torch.ones_like(input_ids)
         hidden = self.embeddings(input_ids=input_ids, token_type_ids=token_type_ids, position_ids=position_ids)
         char_mask = create_bidirectional_mask(config=self.config, inputs_embeds=hidden, attention_mask=attention_mask)
         word_stream = None
-        if self.config.word_vocab_size and word_ids is not None:
+        if word_ids is not None and not self.word_stream_skipped():
             word_stream = WordStream(
                 self, word_ids, word_attention_mask, word_matching_matrix, attention_mask, hidden.dtype, **kwargs
             )

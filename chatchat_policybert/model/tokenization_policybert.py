@@ -1,11 +1,12 @@
 """Everything the model needs from raw text: character ids plus matched words and the matching matrix.
 
-``PolicyBertTokenizer`` wraps a fast BERT tokenizer (bge's, or a character vocabulary built for
-from-scratch training) and a :class:`~chatchat_policybert.model.lexicon.Lexicon`. A lexicon word is
-kept only where its span starts and ends on token boundaries, so ``M[b, t, q] = 1`` means token
-``t`` of example ``b`` lies inside word ``q``. Words are ordered by position and cut to the
-``k_w`` budget deterministically at inference; ``shuffle_words`` (training only) draws the order
-and the cut from a seeded generator, as ZEN does.
+``PolicyBertTokenizer`` wraps the directory's fast tokenizer (bge's WordPiece, a character vocabulary built
+for from-scratch training, e5's Unigram; special tokens are the tokenizer's own) and a
+:class:`~chatchat_policybert.model.lexicon.Lexicon`. A lexicon word is matched to every token it overlaps,
+so ``M[b, t, q] = 1`` means token ``t`` of example ``b`` shares a character with word ``q`` (with one
+character per token: lies inside it). Words are ordered by position and cut to the ``k_w`` budget
+deterministically at inference; ``shuffle_words`` (training only) draws the order and the cut from a seeded
+generator, as ZEN does.
 """
 
 from __future__ import annotations
@@ -16,11 +17,13 @@ import random
 import string
 from collections import Counter
 from collections.abc import Iterable
+from functools import cached_property
 from pathlib import Path
 
 import numpy as np
 import torch
 from tokenizers import Encoding
+from tokenizers.models import WordPiece
 from transformers import AutoTokenizer, BatchEncoding, BertTokenizerFast, PreTrainedConfig, PreTrainedTokenizerFast
 
 from chatchat_policybert.errors import InputError
@@ -38,22 +41,80 @@ PROMPTS_FILE = "config_sentence_transformers.json"
 """Where a model directory keeps its query instruction: sentence-transformers' file, ``{"prompts": {"query": …}}``."""
 
 
-def read_query_instruction(path: Path) -> str | None:
-    """The query instruction a model directory was trained with (``prompts.query`` of :data:`PROMPTS_FILE`), None if
-    none.
+POOLING_MODES = ("cls", "mean")
+"""How a model directory pools token states into its vector: bge's [CLS] state, or e5's mean over the tokens."""
+DOCUMENT_PROMPT_NAMES = ("document", "passage", "corpus")
+"""The names a directory's document prompt may have, in the order sentence-transformers' ``encode_document`` tries."""
+ST_MODULES_FILE = "modules.json"
+POOLING_MODULE = "Pooling"
+LEGACY_POOLING = {"pooling_mode_cls_token": "cls", "pooling_mode_mean_tokens": "mean"}
+
+
+def read_prompts(path: Path) -> tuple[str | None, str | None]:
+    """The query and document prompts a model directory was trained with (``prompts.query`` and the first of
+    :data:`DOCUMENT_PROMPT_NAMES` in :data:`PROMPTS_FILE`), None for each it names none.
 
     bge's own directories carry that file without prompts, so None is common; a file that is no
-    JSON, or a ``prompts.query`` that is no string, is an :class:`InputError` naming the file.
+    JSON, or a prompt that is no string, is an :class:`InputError` naming the file.
     """
     file = path / PROMPTS_FILE
     if not file.is_file():
-        return None
+        return None, None
     content = read_json(file)
     prompts = content.get("prompts") if isinstance(content, dict) else None
-    instruction = prompts.get("query") if isinstance(prompts, dict) else None
-    if instruction is not None and not isinstance(instruction, str):
-        raise InputError(f"{file}: prompts.query is {type(instruction).__name__}, expected a string")
-    return instruction
+    prompts = prompts if isinstance(prompts, dict) else {}
+    for name in ("query", *DOCUMENT_PROMPT_NAMES):
+        if prompts.get(name) is not None and not isinstance(prompts[name], str):
+            raise InputError(f"{file}: prompts.{name} is {type(prompts[name]).__name__}, expected a string")
+    document = next((prompts[name] for name in DOCUMENT_PROMPT_NAMES if prompts.get(name) is not None), None)
+    return prompts.get("query"), document
+
+
+def read_pooling(path: Path) -> str:
+    """A model directory's pooling (:data:`POOLING_MODES`), from its sentence-transformers Pooling module.
+
+    The module is the ``modules.json`` entry whose type ends in ``Pooling``; its ``config.json`` says
+    ``pooling_mode`` (sentence-transformers 6) or ``pooling_mode_cls_token`` / ``pooling_mode_mean_tokens``
+    (the hub's older directories, bge's and e5's among them). A directory without these files pools as
+    bge does ([CLS]); a pooling this package cannot compute is an :class:`InputError` naming the file,
+    never a silently different vector.
+    """
+    modules_file = path / ST_MODULES_FILE
+    if not modules_file.is_file():
+        return "cls"
+    modules = read_json(modules_file)
+    folders = [
+        m.get("path", "")
+        for m in (modules if isinstance(modules, list) else [])
+        if isinstance(m, dict) and str(m.get("type", "")).endswith(POOLING_MODULE)
+    ]
+    if not folders:
+        raise InputError(f"{modules_file}: no {POOLING_MODULE} module (expected CLS or mean pooling)")
+    config_file = path / folders[0] / "config.json"
+    config = read_json(config_file) if config_file.is_file() else None
+    if not isinstance(config, dict):
+        raise InputError(f"{config_file}: missing or not a JSON object (the directory's pooling)")
+    mode = config.get("pooling_mode")
+    if mode is None:  # the hub's older files: one boolean per mode
+        chosen = [key for key, value in config.items() if key.startswith("pooling_mode_") and value is True]
+        mode = LEGACY_POOLING.get(chosen[0], chosen[0]) if len(chosen) == 1 else " + ".join(chosen) or "none"
+    if mode not in POOLING_MODES:
+        raise InputError(f"{config_file}: pooling {mode!r} is not supported (expected {' or '.join(POOLING_MODES)})")
+    if config.get("include_prompt", True) is not True:
+        raise InputError(f"{config_file}: include_prompt false is not supported (the prompt's tokens are pooled too)")
+    return mode
+
+
+def read_recipe(path: Path) -> dict[str, str | None]:
+    """How a model directory embeds, as :class:`PolicyBertTokenizer`'s keyword arguments: its query and document
+    prompts (:func:`read_prompts`) and its pooling (:func:`read_pooling`). A stage that builds a directory from
+    another (``training.merge_bge``) passes them on, so the new directory embeds as its base does."""
+    query_instruction, document_instruction = read_prompts(path)
+    return {
+        "query_instruction": query_instruction,
+        "document_instruction": document_instruction,
+        "pooling": read_pooling(path),
+    }
 
 
 def build_char_tokenizer(texts: Iterable[str], min_count: int = 1, model_max_length: int = 512) -> BertTokenizerFast:
@@ -87,12 +148,28 @@ def check_texts(texts: list, name: str = "text") -> None:
             ) from None
 
 
-class PolicyBertTokenizer:
-    """Character tokenizer + lexicon matcher. Without a lexicon it returns plain BERT inputs.
+def overlapping_tokens(offsets: np.ndarray, starts: np.ndarray, ends: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """For character spans ``[starts, ends)``, the tokens (rows of ``offsets``, in text order) sharing a character
+    with each: ``first`` and one past ``last``, as indices into ``offsets``; ``first == last`` where none does.
 
-    ``query_instruction`` is the prefix the model's queries were trained with (None: the model
-    names none, and :attr:`query_prompt` is bge's); it is saved and loaded with the tokenizer
-    files, so every stage that loads a directory and writes another keeps it.
+    ``offsets`` (tokens x 2, character ``[start, end)``) must be non-decreasing in both columns, as
+    one segment's tokens are (a lone metaspace piece ``▁`` may share its start with the next piece).
+    """
+    first = np.searchsorted(offsets[:, 1], starts, side="right")  # the first token ending after the start
+    last = np.searchsorted(offsets[:, 0], ends, side="left")  # one past the last token starting before the end
+    return first, np.maximum(first, last)
+
+
+class PolicyBertTokenizer:
+    """The directory's tokenizer (bge's WordPiece, a character vocabulary, e5's Unigram) + lexicon matcher.
+    Without a lexicon it returns plain BERT inputs.
+
+    It also carries how the directory embeds, so that every stage that loads a directory and writes
+    another keeps it: ``query_instruction`` is the prefix the model's queries were trained with (None: the
+    model names none, and :attr:`query_prompt` is bge's), ``document_instruction`` the documents' (None:
+    none, as bge), ``pooling`` one of :data:`POOLING_MODES`. They are read from and written to the
+    directory's sentence-transformers files (:func:`read_prompts`, :func:`read_pooling`,
+    :func:`chatchat_policybert.model.loading.sentence_transformers_files`).
     """
 
     def __init__(
@@ -102,6 +179,8 @@ class PolicyBertTokenizer:
         max_words: int = PolicyBertConfig.max_words,
         max_words_span: int = PolicyBertConfig.max_words_span,
         query_instruction: str | None = None,
+        document_instruction: str | None = None,
+        pooling: str = "cls",
     ):
         if not tokenizer.is_fast:
             raise ValueError("PolicyBertTokenizer needs a fast tokenizer (offsets map words onto tokens)")
@@ -110,12 +189,21 @@ class PolicyBertTokenizer:
         self.max_words = max_words
         self.max_words_span = max_words_span
         self.query_instruction = query_instruction
+        self.document_instruction = document_instruction
+        if pooling not in POOLING_MODES:
+            raise ValueError(f"pooling {pooling!r}: expected one of {', '.join(POOLING_MODES)}")
+        self.pooling = pooling
 
     @property
     def query_prompt(self) -> str:
         """What a query is prefixed with: the directory's instruction, else bge's
         (:data:`DEFAULT_QUERY_INSTRUCTION`)."""
         return DEFAULT_QUERY_INSTRUCTION if self.query_instruction is None else self.query_instruction
+
+    @property
+    def document_prompt(self) -> str:
+        """What a document is prefixed with: the directory's document prompt (e5's ``passage: ``), else nothing."""
+        return self.document_instruction or ""
 
     @property
     def model_max_length(self) -> int:
@@ -129,7 +217,7 @@ class PolicyBertTokenizer:
 
     @classmethod
     def from_pretrained(cls, path: str | os.PathLike, config: PreTrainedConfig | None = None) -> PolicyBertTokenizer:
-        """Load the tokenizer files, ``lexicon.txt``, the query instruction and the k_w settings from a model dir.
+        """Load the tokenizer files, ``lexicon.txt``, the prompts, the pooling and the k_w settings from a model dir.
 
         ``config`` is the directory's (the loader passes the one it has read; without it
         ``config.json`` is read here, once, for the k_w settings and transformers' tokenizer
@@ -148,7 +236,7 @@ class PolicyBertTokenizer:
             lexicon,
             max_words=getattr(config, "max_words", PolicyBertConfig.max_words),
             max_words_span=getattr(config, "max_words_span", PolicyBertConfig.max_words_span),
-            query_instruction=read_query_instruction(path),
+            **read_recipe(path),
         )
 
     def count_tokens(self, texts: list[str]) -> list[int]:
@@ -160,7 +248,7 @@ class PolicyBertTokenizer:
         """The tokenizer files and the lexicon; ``tokenizer_config.json`` names :class:`PolicyBertTokenizerFast`
         where there is a lexicon, so that ``AutoTokenizer`` gives the word inputs too.
 
-        The query instruction is saved with the rest of sentence-transformers' files by
+        The prompts and the pooling are saved with the rest of sentence-transformers' files by
         :func:`chatchat_policybert.model.loading.save_model_dir`.
         """
         path = Path(path)
@@ -177,11 +265,20 @@ class PolicyBertTokenizer:
                 max_words_span=self.max_words_span,
             )
         elif config.get("tokenizer_class") == PolicyBertTokenizerFast.__name__:
-            config["tokenizer_class"] = "BertTokenizer"
+            # No lexicon any more: BERT's class for a WordPiece base, transformers' generic one for any other (e5's
+            # Unigram), which loads tokenizer.json as it is.
+            wordpiece = isinstance(self.tokenizer.backend_tokenizer.model, WordPiece)
+            config["tokenizer_class"] = "BertTokenizer" if wordpiece else "TokenizersBackend"
         config_file.write_text(json.dumps(config, ensure_ascii=False, indent=2) + "\n", encoding="utf-8")
 
     def word_spans(self, encoding: Encoding, texts: tuple[str, ...]) -> np.ndarray:
-        """All lexicon words of one example that align with its tokens: rows ``(word_id, first, last)``."""
+        """All lexicon words of one example with the tokens they overlap: rows ``(word_id, first, last)``.
+
+        A word matches every token that shares a character with it (:func:`overlapping_tokens`), not
+        only tokens it starts and ends on: with one character per token (bge) the two rules are the
+        same, with word pieces (e5's Unigram, ``数据`` + ``安全管理``) the aligned rule drops most
+        words (docs/model.md, "Words over word pieces": measured on the shipped corpus).
+        """
         sequence_ids = np.array([-1 if s is None else s for s in encoding.sequence_ids])
         offsets = np.array(encoding.offsets, dtype=np.int64).reshape(-1, 2)
         spans = []
@@ -189,20 +286,15 @@ class PolicyBertTokenizer:
             tokens = np.flatnonzero((sequence_ids == segment) & (offsets[:, 1] > offsets[:, 0]))
             if not len(tokens):
                 continue
-            # Only the characters this encoding covers: a word must start and end on its tokens, and
-            # a long text's windows each search their own part, so matching stays linear in its length.
+            # Only the characters this encoding covers: a long text's windows each search their own
+            # part, so matching stays linear in its length.
             low, high = int(offsets[tokens, 0].min()), int(offsets[tokens, 1].max())
             found = self.lexicon.find(text[low:high])
             if not len(found):
                 continue
-            # Character offset (from ``low``) -> token index where a token starts / one past where one ends.
-            first_of = np.full(high - low + 1, -1)
-            last_of = np.full(high - low + 1, -1)
-            first_of[offsets[tokens[::-1], 0] - low] = tokens[::-1]
-            last_of[offsets[tokens, 1] - low] = tokens + 1
-            first, last = first_of[found[:, 1]], last_of[found[:, 2]]
-            aligned = (first >= 0) & (last >= 0)
-            spans.append(np.stack([found[aligned, 0], first[aligned], last[aligned]], axis=1))
+            first, last = overlapping_tokens(offsets[tokens] - low, found[:, 1], found[:, 2])
+            kept = first < last
+            spans.append(np.stack([found[kept, 0], tokens[first[kept]], tokens[last[kept] - 1] + 1], axis=1))
         return np.concatenate(spans) if spans else np.zeros((0, 3), dtype=np.int64)
 
     def encode(
@@ -275,15 +367,18 @@ class PolicyBertTokenizer:
         shuffle_words: bool = False,
         seed: int | None = None,
         return_word_spans: bool = False,
+        words: bool = True,
     ) -> BatchEncoding:
         """``encodings`` of ``text`` (and ``text_pair``), padded to the longest, as ``pt`` tensors.
 
         Returns ``input_ids``, ``token_type_ids``, ``attention_mask`` and, with a lexicon,
         ``word_ids`` / ``word_attention_mask`` (batch x words) and ``word_matching_matrix``
         (batch x tokens x words, float 0/1). ``return_word_spans`` adds ``word_spans``: per
-        example every aligned match (before the k_w cut) as ``(word_id, first, last)`` rows,
+        example every match (before the k_w cut) as ``(word_id, first, last)`` rows,
         for whole-word masking. An encoding may be an overflowing window of its text: its
         offsets still point into the whole text, and words outside the window do not align.
+        ``words=False`` leaves the word inputs out (no matching at all): for a model that would
+        skip them (:meth:`PolicyBertModel.word_stream_silent`).
         """
         # Tensors are built here from the Rust encodings: transformers' own padding and
         # conversion walk nested Python lists and cost more than tokenising.
@@ -302,7 +397,7 @@ class PolicyBertTokenizer:
                 "attention_mask": torch.from_numpy(attention_mask),
             }
         )
-        if self.lexicon is None:
+        if self.lexicon is None or not words:
             return batch
         batch.update(
             self.word_inputs(
@@ -330,32 +425,46 @@ class PolicyBertTokenizer:
         )
 
 
-class PolicyBertTokenizerFast(BertTokenizerFast):
-    """The tokenizer transformers' ``AutoTokenizer`` gives for a PolicyBERT directory: BERT's, plus the word inputs.
+class PolicyBertTokenizerFast(PreTrainedTokenizerFast):
+    """The tokenizer transformers' ``AutoTokenizer`` gives for a PolicyBERT directory: the base's, plus the word
+    inputs.
+
+    It is the directory's ``tokenizer.json`` as saved, whatever its model (bge's WordPiece, e5's
+    Unigram): transformers' generic fast tokenizer, not ``BertTokenizerFast``, which rebuilds a
+    WordPiece from the vocabulary and would cut e5's text into characters.
 
     Why: ``AutoModel.from_pretrained(dir)(**tokenizer(texts, padding=True, return_tensors="pt"))``
     and sentence-transformers' ``Transformer`` module (which calls it that way) must feed the model
     the words :class:`PolicyBertTokenizer` feeds it, or their vectors silently differ from the
     served ones. The word inputs are padded tensors (a words x tokens matrix per text), so they are
-    added where ``return_tensors="pt"`` asks for tensors; other calls return BERT's inputs alone.
+    added where ``return_tensors="pt"`` asks for tensors; other calls return the base's inputs alone.
     ``lexicon.txt`` is read as one of the tokenizer's files; the k_w settings come from
     ``tokenizer_config.json``, which :meth:`PolicyBertTokenizer.save_pretrained` writes.
+
+    No ``__init__`` of its own, on purpose: transformers then loads ``tokenizer.json`` as it is — the
+    base's WordPiece (bge) or Unigram (e5), its normaliser, special tokens and template — where a
+    class with its own ``__init__`` gets a WordPiece rebuilt from the vocabulary. The lexicon and the
+    k_w settings arrive among the init arguments.
     """
 
-    vocab_files_names = {**BertTokenizerFast.vocab_files_names, "lexicon_file": LEXICON_FILE}
+    vocab_files_names = {**PreTrainedTokenizerFast.vocab_files_names, "lexicon_file": LEXICON_FILE}
 
-    def __init__(
-        self,
-        *args,
-        lexicon_file: str | os.PathLike | None = None,
-        max_words: int = PolicyBertConfig.max_words,
-        max_words_span: int = PolicyBertConfig.max_words_span,
-        **kwargs,
-    ):
-        super().__init__(*args, **kwargs)
-        self.lexicon = Lexicon.load(lexicon_file) if lexicon_file is not None else None
-        self.max_words = max_words
-        self.max_words_span = max_words_span
+    # No __init__ of its own: transformers 5 loads tokenizer.json as it is only for a class without one, and
+    # rebuilds the backend from the bare vocabulary for any other (a Unigram one then gains <s> and </s>).
+    # The lexicon and the k_w settings are read from the keyword arguments it keeps (init_kwargs).
+
+    @cached_property
+    def lexicon(self) -> Lexicon | None:
+        lexicon_file = self.init_kwargs.get("lexicon_file")
+        return Lexicon.load(lexicon_file) if lexicon_file is not None else None
+
+    @property
+    def max_words(self) -> int:
+        return int(self.init_kwargs.get("max_words", PolicyBertConfig.max_words))
+
+    @property
+    def max_words_span(self) -> int:
+        return int(self.init_kwargs.get("max_words_span", PolicyBertConfig.max_words_span))
 
     def __call__(self, text=None, text_pair=None, *args, **kwargs) -> BatchEncoding:
         batch = super().__call__(text, text_pair, *args, **kwargs)

@@ -498,15 +498,17 @@ def test_bad_lexicon_line_in_a_model_dir_names_the_file_and_line(policy_dir, lin
 
 
 def test_config_json_is_read_once_per_load(tiny_model_dir, monkeypatch):
-    """The loader parses config.json once and hands it on: the tokenizer and from_pretrained read no copy."""
-    opened: list[str] = []
+    """The loader parses config.json once and hands it on: the tokenizer and from_pretrained read no copy.
+    (The Pooling module's own ``1_Pooling/config.json``, where the pooling is read, is another file.)"""
+    opened: list[Path] = []
     real_open = io.open
 
     def counting_open(file, *args, **kwargs):
-        opened.append(Path(file).name if isinstance(file, (str, os.PathLike)) else "")
+        opened.append(Path(file) if isinstance(file, (str, os.PathLike)) else Path())
         return real_open(file, *args, **kwargs)
 
+    model_dir = tiny_model_dir("attn")
     monkeypatch.setattr(io, "open", counting_open)
     monkeypatch.setattr(builtins, "open", counting_open)
-    load_policybert(tiny_model_dir("attn"))
-    assert opened.count("config.json") == 1, opened
+    load_policybert(model_dir)
+    assert opened.count(model_dir / "config.json") == 1, opened

@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from chatchat_policybert.model.configuration_policybert import FUSION_TYPES
-from chatchat_policybert.model.embeddings import PolicyBertEmbeddings, cls_vectors
+from chatchat_policybert.model.embeddings import PolicyBertEmbeddings, sentence_vectors
 from chatchat_policybert.model.loading import load_policybert
 from chatchat_policybert.model.modeling_policybert import ClsOnlyLayer, coverage_groups, merge_repeated_words
 
@@ -179,7 +179,7 @@ def test_cls_only_last_layer_gives_the_full_forward_cls(tiny_model_dir, texts, f
     batch = tokenizer(texts)
     assert not batch["attention_mask"].all(), "the batch is padded"
     with torch.inference_mode():
-        expected = cls_vectors(full, batch)
+        expected = sentence_vectors(full, batch, "cls")
         assert isinstance(embeddings.model.encoder.layer[-1], ClsOnlyLayer)
         assert embeddings.model(**batch).last_hidden_state.shape[1] == 1, "the last layer computes [CLS] alone"
     vectors = torch.tensor(embeddings.embed_documents(texts))

@@ -15,7 +15,7 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from chatchat_policybert.model.configuration_policybert import FUSION_TYPES
-from chatchat_policybert.model.embeddings import PolicyBertEmbeddings, cls_vectors
+from chatchat_policybert.model.embeddings import PolicyBertEmbeddings, sentence_vectors
 from chatchat_policybert.model.loading import load_policybert
 from chatchat_policybert.model.modeling_policybert import PolicyBertModel
 from tests.support.tiny_models import build_tiny_bert, build_tiny_policybert
@@ -153,7 +153,7 @@ def test_serving_shortcuts_obey_the_scales(tmp_path, texts, reference_lexicon, f
     model, tokenizer = load_policybert(path)
     model.train()  # every occurrence of a word runs (no merging); dropout is 0, so the values are eval's
     with torch.no_grad():
-        full = cls_vectors(model, tokenizer(texts))
+        full = sentence_vectors(model, tokenizer(texts), "cls")
     assert max_difference(served, full.tolist()) <= IDENTITY_TOL
 
 
