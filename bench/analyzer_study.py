@@ -39,9 +39,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from chatchat_policybert.data import CORPUS_CSV, QUESTIONS
 from chatchat_policybert.evaluation.dataset import load_corpus, load_questions
-from chatchat_policybert.evaluation.evaluate import RunResult, evaluate_retriever
 from chatchat_policybert.evaluation.knowledge_base import Chunk, load_chunks, prepare_root
 from chatchat_policybert.evaluation.metrics import paired_bootstrap_interval, percentile, rank_by_score
+from chatchat_policybert.evaluation.scoring import RunResult, evaluate_retriever
 from chatchat_policybert.files import write_json
 from chatchat_policybert.retrieval.analyzer import ANALYZERS, Analyzer, Recipe, get_analyzer, recipe_analyzer
 from chatchat_policybert.retrieval.bm25_index import ChunkIndex, PostingsBM25Okapi, count_words

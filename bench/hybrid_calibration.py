@@ -27,8 +27,8 @@ from chatchat_policybert.corpus import read_policy_rows
 from chatchat_policybert.data import CORPUS_CSV, LEXICON, QUESTIONS
 from chatchat_policybert.deploy.calibration import KS, Candidates, Fused, calibrate_root
 from chatchat_policybert.evaluation.dataset import load_corpus, load_questions
-from chatchat_policybert.evaluation.evaluate import compare_runs, evaluate_retriever
 from chatchat_policybert.evaluation.knowledge_base import load_chunks, prepare_root
+from chatchat_policybert.evaluation.scoring import compare_runs, evaluate_retriever
 from chatchat_policybert.files import write_json
 from chatchat_policybert.model.lexicon import Lexicon
 from chatchat_policybert.model.tokenization_policybert import DEFAULT_QUERY_INSTRUCTION

@@ -43,7 +43,7 @@ import numpy as np
 
 from chatchat_policybert.data import CORPUS_CSV, LEXICON, QUESTIONS, STOPWORDS
 from chatchat_policybert.errors import InputError
-from chatchat_policybert.evaluation import evaluate
+from chatchat_policybert.evaluation import evaluate, scoring
 from chatchat_policybert.evaluation.dataset import load_corpus, load_questions
 from chatchat_policybert.evaluation.knowledge_base import Chunk, load_chunks, prepare_root
 from chatchat_policybert.evaluation.metrics import mrr_at_k, paired_bootstrap_interval, rank_by_score
@@ -365,7 +365,7 @@ class QuestionScorer:
             root = Path(tmp) / "root"
             self.chunks = load_chunks(root, prepare_root(root, self.corpus, None, build_index=False), self.corpus)
         bm25 = Bm25(self.chunks, DEPTH, get_analyzer(NEW_DEPLOYMENT))
-        self.bm25 = evaluate.evaluate_retriever(bm25, self.queries, self.chunks, self.KS)
+        self.bm25 = scoring.evaluate_retriever(bm25, self.queries, self.chunks, self.KS)
 
     def score(self, label: str, model_dir: Path, out: Path) -> dict[str, dict]:
         """``{retriever: {"metrics": …, "queries": […]}}`` for dense (and chatchat), cached in ``out``.
@@ -388,7 +388,7 @@ class QuestionScorer:
         from chatchat_policybert.model.embeddings import PolicyBertEmbeddings
 
         embeddings = PolicyBertEmbeddings(model_dir, device=self.cfg.device)
-        dense = evaluate.evaluate_retriever(
+        dense = scoring.evaluate_retriever(
             Dense(f"dense:{label}", embeddings, self.chunks, DEPTH), self.queries, self.chunks, self.KS
         )
         results = {dense.name: {"metrics": dense.metrics, "queries": dense.queries}}

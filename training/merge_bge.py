@@ -411,7 +411,8 @@ def sweep_alpha(
     evaluation's ``dense_results`` scores model directories, as a deployment loads them."""
     from chatchat_policybert.data import CORPUS_CSV
     from chatchat_policybert.evaluation.dataset import load_corpus, load_questions
-    from chatchat_policybert.evaluation.evaluate import MRR_K, dense_results
+    from chatchat_policybert.evaluation.evaluate import dense_results
+    from chatchat_policybert.evaluation.scoring import MRR_K
     from chatchat_policybert.model.loading import save_model_dir
 
     corpus = load_corpus(args.dev_corpus or CORPUS_CSV)

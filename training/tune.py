@@ -22,7 +22,7 @@ from chatchat_policybert.chatchat.root import content_dir
 from chatchat_policybert.deploy.run import Run, digest
 from chatchat_policybert.deploy.tune import Trained
 from chatchat_policybert.errors import InputError
-from chatchat_policybert.evaluation.evaluate import MRR_K
+from chatchat_policybert.evaluation.scoring import MRR_K
 from chatchat_policybert.files import read_json, write_json
 from chatchat_policybert.model.embeddings import token_limit
 from chatchat_policybert.model.loading import save_model_dir

@@ -28,7 +28,7 @@ entry point: this package never imports ``training``), steps 3 to 6 this package
 4. ``gate`` (:mod:`chatchat_policybert.deploy.gate`) — Chatchat's own ``search_docs`` in the root as
    it is (before) and in the candidate root (after), on the held-out-document dev pairs and on
    ``--questions``, with BM25 alone as a third row, and the paired bootstrap and rule of ``eval
-   --require-better`` (:func:`chatchat_policybert.evaluation.evaluate.gate_failure`). The candidate
+   --require-better`` (:func:`chatchat_policybert.evaluation.gate_rule.gate_failure`). The candidate
    is installed only when its MRR@10 on the dev pairs is higher and, with ``--questions``, not
    lower there. The rows, the interval and what the candidate changes (e.g. "the calibration chose
    BM25 alone") are printed. The decision is cached with its inputs (candidate, question files'

@@ -38,10 +38,10 @@ from chatchat_policybert.configure.doctor import ensemble_label
 from chatchat_policybert.deploy.questions import dev_queries
 from chatchat_policybert.errors import InputError
 from chatchat_policybert.evaluation.dataset import Query
-from chatchat_policybert.evaluation.evaluate import MRR_K, RunResult, evaluate_retriever
 from chatchat_policybert.evaluation.knowledge_base import Chunk
 from chatchat_policybert.evaluation.metrics import mrr_at_k, unique_in_order
 from chatchat_policybert.evaluation.retrievers import ChunkLocator
+from chatchat_policybert.evaluation.scoring import MRR_K, RunResult, evaluate_retriever
 from chatchat_policybert.retrieval.analyzer import ANALYZERS
 from chatchat_policybert.retrieval.hybrid import CHATCHAT_WEIGHTS, HYBRID_KEY, HybridConfig, configured_hybrid
 from chatchat_policybert.stores import get_store

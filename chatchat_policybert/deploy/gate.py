@@ -1,6 +1,6 @@
 """``tune``'s step 4, the gate: the deployment as it is (before) against the candidate root (after) on Chatchat's
 own ``search_docs``, and the decision to install, by the one rule of ``eval --require-better``
-(:func:`chatchat_policybert.evaluation.evaluate.gate_failure`).
+(:func:`chatchat_policybert.evaluation.gate_rule.gate_failure`).
 
 Per question set (the held-out-document dev pairs, and the user's ``--questions``): before /
 after / BM25 alone, and per metric after − before with its paired bootstrap interval. The
@@ -20,8 +20,9 @@ from chatchat_policybert.deploy.questions import dev_queries
 from chatchat_policybert.deploy.rollback import BACKUP_DIR, INSTALL_STARTED, INSTALLED, restore_backup
 from chatchat_policybert.deploy.run import Run, digest
 from chatchat_policybert.errors import InputError
-from chatchat_policybert.evaluation.evaluate import RunResult, compare_runs, evaluate_retriever, gate_failure
+from chatchat_policybert.evaluation.gate_rule import gate_failure
 from chatchat_policybert.evaluation.retrievers import ChatchatEnsemble, ChatchatSearch
+from chatchat_policybert.evaluation.scoring import RunResult, compare_runs, evaluate_retriever
 from chatchat_policybert.files import read_json, write_json
 
 GATE = "gate.json"

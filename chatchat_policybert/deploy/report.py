@@ -9,7 +9,7 @@ from typing import Any
 from chatchat_policybert.deploy.calibration import NO_VECTORS
 from chatchat_policybert.deploy.gate import DEV_PAIRS
 from chatchat_policybert.deploy.run import Run, now
-from chatchat_policybert.evaluation.evaluate import MRR_K
+from chatchat_policybert.evaluation.scoring import MRR_K
 from chatchat_policybert.files import atomic_path
 
 SHOWN = ("R@1", "R@5", f"MRR@{MRR_K}", f"nDCG@{MRR_K}")

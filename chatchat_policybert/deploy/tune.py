@@ -26,7 +26,7 @@ from chatchat_policybert.deploy.report import decision_lines, gate_rows, write_r
 from chatchat_policybert.deploy.run import Run, tune_dir, tune_lock
 from chatchat_policybert.errors import EXIT_INTERRUPTED, InputError
 from chatchat_policybert.evaluation.dataset import kb_questions
-from chatchat_policybert.evaluation.evaluate import EXIT_WORSE
+from chatchat_policybert.evaluation.gate_rule import EXIT_WORSE
 from chatchat_policybert.files import read_json
 from chatchat_policybert.stores import store_of
 from chatchat_policybert.stores.rebuild import chosen_kb

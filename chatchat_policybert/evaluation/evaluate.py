@@ -30,23 +30,24 @@ import tempfile
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 
-from tqdm import tqdm
-
 from chatchat_policybert.chatchat.root import content_dir
 from chatchat_policybert.data import CORPUS_CSV, QUESTIONS
 from chatchat_policybert.errors import InputError, PlainArgumentParser, run_cli
 from chatchat_policybert.evaluation.dataset import Corpus, Query, kb_questions, load_beir, load_corpus, load_questions
-from chatchat_policybert.evaluation.knowledge_base import Chunk, indexed_vectors, load_chunks, prepare_root
-from chatchat_policybert.evaluation.metrics import (
-    first_evidence_rank,
-    mrr_at_k,
-    ndcg_at_k,
-    paired_bootstrap_interval,
-    percentile,
-    recall_at_k,
-    unique_in_order,
+from chatchat_policybert.evaluation.gate_rule import EXIT_WORSE, gate_failure
+from chatchat_policybert.evaluation.knowledge_base import indexed_vectors, load_chunks, prepare_root
+from chatchat_policybert.evaluation.plot import plot_recall
+from chatchat_policybert.evaluation.retrievers import Bm25, ChatchatEnsemble, ChatchatSearch, Dense, Rrf
+from chatchat_policybert.evaluation.scoring import (
+    BOOTSTRAP_RESAMPLES,
+    MRR_K,
+    NDCG_K,
+    RunResult,
+    compare_runs,
+    evaluate_retriever,
+    format_comparison,
+    format_table,
 )
-from chatchat_policybert.evaluation.retrievers import Bm25, ChatchatEnsemble, ChatchatSearch, Dense, Retriever, Rrf
 from chatchat_policybert.files import write_json
 from chatchat_policybert.retrieval.analyzer import ANALYZERS, NEW_DEPLOYMENT, Analyzer
 from chatchat_policybert.retrieval.hybrid import configured_analyzer
@@ -54,125 +55,6 @@ from chatchat_policybert.stores import store_of
 from chatchat_policybert.stores.rebuild import chosen_kb
 
 RETRIEVERS = ("bm25", "dense", "rrf", "chatchat")
-MRR_K = NDCG_K = 10
-QUALITY_PREFIXES = ("R@", "MRR@", "nDCG@", "hit@")  # per-query metrics (the rest are timings and counts)
-BOOTSTRAP_RESAMPLES = 1000
-EXIT_WORSE = 1  # --require-better failed; 2 stays the input-error status
-
-
-@dataclass
-class RunResult:
-    """One retriever's per-query records and their means."""
-
-    name: str
-    metrics: dict[str, float] = field(default_factory=dict)
-    queries: list[dict] = field(default_factory=list)
-
-
-def evaluate_retriever(retriever: Retriever, queries: list[Query], chunks: list[Chunk], ks: list[int]) -> RunResult:
-    """Runs every query once and scores the ranking at document and passage level."""
-    result = RunResult(retriever.name)
-    depth = max(ks + [MRR_K, NDCG_K])
-    for query in tqdm(queries, desc=retriever.name, unit="q"):
-        ranking, seconds = retriever.search(query.text)
-        docs = unique_in_order(chunks[i].group for i in ranking)
-        relevant = [g for g, gain in query.gains.items() if gain > 0]
-        record = {
-            "id": query.qid,
-            "seconds": seconds,
-            "chunks": len(ranking),
-            "docs": docs[:depth],
-            **{f"R@{k}": recall_at_k(docs, relevant, k) for k in ks},
-            f"MRR@{MRR_K}": mrr_at_k(docs, relevant, MRR_K),
-            f"nDCG@{NDCG_K}": ndcg_at_k(docs, query.gains, NDCG_K),
-        }
-        if query.evidence is not None:
-            rank = first_evidence_rank([chunks[i].text for i in ranking[: max(ks)]], query.evidence)
-            record["evidence_rank"] = rank
-            record.update({f"hit@{k}": float(rank is not None and rank <= k) for k in ks})
-        result.queries.append(record)
-    names = [key for key in result.queries[0] if key.startswith(QUALITY_PREFIXES)]
-    result.metrics = {name: sum(q[name] for q in result.queries) / len(result.queries) for name in names}
-    times = [q["seconds"] * 1000 for q in result.queries]
-    result.metrics.update(
-        {
-            "p50 ms": percentile(times, 50),
-            "p95 ms": percentile(times, 95),
-            "chunks": sum(q["chunks"] for q in result.queries) / len(result.queries),
-        }
-    )
-    return result
-
-
-def format_table(results: list[RunResult]) -> str:
-    """A Markdown table (readable on a terminal, pasteable into a README)."""
-    columns = list(results[0].metrics)
-    header = ["retriever", *columns]
-    rows = [
-        [r.name, *(f"{r.metrics[c]:.1f}" if c.endswith(("ms", "chunks")) else f"{r.metrics[c]:.3f}" for c in columns)]
-        for r in results
-    ]
-    widths = [max(len(row[i]) for row in [header, *rows]) for i in range(len(header))]
-    line = lambda cells: "| " + " | ".join(c.ljust(w) for c, w in zip(cells, widths)) + " |"  # noqa: E731
-    return "\n".join([line(header), "|" + "|".join("-" * (w + 2) for w in widths) + "|", *map(line, rows)])
-
-
-@dataclass
-class Delta:
-    """Candidate minus baseline on one metric, with its paired bootstrap interval."""
-
-    metric: str
-    candidate: float
-    baseline: float
-    low: float
-    high: float
-
-    @property
-    def delta(self) -> float:
-        return self.candidate - self.baseline
-
-
-def compare_runs(candidate: RunResult, baseline: RunResult, resamples: int = BOOTSTRAP_RESAMPLES) -> list[Delta]:
-    """Per quality metric, the difference of the means and its 95 % interval, paired by question."""
-    if [q["id"] for q in candidate.queries] != [q["id"] for q in baseline.queries]:
-        raise ValueError("candidate and baseline must be scored on the same questions in the same order")
-    deltas = []
-    for metric in (name for name in candidate.metrics if name.startswith(QUALITY_PREFIXES)):
-        ours, theirs = [q[metric] for q in candidate.queries], [q[metric] for q in baseline.queries]
-        low, high = paired_bootstrap_interval(ours, theirs, resamples)
-        deltas.append(Delta(metric, candidate.metrics[metric], baseline.metrics[metric], low, high))
-    return deltas
-
-
-def format_comparison(candidate: RunResult, baseline: RunResult, deltas: list[Delta]) -> str:
-    """Markdown rows: each metric's candidate, baseline, delta and interval."""
-    lines = [
-        f"| metric | {candidate.name} | {baseline.name} | delta | 95% CI (paired bootstrap, {BOOTSTRAP_RESAMPLES}) |",
-        "|---|---|---|---|---|",
-    ]
-    lines += [
-        f"| {d.metric} | {d.candidate:.3f} | {d.baseline:.3f} | {d.delta:+.3f} | [{d.low:+.3f}, {d.high:+.3f}] |"
-        for d in deltas
-    ]
-    return "\n".join(lines)
-
-
-def gate_failure(deltas: list[Delta], must_rise: bool = False, baseline: str = "the baseline's") -> str | None:
-    """The deployment gate's one rule, for ``eval --require-better`` and ``tune``'s gate: the one-line reason the
-    candidate fails, or None when it passes.
-
-    The candidate's MRR@10 must not be below the baseline's; with ``must_rise`` it must be above
-    it. ``tune`` asks that on the dev pairs of the knowledge base it trained for, since a candidate
-    that only ties would change the deployment (model, settings, index) for nothing. ``baseline``
-    is how the reason names the baseline's figure.
-    """
-    mrr = next(d for d in deltas if d.metric == f"MRR@{MRR_K}")
-    if mrr.delta > 0 or (mrr.delta == 0 and not must_rise):
-        return None
-    return (
-        f"candidate MRR@{MRR_K} {mrr.candidate:.4f} is {'not above' if must_rise else 'below'} {baseline} "
-        f"{mrr.baseline:.4f} (delta {mrr.delta:+.4f}, 95% CI [{mrr.low:+.4f}, {mrr.high:+.4f}])"
-    )
 
 
 def dense_results(
@@ -198,31 +80,6 @@ def dense_results(
         )
         for label, path in models
     ]
-
-
-def plot_recall(results: list[RunResult], ks: list[int], path: Path) -> None:
-    """Grouped bars of Recall@k per retriever; matplotlib is imported only here (optional dependency)."""
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        raise InputError("--plot needs matplotlib (pip install matplotlib)") from None
-    fig, ax = plt.subplots(figsize=(1.6 + 1.4 * len(results), 4))
-    width = 0.8 / len(ks)
-    for j, k in enumerate(ks):
-        xs = [i + (j - (len(ks) - 1) / 2) * width for i in range(len(results))]
-        bars = ax.bar(xs, [r.metrics[f"R@{k}"] for r in results], width, label=f"Recall@{k}")
-        ax.bar_label(bars, fmt="%.2f", fontsize=7)
-    ax.set_xticks(range(len(results)), [r.name for r in results], rotation=15, ha="right", fontsize=8)
-    ax.set_ylim(0, 1.05)
-    ax.set_ylabel("document recall")
-    ax.legend(fontsize=8)
-    fig.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
 
 
 def parse_model(spec: str) -> tuple[str, Path]:

@@ -30,9 +30,9 @@ from chatchat_policybert.deploy.calibration import (
 from chatchat_policybert.deploy.questions import dev_queries
 from chatchat_policybert.errors import InputError, SettingsError
 from chatchat_policybert.evaluation.dataset import load_corpus, load_questions
-from chatchat_policybert.evaluation.evaluate import evaluate_retriever
 from chatchat_policybert.evaluation.knowledge_base import load_chunks, prepare_root
 from chatchat_policybert.evaluation.retrievers import Bm25, ChatchatEnsemble, ChatchatSearch
+from chatchat_policybert.evaluation.scoring import evaluate_retriever
 from chatchat_policybert.model.tokenization_policybert import DEFAULT_QUERY_INSTRUCTION
 from chatchat_policybert.retrieval.analyzer import ANALYZERS, get_analyzer
 from chatchat_policybert.retrieval.bm25_index import BM25_FILE, saved_summary

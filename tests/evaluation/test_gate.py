@@ -13,9 +13,11 @@ import pytest
 
 from chatchat_policybert.errors import run_cli
 from chatchat_policybert.evaluation.dataset import load_corpus
-from chatchat_policybert.evaluation.evaluate import EXIT_WORSE, Delta, gate_failure, main
+from chatchat_policybert.evaluation.evaluate import main
+from chatchat_policybert.evaluation.gate_rule import EXIT_WORSE, gate_failure
 from chatchat_policybert.evaluation.knowledge_base import prepare_root
 from chatchat_policybert.evaluation.metrics import paired_bootstrap_interval
+from chatchat_policybert.evaluation.scoring import Delta
 from chatchat_policybert.model.tokenization_policybert import DEFAULT_QUERY_INSTRUCTION
 from tests.support.fast_loop import slow_fixture
 from tests.support.tiny_models import build_tiny_bert, build_tiny_policybert
