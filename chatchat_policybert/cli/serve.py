@@ -47,7 +47,7 @@ def run_serve(args: argparse.Namespace) -> int:
     from chatchat_policybert.chatchat.root import is_loopback
     from chatchat_policybert.chatchat.settings import LocalEmbeddingsConfig
     from chatchat_policybert.model.tokenization_policybert import PolicyBertTokenizer
-    from chatchat_policybert.serving.app import create_app, thread_local_counter
+    from chatchat_policybert.serving.app import serving_app
     from chatchat_policybert.serving.limits import SHUTDOWN_GRACE_S
     from chatchat_policybert.serving.protocol import header_timeout_protocol
 
@@ -83,7 +83,7 @@ def run_serve(args: argparse.Namespace) -> int:
             flush=True,
         )
     dimension = len(embeddings.embed_documents(["维度"])[0])
-    app = create_app(embeddings.embed_documents, thread_local_counter(tokenizer), name, dimension, limits, api_key)
+    app = serving_app(embeddings, name, limits, api_key)
     print(
         f"serving '{name}' (dimension {dimension}) at http://{args.host}:{args.port}/v1/embeddings"
         f"{' (API key required)' if api_key else ''}",

@@ -173,24 +173,31 @@ class PolicyBertEmbeddings(Embeddings):
                 start += size
         return vectors
 
+    def encode(self, texts: list[str], prompt: str = "") -> np.ndarray:
+        """The unit vectors of ``texts``, each prefixed with ``prompt``, as one float32 array (a row per text).
+
+        The one entry of :meth:`encode_queries` (the query prompt), :meth:`encode_corpus` (the
+        document prompt, where the directory has one) and ``serve`` (the prompt its request's
+        ``input_type`` names).
+        """
+        texts = list(texts)
+        check_texts(texts)
+        return self._embed([prompt + text for text in texts] if prompt else texts)
+
     def embed_documents(self, texts: list[str]) -> list[list[float]]:
         return self.encode_corpus(texts).tolist()
 
     def embed_query(self, text: str) -> list[float]:
         if not isinstance(text, str):
             raise ValueError(f"query is {type(text).__name__}, expected str")
-        return self._embed([self.query_instruction + text])[0].tolist()
+        return self.encode([text], self.query_instruction)[0].tolist()
 
     def encode_queries(self, queries: list[str]) -> np.ndarray:
         """FlagEmbedding's name: the query vectors (instruction prefixed) as one float32 array, a row per query."""
         check_texts(list(queries), "query")
-        return self._embed([self.query_instruction + query for query in queries])
+        return self.encode(queries, self.query_instruction)
 
     def encode_corpus(self, corpus: list[str]) -> np.ndarray:
         """FlagEmbedding's name: the document vectors (document prompt prefixed where the directory has one) as one
         float32 array, a row per document."""
-        corpus = list(corpus)
-        if not self.document_instruction:
-            return self._embed(corpus)
-        check_texts(corpus)
-        return self._embed([self.document_instruction + text for text in corpus])
+        return self.encode(corpus, self.document_instruction or "")

@@ -17,9 +17,9 @@ optional API key is compared in constant time, and with one the API description 
 ``/openapi.json``) is not served. Every answer, errors included (malformed HTTP too), is JSON
 and of bounded size: an error names the field and counts items, it never repeats the input.
 
-Note: the endpoint cannot tell queries from documents, so it embeds every input as a document
-(`embed_documents`: no query instruction; the directory's document prompt where it has one, e5's
-`passage: `); the import hook, which calls `embed_query`, adds the query prompt.
+Inputs are embedded as documents (the directory's document prompt where it has one, e5's `passage: `),
+as OpenAI's API has no notion of a query; `"input_type": "query"` (Cohere's and Voyage's field) gives
+them the query prompt, as the import hook's `embed_query` does.
 """
 
 from __future__ import annotations
@@ -30,7 +30,7 @@ import copy
 import logging
 import threading
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from contextlib import asynccontextmanager
 from typing import TypeVar
 
@@ -39,6 +39,7 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException
 
+from chatchat_policybert.model.embeddings import PolicyBertEmbeddings
 from chatchat_policybert.model.tokenization_policybert import PolicyBertTokenizer
 from chatchat_policybert.serving.batcher import EmbedFn, FairBatcher
 from chatchat_policybert.serving.limits import ServerLimits
@@ -117,8 +118,14 @@ def create_app(
     dimension: int,
     limits: ServerLimits | None = None,
     api_key: str | None = None,
+    prompts: Mapping[str, str] | None = None,
 ) -> FastAPI:
-    """The app serving ``embed`` (e.g. ``PolicyBertEmbeddings.embed_documents``) as ``model_name``.
+    """The app serving ``embed`` as ``model_name``.
+
+    ``prompts`` maps each ``input_type`` the server takes to the prefix its inputs get before
+    ``embed`` sees them (``serve``: ``PolicyBertEmbeddings.encode`` with the directory's query and
+    document prompts); without it the server takes ``document`` alone and adds nothing, for an
+    ``embed`` that prefixes by itself (e.g. ``PolicyBertEmbeddings.embed_documents``).
 
     ``count_tokens`` gives each text's token count (:func:`thread_local_counter`), for the caps,
     the turn-taking and ``usage``; ``api_key`` (if set) is required on every ``/v1`` route, and
@@ -126,6 +133,7 @@ def create_app(
     tells an unauthenticated caller what the server is, and a browser page cannot send the key.
     """
     limits = limits or ServerLimits()
+    prompts = dict(prompts) if prompts is not None else {"document": ""}
     batcher = FairBatcher(embed, limits.max_batch, limits.batch_tokens, limits.max_wait_s)
     described = api_key is None
 
@@ -178,6 +186,12 @@ def create_app(
             raise RequestError(404, f"model '{shown}' is not served here (this server serves '{model_name}')")
         if parsed.dimensions is not None and parsed.dimensions != dimension:
             raise RequestError(400, f"dimensions={parsed.dimensions} unsupported: '{model_name}' has {dimension}")
+        if parsed.input_type not in prompts:
+            raise RequestError(
+                400, f"input_type '{parsed.input_type}' unsupported: this server embeds {sorted(prompts)}"
+            )
+        prompt = prompts[parsed.input_type]
+        texts = [prompt + text for text in texts] if prompt else texts
         costs = await asyncio.get_running_loop().run_in_executor(None, count_tokens, texts)
         tokens = sum(costs)  # once: the cap here, `usage` below
         check_work(costs, tokens, limits)
@@ -201,3 +215,13 @@ def create_app(
         )
 
     return app
+
+
+def serving_app(
+    embeddings: PolicyBertEmbeddings, model_name: str, limits: ServerLimits | None = None, api_key: str | None = None
+) -> FastAPI:
+    """``serve``'s app for a loaded model: its tokenizer counts tokens, and both of its prompts are offered
+    (``input_type`` ``document``, the default, and ``query``)."""
+    prompts = {"document": embeddings.document_instruction or "", "query": embeddings.query_instruction}
+    count = thread_local_counter(embeddings.tokenizer)
+    return create_app(embeddings.encode, count, model_name, embeddings.dimension, limits, api_key, prompts)

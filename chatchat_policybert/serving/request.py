@@ -36,6 +36,10 @@ class EmbeddingRequest(BaseModel):
     model: StrictStr
     encoding_format: Literal["float", "base64"] = "float"
     dimensions: int | None = None
+    input_type: Literal["document", "query"] = "document"
+    """Not OpenAI's (its API has no such field; Cohere's and Voyage's do): which of the model directory's prompts the
+    inputs get. A model trained with prompts (e5's ``query: `` / ``passage: ``, bge's query instruction) embeds a
+    question and a passage differently, so a retriever asks for ``query`` on its questions."""
 
 
 class RequestError(Exception):

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import base64
 import json
+import shutil
 import socket
 import threading
 import time
@@ -21,7 +22,7 @@ from fastapi.testclient import TestClient
 
 from chatchat_policybert.cli import build_parser
 from chatchat_policybert.model.embeddings import PolicyBertEmbeddings
-from chatchat_policybert.serving.app import create_app, thread_local_counter
+from chatchat_policybert.serving.app import create_app, serving_app, thread_local_counter
 from chatchat_policybert.serving.limits import CHARS_PER_TOKEN, ServerLimits
 from chatchat_policybert.serving.protocol import header_timeout_protocol
 from tests.support.fast_loop import slow_fixture
@@ -459,3 +460,36 @@ def test_api_description_is_not_served_with_an_api_key(embeddings):
     with TestClient(create_app(embeddings.embed_documents, counter, MODEL, embeddings.dimension)) as open_client:
         assert open_client.get("/openapi.json").json()["info"]["title"] == "chatchat-policybert embeddings"
         assert open_client.get("/docs").status_code == 200
+
+
+@pytest.mark.parametrize("shape", ["bge", "e5"])
+def test_serve_gives_queries_the_query_prompt_and_documents_the_document_prompt(shape, tiny_model, tmp_path, texts):
+    """``input_type: query`` (Cohere's/Voyage's field) is embedded as ``embed_query`` embeds, the default as
+    ``embed_documents``: with e5's prompts (``query: `` / ``passage: ``) the two differ, and a server that embedded
+    every input as a document would hand a retriever the wrong query vectors."""
+    directory = tiny_model
+    if shape == "e5":
+        directory = tmp_path / "e5-shaped"
+        shutil.copytree(tiny_model, directory)
+        prompts_file = directory / "config_sentence_transformers.json"
+        content = json.loads(prompts_file.read_text(encoding="utf-8"))
+        content["prompts"] = {"query": "query: ", "document": "passage: "}
+        prompts_file.write_text(json.dumps(content), encoding="utf-8")
+    embeddings = PolicyBertEmbeddings(str(directory))
+    with TestClient(serving_app(embeddings, MODEL)) as client:
+        documents = client.post("/v1/embeddings", json={"model": MODEL, "input": texts[:3]}).json()["data"]
+        queries = client.post("/v1/embeddings", json={"model": MODEL, "input": texts[:3], "input_type": "query"})
+        bad = client.post("/v1/embeddings", json={"model": MODEL, "input": texts[:1], "input_type": "passage"})
+    as_documents = np.asarray([d["embedding"] for d in documents], dtype=np.float32)
+    as_queries = np.asarray([d["embedding"] for d in queries.json()["data"]], dtype=np.float32)
+    np.testing.assert_allclose(as_documents, embeddings.embed_documents(texts[:3]), atol=1e-6)
+    np.testing.assert_allclose(as_queries, [embeddings.embed_query(t) for t in texts[:3]], atol=1e-6)
+    assert np.abs(as_queries - as_documents).max() > 1e-5  # the tiny random model moves little, but it moves
+    assert bad.status_code == 422 and "input_type" in bad.json()["error"]["message"]
+
+
+def test_a_server_without_prompts_refuses_query_inputs(client, texts):
+    """An app built on ``embed_documents`` alone cannot embed a query: it says so instead of returning a document
+    vector."""
+    answer = client.post("/v1/embeddings", json={"model": MODEL, "input": texts[:1], "input_type": "query"})
+    assert answer.status_code == 400 and "input_type 'query' unsupported" in answer.json()["error"]["message"]
