@@ -329,7 +329,7 @@ def saved_docstore(folder: Path) -> dict[str, Any]:
 
     try:
         with (Path(folder) / "index.pkl").open("rb") as handle:
-            docstore, _ = pickle.load(handle)  # noqa: S301 - Chatchat loads the same file the same way
+            docstore, _ = pickle.load(handle)  # as Chatchat loads the same file
         return dict(docstore._dict)
     except (OSError, pickle.UnpicklingError, EOFError, ValueError, TypeError, AttributeError) as exc:
         raise SavedIndexUnusable(f"the FAISS docstore {Path(folder) / 'index.pkl'} is unreadable: {exc}") from None
