@@ -14,7 +14,9 @@ import torch
 from transformers import PreTrainedModel
 
 from chatchat_policybert.errors import InputError
+from chatchat_policybert.files import read_json
 from chatchat_policybert.model.constants import TASK_HEADS
+from chatchat_policybert.model.tokenization_policybert import check_directory_record
 
 
 class ModelDirError(InputError):
@@ -75,7 +77,22 @@ def check_loading_info(
 def check_loaded(path: str | os.PathLike, model: PreTrainedModel, info: dict) -> None:
     """The refusals of ``loading.load_model_dir`` for a model transformers has loaded by itself (``AutoModel``).
 
-    Missing tensors are allowed only for the heads a stage creates (the pooler, :data:`TASK_HEADS`).
+    Missing tensors are allowed only for the heads a stage creates (the pooler, :data:`TASK_HEADS`); the directory's
+    files must be the ones its config.json records (:func:`check_record`): sentence-transformers loads the model
+    through here, so a directory whose lexicon, tokenizer class or pooling changed is refused there too.
     """
     check_loading_info(Path(path), type(model), info, ("pooler.", *TASK_HEADS))
     check_finite(model, Path(path))
+    check_record(Path(path))
+
+
+def check_record(path: Path) -> bool:
+    """The directory's files against what its config.json records of them
+    (:func:`~chatchat_policybert.model.tokenization_policybert.check_directory_record`), as a :class:`ModelDirError`;
+    False where the path is no local directory or records nothing (written before the record existed)."""
+    if not (path / "config.json").is_file():
+        return False
+    try:
+        return check_directory_record(path, read_json(path / "config.json"))
+    except InputError as err:
+        raise ModelDirError(str(err)) from None
