@@ -1,4 +1,5 @@
-"""`chatchat-policybert setup | doctor | check-model | serve | rollback | eval | tune`: wire PolicyBERT into a Chatchat 0.3.1.3 root.
+"""`chatchat-policybert setup | doctor | check-model | serve | rollback | eval | tune`: wire PolicyBERT into a
+Chatchat 0.3.1.3 root.
 
 One module a command, each with ``register(commands)`` adding its parser and the function it runs; the work is done
 by functions of the layers below (``setup`` and ``doctor``: :mod:`chatchat_policybert.configure`), which no other

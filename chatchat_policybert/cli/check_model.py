@@ -20,7 +20,7 @@ def register(commands: Any) -> None:
 
 
 def run_check_model(args: argparse.Namespace) -> int:
-    """Print ``OK``/``WARN`` and what the directory is; a directory that would embed differently is an error (exit 2)."""
+    """Print ``OK``/``WARN`` and what the directory is; one that would embed differently is an error (exit 2)."""
     from chatchat_policybert.model.loading import check_model_dir
 
     level, message = check_model_dir(args.model_dir)

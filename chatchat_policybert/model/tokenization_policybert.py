@@ -121,7 +121,8 @@ def read_recipe(path: Path) -> dict[str, str | None]:
 
 FILES_KEY = "policybert_files"
 """config.json's record of the files that decide how a directory embeds (:func:`directory_record`), written by
-:func:`chatchat_policybert.model.loading.save_model_dir` and compared by every loader (:func:`check_directory_record`)."""
+:func:`chatchat_policybert.model.loading.save_model_dir` and compared by every loader
+(:func:`check_directory_record`)."""
 TOKENIZER_FILE = "tokenizer.json"
 
 
