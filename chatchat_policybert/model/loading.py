@@ -425,6 +425,7 @@ def check_model_dir(name_or_path: str | os.PathLike) -> tuple[str, str]:
             "WARN",
             f"{summary}; config.json has no {FILES_KEY} (written before it was recorded, or by another tool): "
             f"sentence-transformers and AutoModel cannot tell a changed lexicon, tokenizer class or pooling — "
-            f"`python -m training.export` writes a directory that records them",
+            f"once you trust these files, save_model_dir(*load_policybert(DIR), NEW_DIR) writes a copy that "
+            f"records them",
         )
     return ("OK", f"{summary}; its files are the ones config.json records, so every loader embeds alike")
