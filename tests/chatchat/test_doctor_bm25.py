@@ -4,6 +4,7 @@ doctor runs the search's own check (``bm25_index.load`` over the FAISS docstore'
 
 from __future__ import annotations
 
+import json
 import shutil
 from pathlib import Path
 
@@ -66,3 +67,28 @@ def test_doctor_warns_where_the_search_refuses_the_saved_index(tmp_path: Path, d
     [(level, message)] = bm25_lines(root)
     assert level == "WARN" and reason in message and "not used" in message, message
     assert "\n" not in message
+
+
+def test_doctor_runs_check_model_on_the_roots_model(tmp_path: Path, deployment: Deployment):
+    """Issue 38 item 1: doctor's line for the model is check-model's — OK for a directory whose files are the ones
+    config.json records, WARN for one without the record (it cannot tell), ERROR naming the file for a changed one."""
+    from chatchat_policybert.model.tokenization_policybert import FILES_KEY
+
+    root = copied_root(tmp_path, deployment)
+    model_dir = shutil.copytree(deployment.model_dir, tmp_path / "model")
+    settings = root / "model_settings.yaml"
+    settings.write_text(
+        settings.read_text(encoding="utf-8").replace(str(deployment.model_dir), str(model_dir)), encoding="utf-8"
+    )
+
+    def model_lines() -> list[tuple[str, str]]:
+        return [(f.level, f.message) for f in diagnose(root, load_model=True) if str(model_dir) in f.message]
+
+    assert any(level == "OK" and "its files are the ones config.json records" in m for level, m in model_lines())
+    config = json.loads((model_dir / "config.json").read_text(encoding="utf-8"))
+    (model_dir / "config.json").write_text(json.dumps({k: v for k, v in config.items() if k != FILES_KEY}))
+    assert any(level == "WARN" and f"no {FILES_KEY}" in message for level, message in model_lines())
+    (model_dir / "config.json").write_text(json.dumps(config))
+    (model_dir / "modules.json").unlink()
+    errors = [message for level, message in model_lines() if level == "ERROR"]
+    assert errors and str(model_dir / "modules.json") in errors[0], model_lines()
