@@ -33,7 +33,13 @@ from chatchat_policybert.errors import InputError
 from chatchat_policybert.files import atomic_path, read_json
 from chatchat_policybert.model.configuration_policybert import CONFIG_ERRORS, PolicyBertConfig
 from chatchat_policybert.model.lexicon import LEXICON_FILE
-from chatchat_policybert.model.load_checks import ModelDirError, check_finite, check_loading_info, check_record
+from chatchat_policybert.model.load_checks import (
+    ModelDirError,
+    check_finite,
+    check_loading_info,
+    check_record,
+    forget_record,
+)
 from chatchat_policybert.model.modeling_policybert import PolicyBertModel
 from chatchat_policybert.model.options import EmbeddingOptions
 from chatchat_policybert.model.tokenization_policybert import (
@@ -260,7 +266,8 @@ def load_model_dir(
     path = resolve_model_dir(name_or_path)
     config, checked = read_checked_config(path, **model_kwargs)
     refuse_remote_code(path, config)
-    check_record(path)
+    check_record(path, config)
+    forget_record(checked)
     if model_class is not None and model_class.config_class.model_type != config["model_type"]:
         raise ModelDirError(
             f"{path / 'config.json'}: model_type {config['model_type']!r}, but {model_class.__name__} "

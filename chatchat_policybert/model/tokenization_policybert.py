@@ -18,6 +18,7 @@ import random
 import string
 from collections import Counter
 from collections.abc import Iterable
+from contextvars import ContextVar
 from functools import cached_property
 from pathlib import Path
 from typing import Any
@@ -130,7 +131,7 @@ def _sha256(file: Path) -> str:
     return hashlib.sha256(file.read_bytes()).hexdigest()
 
 
-def directory_record(path: Path) -> dict[str, dict[str, Any] | None]:
+def directory_record(path: Path, model_config: dict[str, Any] | None = None) -> dict[str, dict[str, Any] | None]:
     """What a model directory's files say about how it embeds, per file (None: the file is not there):
 
     - ``config.json``: ``model_type`` — ``bert`` there makes ``AutoModel`` build a ``BertModel`` that drops the word
@@ -144,9 +145,10 @@ def directory_record(path: Path) -> dict[str, dict[str, Any] | None]:
 
     Why in config.json: a copy of a directory that lost or changed one of these loads in sentence-transformers and
     transformers without an error and embeds differently (issue 38); with the record beside the weights, every loader
-    of this package's classes can tell.
+    of this package's classes can tell. ``model_config``: config.json as the caller has read it (read here otherwise).
     """
-    model_config = read_json(path / "config.json") if (path / "config.json").is_file() else None
+    if model_config is None and (path / "config.json").is_file():
+        model_config = read_json(path / "config.json")
     record: dict[str, dict[str, Any] | None] = {
         "config.json": {"model_type": model_config.get("model_type")} if isinstance(model_config, dict) else None
     }
@@ -175,6 +177,11 @@ def directory_record(path: Path) -> dict[str, dict[str, Any] | None]:
     return record
 
 
+_RECORD_CHECKED: ContextVar[bool] = ContextVar("policybert_record_checked", default=False)
+"""True while :meth:`PolicyBertTokenizer.from_pretrained` loads the fast tokenizer for a caller that has compared the
+record itself, so that one load reads config.json once."""
+
+
 def check_directory_record(path: Path, config: dict[str, Any]) -> bool:
     """Refuse (:class:`InputError` naming the file) a directory whose files differ from what ``config`` (its
     config.json, as read) records of them; False where it records nothing (a directory written before the record
@@ -184,7 +191,7 @@ def check_directory_record(path: Path, config: dict[str, Any]) -> bool:
         return False
     if not isinstance(recorded, dict) or not all(isinstance(v, dict | None) for v in recorded.values()):
         raise InputError(f"{path / 'config.json'}: {FILES_KEY} is not a mapping of file names to records")
-    found = directory_record(path)
+    found = directory_record(path, config)
     for name, expected in recorded.items():
         actual = found.get(name)
         if actual == expected:
@@ -312,8 +319,13 @@ class PolicyBertTokenizer:
         path = Path(path)
         if config is None:
             config = PreTrainedConfig.from_pretrained(path) if (path / "config.json").is_file() else PreTrainedConfig()
-        # Never import Python from a model directory (see loading.refuse_remote_code).
-        tokenizer = AutoTokenizer.from_pretrained(path, config=config, trust_remote_code=False)
+        # Never import Python from a model directory (see loading.refuse_remote_code). The directory's record was
+        # compared by the loader that reads config.json (loading.load_model_dir), so the fast tokenizer skips it.
+        token = _RECORD_CHECKED.set(True)
+        try:
+            tokenizer = AutoTokenizer.from_pretrained(path, config=config, trust_remote_code=False)
+        finally:
+            _RECORD_CHECKED.reset(token)
         lexicon = getattr(tokenizer, "lexicon", None)  # a PolicyBertTokenizerFast has read it already
         if lexicon is None and (path / LEXICON_FILE).is_file():
             lexicon = Lexicon.load(path / LEXICON_FILE)
@@ -545,7 +557,7 @@ class PolicyBertTokenizerFast(PreTrainedTokenizerFast):
         with what its config.json records of them (:func:`check_directory_record`): a lexicon, ``tokenizer.json``
         or prompt file that is not the saved one is an :class:`InputError` naming it, not a silently other vector."""
         path = Path(pretrained_model_name_or_path)
-        if (path / "config.json").is_file():
+        if not _RECORD_CHECKED.get() and (path / "config.json").is_file():
             check_directory_record(path, read_json(path / "config.json"))
         return super().from_pretrained(pretrained_model_name_or_path, *args, **kwargs)
 
