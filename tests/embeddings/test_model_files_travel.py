@@ -168,3 +168,15 @@ def test_a_directory_written_before_the_record_keeps_loading(open_stream_dir, tm
         assert PolicyBertEmbeddings(model_dir).embed_documents(TEXTS[:1]) != PolicyBertEmbeddings(
             open_stream_dir
         ).embed_documents(TEXTS[:1])
+
+
+def test_save_pretrained_of_a_loaded_model_carries_no_record(open_stream_dir, tmp_path):
+    """The record describes the files on disk: a model loaded (by our loader or AutoModel) and saved by transformers'
+    own save_pretrained, beside whatever files its caller writes, gets none (only save_model_dir writes one)."""
+    for name, model in (
+        ("ours", load_policybert(open_stream_dir)[0]),
+        ("auto", AutoModel.from_pretrained(open_stream_dir)),
+    ):
+        model.save_pretrained(tmp_path / name)
+        assert FILES_KEY not in json.loads((tmp_path / name / "config.json").read_text(encoding="utf-8"))
+    assert FILES_KEY in json.loads((open_stream_dir / "config.json").read_text(encoding="utf-8"))
