@@ -156,7 +156,8 @@ def directory_record(path: Path, model_config: dict[str, Any] | None = None) -> 
     record[LEXICON_FILE] = (
         {
             "sha256": _sha256(lexicon),
-            "words": sum(1 for line in lexicon.read_text(encoding="utf-8-sig").splitlines() if line.strip()),
+            # Counted on the bytes: a lexicon that is not UTF-8 is still one line naming it, not a decode traceback.
+            "words": sum(1 for line in lexicon.read_bytes().splitlines() if line.strip()),
         }
         if lexicon.is_file()
         else None

@@ -47,6 +47,10 @@ def lexicon_first_line_removed(d: Path) -> None:
     (d / "lexicon.txt").write_text("".join(lines[1:]) + "新增词语,1\n", encoding="utf-8")
 
 
+def lexicon_not_utf8(d: Path) -> None:
+    (d / "lexicon.txt").write_bytes("数据,3\n".encode("gbk"))
+
+
 def bert_tokenizer_class(d: Path) -> None:
     edit_json(d / "tokenizer_config.json", tokenizer_class="BertTokenizerFast")
 
@@ -91,6 +95,7 @@ DAMAGES = [
     (lexicon_missing, "lexicon.txt", ()),
     (lexicon_a_directory, "lexicon.txt", ()),
     (lexicon_first_line_removed, "lexicon.txt", ()),
+    (lexicon_not_utf8, "lexicon.txt", ()),
     (bert_tokenizer_class, "tokenizer_config.json", ("AutoTokenizer",)),
     (model_type("bert"), "config.json", ("AutoModel",)),
     (model_type("roberta"), "config.json", ("AutoModel",)),
