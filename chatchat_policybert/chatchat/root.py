@@ -10,10 +10,13 @@ inside a root (its commands, the worker) is in :mod:`chatchat_policybert.chatcha
 from __future__ import annotations
 
 import ipaddress
+import re
+import socket
 from pathlib import Path
 from typing import Any
 
 from chatchat_policybert.chatchat.settings import load_yaml
+from chatchat_policybert.errors import InputError
 
 BASIC_SETTINGS = "basic_settings.yaml"
 """Chatchat's own settings of the servers and folders (``setup --bind`` sets its hosts)."""
@@ -29,14 +32,57 @@ SERVERS = ("API_SERVER", "WEBUI_SERVER")
 """The keys of basic_settings.yaml whose ``host`` Chatchat's API and WebUI bind (``chatchat init``: 0.0.0.0)."""
 
 
+# A host name's label (RFC 1123): letters, digits and inner hyphens, 1-63 characters.
+_LABEL = re.compile(r"(?!-)[A-Za-z0-9-]{1,63}(?<!-)")
+
+
+def check_bind_host(host: str) -> str:
+    """``host`` if it can be bound: an IP address (``ipaddress``) or a host name of RFC 1123 labels (253 characters at
+    most, a trailing dot allowed); an :class:`InputError` naming ``--bind`` otherwise.
+
+    Why checked: Chatchat writes whatever basic_settings.yaml says into uvicorn's and streamlit's command line, so a
+    port in the host (``127.0.0.1:7861``), an address out of range (``256.1.1.1``), ``*`` or a newline fail only when
+    Chatchat starts, far from the ``setup`` that wrote them.
+    """
+    if _address(host) is not None:
+        return host
+    name = host[:-1] if host.endswith(".") else host
+    labels = name.split(".")
+    numeric = bool(labels) and labels[-1].isdigit()  # 256.1.1.1 is a bad address, not a host name
+    if not name or len(name) > 253 or numeric or not all(_LABEL.fullmatch(label) for label in labels):
+        raise InputError(
+            f"--bind {host!r}: expected an IP address (127.0.0.1, ::1, 0.0.0.0) or a host name (letters, digits, "
+            f"hyphens, dots), without a port"
+        )
+    return host
+
+
 def is_loopback(host: str) -> bool:
-    """Whether binding ``host`` keeps a server on this machine (``localhost``, 127.0.0.0/8, ::1)."""
-    if host == "localhost":
+    """Whether binding ``host`` keeps a server on this machine: ``localhost`` (any case, a trailing dot allowed) or a
+    loopback address (127.0.0.0/8 in any form ``ipaddress`` or the C library reads, e.g. ``127.1``; ``::1``).
+
+    ``setup`` and ``doctor`` both ask this one function. ``127.1`` is the C library's short form of 127.0.0.1, which
+    uvicorn binds; ``ipaddress`` does not read it, ``inet_aton`` does.
+    """
+    if host.lower().rstrip(".") == "localhost":
         return True
+    address = _address(host)
+    return address is not None and address.is_loopback  # a host name may resolve to any interface
+
+
+def _address(host: str) -> ipaddress.IPv4Address | ipaddress.IPv6Address | None:
+    """``host`` as an IP address: what ``ipaddress`` reads, or a dotted-decimal short form the C library's
+    ``inet_aton`` reads (``127.1``); None for anything else."""
     try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:  # a host name: it may resolve to any interface
-        return False
+        return ipaddress.ip_address(host)
+    except ValueError:
+        pass
+    if not re.fullmatch(r"[0-9]+(\.[0-9]+){0,3}", host):  # glibc's inet_aton accepts trailing text after a space
+        return None
+    try:
+        return ipaddress.IPv4Address(socket.inet_aton(host))
+    except OSError:
+        return None
 
 
 def server_hosts(root: Path) -> dict[str, str]:

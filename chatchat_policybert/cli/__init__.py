@@ -1,4 +1,5 @@
-"""`chatchat-policybert setup | doctor | serve | rollback | eval | tune`: wire PolicyBERT into a Chatchat 0.3.1.3 root.
+"""`chatchat-policybert setup | doctor | check-model | serve | rollback | eval | tune`: wire PolicyBERT into a
+Chatchat 0.3.1.3 root.
 
 One module a command, each with ``register(commands)`` adding its parser and the function it runs; the work is done
 by functions of the layers below (``setup`` and ``doctor``: :mod:`chatchat_policybert.configure`), which no other
@@ -8,6 +9,8 @@ part of the package reaches through this one (import-linter's ``cli-is-the-top``
   that `chatchat init` prepared, points the PolicyBERT platform at `--model`, creates the default
   knowledge base folder, then runs the doctor's checks.
 - `doctor` (:mod:`.doctor`) lists what would stop PolicyBERT retrieval from working in a root, one line each.
+- `check-model DIR` (:mod:`.check_model`) says whether a model directory's files belong together, so that every
+  loader embeds it alike.
 - `serve` (:mod:`.serve`) exposes the configured model as an OpenAI-compatible `/v1/embeddings`.
 - `rollback` (:mod:`.rollback`) restores the deployment from before the last installed `tune`.
 - `eval` (:mod:`.eval`) measures retrieval on a corpus and questions (:mod:`chatchat_policybert.evaluation`).
@@ -22,12 +25,12 @@ from __future__ import annotations
 import argparse
 from collections.abc import Sequence
 
-from chatchat_policybert.cli import doctor, rollback, serve, setup, tune
+from chatchat_policybert.cli import check_model, doctor, rollback, serve, setup, tune
 from chatchat_policybert.cli import eval as eval_command
 from chatchat_policybert.cli.common import default_root
 from chatchat_policybert.errors import PlainArgumentParser, run_cli
 
-COMMANDS = (setup, doctor, serve, rollback, eval_command, tune)
+COMMANDS = (setup, doctor, check_model, serve, rollback, eval_command, tune)
 """The modules of the commands, in the order `--help` lists them."""
 
 

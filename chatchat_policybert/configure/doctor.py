@@ -176,6 +176,7 @@ def _check_hybrid(platform: dict[str, Any], threshold: float, store: str, root: 
 
 def _check_model(local: Any, root: Path) -> list[Finding]:
     from chatchat_policybert.chatchat.registry import load_embeddings
+    from chatchat_policybert.model.loading import check_model_dir
 
     try:
         embeddings = load_embeddings(local.config, root, local.platform_name)
@@ -185,7 +186,10 @@ def _check_model(local: Any, root: Path) -> list[Finding]:
     norm = math.sqrt(sum(x * x for x in vector))
     level = "OK" if abs(norm - 1.0) < 1e-3 else "ERROR"
     path = local.config.resolved_model_path(root)
-    return [Finding(level, f"model {path} loads: dimension {len(vector)}, query vector norm {norm:.4f}")]
+    return [
+        Finding(level, f"model {path} loads: dimension {len(vector)}, query vector norm {norm:.4f}"),
+        Finding(*check_model_dir(path)),  # check-model's check: its files belong together, or say it cannot tell
+    ]
 
 
 def _check_interrupted_swaps(root: Path) -> list[Finding]:

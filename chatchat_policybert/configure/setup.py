@@ -22,7 +22,7 @@ from chatchat_policybert.chatchat.config import (
     default_kb,
     kb_settings,
 )
-from chatchat_policybert.chatchat.root import BASIC_SETTINGS, SERVERS, content_dir
+from chatchat_policybert.chatchat.root import BASIC_SETTINGS, SERVERS, check_bind_host, content_dir
 from chatchat_policybert.chatchat.settings import PLATFORM_KEY, round_trip_yaml
 from chatchat_policybert.errors import InputError, SettingsError
 from chatchat_policybert.files import atomic_path
@@ -96,6 +96,7 @@ def setup_root(root: Path, options: SetupOptions) -> SetupReport:
     missing = [name for name in SETTINGS_FILES if not (root / name).is_file()]
     if missing:
         raise InputError(f"{root} has no {', '.join(missing)}: run `CHATCHAT_ROOT={root} chatchat init` first")
+    check_bind_host(options.bind)
     store = None if options.store is None else get_store(options.store)
     if options.pg_uri is not None and (store is None or not store.takes_uri):
         raise InputError("--pg-uri is only used with --vs pg")
@@ -126,6 +127,7 @@ def setup_root(root: Path, options: SetupOptions) -> SetupReport:
         shipped.kb.update(store_settings)
     merge_settings(current.model, shipped.model, options.keep_other_platforms)
     merge_settings(current.kb, shipped.kb, options.keep_other_platforms)
+    _check_hybrid(root, current)
     current.write()  # both validated before either is written (basic_settings.yaml was checked above)
     report.add("OK", f"merged {source / MODEL_SETTINGS} into {root / MODEL_SETTINGS}")
     if store is not None and store.setup_note:
@@ -159,6 +161,21 @@ def _say_analyzer(root: Path, kb: str, report: SetupReport) -> None:
                 f"the BM25 index of {kb} ({folder.name}) was built by {built_by or 'no saved index'}: "
                 f"run `chatchat kb -r -n {kb}` so that BM25 uses {analyzer.name} without tokenising at every start",
             )
+
+
+def _check_hybrid(root: Path, merged: SettingsDocs) -> None:
+    """The merged platform's ``hybrid`` block and the analyzer it configures, built against ``root`` (its stopword
+    file read) before anything is written: an InputError naming the block or the file.
+
+    :meth:`SettingsDocs.write` checks what the settings layer knows (the files parse, the ``local_embeddings``
+    block, kb_settings.yaml's types); the hybrid block is a retrieval setting, one layer up, so it is checked here —
+    before, a bad ``analyzer:`` from ``--settings-dir`` was written into the root and only then refused.
+    """
+    try:
+        hybrid = parse_hybrid(merged.platform())
+    except SettingsError as exc:
+        raise InputError(str(exc)) from None
+    (hybrid or HybridConfig()).get_analyzer(root)
 
 
 def _bound(root: Path, host: str, yaml: Any) -> Any:

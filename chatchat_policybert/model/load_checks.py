@@ -14,7 +14,9 @@ import torch
 from transformers import PreTrainedModel
 
 from chatchat_policybert.errors import InputError
+from chatchat_policybert.files import read_json
 from chatchat_policybert.model.constants import TASK_HEADS
+from chatchat_policybert.model.tokenization_policybert import FILES_KEY, check_directory_record
 
 
 class ModelDirError(InputError):
@@ -75,7 +77,32 @@ def check_loading_info(
 def check_loaded(path: str | os.PathLike, model: PreTrainedModel, info: dict) -> None:
     """The refusals of ``loading.load_model_dir`` for a model transformers has loaded by itself (``AutoModel``).
 
-    Missing tensors are allowed only for the heads a stage creates (the pooler, :data:`TASK_HEADS`).
+    Missing tensors are allowed only for the heads a stage creates (the pooler, :data:`TASK_HEADS`); the directory's
+    files must be the ones its config.json records (:func:`check_record`): sentence-transformers loads the model
+    through here, so a directory whose lexicon, tokenizer class or pooling changed is refused there too.
     """
     check_loading_info(Path(path), type(model), info, ("pooler.", *TASK_HEADS))
     check_finite(model, Path(path))
+    check_record(Path(path))
+    forget_record(model.config)
+
+
+def check_record(path: Path, config: dict | None = None) -> bool:
+    """The directory's files against what its config.json (``config``: as the caller read it) records of them
+    (:func:`~chatchat_policybert.model.tokenization_policybert.check_directory_record`), as a :class:`ModelDirError`;
+    False where the path is no local directory or records nothing (written before the record existed)."""
+    if config is None:
+        if not (path / "config.json").is_file():
+            return False
+        config = read_json(path / "config.json", ModelDirError)
+    try:
+        return check_directory_record(path, config)
+    except InputError as err:
+        raise ModelDirError(str(err)) from None
+
+
+def forget_record(config: object) -> None:
+    """Drop the record from a loaded model's config: it describes the files on disk, not the model in memory, and a
+    ``save_pretrained`` that writes other files beside it (no sentence-transformers files, another lexicon) must not
+    carry it into a directory it does not describe (``save_model_dir`` writes a fresh one)."""
+    vars(config).pop(FILES_KEY, None)

@@ -33,10 +33,22 @@ from chatchat_policybert.errors import InputError
 from chatchat_policybert.files import atomic_path, read_json
 from chatchat_policybert.model.configuration_policybert import CONFIG_ERRORS, PolicyBertConfig
 from chatchat_policybert.model.lexicon import LEXICON_FILE
-from chatchat_policybert.model.load_checks import ModelDirError, check_finite, check_loading_info
+from chatchat_policybert.model.load_checks import (
+    ModelDirError,
+    check_finite,
+    check_loading_info,
+    check_record,
+    forget_record,
+)
 from chatchat_policybert.model.modeling_policybert import PolicyBertModel
 from chatchat_policybert.model.options import EmbeddingOptions
-from chatchat_policybert.model.tokenization_policybert import PROMPTS_FILE, TOKENIZER_CONFIG, PolicyBertTokenizer
+from chatchat_policybert.model.tokenization_policybert import (
+    FILES_KEY,
+    PROMPTS_FILE,
+    TOKENIZER_CONFIG,
+    PolicyBertTokenizer,
+    directory_record,
+)
 
 WEIGHT_FILES = ("model.safetensors", "pytorch_model.bin")
 TOKENIZER_FILES = ("tokenizer.json", "vocab.txt")
@@ -254,6 +266,8 @@ def load_model_dir(
     path = resolve_model_dir(name_or_path)
     config, checked = read_checked_config(path, **model_kwargs)
     refuse_remote_code(path, config)
+    check_record(path, config)
+    forget_record(checked)
     if model_class is not None and model_class.config_class.model_type != config["model_type"]:
         raise ModelDirError(
             f"{path / 'config.json'}: model_type {config['model_type']!r}, but {model_class.__name__} "
@@ -376,11 +390,49 @@ def save_model_dir(
     extra_files: dict[str, str] | None = None,
 ) -> Path:
     """Write model (safetensors), tokenizer, lexicon, sentence-transformers' files
-    (:func:`sentence_transformers_files`) and ``extra_files`` (name -> text) to ``out`` atomically."""
+    (:func:`sentence_transformers_files`) and ``extra_files`` (name -> text) to ``out`` atomically, and record in
+    config.json what those files say (``policybert_files``: :func:`directory_record`), so that every loader can
+    refuse a copy whose files no longer belong together."""
     with atomic_path(out) as scratch:
         model.save_pretrained(scratch)
         tokenizer.save_pretrained(scratch)
         for name, text in {**sentence_transformers_files(model, tokenizer), **(extra_files or {})}.items():
             (scratch / name).parent.mkdir(parents=True, exist_ok=True)
             (scratch / name).write_text(text, encoding="utf-8")
+        config_file = scratch / "config.json"
+        config = json.loads(config_file.read_text(encoding="utf-8"))
+        config[FILES_KEY] = directory_record(scratch)
+        config_file.write_text(
+            json.dumps(config, ensure_ascii=False, indent=2, sort_keys=True) + "\n", encoding="utf-8"
+        )
     return Path(out)
+
+
+def check_model_dir(name_or_path: str | os.PathLike) -> tuple[str, str]:
+    """``chatchat-policybert check-model`` and ``doctor``'s check of a model directory: ``(level, message)``.
+
+    The directory loads as :func:`load_policybert` loads it: every refusal, the files against config.json's record
+    among them (a :class:`ModelDirError` naming the file). That covers what a foreign loader cannot be made to
+    refuse: ``AutoModel`` on ``model_type: bert`` (or ``roberta``) builds transformers' own class, which drops the word
+    stream with only a load report; ``AutoTokenizer`` on ``tokenizer_class: BertTokenizerFast`` gives no word inputs.
+    A directory with no record (written before it existed, or by another tool) loads, but nothing tells whether its
+    lexicon, tokenizer class or pooling are the ones it was trained with: a WARN that says how to get one.
+    """
+    path = resolve_model_dir(name_or_path)
+    config = read_config(path)
+    model, tokenizer = load_policybert(path)
+    stream = "word stream on" if tokenizer.lexicon is not None else "no word stream"
+    summary = (
+        f"{path}: {config['model_type']}, {stream}, tokenizer {type(tokenizer.tokenizer).__name__}, "
+        f"pooling {tokenizer.pooling}, query prompt {tokenizer.query_prompt!r}, document prompt "
+        f"{tokenizer.document_prompt!r}"
+    )
+    if FILES_KEY not in config:
+        return (
+            "WARN",
+            f"{summary}; config.json has no {FILES_KEY} (written before it was recorded, or by another tool): "
+            f"sentence-transformers and AutoModel cannot tell a changed lexicon, tokenizer class or pooling — "
+            f"once you trust these files, save_model_dir(*load_policybert(DIR), NEW_DIR) writes a copy that "
+            f"records them",
+        )
+    return ("OK", f"{summary}; its files are the ones config.json records, so every loader embeds alike")

@@ -11,14 +11,17 @@ generator, as ZEN does.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import random
 import string
 from collections import Counter
 from collections.abc import Iterable
+from contextvars import ContextVar
 from functools import cached_property
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
@@ -115,6 +118,97 @@ def read_recipe(path: Path) -> dict[str, str | None]:
         "document_instruction": document_instruction,
         "pooling": read_pooling(path),
     }
+
+
+FILES_KEY = "policybert_files"
+"""config.json's record of the files that decide how a directory embeds (:func:`directory_record`), written by
+:func:`chatchat_policybert.model.loading.save_model_dir` and compared by every loader
+(:func:`check_directory_record`)."""
+TOKENIZER_FILE = "tokenizer.json"
+
+
+def _sha256(file: Path) -> str:
+    return hashlib.sha256(file.read_bytes()).hexdigest()
+
+
+def directory_record(path: Path, model_config: dict[str, Any] | None = None) -> dict[str, dict[str, Any] | None]:
+    """What a model directory's files say about how it embeds, per file (None: the file is not there):
+
+    - ``config.json``: ``model_type`` — ``bert`` there makes ``AutoModel`` build a ``BertModel`` that drops the word
+      stream with only a load report;
+    - ``lexicon.txt``: its SHA-256 and word count (lines with a word) — the ids the word embedding was trained with;
+    - ``tokenizer.json``: its SHA-256 — the pieces the character embedding was trained with;
+    - ``tokenizer_config.json``: ``tokenizer_class`` — :class:`PolicyBertTokenizerFast` gives ``AutoTokenizer`` the
+      word inputs, ``BertTokenizerFast`` silently does not;
+    - ``modules.json``: the pooling its Pooling module names (sentence-transformers pools by the mean without it);
+    - ``config_sentence_transformers.json``: the query and document prompts.
+
+    Why in config.json: a copy of a directory that lost or changed one of these loads in sentence-transformers and
+    transformers without an error and embeds differently (issue 38); with the record beside the weights, every loader
+    of this package's classes can tell. ``model_config``: config.json as the caller has read it (read here otherwise).
+    """
+    if model_config is None and (path / "config.json").is_file():
+        model_config = read_json(path / "config.json")
+    record: dict[str, dict[str, Any] | None] = {
+        "config.json": {"model_type": model_config.get("model_type")} if isinstance(model_config, dict) else None
+    }
+    lexicon = path / LEXICON_FILE
+    record[LEXICON_FILE] = (
+        {
+            "sha256": _sha256(lexicon),
+            # Counted on the bytes: a lexicon that is not UTF-8 is still one line naming it, not a decode traceback.
+            "words": sum(1 for line in lexicon.read_bytes().splitlines() if line.strip()),
+        }
+        if lexicon.is_file()
+        else None
+    )
+    pieces = path / TOKENIZER_FILE
+    record[TOKENIZER_FILE] = {"sha256": _sha256(pieces)} if pieces.is_file() else None
+    config = path / TOKENIZER_CONFIG
+    content = read_json(config) if config.is_file() else None
+    record[TOKENIZER_CONFIG] = (
+        {"tokenizer_class": content.get("tokenizer_class")} if isinstance(content, dict) else None
+    )
+    record[ST_MODULES_FILE] = {"pooling": read_pooling(path)} if (path / ST_MODULES_FILE).is_file() else None
+    if (path / PROMPTS_FILE).is_file():
+        query, document = read_prompts(path)
+        record[PROMPTS_FILE] = {"query": query, "document": document}
+    else:
+        record[PROMPTS_FILE] = None
+    return record
+
+
+_RECORD_CHECKED: ContextVar[bool] = ContextVar("policybert_record_checked", default=False)
+"""True while :meth:`PolicyBertTokenizer.from_pretrained` loads the fast tokenizer for a caller that has compared the
+record itself, so that one load reads config.json once."""
+
+
+def check_directory_record(path: Path, config: dict[str, Any]) -> bool:
+    """Refuse (:class:`InputError` naming the file) a directory whose files differ from what ``config`` (its
+    config.json, as read) records of them; False where it records nothing (a directory written before the record
+    existed, or by another tool: it loads as before, unchecked), True where everything matches."""
+    recorded = config.get(FILES_KEY) if isinstance(config, dict) else None
+    if recorded is None:
+        return False
+    if not isinstance(recorded, dict) or not all(isinstance(v, dict | None) for v in recorded.values()):
+        raise InputError(f"{path / 'config.json'}: {FILES_KEY} is not a mapping of file names to records")
+    found = directory_record(path, config)
+    for name, expected in recorded.items():
+        actual = found.get(name)
+        if actual == expected:
+            continue
+        where = path / name
+        if actual is None:
+            state = "a directory" if where.is_dir() else "missing"
+        else:
+            state = ", ".join(f"{key} {value!r}" for key, value in actual.items())
+        saved = "absent" if expected is None else ", ".join(f"{key} {value!r}" for key, value in expected.items())
+        raise InputError(
+            f"{where}: {state}, but config.json records {saved} ({FILES_KEY}): this file is not the one the model "
+            f"was saved with, and loaders would embed differently; copy the whole directory again "
+            f"(docs/model.md: the files that travel together)"
+        )
+    return True
 
 
 def build_char_tokenizer(texts: Iterable[str], min_count: int = 1, model_max_length: int = 512) -> BertTokenizerFast:
@@ -226,8 +320,13 @@ class PolicyBertTokenizer:
         path = Path(path)
         if config is None:
             config = PreTrainedConfig.from_pretrained(path) if (path / "config.json").is_file() else PreTrainedConfig()
-        # Never import Python from a model directory (see loading.refuse_remote_code).
-        tokenizer = AutoTokenizer.from_pretrained(path, config=config, trust_remote_code=False)
+        # Never import Python from a model directory (see loading.refuse_remote_code). The directory's record was
+        # compared by the loader that reads config.json (loading.load_model_dir), so the fast tokenizer skips it.
+        token = _RECORD_CHECKED.set(True)
+        try:
+            tokenizer = AutoTokenizer.from_pretrained(path, config=config, trust_remote_code=False)
+        finally:
+            _RECORD_CHECKED.reset(token)
         lexicon = getattr(tokenizer, "lexicon", None)  # a PolicyBertTokenizerFast has read it already
         if lexicon is None and (path / LEXICON_FILE).is_file():
             lexicon = Lexicon.load(path / LEXICON_FILE)
@@ -452,6 +551,16 @@ class PolicyBertTokenizerFast(PreTrainedTokenizerFast):
     # No __init__ of its own: transformers 5 loads tokenizer.json as it is only for a class without one, and
     # rebuilds the backend from the bare vocabulary for any other (a Unigram one then gains <s> and </s>).
     # The lexicon and the k_w settings are read from the keyword arguments it keeps (init_kwargs).
+
+    @classmethod
+    def from_pretrained(cls, pretrained_model_name_or_path: str | os.PathLike, *args, **kwargs):
+        """transformers' loading (``AutoTokenizer``, sentence-transformers), after the directory's files are compared
+        with what its config.json records of them (:func:`check_directory_record`): a lexicon, ``tokenizer.json``
+        or prompt file that is not the saved one is an :class:`InputError` naming it, not a silently other vector."""
+        path = Path(pretrained_model_name_or_path)
+        if not _RECORD_CHECKED.get() and (path / "config.json").is_file():
+            check_directory_record(path, read_json(path / "config.json"))
+        return super().from_pretrained(pretrained_model_name_or_path, *args, **kwargs)
 
     @cached_property
     def lexicon(self) -> Lexicon | None:

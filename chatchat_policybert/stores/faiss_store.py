@@ -286,14 +286,21 @@ class FaissStore:
 
 
 def _check_saved_bm25(folder: Path, kb: str, analyzer: Any | None) -> tuple[str, str]:
-    """The BM25 index `kb -r` saved beside the FAISS index: a regular, readable file, as many chunks as the index
-    has vectors, built by the configured analyzer — else the first question tokenises the whole KB."""
-    from chatchat_policybert.retrieval.bm25_index import BM25_FILE, SavedIndexUnusable, saved_summary
+    """The BM25 index `kb -r` saved beside the FAISS index, checked as the search checks it before using it
+    (:func:`~chatchat_policybert.retrieval.bm25_index.load`: its format, analyzer, chunks' fingerprint, every array's
+    CRC-32 and bounds, over the FAISS docstore's chunks in the search's order) — else the first question of each
+    process tokenises the whole KB. Reading the header alone said OK for a file whose checksums the search refuses.
+    Where the configured analyzer cannot be built (doctor reports it), the header is all there is to compare."""
+    from chatchat_policybert.retrieval.bm25_index import BM25_FILE, SavedIndexUnusable, load, saved_summary
 
     path = folder / BM25_FILE
     rebuild = f"run `chatchat kb -r -n {kb}`, or the first question of each process tokenises every chunk"
     try:
         built_by, chunks = saved_summary(path)
+        if analyzer is not None:
+            docstore = saved_docstore(folder)
+            ids = list(docstore)
+            load(path, ids, [doc.page_content for doc in docstore.values()], analyzer)
     except FileNotFoundError:
         return ("WARN", f"knowledge base '{kb}' has no saved BM25 index {path}: {rebuild}")
     except SavedIndexUnusable as exc:
@@ -307,6 +314,25 @@ def _check_saved_bm25(folder: Path, kb: str, analyzer: Any | None) -> tuple[str,
             f"saved BM25 index {path} was built by analyzer {built_by!r}, not the configured one: {rebuild}",
         )
     return ("OK", f"saved BM25 index {path}: {chunks} chunks, analyzer {built_by!r}")
+
+
+def saved_docstore(folder: Path) -> dict[str, Any]:
+    """The ``{id: Document}`` of a FAISS folder's ``index.pkl`` (langchain's ``FAISS.save_local``: the docstore and
+    the position -> id map, pickled), in the order the search hands its chunks to BM25.
+
+    The pickle is read as Chatchat reads it (``FAISS.load_local(allow_dangerous_deserialization=True)``): a root's
+    index files are trusted as much as its settings.
+    """
+    import pickle
+
+    from chatchat_policybert.retrieval.bm25_index import SavedIndexUnusable
+
+    try:
+        with (Path(folder) / "index.pkl").open("rb") as handle:
+            docstore, _ = pickle.load(handle)  # as Chatchat loads the same file
+        return dict(docstore._dict)
+    except (OSError, pickle.UnpicklingError, EOFError, ValueError, TypeError, AttributeError) as exc:
+        raise SavedIndexUnusable(f"the FAISS docstore {Path(folder) / 'index.pkl'} is unreadable: {exc}") from None
 
 
 def _stale_index(store: Any) -> str | None:

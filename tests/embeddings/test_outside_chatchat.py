@@ -7,6 +7,7 @@ each block's vectors are compared to ``PolicyBertEmbeddings``'.
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import shutil
@@ -27,6 +28,7 @@ from transformers import AutoModel
 
 from chatchat_policybert.model.embeddings import PolicyBertEmbeddings
 from chatchat_policybert.model.load_checks import ModelDirError
+from chatchat_policybert.model.tokenization_policybert import FILES_KEY
 from tests.support.outside_chatchat import TEXTS, check_loads_outside_chatchat
 
 README = Path(__file__).resolve().parents[2] / "README.md"
@@ -137,6 +139,9 @@ def test_a_bge_directory_without_sentence_transformers_files_keeps_loading(tiny_
     before = PolicyBertEmbeddings(bge).embed_documents(TEXTS[:3])
     for name in ("modules.json", "sentence_bert_config.json", "config_sentence_transformers.json"):
         (bge / name).unlink()
+    config = json.loads((bge / "config.json").read_text(encoding="utf-8"))
+    del config[FILES_KEY]  # other tools record nothing of the files (issue 38: a recorded directory must keep them)
+    (bge / "config.json").write_text(json.dumps(config), encoding="utf-8")
     for folder in ("1_Pooling", "2_Normalize"):
         shutil.rmtree(bge / folder)
     assert PolicyBertEmbeddings(bge).embed_documents(TEXTS[:3]) == before

@@ -21,7 +21,7 @@ from chatchat_policybert.model.constants import DEFAULT_QUERY_INSTRUCTION
 from chatchat_policybert.model.embeddings import PolicyBertEmbeddings
 from chatchat_policybert.model.load_checks import ModelDirError
 from chatchat_policybert.model.loading import load_policybert, save_model_dir
-from chatchat_policybert.model.tokenization_policybert import PROMPTS_FILE
+from chatchat_policybert.model.tokenization_policybert import FILES_KEY, PROMPTS_FILE
 from tests.support.outside_chatchat import check_loads_outside_chatchat
 
 TEXT = "数据安全管理办法适用于哪些单位？"
@@ -38,6 +38,9 @@ def hub_shaped(tiny: Path, out: Path, pooling: str, prompts: dict[str, str]) -> 
     config = {**HUB_POOLING, "pooling_mode_cls_token": pooling == "cls", "pooling_mode_mean_tokens": pooling == "mean"}
     (out / "1_Pooling" / "config.json").write_text(json.dumps(config), encoding="utf-8")
     (out / PROMPTS_FILE).write_text(json.dumps({"prompts": prompts, "default_prompt_name": None}), encoding="utf-8")
+    config = json.loads((out / "config.json").read_text(encoding="utf-8"))
+    del config[FILES_KEY]  # the hub's directories carry no record of their files
+    (out / "config.json").write_text(json.dumps(config), encoding="utf-8")
     return out
 
 

@@ -35,7 +35,7 @@ from chatchat_policybert.chatchat.settings import LocalEmbeddingsConfig
 from chatchat_policybert.errors import run_cli
 from chatchat_policybert.model.embeddings import PolicyBertEmbeddings
 from chatchat_policybert.model.loading import load_policybert, save_model_dir
-from chatchat_policybert.model.tokenization_policybert import DEFAULT_QUERY_INSTRUCTION, PROMPTS_FILE
+from chatchat_policybert.model.tokenization_policybert import DEFAULT_QUERY_INSTRUCTION, FILES_KEY, PROMPTS_FILE
 from tests.support.outside_chatchat import check_loads_outside_chatchat
 from training.contrastive import ContrastiveConfig, ContrastiveTask, contrastive, info_nce, main, read_examples
 
@@ -434,6 +434,9 @@ def test_an_e5_shaped_start_trains_on_the_vectors_it_serves(tiny_model_dir, pair
     (start / "1_Pooling" / "config.json").write_text(json.dumps({"pooling_mode": "mean"}), encoding="utf-8")
     prompts = {"prompts": {"query": "query: ", "document": "passage: "}}
     (start / PROMPTS_FILE).write_text(json.dumps(prompts), encoding="utf-8")
+    config = json.loads((start / "config.json").read_text(encoding="utf-8"))
+    del config[FILES_KEY]  # edited by hand, as the hub's e5 directory: no record of its files
+    (start / "config.json").write_text(json.dumps(config), encoding="utf-8")
     model, tokenizer = load_policybert(start)
     cfg = ContrastiveConfig(out=tmp_path / "unused", device="cpu")
     task = ContrastiveTask(tokenizer, [], read_examples(pairs["dev"], 0), cfg, 512)
