@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import base64
 import json
-import shutil
 import socket
 import threading
 import time
@@ -463,19 +462,13 @@ def test_api_description_is_not_served_with_an_api_key(embeddings):
 
 
 @pytest.mark.parametrize("shape", ["bge", "e5"])
-def test_serve_gives_queries_the_query_prompt_and_documents_the_document_prompt(shape, tiny_model, tmp_path, texts):
+def test_serve_gives_queries_the_query_prompt_and_documents_the_document_prompt(shape, request, texts):
     """``input_type: query`` (Cohere's/Voyage's field) is embedded as ``embed_query`` embeds, the default as
     ``embed_documents``: with e5's prompts (``query: `` / ``passage: ``) the two differ, and a server that embedded
     every input as a document would hand a retriever the wrong query vectors."""
-    directory = tiny_model
-    if shape == "e5":
-        directory = tmp_path / "e5-shaped"
-        shutil.copytree(tiny_model, directory)
-        prompts_file = directory / "config_sentence_transformers.json"
-        content = json.loads(prompts_file.read_text(encoding="utf-8"))
-        content["prompts"] = {"query": "query: ", "document": "passage: "}
-        prompts_file.write_text(json.dumps(content), encoding="utf-8")
+    directory = request.getfixturevalue("e5_base_dir" if shape == "e5" else "tiny_model")
     embeddings = PolicyBertEmbeddings(str(directory))
+    assert (embeddings.document_instruction or "") == ("passage: " if shape == "e5" else "")
     with TestClient(serving_app(embeddings, MODEL)) as client:
         documents = client.post("/v1/embeddings", json={"model": MODEL, "input": texts[:3]}).json()["data"]
         queries = client.post("/v1/embeddings", json={"model": MODEL, "input": texts[:3], "input_type": "query"})
