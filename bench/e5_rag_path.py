@@ -61,25 +61,24 @@ def build_demo_root(root: Path) -> None:
     subprocess.run([sys.executable, "-m", "chatchat_policybert.demo", "--root", str(root)], check=True)
 
 
-def score_set(root: Path, kb: str, questions: Path) -> dict[str, RunResult]:
-    """The three rows on one question file."""
-    queries, chunks, labelled = dev_queries(questions, root, kb, CORPUS_CSV)
-    assert labelled, f"{questions}: not labelled questions"
-    rows: dict[str, RunResult] = {}
+def score_sets(root: Path, kb: str) -> dict[str, dict[str, RunResult]]:
+    """The three rows on every question file (one worker of each kind for all: the same KB, the same chunks)."""
+    sets = {name: dev_queries(path, root, kb, CORPUS_CSV) for name, path in SETS.items()}
+    chunks = next(iter(sets.values()))[1]
+    assert all(labelled and c == chunks for _, c, labelled in sets.values()), "labelled questions over one KB"
+    results: dict[str, dict[str, RunResult]] = {name: {} for name in sets}
     with Candidates(root, kb, chunks, root / "logs" / "bench_candidates.log") as candidates:
         assert candidates.top_k == TOP_K, f"{root}: VECTOR_SEARCH_TOP_K is {candidates.top_k}, not {TOP_K}"
         candidates.analyzer = "policy"
-        rows[BASELINE] = evaluate_retriever(
-            Fused(BASELINE, candidates, chunks, Setting(1.0, 0.0, NO_VECTORS)), queries, chunks, KS
-        )
-        rows["e5 dense"] = evaluate_retriever(
-            Fused("e5 dense", candidates, chunks, Setting(0.0, 1.0, LOOSEST)), queries, chunks, KS
-        )
+        for name, (queries, _, _) in sets.items():
+            for row, setting in ((BASELINE, Setting(1.0, 0.0, NO_VECTORS)), ("e5 dense", Setting(0.0, 1.0, LOOSEST))):
+                results[name][row] = evaluate_retriever(Fused(row, candidates, chunks, setting), queries, chunks, KS)
     with ChatchatSearch(root, kb, chunks, TOP_K, root / "logs" / "bench_search_docs.log") as worker:
-        result = evaluate_retriever(ChatchatEnsemble(worker, None), queries, chunks, KS)
-    result.name = "search_docs (calibrated)"
-    rows[result.name] = result
-    return rows
+        for name, (queries, _, _) in sets.items():
+            result = evaluate_retriever(ChatchatEnsemble(worker, None), queries, chunks, KS)
+            result.name = "search_docs (calibrated)"
+            results[name][result.name] = result
+    return results
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -103,7 +102,7 @@ def main(argv: list[str] | None = None) -> int:
             if hybrid is not None
             else "Chatchat's 0.5/0.5 (not calibrated)"
         )
-        results = {name: score_set(root, kb, path) for name, path in SETS.items()}
+        results = score_sets(root, kb)
 
     machine = machine_line("cpu", torch.get_num_threads())
     lines = [

@@ -150,7 +150,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         # The ensemble's weights and SCORE_THRESHOLD chosen for this model on labelled questions: never below the
         # better of BM25 alone and the vectors alone on them.
         print(f"[calibrate] on {calibrate}", flush=True)
-        print(calibrate_setup(root, KB_NAME, calibrate), flush=True)
+        print(calibrate_setup(root, KB_NAME, calibrate, args.corpus), flush=True)
 
     llm = args.llm if ollama_answers(args.ollama_url) else None
     questions = args.question or list(DEFAULT_QUESTIONS)

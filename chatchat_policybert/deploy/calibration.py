@@ -259,15 +259,16 @@ def calibrate(
     return Calibration(best, rows, references, len(queries), candidates.top_k, analyzer, analyzers, store)
 
 
-def calibrate_root(root: Path, kb: str, questions: Path, log_dir: Path) -> Calibration:
+def calibrate_root(root: Path, kb: str, questions: Path, log_dir: Path, corpus: Path | None = None) -> Calibration:
     """Calibrates a built knowledge base of ``root`` (FAISS or pg: the plugin gives both the ensemble) on ``questions``;
-    labelled questions also choose among the named analyzers (module docstring).
+    labelled questions also choose among the named analyzers (module docstring). ``corpus``: the policy CSV whose
+    titles labelled questions name (default: they name the KB's files).
 
     Nothing is written.
     """
     settings = kb_settings(root)
     configured = configured_hybrid(root) or HybridConfig()
-    queries, chunks, labelled = dev_queries(questions, root, kb)
+    queries, chunks, labelled = dev_queries(questions, root, kb, corpus)
     with Candidates(root, kb, chunks, log_dir / "calibration_worker.log") as candidates:
         calibration = calibrate(
             candidates,
@@ -322,10 +323,10 @@ def update_settings(
     docs.write()
 
 
-def calibrate_setup(root: Path, kb: str, questions: Path) -> str:
+def calibrate_setup(root: Path, kb: str, questions: Path, corpus: Path | None = None) -> str:
     """``setup --calibrate``: choose the ensemble's weights and threshold on ``questions``, record them; returns the
-    table and the line that says what was chosen."""
-    calibration = calibrate_root(root, kb, questions, root / "logs")
+    table and the line that says what was chosen. ``corpus``: as :func:`calibrate_root`'s."""
+    calibration = calibrate_root(root, kb, questions, root / "logs", corpus)
     write_calibration(root, calibration)
     chosen = calibration.chosen
     return (
