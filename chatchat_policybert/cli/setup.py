@@ -85,13 +85,21 @@ def register(commands: Any) -> None:
     setup.add_argument(
         "--kb", help="with --calibrate: the knowledge base to calibrate on (default: DEFAULT_KNOWLEDGE_BASE)"
     )
+    setup.add_argument(
+        "--corpus",
+        type=Path,
+        metavar="CSV",
+        help="with --calibrate: the policy CSV whose titles the labelled questions name (e.g. the shipped corpus for "
+        "the shipped questions; default: they name the knowledge base's files)",
+    )
     setup.set_defaults(func=run_setup)
 
 
 def run_setup(args: argparse.Namespace) -> int:
     """Merge the shipped settings into a root prepared by `chatchat init`, then check it."""
-    if args.kb is not None and args.calibrate is None:
-        raise InputError("--kb only applies with --calibrate")
+    for flag, value in (("--kb", args.kb), ("--corpus", args.corpus)):
+        if value is not None and args.calibrate is None:
+            raise InputError(f"{flag} only applies with --calibrate")
     if args.calibrate is not None:
         from chatchat_policybert.deploy.questions import is_pairs_file
 
@@ -112,7 +120,7 @@ def run_setup(args: argparse.Namespace) -> int:
     if args.calibrate is not None:
         from chatchat_policybert.deploy.calibration import calibrate_setup
 
-        print(calibrate_setup(args.root, args.kb or default_kb(args.root), args.calibrate))
+        print(calibrate_setup(args.root, args.kb or default_kb(args.root), args.calibrate, args.corpus))
     if args.no_check:
         return 0
     return report(diagnose(args.root, load_model=True))

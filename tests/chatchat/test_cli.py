@@ -261,3 +261,11 @@ def test_an_empty_kb_name_is_refused_not_taken_as_the_default(tmp_path: Path, co
         "nothing was touched"
     ), result.stderr
     assert not (root / "policybert_tune").exists()
+
+
+@pytest.mark.parametrize("flag", ["--kb", "--corpus"])
+def test_setup_calibration_flags_need_calibrate(tmp_path: Path, flag: str, capsys):
+    """`--kb` and `--corpus` only say what `--calibrate` reads: alone they are refused before anything is written."""
+    assert main(["setup", "--root", str(tmp_path), flag, "X"]) == 2
+    assert f"{flag} only applies with --calibrate" in capsys.readouterr().err
+    assert list(tmp_path.iterdir()) == []
