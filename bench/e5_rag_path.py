@@ -38,9 +38,9 @@ from chatchat_policybert.chatchat.config import default_kb, kb_settings
 from chatchat_policybert.data import CORPUS_CSV, QUESTIONS
 from chatchat_policybert.deploy.calibration import LOOSEST, NO_VECTORS, Candidates, Fused, Setting
 from chatchat_policybert.deploy.questions import dev_queries
-from chatchat_policybert.evaluation.evaluate import RunResult, evaluate_retriever
 from chatchat_policybert.evaluation.metrics import paired_bootstrap_interval
 from chatchat_policybert.evaluation.retrievers import ChatchatEnsemble, ChatchatSearch
+from chatchat_policybert.evaluation.scoring import RunResult, evaluate_retriever
 from chatchat_policybert.files import write_json
 from chatchat_policybert.retrieval.hybrid import configured_hybrid
 

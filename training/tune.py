@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import hashlib
+import json
 import math
 import shlex
 import time
@@ -19,13 +20,15 @@ from typing import Any
 
 from chatchat_policybert.chatchat.config import kb_settings, model_settings
 from chatchat_policybert.chatchat.root import content_dir
+from chatchat_policybert.deploy.gate import LLM_DEV
 from chatchat_policybert.deploy.run import Run, digest
 from chatchat_policybert.deploy.tune import Trained
 from chatchat_policybert.errors import InputError
 from chatchat_policybert.evaluation.scoring import MRR_K
-from chatchat_policybert.files import read_json, write_json
+from chatchat_policybert.files import read_json, write_json, write_jsonl
 from chatchat_policybert.model.embeddings import token_limit
 from chatchat_policybert.model.loading import save_model_dir
+from chatchat_policybert.model.tokenization_policybert import read_pooling
 from chatchat_policybert.retrieval.hybrid import configured_analyzer
 from training import pairs as pairs_stage
 from training.config import parse_flags
@@ -39,6 +42,22 @@ BUDGET = "budget.json"
 ACTIVATION_BUDGET_BYTES = 4 * 2**30
 """What one training step's activations may hold: a step whose batch would hold more runs its texts in chunks
 under activation checkpointing (``--embed-chunk``, same loss and gradient; docs/training.md, "Memory")."""
+PRETRAINED_MEAN_RECIPE = (
+    "--lr 1e-5 --warmup-proportion 0.1 --batch-size 16 --train-group-size 4 --max-length 256 --max-steps 100 "
+    "--freeze-piece-embeddings true"
+)
+"""The recipe from a mean-pooled pretrained start (the e5 base of ``training.import_e5``), before the user's
+``--contrastive-args``: it protects the start. A small learning rate (bge's 1e-5) and at most 100 steps of 16
+queries (about one pass over the shipped KB's pairs), each with its passage and 3 BM25 hard negatives
+(``training.pairs``' miner), chunks read whole (Chatchat's 250-character chunks are under 256 pieces); the
+250,037 × 384 piece-embedding matrix frozen: a KB's pairs touch a few thousand of its rows, the rest would
+only move by weight decay, and training it costs 1.3 GB more peak memory and about 15 % more time a step
+(bench/results/piece_embeddings.json). A [CLS] start (bge) keeps ContrastiveConfig's defaults, bge's own
+fine-tuning recipe."""
+TRAINING_DEV_QUERIES = 32
+"""Dev queries the training ranks at its start and end (evenly spread over the dev file): the gate scores every
+dev pair on Chatchat's search; ranking all ~1,500 dev passages twice would cost a CPU run with e5 most of its
+budget."""
 WORD_STREAM_SLACK = 1.3
 """Measured / estimated activation bytes per text on the demo's model (36 MB against 28 MB at 502 tokens): the
 word stream's cross-attention and the allocator's slack, which :func:`activation_bytes_per_text` leaves out."""
@@ -95,33 +114,79 @@ def step_pairs(run: Run) -> tuple[Path, str]:
     argv += shlex.split(args.pairs_args)
     run.command("python -m training.pairs " + shlex.join(argv))
     pairs_stage.run(pairs_config(argv), argv)
+    split_llm_dev(out)
     return out, key
+
+
+def split_llm_dev(pairs_dir: Path) -> None:
+    """``dev_llm.jsonl``: the dev pairs whose query the LLM wrote (``--llm``; its questions are in the pairs stage's
+    ``llm_cache.jsonl``), questions about held-out documents in the LLM's words, which the gate judges on
+    (:func:`chatchat_policybert.deploy.gate.question_sets`). Nothing is written without ``--llm``."""
+    cache = pairs_dir / "llm_cache.jsonl"
+    if not cache.is_file():
+        return
+    asked: set[str] = set()
+    for line in cache.read_text(encoding="utf-8").splitlines():
+        try:
+            asked.update(json.loads(line)["questions"])
+        except (json.JSONDecodeError, KeyError, TypeError):
+            continue  # a line an interruption cut short, skipped as the pairs stage skips it
+    lines = [json.loads(line) for line in (pairs_dir / "dev.jsonl").read_text(encoding="utf-8").splitlines() if line]
+    llm = [line for line in lines if line["query"] in asked]
+    if llm:
+        write_jsonl(llm, pairs_dir / LLM_DEV)
 
 
 # ----------------------------------------------------------------------------- 2 train
 
 
-def train_config(out: Path, device: str, extra: str) -> ContrastiveConfig:
-    """The recipe's defaults (ContrastiveConfig's fields), the device, and the user's ``--contrastive-args``."""
+def recipe(start: Path) -> str:
+    """The recipe's flags for ``start``: :data:`PRETRAINED_MEAN_RECIPE` for a mean-pooled start, else none
+    (ContrastiveConfig's defaults)."""
+    return PRETRAINED_MEAN_RECIPE if read_pooling(Path(start)) == "mean" else ""
+
+
+def train_config(out: Path, device: str, extra: str, start_recipe: str = "") -> ContrastiveConfig:
+    """ContrastiveConfig's defaults, the start's recipe (:func:`recipe`), the device, and the user's
+    ``--contrastive-args`` (last: any of its flags overrides the recipe's)."""
     return parse_flags(
         ContrastiveConfig,
-        ["--out", str(out), "--device", device, *shlex.split(extra)],
+        ["--out", str(out), "--device", device, *shlex.split(start_recipe), *shlex.split(extra)],
         "chatchat-policybert tune --contrastive-args",
         "training.contrastive's flags",
     )
 
 
-def estimate_seconds(model: Any, tokenizer: Any, train: list, dev: list, cfg: ContrastiveConfig) -> tuple[float, int]:
-    """(seconds, steps) the training will take here, from one timed forward and backward pass of a full batch."""
+def estimate_seconds(
+    model: Any, tokenizer: Any, train: list, dev: list, cfg: ContrastiveConfig
+) -> tuple[float, int, float]:
+    """(seconds of the steps, steps, seconds of the dev evaluations) the training will take here: one timed forward
+    and backward pass of a full batch (its trainable parameters as the training has them), and one timed batch of
+    dev passages, for the two evaluations (start and end) that rank them all."""
+    import torch
+
     task = ContrastiveTask(tokenizer, train, dev, cfg, token_limit(model, cfg.max_length))
     steps = cfg.max_steps or cfg.epochs * math.ceil(len(train) / cfg.batch_size)
     batch = task.batch(list(range(min(cfg.batch_size, len(train)))), "estimate")
+    frozen = cfg.freeze_piece_embeddings and model.get_input_embeddings().weight.requires_grad
+    if frozen:
+        model.get_input_embeddings().weight.requires_grad_(False)
     model.train()
     started = time.perf_counter()
     task.loss(model, batch).backward()
     per_step = time.perf_counter() - started
     model.zero_grad(set_to_none=True)
-    return per_step * steps, steps
+    if frozen:
+        model.get_input_embeddings().weight.requires_grad_(True)
+    sample = [tokenizer.document_prompt + t for t in task.dev_pool[: cfg.eval_batch_size]]
+    evaluation = 0.0
+    if sample:
+        model.eval()
+        started = time.perf_counter()
+        with torch.no_grad():
+            task.embed(model, sample)
+        evaluation = 2 * (time.perf_counter() - started) * (len(task.dev_pool) + len(dev)) / len(sample)
+    return per_step * steps, steps, evaluation
 
 
 def activation_bytes_per_text(config: Any, length: int) -> float:
@@ -166,20 +231,24 @@ def budget_steps(
     if plan.is_file():
         budget = read_json(plan)
     else:
-        seconds, planned = estimate_seconds(model, tokenizer, train, dev, cfg)
+        seconds, planned, evaluation = estimate_seconds(model, tokenizer, train, dev, cfg)
         per_step = seconds / planned
         budget = {
             "minutes": run.args.budget,
             "seconds_per_step": round(per_step, 3),
+            "seconds_dev_evaluations": round(evaluation, 1),
             "planned_steps": planned,
-            "steps": max(1, min(planned, int(run.args.budget * 60 / per_step))),
+            # The timed step and the two dev evaluations come out of the budget too (on a loaded CPU, one e5 step
+            # of the recipe took 570 s: docs/deployment.md).
+            "steps": max(1, min(planned, int((run.args.budget * 60 - evaluation - per_step) / per_step))),
         }
         write_json(budget, plan)
     run.state["budget"] = budget
     run.save()
     cut = budget["planned_steps"] - budget["steps"]
     print(
-        f"train: --budget {budget['minutes']:g} min at {budget['seconds_per_step']:.2f} s a step (one step timed): "
+        f"train: --budget {budget['minutes']:g} min at {budget['seconds_per_step']:.2f} s a step (one step timed) "
+        f"and {budget.get('seconds_dev_evaluations', 0):.0f} s for the two dev evaluations: "
         f"{budget['steps']} of the recipe's {budget['planned_steps']} steps"
         + (f" ({cut} cut)" if cut else " (none cut)"),
         flush=True,
@@ -190,16 +259,27 @@ def budget_steps(
 def step_train(run: Run, pairs_dir: Path, pairs_key: str) -> Trained:
     """The candidate model (``OUT/train/KEY/final``), trained or resumed from its checkpoint; KEY names its inputs."""
     args = run.args
-    key = digest(pairs_key, run.state["start_files"], args.contrastive_args, *([args.budget] if args.budget else []))
+    start_recipe = recipe(run.start)
+    key = digest(
+        pairs_key,
+        run.state["start_files"],
+        start_recipe,
+        TRAINING_DEV_QUERIES,
+        args.contrastive_args,
+        *([args.budget] if args.budget else []),
+    )
     out = run.out / "train" / key
     final = out / "final"
     if (final / "config.json").is_file():
         print(f"train: {final} is already trained")
         return Trained(final, key, training_mrr(final))
-    cfg = train_config(out, args.device, args.contrastive_args)
+    cfg = train_config(out, args.device, args.contrastive_args, start_recipe)
     cfg.resume = (out / CHECKPOINT).is_file()
     train = read_examples(pairs_dir / "train.jsonl", cfg.train_group_size - 1)
     dev = read_examples(pairs_dir / "dev.jsonl", 0)
+    dev = dev[:: math.ceil(len(dev) / TRAINING_DEV_QUERIES)] if dev else dev
+    if start_recipe:
+        print(f"train: a mean-pooled start: the recipe {start_recipe} (--contrastive-args overrides)", flush=True)
     run.command(
         "python -m training.contrastive "
         + shlex.join(
@@ -214,6 +294,7 @@ def step_train(run: Run, pairs_dir: Path, pairs_key: str) -> Trained:
                 str(out),
                 "--device",
                 args.device,
+                *shlex.split(start_recipe),
                 *shlex.split(args.contrastive_args),
             ]
         )
@@ -224,9 +305,10 @@ def step_train(run: Run, pairs_dir: Path, pairs_key: str) -> Trained:
     if args.budget is not None:
         cfg.max_steps = budget_steps(run, out / BUDGET, model, tokenizer, train, dev, cfg)
     elif pick_device(cfg.device).type == "cpu" and not cfg.resume:
-        seconds, steps = estimate_seconds(model, tokenizer, train, dev, cfg)
+        seconds, steps, evaluation = estimate_seconds(model, tokenizer, train, dev, cfg)
         print(
-            f"train: on CPU, about {seconds / 60:.1f} min for {steps} steps (one step timed); "
+            f"train: on CPU, about {(seconds + evaluation) / 60:.1f} min for {steps} steps and two dev evaluations "
+            "(one step timed); "
             f"`--budget MINUTES` sizes the steps to a time; a GPU (--device cuda) is much faster",
             flush=True,
         )

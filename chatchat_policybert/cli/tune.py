@@ -14,11 +14,14 @@ entry point: this package never imports ``training``), steps 3 to 6 this package
 1. ``pairs`` — ``training.pairs`` on the knowledge base (with ``--llm``, the deployment's own LLM
    writes questions), cached per KB content: unchanged documents re-use the pairs.
 2. ``train`` — ``training.contrastive`` from the model the root serves, with the recipe's defaults
-   (:class:`training.contrastive.ContrastiveConfig`; ``--contrastive-args`` overrides), resumed from
-   its checkpoint; on CPU an estimate of the time is printed first. ``--budget MINUTES`` sizes the
-   steps from one timed step so that training takes about that long (the report says what was cut).
-   A step whose activations would exceed 4 GiB runs its texts in chunks (``--embed-chunk``, the
-   same loss and gradient): the recipe's batch at 512 tokens needs some 300 GB for bge-base.
+   (:class:`training.contrastive.ContrastiveConfig`; from a mean-pooled pretrained start such as the
+   e5 base, :data:`training.tune.PRETRAINED_MEAN_RECIPE`: lr 1e-5, at most 100 steps, 3 BM25 hard
+   negatives a query, the piece-embedding matrix frozen; ``--contrastive-args`` overrides), resumed
+   from its checkpoint; on CPU an estimate of the time is printed first. ``--budget MINUTES`` sizes
+   the steps from one timed step and the two dev evaluations so that training takes about that long
+   (the report says what was cut). A step whose activations would exceed 4 GiB runs its texts in
+   chunks (``--embed-chunk``, the same loss and gradient): the recipe's batch at 512 tokens needs
+   some 300 GB for bge-base.
 3. ``candidate`` (:mod:`chatchat_policybert.deploy.candidate`) — a Chatchat root of its own (the
    root's model and KB settings, the candidate model, the KB's documents, ``chatchat kb -r``), then
    the ensemble's weights and threshold calibrated there on the dev pairs
@@ -26,13 +29,17 @@ entry point: this package never imports ``training``), steps 3 to 6 this package
    the deployment's database (:class:`chatchat_policybert.stores.pg_schema.OwnSchema`), dropped once
    the gate's decision is carried out.
 4. ``gate`` (:mod:`chatchat_policybert.deploy.gate`) — Chatchat's own ``search_docs`` in the root as
-   it is (before) and in the candidate root (after), on the held-out-document dev pairs and on
-   ``--questions``, with BM25 alone as a third row, and the paired bootstrap and rule of ``eval
-   --require-better`` (:func:`chatchat_policybert.evaluation.gate_rule.gate_failure`). The candidate
-   is installed only when its MRR@10 on the dev pairs is higher and, with ``--questions``, not
-   lower there. The rows, the interval and what the candidate changes (e.g. "the calibration chose
-   BM25 alone") are printed. The decision is cached with its inputs (candidate, question files'
-   contents, the deployment's settings and model): a change of any of them decides again.
+   it is (before) and in the candidate root (after), on the held-out-document dev pairs and on the
+   paraphrase-like questions it has — ``--questions``, else the shipped questions where the KB is the
+   shipped corpus, and the LLM's questions on held-out documents with ``--llm`` — with BM25 alone as
+   a third row, and the paired bootstrap of ``eval --require-better``. The rule
+   (:func:`chatchat_policybert.evaluation.gate_rule.tune_gate_failures`): where questions exist they
+   judge (MRR@10 above the deployed one on each) and the dev pairs only check (not below), since
+   inverse-cloze pairs call better a model that paraphrased questions find worse; without questions
+   the dev pairs' MRR@10 must rise. The rows, the interval and what the candidate changes (e.g. "the
+   calibration chose BM25 alone") are printed. The decision is cached with its inputs (candidate,
+   question files' contents, the deployment's settings and model): a change of any of them decides
+   again.
 5. ``install`` (:mod:`chatchat_policybert.deploy.install`) — the previous model, settings and
    vectors are kept (``OUT/previous``, what ``chatchat-policybert rollback`` restores), the candidate
    model is copied into ``ROOT/models/``, the settings point at it with the calibrated weights, and
@@ -88,7 +95,8 @@ def register(commands: Any) -> None:
         type=Path,
         help="your labelled questions for the gate, the evaluation's JSONL, as `chatchat-policybert eval` reads "
         '({"id", "question", "doc_title", "evidence"}; doc_title = a KB file name without suffix, or a --corpus '
-        "title); checked against the KB before any work",
+        "title); checked against the KB before any work; they judge the candidate (the dev pairs only check) "
+        "(default on the KB of the shipped corpus: the shipped questions)",
     )
     parser.add_argument(
         "--corpus",

@@ -7,8 +7,8 @@ from pathlib import Path
 from typing import Any
 
 from chatchat_policybert.deploy.calibration import NO_VECTORS
-from chatchat_policybert.deploy.gate import DEV_PAIRS
 from chatchat_policybert.deploy.run import Run, now
+from chatchat_policybert.evaluation.gate_rule import DEV_PAIRS
 from chatchat_policybert.evaluation.scoring import MRR_K
 from chatchat_policybert.files import atomic_path
 
@@ -26,12 +26,22 @@ def decision_lines(
     two dense MRR figures (training's and calibration's, on the same dev pairs) look contradictory.
     """
     chosen = calibration["chosen"]
-    dev = gate["sets"][DEV_PAIRS]
-    rows, key = dev["rows"], f"MRR@{MRR_K}"
-    mrr = next(d for d in dev["deltas"] if d["metric"] == key)
+    key = f"MRR@{MRR_K}"
+    rows = gate["sets"][DEV_PAIRS]["rows"]
+    # The sets that judge first (the questions, where there are any), then the dev pairs' check.
+    order = sorted(gate["sets"], key=lambda label: not gate["sets"][label].get("judges", label == DEV_PAIRS))
+    shifts = []
+    for label in order:
+        data = gate["sets"][label]
+        mrr = next(d for d in data["deltas"] if d["metric"] == key)
+        role = "" if data.get("judges", label == DEV_PAIRS) else " (a check: must not fall)"
+        shifts.append(
+            f"on the {data['questions']} {label} {mrr['delta']:+.4f} "
+            f"(95% CI [{mrr['low']:+.4f}, {mrr['high']:+.4f}], paired bootstrap){role}"
+        )
     lines = [
-        f"{'installed' if gate['install'] else 'refused'}: after − before {key} on the {dev['questions']} dev pairs "
-        f"{mrr['delta']:+.4f} (95% CI [{mrr['low']:+.4f}, {mrr['high']:+.4f}], paired bootstrap)"
+        f"{'installed' if gate['install'] else 'refused'}: after − before {key} "
+        + ", ".join(shifts)
         + ("" if gate["install"] else "; " + "; ".join(gate["reasons"]))
     ]
     if chosen["dense_weight"] == 0 or chosen["threshold"] >= NO_VECTORS:

@@ -19,7 +19,7 @@ from typing import Protocol
 
 from chatchat_policybert.chatchat.root import content_dir
 from chatchat_policybert.deploy.candidate import CALIBRATION, release_candidates, step_candidate
-from chatchat_policybert.deploy.gate import DEV_PAIRS, gate_inputs, step_gate
+from chatchat_policybert.deploy.gate import gate_inputs, question_sets, step_gate
 from chatchat_policybert.deploy.install import step_install
 from chatchat_policybert.deploy.questions import is_pairs_file
 from chatchat_policybert.deploy.report import decision_lines, gate_rows, write_report
@@ -102,12 +102,13 @@ def run_steps(run: Run, trainer: Trainer) -> int:
     with run.step("train"):
         trained = trainer.step_train(run, pairs_dir, pairs_key)
     final, key = trained.model, trained.key
-    question_sets = {DEV_PAIRS: dev, **({"questions": args.questions.resolve()} if args.questions else {})}
-    inputs = gate_inputs(run, key, question_sets)
+    sets = question_sets(run.root, run.kb, dev, args.questions, args.corpus)
+    print(f"gate: judged on {', '.join(f'{label} ({q.file.name})' for label, q in sets.items())}", flush=True)
+    inputs = gate_inputs(run, key, sets)
     with run.step("candidate"):
         candidate = step_candidate(run, final, key, dev, inputs)
     with run.step("gate"):
-        gate = step_gate(run, candidate, key, question_sets, inputs)
+        gate = step_gate(run, candidate, key, sets, inputs)
     calibration = read_json(run.out / "candidate" / key / CALIBRATION)
     decision = decision_lines(gate, calibration, trained.dev_mrr)
     print("\n".join(gate_rows(gate)))

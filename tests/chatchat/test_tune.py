@@ -32,7 +32,11 @@ from test_pg import collection, collection_names
 from chatchat_policybert.chatchat.process import chatchat_command, run_chatchat
 from chatchat_policybert.chatchat.root import content_dir, vector_store_dir
 from chatchat_policybert.cli import build_parser
+from chatchat_policybert.corpus import export_policies, read_policies
+from chatchat_policybert.data import CORPUS_CSV, QUESTIONS
+from chatchat_policybert.deploy.gate import LLM_DEV, LLM_QUESTIONS, SHIPPED_QUESTIONS, QuestionSet, question_sets
 from chatchat_policybert.deploy.run import Run, tune_dir
+from chatchat_policybert.evaluation.gate_rule import DEV_PAIRS
 from chatchat_policybert.stores.faiss_store import faiss_vectors
 from chatchat_policybert.stores.pg_db import connected, pg_vectors
 from chatchat_policybert.stores.pg_schema import CANDIDATE_SCHEMA_PREFIX
@@ -478,7 +482,29 @@ def test_tune_help_shows_budget_and_a_budget_sizes_the_training_steps(tuned, tmp
     pairs_dir, pairs_key = step_pairs(run_)
     final = step_train(run_, pairs_dir, pairs_key).model
     budget = json.loads((final.parent / "budget.json").read_text(encoding="utf-8"))
-    assert budget["steps"] == max(1, min(budget["planned_steps"], int(1.2 / budget["seconds_per_step"])))
+    left = 1.2 - budget["seconds_dev_evaluations"] - budget["seconds_per_step"]  # the timed step and evaluations
+    assert budget["steps"] == max(1, min(budget["planned_steps"], int(left / budget["seconds_per_step"])))
     assert budget["steps"] < budget["planned_steps"], budget
     history = json.loads((final.parent / "metrics.json").read_text(encoding="utf-8"))
     assert history[-1]["step"] == budget["steps"] and (final / "config.json").is_file()
+
+
+def test_the_gate_judges_on_the_paraphrase_like_questions_it_has(tmp_path, policy_documents):
+    """The shipped questions by default on the KB made of the shipped corpus, the user's --questions instead where
+    given, the LLM's held-out questions where --llm wrote some; the dev pairs always; never bench/heldout."""
+    dev = tmp_path / "pairs" / "dev.jsonl"
+    dev.parent.mkdir()
+    dev.write_text('{"query": "q", "pos": ["p"], "neg": []}\n', encoding="utf-8")
+    shipped = tmp_path / "shipped"
+    export_policies(read_policies(CORPUS_CSV), content_dir(shipped, KB))
+    sets = question_sets(shipped, KB, dev, None, None)
+    assert sets == {DEV_PAIRS: QuestionSet(dev), SHIPPED_QUESTIONS: QuestionSet(QUESTIONS, CORPUS_CSV)}
+    mine = tmp_path / "mine.jsonl"
+    mine.write_text("", encoding="utf-8")
+    assert question_sets(shipped, KB, dev, mine, None) == {DEV_PAIRS: QuestionSet(dev), "questions": QuestionSet(mine)}
+    small = tmp_path / "small"
+    export_policies(policy_documents, content_dir(small, KB))
+    assert question_sets(small, KB, dev, None, None) == {DEV_PAIRS: QuestionSet(dev)}, "not the shipped KB"
+    (dev.parent / LLM_DEV).write_text(dev.read_text(encoding="utf-8"), encoding="utf-8")
+    assert question_sets(small, KB, dev, None, None)[LLM_QUESTIONS] == QuestionSet(dev.parent / LLM_DEV)
+    assert not any("heldout" in str(q.file) for q in question_sets(shipped, KB, dev, None, None).values())
