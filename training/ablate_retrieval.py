@@ -816,6 +816,14 @@ def verdict(table: dict, sets: dict) -> str:
     )
 
 
+def _group_by(values: dict[str, str]) -> dict[str, list[str]]:
+    """Names grouped by their value, in first-seen order."""
+    groups: dict[str, list[str]] = {}
+    for name, value in values.items():
+        groups.setdefault(value, []).append(name)
+    return groups
+
+
 def _mean_sd(values: list[float]) -> tuple[float, float]:
     return round(statistics.mean(values), 4), round(statistics.stdev(values), 4) if len(values) > 1 else 0.0
 
@@ -950,6 +958,18 @@ def bf16_check(cfg: RetrievalAblationConfig, start: Path, scorer: QuestionScorer
     return check
 
 
+def served_as(models: dict[str, Path]) -> dict[str, dict[str, str | None]]:
+    """Each model directory's pooling and prompts, as ``PolicyBertEmbeddings`` and training read them: the check that
+    every arm (merged, trained, saved) kept its start's."""
+    from chatchat_policybert.model.tokenization_policybert import read_pooling, read_prompts
+
+    served = {}
+    for name, path in models.items():
+        query, document = read_prompts(path)
+        served[name] = {"pooling": read_pooling(path), "query prompt": query, "document prompt": document}
+    return served
+
+
 def run(cfg: RetrievalAblationConfig, shape: init_scratch.ScratchShape) -> dict:
     """Every arm with every seed (a finished run is read back, not run again); writes ``OUT/results.json``,
     ``results.md`` and ``results.png``; returns what ``results.json`` holds."""
@@ -996,6 +1016,7 @@ def run(cfg: RetrievalAblationConfig, shape: init_scratch.ScratchShape) -> dict:
     coverage = {"--lexicon": word_coverage(Lexicon.load(cfg.lexicon), scorer)}
     if any(ARMS[name].kb_lexicon for name in cfg.arms):
         coverage["KB lexicon"] = word_coverage(Lexicon.load(kb_lexicon(cfg)), scorer)
+    served = served_as({"start": start, **{f"{r['arm']}-seed{r['seed']}": Path(r["model"]) for r in results}})
     seeds_done = {name: sorted(r["seed"] for r in results if r["arm"] == name) for name in cfg.arms}
     text = (
         sets_markdown(sets, bm25_sets)
@@ -1007,6 +1028,12 @@ def run(cfg: RetrievalAblationConfig, shape: init_scratch.ScratchShape) -> dict:
         + markdown(table, bm25, speed)
         + "\n"
         + coverage_table(coverage)
+        + "\nserved as (pooling, query prompt, document prompt): "
+        + "; ".join(
+            f"{', '.join(names)}: {key}"
+            for key, names in _group_by({name: repr(tuple(v.values())) for name, v in served.items()}).items()
+        )
+        + "\n"
     )
     text += (
         f"\nmean ± sd over the seeds each arm finished ({seeds_done}); Δ: paired bootstrap (1000) over questions of "
@@ -1026,6 +1053,7 @@ def run(cfg: RetrievalAblationConfig, shape: init_scratch.ScratchShape) -> dict:
         "speed": speed,
         "coverage": coverage,
         "seeds_done": seeds_done,
+        "served_as": served,
         "runs": results,
     }
     write_json(summary, cfg.out / "results.json")

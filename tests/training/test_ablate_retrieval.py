@@ -98,6 +98,8 @@ def test_every_arm_runs_and_differs_in_what_it_trains(tmp_path, small_csv, refer
     for rows in results["sets"].values():
         assert "Δdense MRR@10 vs base+ft" in rows["attn"] and "Δdense MRR@10 vs base" in rows["attn"]
         assert "Δdense MRR@10 vs base+ft" not in rows["base+ft"] and "Δdense R@5 vs base" in rows["base+ft"]
+    # Every arm (merged, trained, saved) serves with its start's pooling and prompts.
+    assert len({tuple(v.values()) for v in results["served_as"].values()}) == 1 and "served as" in table
     # The gate: every trained run against the untuned start, on the dev pairs alone and with the first file.
     assert [(g["arm"], g["seed"]) for g in results["gate"]] == [(arm, 0) for arm in ARMS if arm != "base"]
     assert all({"install on dev pairs alone", "install with q", "Δ later"} <= set(g) for g in results["gate"])
