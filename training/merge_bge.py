@@ -257,7 +257,9 @@ def build_from_bge(args: MergeConfig) -> tuple[PolicyBertModel, PolicyBertTokeni
         else:
             target[key] = tensor
             report["used"][key] = f"bge:{key}"
-    missing_char = [k for k in target if k.startswith(CHAR_PREFIXES) and k not in report["used"]]
+    # A mean-pooling base (e5) has no pooler: embeddings never read it, so it starts fresh, as the loader allows.
+    fresh_pooler = [k for k in target if k.startswith("pooler.") and k not in report["used"]]
+    missing_char = [k for k in target if k.startswith(CHAR_PREFIXES) and k not in report["used"].keys() | fresh_pooler]
     if missing_char:
         raise InputError(
             f"--bge {bge_dir}: checkpoint lacks {len(missing_char)} encoder tensors, e.g. {missing_char[0]}"
@@ -334,7 +336,7 @@ def build_from_bge(args: MergeConfig) -> tuple[PolicyBertModel, PolicyBertTokeni
         f"{from_zen} rows from ZEN by word string, "
         f"{len(lexicon.words) - from_zen} from the mean of their pieces' embeddings in the base"
     )
-    report["fresh"] = [k for k in target if k.startswith(("fusions.", "fusion_scales"))]
+    report["fresh"] = [k for k in target if k.startswith(("fusions.", "fusion_scales"))] + fresh_pooler
     model.load_state_dict(target)
     return model, wrapped, report
 
@@ -448,7 +450,7 @@ def run(cfg: MergeConfig) -> Path:
     )
     print(
         f"wrote {out}: {len(report['used'])} tensors set from sources, {len(report['dropped'])} dropped, "
-        f"{len(report.get('fresh', []))} fresh fusion tensors (details in merge_report.json)"
+        f"{len(report.get('fresh', []))} fresh tensors (details in merge_report.json)"
     )
     for key, reason in report["dropped"].items():
         print(f"  dropped {key}: {reason}")

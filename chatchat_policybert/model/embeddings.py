@@ -88,7 +88,9 @@ class PolicyBertEmbeddings(Embeddings):
     (default) embeds its beginning and logs a warning with the number of texts cut; ``window``
     embeds it as consecutive windows of ``max_length`` tokens and returns the normalised mean of
     the window vectors. ``query_instruction`` prefixes every query; None (the default) takes the
-    model directory's (``training.contrastive --query-instruction`` saves it), else bge's.
+    model directory's (``training.contrastive --query-instruction`` saves it), else bge's. Documents get
+    the directory's document prompt where it has one (e5's ``passage: ``), and the vector is the
+    directory's pooling (:func:`sentence_vectors`).
     """
 
     def __init__(

@@ -1,11 +1,12 @@
 """Everything the model needs from raw text: character ids plus matched words and the matching matrix.
 
-``PolicyBertTokenizer`` wraps a fast BERT tokenizer (bge's, or a character vocabulary built for
-from-scratch training) and a :class:`~chatchat_policybert.model.lexicon.Lexicon`. A lexicon word is
-matched to every token it overlaps, so ``M[b, t, q] = 1`` means token ``t`` of example ``b`` shares a
-character with word ``q`` (with one character per token: lies inside it). Words are ordered by position and cut to the
-``k_w`` budget deterministically at inference; ``shuffle_words`` (training only) draws the order
-and the cut from a seeded generator, as ZEN does.
+``PolicyBertTokenizer`` wraps the directory's fast tokenizer (bge's WordPiece, a character vocabulary built
+for from-scratch training, e5's Unigram; special tokens are the tokenizer's own) and a
+:class:`~chatchat_policybert.model.lexicon.Lexicon`. A lexicon word is matched to every token it overlaps,
+so ``M[b, t, q] = 1`` means token ``t`` of example ``b`` shares a character with word ``q`` (with one
+character per token: lies inside it). Words are ordered by position and cut to the ``k_w`` budget
+deterministically at inference; ``shuffle_words`` (training only) draws the order and the cut from a seeded
+generator, as ZEN does.
 """
 
 from __future__ import annotations
@@ -16,11 +17,13 @@ import random
 import string
 from collections import Counter
 from collections.abc import Iterable
+from functools import cached_property
 from pathlib import Path
 
 import numpy as np
 import torch
 from tokenizers import Encoding
+from tokenizers.models import WordPiece
 from transformers import AutoTokenizer, BatchEncoding, BertTokenizerFast, PreTrainedConfig, PreTrainedTokenizerFast
 
 from chatchat_policybert.errors import InputError
@@ -40,14 +43,16 @@ PROMPTS_FILE = "config_sentence_transformers.json"
 
 POOLING_MODES = ("cls", "mean")
 """How a model directory pools token states into its vector: bge's [CLS] state, or e5's mean over the tokens."""
+DOCUMENT_PROMPT_NAMES = ("document", "passage", "corpus")
+"""The names a directory's document prompt may have, in the order sentence-transformers' ``encode_document`` tries."""
 ST_MODULES_FILE = "modules.json"
 POOLING_MODULE = "Pooling"
 LEGACY_POOLING = {"pooling_mode_cls_token": "cls", "pooling_mode_mean_tokens": "mean"}
 
 
 def read_prompts(path: Path) -> tuple[str | None, str | None]:
-    """The query and document prompts a model directory was trained with (``prompts.query`` /
-    ``prompts.document`` of :data:`PROMPTS_FILE`), None for each it names none.
+    """The query and document prompts a model directory was trained with (``prompts.query`` and the first of
+    :data:`DOCUMENT_PROMPT_NAMES` in :data:`PROMPTS_FILE`), None for each it names none.
 
     bge's own directories carry that file without prompts, so None is common; a file that is no
     JSON, or a prompt that is no string, is an :class:`InputError` naming the file.
@@ -57,13 +62,12 @@ def read_prompts(path: Path) -> tuple[str | None, str | None]:
         return None, None
     content = read_json(file)
     prompts = content.get("prompts") if isinstance(content, dict) else None
-    found = []
-    for name in ("query", "document"):
-        prompt = prompts.get(name) if isinstance(prompts, dict) else None
-        if prompt is not None and not isinstance(prompt, str):
-            raise InputError(f"{file}: prompts.{name} is {type(prompt).__name__}, expected a string")
-        found.append(prompt)
-    return found[0], found[1]
+    prompts = prompts if isinstance(prompts, dict) else {}
+    for name in ("query", *DOCUMENT_PROMPT_NAMES):
+        if prompts.get(name) is not None and not isinstance(prompts[name], str):
+            raise InputError(f"{file}: prompts.{name} is {type(prompts[name]).__name__}, expected a string")
+    document = next((prompts[name] for name in DOCUMENT_PROMPT_NAMES if prompts.get(name) is not None), None)
+    return prompts.get("query"), document
 
 
 def read_pooling(path: Path) -> str:
@@ -99,6 +103,18 @@ def read_pooling(path: Path) -> str:
     if config.get("include_prompt", True) is not True:
         raise InputError(f"{config_file}: include_prompt false is not supported (the prompt's tokens are pooled too)")
     return mode
+
+
+def read_recipe(path: Path) -> dict[str, str | None]:
+    """How a model directory embeds, as :class:`PolicyBertTokenizer`'s keyword arguments: its query and document
+    prompts (:func:`read_prompts`) and its pooling (:func:`read_pooling`). A stage that builds a directory from
+    another (``training.merge_bge``) passes them on, so the new directory embeds as its base does."""
+    query_instruction, document_instruction = read_prompts(path)
+    return {
+        "query_instruction": query_instruction,
+        "document_instruction": document_instruction,
+        "pooling": read_pooling(path),
+    }
 
 
 def build_char_tokenizer(texts: Iterable[str], min_count: int = 1, model_max_length: int = 512) -> BertTokenizerFast:
@@ -215,15 +231,12 @@ class PolicyBertTokenizer:
         lexicon = getattr(tokenizer, "lexicon", None)  # a PolicyBertTokenizerFast has read it already
         if lexicon is None and (path / LEXICON_FILE).is_file():
             lexicon = Lexicon.load(path / LEXICON_FILE)
-        query_instruction, document_instruction = read_prompts(path)
         return cls(
             tokenizer,
             lexicon,
             max_words=getattr(config, "max_words", PolicyBertConfig.max_words),
             max_words_span=getattr(config, "max_words_span", PolicyBertConfig.max_words_span),
-            query_instruction=query_instruction,
-            document_instruction=document_instruction,
-            pooling=read_pooling(path),
+            **read_recipe(path),
         )
 
     def count_tokens(self, texts: list[str]) -> list[int]:
@@ -252,7 +265,10 @@ class PolicyBertTokenizer:
                 max_words_span=self.max_words_span,
             )
         elif config.get("tokenizer_class") == PolicyBertTokenizerFast.__name__:
-            config["tokenizer_class"] = "BertTokenizer"
+            # No lexicon any more: BERT's class for a WordPiece base, transformers' generic one for any other (e5's
+            # Unigram), which loads tokenizer.json as it is.
+            wordpiece = isinstance(self.tokenizer.backend_tokenizer.model, WordPiece)
+            config["tokenizer_class"] = "BertTokenizer" if wordpiece else "TokenizersBackend"
         config_file.write_text(json.dumps(config, ensure_ascii=False, indent=2) + "\n", encoding="utf-8")
 
     def word_spans(self, encoding: Encoding, texts: tuple[str, ...]) -> np.ndarray:
@@ -409,32 +425,46 @@ class PolicyBertTokenizer:
         )
 
 
-class PolicyBertTokenizerFast(BertTokenizerFast):
-    """The tokenizer transformers' ``AutoTokenizer`` gives for a PolicyBERT directory: BERT's, plus the word inputs.
+class PolicyBertTokenizerFast(PreTrainedTokenizerFast):
+    """The tokenizer transformers' ``AutoTokenizer`` gives for a PolicyBERT directory: the base's, plus the word
+    inputs.
+
+    It is the directory's ``tokenizer.json`` as saved, whatever its model (bge's WordPiece, e5's
+    Unigram): transformers' generic fast tokenizer, not ``BertTokenizerFast``, which rebuilds a
+    WordPiece from the vocabulary and would cut e5's text into characters.
 
     Why: ``AutoModel.from_pretrained(dir)(**tokenizer(texts, padding=True, return_tensors="pt"))``
     and sentence-transformers' ``Transformer`` module (which calls it that way) must feed the model
     the words :class:`PolicyBertTokenizer` feeds it, or their vectors silently differ from the
     served ones. The word inputs are padded tensors (a words x tokens matrix per text), so they are
-    added where ``return_tensors="pt"`` asks for tensors; other calls return BERT's inputs alone.
+    added where ``return_tensors="pt"`` asks for tensors; other calls return the base's inputs alone.
     ``lexicon.txt`` is read as one of the tokenizer's files; the k_w settings come from
     ``tokenizer_config.json``, which :meth:`PolicyBertTokenizer.save_pretrained` writes.
+
+    No ``__init__`` of its own, on purpose: transformers then loads ``tokenizer.json`` as it is — the
+    base's WordPiece (bge) or Unigram (e5), its normaliser, special tokens and template — where a
+    class with its own ``__init__`` gets a WordPiece rebuilt from the vocabulary. The lexicon and the
+    k_w settings arrive among the init arguments.
     """
 
-    vocab_files_names = {**BertTokenizerFast.vocab_files_names, "lexicon_file": LEXICON_FILE}
+    vocab_files_names = {**PreTrainedTokenizerFast.vocab_files_names, "lexicon_file": LEXICON_FILE}
 
-    def __init__(
-        self,
-        *args,
-        lexicon_file: str | os.PathLike | None = None,
-        max_words: int = PolicyBertConfig.max_words,
-        max_words_span: int = PolicyBertConfig.max_words_span,
-        **kwargs,
-    ):
-        super().__init__(*args, **kwargs)
-        self.lexicon = Lexicon.load(lexicon_file) if lexicon_file is not None else None
-        self.max_words = max_words
-        self.max_words_span = max_words_span
+    # No __init__ of its own: transformers 5 loads tokenizer.json as it is only for a class without one, and
+    # rebuilds the backend from the bare vocabulary for any other (a Unigram one then gains <s> and </s>).
+    # The lexicon and the k_w settings are read from the keyword arguments it keeps (init_kwargs).
+
+    @cached_property
+    def lexicon(self) -> Lexicon | None:
+        lexicon_file = self.init_kwargs.get("lexicon_file")
+        return Lexicon.load(lexicon_file) if lexicon_file is not None else None
+
+    @property
+    def max_words(self) -> int:
+        return int(self.init_kwargs.get("max_words", PolicyBertConfig.max_words))
+
+    @property
+    def max_words_span(self) -> int:
+        return int(self.init_kwargs.get("max_words_span", PolicyBertConfig.max_words_span))
 
     def __call__(self, text=None, text_pair=None, *args, **kwargs) -> BatchEncoding:
         batch = super().__call__(text, text_pair, *args, **kwargs)

@@ -14,6 +14,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from sentence_transformers import SentenceTransformer
 from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, processors, trainers
 from transformers import BertConfig, BertModel, PreTrainedTokenizerFast
 
@@ -181,3 +182,28 @@ def test_late_scales_unused_by_late_fusion_none_keep_it_silent(tmp_path, char_ba
     with torch.no_grad():
         model.fusion_scales[0] = 1.0
     assert not model.word_stream_silent()
+
+
+def test_identity_start_is_exact_on_the_e5_base(tmp_path, e5_base_dir, reference_lexicon_path, texts):
+    """The real word-piece base: a fresh merge keeps e5's mean pooling and its ``query: `` / ``passage: `` prompts
+    and embeds documents and queries with e5's bits, while its words do match (the stream is merely silent)."""
+    base = PolicyBertEmbeddings(e5_base_dir)
+    built_dir = merge(e5_base_dir, reference_lexicon_path, tmp_path / "pb-e5")
+    built = PolicyBertEmbeddings(built_dir)
+    assert (built.tokenizer.pooling, built.query_instruction, built.document_instruction) == (
+        "mean",
+        "query: ",
+        "passage: ",
+    )
+    assert built.tokenizer(texts)["word_attention_mask"].sum(dim=1).min() >= 10, "every text has words"
+    assert built.tokenizer.tokenizer.convert_ids_to_tokens(
+        built.tokenizer(texts[:1])["input_ids"][0, :8].tolist()
+    ) == base.tokenizer.tokenizer.convert_ids_to_tokens(base.tokenizer(texts[:1])["input_ids"][0, :8].tolist())
+    assert max_difference(built.embed_documents(texts), base.embed_documents(texts)) == 0
+    assert max_difference(built.encode_queries(texts[:3]), base.encode_queries(texts[:3])) == 0
+    # sentence-transformers, with the word inputs PolicyBertTokenizerFast adds: e5's bits too.
+    st_base, st_built = SentenceTransformer(str(e5_base_dir)), SentenceTransformer(str(built_dir))
+    assert type(st_built.tokenizer).__name__ == "PolicyBertTokenizerFast"
+    for prompt in ("query", "document"):
+        expected = st_base.encode(texts[:3], prompt_name=prompt)
+        assert max_difference(st_built.encode(texts[:3], prompt_name=prompt), expected) == 0, prompt

@@ -18,6 +18,7 @@ import math
 import os
 import random
 import re
+import shutil
 import socket
 from pathlib import Path
 
@@ -439,3 +440,31 @@ def test_query_instruction_is_saved_and_served(tiny_model_dir, pairs, tmp_path):
         assert served.embed_query(query) == served.embed_documents([instruction + query])[0]
         assert served.embed_query(query) != served.embed_documents([DEFAULT_QUERY_INSTRUCTION + query])[0]
     check_loads_outside_chatchat(final, query_prompt=instruction)
+
+
+def test_an_e5_shaped_start_trains_on_the_vectors_it_serves(tiny_model_dir, pairs, tmp_path):
+    """A mean-pooled start with ``query: `` / ``passage: `` prompts: the task's vectors are the served ones (mean,
+    passages with their prompt), and ``final/`` keeps the pooling and both prompts (no --query-instruction given)."""
+    start = tmp_path / "e5-shaped"
+    shutil.copytree(tiny_model_dir(None, perturb=True), start)
+    (start / "1_Pooling" / "config.json").write_text(json.dumps({"pooling_mode": "mean"}), encoding="utf-8")
+    prompts = {"prompts": {"query": "query: ", "document": "passage: "}}
+    (start / PROMPTS_FILE).write_text(json.dumps(prompts), encoding="utf-8")
+    model, tokenizer = load_policybert(start)
+    cfg = ContrastiveConfig(out=tmp_path / "unused", device="cpu")
+    task = ContrastiveTask(tokenizer, [], read_examples(pairs["dev"], 0), cfg, 512)
+    served = PolicyBertEmbeddings(start)
+    texts = ["数据安全管理办法适用于哪些单位？", "促进数字经济和实体经济深度融合。"]
+    with torch.no_grad():
+        passages = task.embed(model, [tokenizer.document_prompt + t for t in texts]).numpy()
+        queries = task.embed(model, task.dev_queries[:2]).numpy()
+    assert np.abs(passages - served.encode_corpus(texts)).max() < 1e-6
+    dev_questions = [q.removeprefix("query: ") for q in task.dev_queries[:2]]
+    assert np.abs(queries - served.encode_queries(dev_questions)).max() < 1e-6
+    final = run(start, pairs, tmp_path / "run", "--max-steps", "1", "--batch-size", "4", "--train-group-size", "2")
+    trained = PolicyBertEmbeddings(final / "final")
+    assert (trained.pooling, trained.query_instruction, trained.document_instruction) == (
+        "mean",
+        "query: ",
+        "passage: ",
+    )
