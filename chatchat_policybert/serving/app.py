@@ -17,8 +17,9 @@ optional API key is compared in constant time, and with one the API description 
 ``/openapi.json``) is not served. Every answer, errors included (malformed HTTP too), is JSON
 and of bounded size: an error names the field and counts items, it never repeats the input.
 
-Note: the endpoint cannot tell queries from documents, so it embeds every input as given (no
-query instruction); the import hook, which calls `embed_query`, does add it.
+Note: the endpoint cannot tell queries from documents, so it embeds every input as a document
+(`embed_documents`: no query instruction; the directory's document prompt where it has one, e5's
+`passage: `); the import hook, which calls `embed_query`, adds the query prompt.
 """
 
 from __future__ import annotations

@@ -23,6 +23,7 @@ STAGES = (
     "pairs",
     "contrastive",
     "export",
+    "import_e5",
     "ablate",
     "ablate_fusion",
 )
