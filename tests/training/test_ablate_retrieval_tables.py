@@ -60,9 +60,11 @@ def test_every_set_is_tabled_against_base_and_base_ft_with_seeds_averaged():
         attn_vs_base, attn_vs_ft = rows["attn"]["Δdense MRR@10 vs base"][0], rows["attn"]["Δdense MRR@10 vs base+ft"][0]
         assert attn_vs_base < 0 and attn_vs_ft < attn_vs_base, "worse than base, worse still than base+ft"
         assert len(rows["attn"]["dense R@5"]) == 2 and "Δdense R@5 vs base+ft" in rows["attn"]
-    text = ablate_retrieval.sets_markdown(sets, {name: {MRR: 0.5, "R@5": 0.7} for name in sets})
+    text = ablate_retrieval.sets_markdown(
+        sets, {name: {MRR: 0.5, "R@5": 0.7} for name in sets}, dict.fromkeys(sets, 40)
+    )
     for name in sets:
-        assert f"### {name}" in text
+        assert f"### {name} (40 questions)" in text
     assert text.count("| BM25 alone | – | 0.5000 | 0.7000 |") == len(sets)
 
 
