@@ -17,13 +17,15 @@ learning rate, temperature and seeds:
   ``attn-open`` (``merge_bge --init thesis``: the word stream fully open from the first step).
 
 Each arm is scored on the dev split of held-out documents (``training.contrastive``'s own ranking
-of the dev pool, and BM25 on that pool) and on ``--questions`` over the corpus's Chatchat chunks,
+of the dev pool, and BM25 on that pool; ``--dev-pool false`` skips it), on the dev pairs as questions
+over the corpus's Chatchat chunks (what ``tune``'s gate judges on, with what the gate would decide for
+each trained run against ``base``), and on every ``--questions`` file over those chunks (a table each),
 dense and through Chatchat's own ``search_docs`` (the ensemble the RAG tab uses; a temporary root
 and ``kb -r`` per model), with BM25 alone as a row. Beside each arm: its fusion scales after
 training, how far the word stream moves the character states (per layer, ‖H − H_chars‖ / ‖H_chars‖
 with and without the words), and its embedding speed against the start (same run, same texts);
 under the table, how often questions and chunks match lexicon words at all, for both lexicons. ``OUT/results.md``
-holds the table (mean ± sd over seeds; the paired-bootstrap delta of each arm vs ``base+ft`` over
+holds the tables (mean ± sd over seeds; the paired-bootstrap delta of each arm vs ``base`` and vs ``base+ft`` over
 questions, with each question's score averaged over seeds) and ``OUT/results.png`` the chart.
 An arm that finished (``OUT/runs/ARM-seedN/result.json``) is not run again.
 
