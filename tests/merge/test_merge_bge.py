@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -395,3 +396,20 @@ def test_lexicon_with_a_megabyte_word_is_one_error_line_not_a_crash(tmp_path, bg
     assert result.stderr.startswith("error: ") and result.stderr.count("\n") == 1, result.stderr[-2000:]
     assert f"{lexicon}:3: lexicon word" in result.stderr and "1048576 characters, more than 32" in result.stderr
     assert not out.exists()
+
+
+def test_a_merge_embeds_as_its_base_does(tmp_path, bge_dir, lexicon_file, texts):
+    """A base with e5's shape (mean pooling, ``query: `` / ``passage: ``): the merged directory keeps its pooling
+    and both prompts, and the identity start serves the base's vectors."""
+    base = tmp_path / "e5-shaped"
+    shutil.copytree(bge_dir, base)
+    (base / "1_Pooling" / "config.json").write_text(json.dumps({"pooling_mode": "mean"}), encoding="utf-8")
+    prompts = {"prompts": {"query": "query: ", "document": "passage: "}}
+    (base / "config_sentence_transformers.json").write_text(json.dumps(prompts), encoding="utf-8")
+    out = tmp_path / "policybert"
+    argv = ["--bge", str(base), "--lexicon", str(lexicon_file), "--num-word-layers", "1", "--out", str(out)]
+    assert merge_main(argv) == 0
+    merged, start = PolicyBertEmbeddings(out), PolicyBertEmbeddings(base)
+    assert (merged.pooling, merged.query_instruction, merged.document_instruction) == ("mean", "query: ", "passage: ")
+    assert abs(torch.tensor(merged.embed_documents(texts)) - torch.tensor(start.embed_documents(texts))).max() < 1e-6
+    assert abs(torch.tensor(merged.embed_query(texts[0])) - torch.tensor(start.embed_query(texts[0]))).max() < 1e-6
