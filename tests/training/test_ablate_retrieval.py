@@ -54,15 +54,21 @@ def _char_weights(model_dir):
 
 def test_every_arm_runs_and_differs_in_what_it_trains(tmp_path, small_csv, reference_lexicon_path):
     corpus = load_corpus(small_csv)
-    questions = tmp_path / "q.jsonl"
-    write_jsonl(
-        [
-            {"id": f"q{i}", "question": doc.text[100:130], "doc_title": doc.title, "evidence": doc.text[100:160]}
-            for i, doc in enumerate(corpus.documents)
-            if len(doc.text) > 200
-        ],
-        questions,
-    )
+    questions, later = tmp_path / "q.jsonl", tmp_path / "later.jsonl"
+    for path, start in ((questions, 100), (later, 160)):
+        write_jsonl(
+            [
+                {
+                    "id": f"q{i}",
+                    "question": doc.text[start : start + 30],
+                    "doc_title": doc.title,
+                    "evidence": doc.text[start : start + 60],
+                }
+                for i, doc in enumerate(corpus.documents)
+                if len(doc.text) > 250
+            ],
+            path,
+        )
     out = tmp_path / "ablate"
     argv = [
         "--task",
@@ -73,6 +79,7 @@ def test_every_arm_runs_and_differs_in_what_it_trains(tmp_path, small_csv, refer
         str(reference_lexicon_path),
         "--questions",
         str(questions),
+        str(later),
         "--out",
         str(out),
         *TOY,
@@ -86,7 +93,16 @@ def test_every_arm_runs_and_differs_in_what_it_trains(tmp_path, small_csv, refer
     for arm in ARMS:
         assert f"| {arm} |" in table
     assert "| BM25 alone |" in table and (out / "results.png").stat().st_size > 0
-    assert "Δdense vs base+ft" in table and "Δdense vs base+ft" not in results["table"]["base+ft"]
+    # Each question file is a set of its own, and so are the dev pairs over the chunks (tune's gate's set).
+    assert list(results["sets"]) == ["q", "later", "dev pairs"] and "### later" in table
+    for rows in results["sets"].values():
+        assert "Δdense MRR@10 vs base+ft" in rows["attn"] and "Δdense MRR@10 vs base" in rows["attn"]
+        assert "Δdense MRR@10 vs base+ft" not in rows["base+ft"] and "Δdense R@5 vs base" in rows["base+ft"]
+    # Every arm (merged, trained, saved) serves with its start's pooling and prompts.
+    assert len({tuple(v.values()) for v in results["served_as"].values()}) == 1 and "served as" in table
+    # The gate: every trained run against the untuned start, on the dev pairs alone and with the first file.
+    assert [(g["arm"], g["seed"]) for g in results["gate"]] == [(arm, 0) for arm in ARMS if arm != "base"]
+    assert all({"install on dev pairs alone", "install with q", "Δ later"} <= set(g) for g in results["gate"])
     # Dev is scored per query for every arm (the choice is made there); the verdict names the best fused arm on dev.
     assert all(len(r["dev"]["MRR@10"]) == len(runs["base", 0]["dev"]["MRR@10"]) > 0 for r in runs.values())
     assert all(
@@ -94,7 +110,7 @@ def test_every_arm_runs_and_differs_in_what_it_trains(tmp_path, small_csv, refer
     )
     fused = [a for a in ARMS if ARMS[a].fusion]
     best = max(fused, key=lambda a: results["table"][a]["dev MRR@10"][0])
-    assert f"verdict: best fused arm on dev is {best} " in table and "Δdev vs base+ft" in table
+    assert f"verdict: best fused arm on the dev pool is {best} " in table and "Δdev vs base+ft" in table
     # What retrieval sees of the word stream: the served vector moves when the words are let in (s = 1).
     assert runs["base+ft", 0]["vector_change"] is None and runs["attn-open", 0]["vector_change"] > 0
 
@@ -144,9 +160,10 @@ def test_every_arm_runs_and_differs_in_what_it_trains(tmp_path, small_csv, refer
     ablate.main([*argv, "--arms", "base", "base+ft", "attn", "--seeds", "0", "1"])
     assert all(p.stat().st_mtime_ns == t for p, t in stamps.items())
     assert sorted(p.parent.name for p in (out / "runs").glob("*-seed1/result.json")) == ["attn-seed1", "base+ft-seed1"]
-    table = json.loads((out / "results.json").read_text(encoding="utf-8"))["table"]
+    results = json.loads((out / "results.json").read_text(encoding="utf-8"))
+    table = results["table"]
     assert [table[arm]["seeds"] for arm in ("base", "base+ft", "attn")] == [1, 2, 2]
-    low, high = table["attn"]["Δdense vs base+ft"][1:]
+    low, high = results["sets"]["later"]["attn"]["Δdense MRR@10 vs base+ft"][1:]
     assert low <= high
 
     # --table-only tables what finished and starts nothing: seed 2 was never run.

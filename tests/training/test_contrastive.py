@@ -209,6 +209,22 @@ def test_freeze_chars_trains_only_the_word_side(tiny_model_dir, pairs, tmp_path)
         assert any(k.startswith(part) for k in changed), part
 
 
+@pytest.mark.parametrize("fusion", [None, "attn"])
+def test_freeze_piece_embeddings_keeps_only_the_piece_matrix(fusion, tiny_model_dir, pairs, tmp_path):
+    """The start's token-piece rows stay bit-identical (no gradient, no AdamW state); the layers, and a word
+    stream's own word embeddings, still train."""
+    start = tiny_model_dir(fusion, perturb=True)
+    flags = ["--freeze-piece-embeddings", "--max-steps", "2", "--lr", "1e-3", "--batch-size", "4"]
+    out = run(start, pairs, tmp_path / "run", *flags)
+    before, after = load_file(start / "model.safetensors"), load_file(out / "final" / "model.safetensors")
+    pieces = next(k for k in before if k.removeprefix("bert.") == "embeddings.word_embeddings.weight")
+    assert torch.equal(before[pieces], after[pieces])
+    moved = {k.removeprefix("bert.") for k in before if not torch.equal(before[k], after[k])}
+    assert any(k.startswith("encoder.layer.") for k in moved)
+    if fusion:
+        assert "word_embeddings.word_embeddings.weight" in moved
+
+
 def test_fusion_scale_lr_moves_s_at_its_own_rate(tiny_model_dir, pairs, tmp_path):
     """One AdamW step moves each parameter by about its group's learning rate (the first step is
     lr * g / (|g| + eps)): s by --fusion-scale-lr, everything else by at most --lr."""
