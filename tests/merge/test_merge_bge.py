@@ -18,7 +18,7 @@ from chatchat_policybert.model.embeddings import PolicyBertEmbeddings
 from chatchat_policybert.model.lexicon import Lexicon
 from chatchat_policybert.model.loading import load_policybert
 from chatchat_policybert.model.modeling_policybert import PolicyBertModel
-from chatchat_policybert.model.tokenization_policybert import DEFAULT_QUERY_INSTRUCTION
+from chatchat_policybert.model.tokenization_policybert import DEFAULT_QUERY_INSTRUCTION, FILES_KEY
 from tests.support.outside_chatchat import check_loads_outside_chatchat
 from tests.support.tiny_models import build_tiny_bert, tiny_config
 from training.merge_bge import main as merge_main
@@ -406,6 +406,9 @@ def test_a_merge_embeds_as_its_base_does(tmp_path, bge_dir, lexicon_file, texts)
     (base / "1_Pooling" / "config.json").write_text(json.dumps({"pooling_mode": "mean"}), encoding="utf-8")
     prompts = {"prompts": {"query": "query: ", "document": "passage: "}}
     (base / "config_sentence_transformers.json").write_text(json.dumps(prompts), encoding="utf-8")
+    config = json.loads((base / "config.json").read_text(encoding="utf-8"))
+    del config[FILES_KEY]  # hand-edited, as a hub directory: no record of its files
+    (base / "config.json").write_text(json.dumps(config), encoding="utf-8")
     out = tmp_path / "policybert"
     argv = ["--bge", str(base), "--lexicon", str(lexicon_file), "--num-word-layers", "1", "--out", str(out)]
     assert merge_main(argv) == 0
