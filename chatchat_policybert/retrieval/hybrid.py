@@ -16,7 +16,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from chatchat_policybert.chatchat.config import MODEL_SETTINGS, fingerprint, model_settings
 from chatchat_policybert.chatchat.settings import find_local_model, iter_local_platforms, under_root, validated_block
-from chatchat_policybert.errors import InputError, SettingsError
+from chatchat_policybert.errors import SettingsError
 
 HYBRID_KEY = "hybrid"
 """The platform entry's key for the FAISS ensemble's settings (next to ``local_embeddings``)."""
@@ -116,7 +116,6 @@ class Resolved:
         except SettingsError as exc:
             self.hybrid_error = exc
         self._analyzer: Any = None
-        self.analyzer_error: Exception | None = None
 
     def hybrid(self) -> HybridConfig | None:
         """The platform's block, None without one; a :class:`SettingsError` naming it where it does not validate."""
@@ -126,15 +125,13 @@ class Resolved:
 
     def analyzer(self) -> Any:
         """The block's BM25 :class:`~chatchat_policybert.retrieval.analyzer.Analyzer` (Chatchat's tokens without an
-        ``analyzer:``), built on first use; an InputError naming a word list it cannot read."""
+        ``analyzer:``), built on first use; an InputError naming a word list it cannot read.
+
+        A failure is not kept: a word list fixed while Chatchat runs (a looped link replaced by the file) is read
+        at the next question or rebuild, without a change to the settings files (one failed ``stat`` per try)."""
         block = self.hybrid() or HybridConfig()
-        if self._analyzer is None and self.analyzer_error is None:
-            try:
-                self._analyzer = block.get_analyzer(self.root)
-            except InputError as exc:
-                self.analyzer_error = exc
-        if self.analyzer_error is not None:
-            raise self.analyzer_error
+        if self._analyzer is None:
+            self._analyzer = block.get_analyzer(self.root)
         return self._analyzer
 
 
