@@ -12,6 +12,8 @@ from pathlib import Path
 import pytest
 from ollama_standin import REPLY
 
+from chatchat_policybert.demo import TOP_K
+
 pytestmark = pytest.mark.webui
 playwright_sync = pytest.importorskip("playwright.sync_api", reason="pip install playwright")
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
@@ -36,7 +38,7 @@ def test_rag_page_answers_with_sources(server, policies, tmp_path: Path):
             assert "WeiMingPolicies" in sidebar.get_by_test_id("stSelectbox").nth(1).inner_text()
             top_k = sidebar.get_by_label("匹配知识条数：")
             top_k.wait_for()
-            assert top_k.input_value() == "5"
+            assert top_k.input_value() == str(TOP_K)  # what the demo writes into kb_settings.yaml
             assert sidebar.get_by_label("历史对话轮数：").input_value() == "3"
             assert "0.29" in sidebar.get_by_test_id("stSlider").inner_text()
 
