@@ -134,7 +134,7 @@ class PolicyBertEmbeddings(Embeddings):
         self._lock = threading.Lock()
 
     def _embed(self, texts: list[str]) -> np.ndarray:
-        check_texts(texts)
+        """Unit vectors of ``texts`` as given (:meth:`encode` checked them and added the prompt)."""
         with self._lock:
             encodings = self.tokenizer.encode(texts, max_length=self.max_length) if texts else []
             cut = [i for i, encoding in enumerate(encodings) if encoding.overflowing]
