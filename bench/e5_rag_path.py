@@ -1,5 +1,5 @@
 """The demo's RAG path with the e5 base: Chatchat's `search_docs` (FAISS, `policy` analyzer, top_k 10), calibrated
-on the shipped 49 questions, against its two halves, on the shipped 49 and both confirmation sets.
+on the shipped 49 questions, against its two halves, on the shipped 49 and the three confirmation sets.
 
     python bench/e5_rag_path.py --out bench/results/e5_rag_path.json                  # builds the demo's root
     python bench/e5_rag_path.py --root chatchat-root --out bench/results/e5_rag_path.json  # a root `make demo` built
@@ -49,6 +49,7 @@ SETS = {
     "shipped 49 (dev: calibrated on)": QUESTIONS,
     "paraphrased 59 (confirmation)": HELDOUT / "paraphrased_questions.jsonl",
     "new 77 (confirmation)": HELDOUT / "new_questions_2026-11-26.jsonl",
+    "third 76 (confirmation)": HELDOUT / "third_questions_2026-11-26.jsonl",
 }
 TOP_K = 10
 KS = [1, 5, 10]
