@@ -40,7 +40,7 @@ from chatchat_policybert.chatchat.config import KB_SETTINGS, MODEL_SETTINGS, Set
 from chatchat_policybert.chatchat.process import WorkerProcess
 from chatchat_policybert.chatchat.settings import PLATFORM_KEY
 from chatchat_policybert.configure.doctor import ensemble_label
-from chatchat_policybert.deploy.questions import dev_queries
+from chatchat_policybert.deploy.questions import dev_queries, is_pairs_file
 from chatchat_policybert.errors import InputError
 from chatchat_policybert.evaluation.dataset import Query
 from chatchat_policybert.evaluation.knowledge_base import Chunk
@@ -183,6 +183,8 @@ class Calibration:
     """Each analyzer compared and its calibrated MRR@10 (empty: dev pairs, the configured analyzer kept)."""
     store: str = "faiss"
     source: str = ""
+    corpus: str = ""
+    """The policy CSV whose titles ``source``'s questions name (empty: they name the KB's files, or are dev pairs)."""
     kb: str = ""
     date: str = field(default_factory=lambda: datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M UTC"))
 
@@ -280,7 +282,31 @@ def calibrate_root(root: Path, kb: str, questions: Path, log_dir: Path, corpus: 
             ANALYZERS if labelled else (),
         )
     calibration.source, calibration.kb = str(Path(questions).resolve()), kb
+    calibration.corpus = str(Path(corpus).resolve()) if corpus is not None and labelled else ""
     return calibration
+
+
+def candidate_questions(root: Path, dev: Path) -> tuple[Path, Path | None]:
+    """The questions (and the corpus their titles name) a tune candidate's ensemble is calibrated on: those the
+    deployment's own ensemble was calibrated on, while that file is still there and holds labelled questions;
+    else the tune's dev pairs ``dev``.
+
+    Why: the gate compares the deployment's ensemble with the candidate's, so both are calibrated on
+    the same questions. Dev pairs alone are no fair ground for a pretrained model: a pair's query is a
+    sentence cut from a chunk the KB holds whole, BM25 finds it verbatim (MRR@10 0.996 on the shipped
+    KB), and calibrating on them chose BM25 alone for a model trained from the e5 base whose
+    deployment serves a 0.5/0.5 hybrid calibrated on questions — the gate then compared BM25 alone
+    with that hybrid, not the models (docs/deployment.md, "Calibrated like the deployment").
+    """
+    configured = configured_hybrid(root)
+    record = (configured.calibration or {}) if configured is not None else {}
+    source = Path(record.get("source") or "")
+    corpus = Path(record["corpus"]) if record.get("corpus") else None
+    if not record.get("source") or not source.is_file() or is_pairs_file(source):
+        return dev, None
+    if corpus is not None and not corpus.is_file():
+        return dev, None
+    return source, corpus
 
 
 def write_calibration(root: Path, calibration: Calibration) -> None:
@@ -295,6 +321,7 @@ def write_calibration(root: Path, calibration: Calibration) -> None:
         analyzer_stopwords=(configured_hybrid(root) or HybridConfig()).analyzer_stopwords,
         calibration={
             "source": calibration.source,
+            **({"corpus": calibration.corpus} if calibration.corpus else {}),
             "kb": calibration.kb,
             "questions": calibration.questions,
             "top_k": calibration.top_k,

@@ -1,5 +1,7 @@
 """``tune``'s step 3, the candidate: a Chatchat root like the deployment's serving the trained model, its knowledge
-base rebuilt and its ensemble calibrated on the dev pairs (:mod:`chatchat_policybert.deploy.calibration`).
+base rebuilt and its ensemble calibrated like the deployment's (:func:`~chatchat_policybert.deploy.calibration.
+candidate_questions`: the questions the deployment was calibrated on, else the dev pairs;
+:mod:`chatchat_policybert.deploy.calibration`).
 
 Nothing of the deployment changes here: the candidate root is in the run folder, and on pg its
 tables are in a schema of their own in the deployment's database
@@ -18,8 +20,10 @@ from chatchat_policybert.chatchat.root import content_dir
 from chatchat_policybert.configure.setup import SetupOptions, setup_root
 from chatchat_policybert.deploy.calibration import calibrate_root, write_calibration
 from chatchat_policybert.deploy.gate import GATE
+from chatchat_policybert.deploy.questions import is_pairs_file
 from chatchat_policybert.deploy.rollback import INSTALLED
 from chatchat_policybert.deploy.run import Run
+from chatchat_policybert.evaluation.gate_rule import DEV_PAIRS
 from chatchat_policybert.files import read_json, write_json
 from chatchat_policybert.stores import store_of
 from chatchat_policybert.stores.base import CandidateCopy
@@ -59,19 +63,24 @@ def decided(run: Run, key: str, inputs: str) -> bool:
     return not decision["install"] or (marker.is_file() and read_json(marker).get("candidate") == key)
 
 
-def step_candidate(run: Run, final: Path, key: str, dev: Path, inputs: str) -> Path:
-    """A root like the deployment's serving the candidate, its KB rebuilt and its ensemble calibrated on ``dev``.
+def step_candidate(run: Run, final: Path, key: str, calibrate_on: tuple[Path, Path | None], inputs: str) -> Path:
+    """A root like the deployment's serving the candidate, its KB rebuilt and its ensemble calibrated on
+    ``calibrate_on`` (questions, and the corpus their titles name: :func:`candidate_questions`).
 
     On pg its tables are in a schema of their own in the deployment's database (:class:`OwnSchema`),
-    so its `kb -r` and searches never touch the deployment's collection.
+    so its `kb -r` and searches never touch the deployment's collection. A built root calibrated on
+    other questions (the deployment's calibration changed since) is calibrated again, not rebuilt.
     """
     folder = run.out / "candidate" / key
     root = folder / "root"
     schema = pg_schema(run, root)
     if (folder / CALIBRATION).is_file():
         if schema is None or (root.is_dir() and schema.exists()):
-            print(f"candidate: {root} is already built and calibrated")
-            return root
+            if read_json(folder / CALIBRATION).get("source") == str(calibrate_on[0].resolve()):
+                print(f"candidate: {root} is already built and calibrated")
+                return root
+            print(f"candidate: {root} is built; calibrating it on {calibrate_on[0]}, as the deployment is")
+            return calibrate_candidate(run, final, root, folder, calibrate_on)
         if decided(run, key, inputs):
             print(f"candidate: not needed, the gate decided on it already ({run.out / GATE})")
             return root
@@ -95,15 +104,30 @@ def step_candidate(run: Run, final: Path, key: str, dev: Path, inputs: str) -> P
         f"CHATCHAT_ROOT={root} chatchat init && chatchat-policybert setup --model {final} "
         f"--settings-dir {settings} && cp -r <KB content> && chatchat kb -r -n {run.kb}"
     )
-    calibration = calibrate_root(root, run.kb, dev, folder)
+    return calibrate_candidate(run, final, root, folder, calibrate_on)
+
+
+def calibrate_candidate(
+    run: Run, final: Path, root: Path, folder: Path, calibrate_on: tuple[Path, Path | None]
+) -> Path:
+    """Calibrates the built candidate ``root`` on ``calibrate_on`` and records it (``CALIBRATION``, written last)."""
+    questions, corpus = calibrate_on
+    calibration = calibrate_root(root, run.kb, questions, folder, corpus)
     write_calibration(root, calibration)
     run.command(
-        f"CHATCHAT_ROOT={root} chatchat-policybert setup --model {final} --settings-dir {settings} "
-        f"--calibrate {dev} --kb {run.kb}"
+        f"CHATCHAT_ROOT={root} chatchat-policybert setup --model {final} --settings-dir {folder / 'settings'} "
+        f"--calibrate {questions}{f' --corpus {corpus}' if corpus else ''} --kb {run.kb}"
     )
     print(calibration.table())
     write_json(
-        {"chosen": vars(calibration.chosen), "metrics": calibration.metrics(), "table": calibration.table()},
+        {
+            "chosen": vars(calibration.chosen),
+            "metrics": calibration.metrics(),
+            "table": calibration.table(),
+            "source": calibration.source,
+            "on": DEV_PAIRS if is_pairs_file(questions) else questions.name,
+            "questions": calibration.questions,
+        },
         folder / CALIBRATION,
     )
     return root

@@ -95,14 +95,16 @@ def install_interrupted(run: Run, key: str) -> bool:
     return run.record(INSTALL_STARTED).get("candidate") == key and run.record(INSTALLED).get("candidate") != key
 
 
-def gate_inputs(run: Run, key: str, sets: dict[str, QuestionSet]) -> str:
-    """Everything the gate's decision depends on: the candidate, each question file's content and corpus, and the
-    deployment "before" measures — its settings files and served model, as they were before an interrupted install
-    of ``key`` began (the backup holds them) or as the root has them now."""
+def gate_inputs(run: Run, key: str, sets: dict[str, QuestionSet], calibrate_on: tuple[Path, Path | None]) -> str:
+    """Everything the gate's decision depends on: the candidate and the questions its ensemble is calibrated on,
+    each question file's content and corpus, and the deployment "before" measures — its settings files and served
+    model, as they were before an interrupted install of ``key`` began (the backup holds them) or as the root has
+    them now."""
     settings_from = run.out / BACKUP_DIR if install_interrupted(run, key) else run.root
     deployment = {name: _sha256(settings_from / name) for name in SETTINGS_FILES}
     questions = {label: [_sha256(q.file), str(q.corpus) if q.corpus else None] for label, q in sets.items()}
-    return digest(key, questions, deployment, run.state["start_files"])
+    calibrated = [_sha256(calibrate_on[0]), str(calibrate_on[1]) if calibrate_on[1] else None]
+    return digest(key, questions, deployment, run.state["start_files"], calibrated)
 
 
 def step_gate(

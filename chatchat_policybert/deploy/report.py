@@ -64,11 +64,13 @@ def decision_lines(
     if training is not None:
         start, end, passages = training
         dense = calibration["metrics"]["dense"][key]
+        on = calibration.get("on", DEV_PAIRS)
+        same = "the same dev pairs, two different questions" if on == DEV_PAIRS else f"on {on}"
         lines.append(
             f"training moved the model's dev {key} from {start:.4f} to {end:.4f}; that figure ranks each dev query's "
             f"own passage among the {passages} passages of the dev file (hard negatives of the same documents "
             f"included), while calibration's dense row ({dense:.3f}) ranks the KB's documents by their best chunk "
-            "(any chunk of the right document counts): the same dev pairs, two different questions"
+            f"(any chunk of the right document counts): {same}"
         )
     return lines
 
@@ -124,7 +126,9 @@ def write_report(run: Run, gate: dict[str, Any], calibration: dict[str, Any] | N
             "",
         ]
     if calibration is not None:
-        lines += ["## Calibration of the candidate's ensemble (dev pairs)", "", calibration["table"], ""]
+        on = calibration.get("on", DEV_PAIRS)
+        heading = f"## Calibration of the candidate's ensemble ({on}, as the deployment's)"
+        lines += [heading, "", calibration["table"], ""]
     lines += [
         "## Commands",
         "",

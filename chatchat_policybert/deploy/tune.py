@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Protocol
 
 from chatchat_policybert.chatchat.root import content_dir
+from chatchat_policybert.deploy.calibration import candidate_questions
 from chatchat_policybert.deploy.candidate import CALIBRATION, release_candidates, step_candidate
 from chatchat_policybert.deploy.gate import gate_inputs, question_sets, step_gate
 from chatchat_policybert.deploy.install import step_install
@@ -104,9 +105,11 @@ def run_steps(run: Run, trainer: Trainer) -> int:
     final, key = trained.model, trained.key
     sets = question_sets(run.root, run.kb, dev, args.questions, args.corpus)
     print(f"gate: judged on {', '.join(f'{label} ({q.file.name})' for label, q in sets.items())}", flush=True)
-    inputs = gate_inputs(run, key, sets)
+    calibrate_on = candidate_questions(run.root, dev)
+    print(f"candidate: calibrated on {calibrate_on[0].name}, as the deployment is", flush=True)
+    inputs = gate_inputs(run, key, sets, calibrate_on)
     with run.step("candidate"):
-        candidate = step_candidate(run, final, key, dev, inputs)
+        candidate = step_candidate(run, final, key, calibrate_on, inputs)
     with run.step("gate"):
         gate = step_gate(run, candidate, key, sets, inputs)
     calibration = read_json(run.out / "candidate" / key / CALIBRATION)

@@ -513,3 +513,29 @@ def test_the_gate_judges_on_the_paraphrase_like_questions_it_has(tmp_path, polic
     (dev.parent / LLM_DEV).write_text(dev.read_text(encoding="utf-8"), encoding="utf-8")
     assert question_sets(small, KB, dev, None, None)[LLM_QUESTIONS] == QuestionSet(dev.parent / LLM_DEV)
     assert not any("heldout" in str(q.file) for q in question_sets(shipped, KB, dev, None, None).values())
+
+
+def test_a_candidate_is_calibrated_on_the_questions_the_deployment_was_calibrated_on(base_root, tmp_path):
+    """Dev pairs are found verbatim by BM25, so a candidate calibrated on them is served as BM25 alone whatever the
+    model; the gate compares it with a deployment calibrated on questions only if the candidate is calibrated on
+    those too (recorded by `setup --calibrate FILE --corpus CSV`); a pairs file or a file gone falls back to dev."""
+    from chatchat_policybert.deploy.calibration import candidate_questions, update_settings
+    from chatchat_policybert.retrieval.hybrid import configured_hybrid
+
+    root = copy_root(base_root, tmp_path / "root")
+    dev = tmp_path / "dev.jsonl"
+    dev.write_text('{"query": "q", "pos": ["p"], "neg": []}\n', encoding="utf-8")
+    assert configured_hybrid(root).calibration is None and candidate_questions(root, dev) == (dev, None)
+
+    def record(**calibration: str) -> tuple[Path, Path | None]:
+        update_settings(root, hybrid=configured_hybrid(root).model_copy(update={"calibration": calibration}))
+        return candidate_questions(root, dev)
+
+    assert record(source=str(QUESTIONS), corpus=str(CORPUS_CSV)) == (QUESTIONS, CORPUS_CSV)
+    mine = kb_questions_file(root, tmp_path / "mine.jsonl")
+    assert record(source=str(mine)) == (mine, None)
+    older = tmp_path / "older_dev.jsonl"
+    older.write_text(dev.read_text(encoding="utf-8"), encoding="utf-8")
+    assert record(source=str(older)) == (dev, None), "an earlier tune's dev pairs: this tune's own"
+    assert record(source=str(tmp_path / "gone.jsonl")) == (dev, None)
+    assert record(source=str(QUESTIONS), corpus=str(tmp_path / "gone.csv")) == (dev, None)
