@@ -24,8 +24,9 @@ entry point: this package never imports ``training``), steps 3 to 6 this package
    some 300 GB for bge-base.
 3. ``candidate`` (:mod:`chatchat_policybert.deploy.candidate`) — a Chatchat root of its own (the
    root's model and KB settings, the candidate model, the KB's documents, ``chatchat kb -r``), then
-   the ensemble's weights and threshold calibrated there on the dev pairs
-   (:mod:`chatchat_policybert.deploy.calibration`). On pg its tables are in a schema of their own in
+   the ensemble's weights and threshold calibrated there as the deployment's were: on the questions
+   its calibration recorded (``setup --calibrate FILE``; the demo's: the shipped 49), else on the dev
+   pairs (:mod:`chatchat_policybert.deploy.calibration`). On pg its tables are in a schema of their own in
    the deployment's database (:class:`chatchat_policybert.stores.pg_schema.OwnSchema`), dropped once
    the gate's decision is carried out.
 4. ``gate`` (:mod:`chatchat_policybert.deploy.gate`) — Chatchat's own ``search_docs`` in the root as
