@@ -351,7 +351,10 @@ def merge_back(
     target = merged.state_dict()
     report: dict = {"mode": "merge-back", "alpha": alpha, "bge": str(bge_dir), "used": {}, "dropped": {}}
     for key, tensor in finetuned.state_dict().items():
-        if key.startswith(CHAR_PREFIXES) and alpha < 1.0:
+        if key.startswith("pooler.") and key not in bge_state:
+            # A mean-pooling base (e5) has no pooler; the merge gave the model a fresh one no embedding reads.
+            report["used"][key] = f"finetuned:{key} (the base has no pooler)"
+        elif key.startswith(CHAR_PREFIXES) and alpha < 1.0:
             if key not in bge_state:
                 raise InputError(f"--bge {bge_dir}: checkpoint lacks {key}")
             if bge_state[key].shape != tensor.shape:

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from safetensors.torch import load_file
+from safetensors.torch import load_file, save_file
 from transformers import BertConfig, BertModel
 
 from chatchat_policybert.errors import run_cli as run_main
@@ -208,6 +208,27 @@ def test_merge_back_alpha(tmp_path, bge_dir, lexicon_file):
         assert torch.equal(merged["fusions.0.attention.output.dense.bias"], ft["fusions.0.attention.output.dense.bias"])
         assert torch.equal(merged["fusion_scales"], ft["fusion_scales"])
         load_policybert(out)
+
+
+def test_merge_back_over_a_base_without_a_pooler(tmp_path, bge_dir, lexicon_file):
+    """A mean-pooling base (e5) has no pooler: merge-back keeps the fine-tuned model's (no embedding reads it) and
+    averages every encoder tensor the base has; it used to stop at "checkpoint lacks pooler.dense.weight"."""
+    base = tmp_path / "no-pooler"
+    shutil.copytree(bge_dir, base)
+    tensors = {k: v for k, v in load_file(base / "model.safetensors").items() if not k.startswith("pooler.")}
+    assert len(tensors) < len(load_file(bge_dir / "model.safetensors"))
+    save_file(tensors, base / "model.safetensors", metadata={"format": "pt"})
+    finetuned = finetuned_stand_in(tmp_path, base, lexicon_file)
+    ft = load_file(finetuned / "model.safetensors")
+    out = tmp_path / "merged"
+    assert merge_main(["--finetuned", str(finetuned), "--alpha", "0.3", "--bge", str(base), "--out", str(out)]) == 0
+    merged = load_file(out / "model.safetensors")
+    key = "encoder.layer.1.output.dense.weight"
+    torch.testing.assert_close(merged[key], 0.3 * ft[key] + 0.7 * tensors[key])
+    assert torch.equal(merged["pooler.dense.weight"], ft["pooler.dense.weight"])
+    report = json.loads((out / "merge_report.json").read_text(encoding="utf-8"))
+    assert report["used"]["pooler.dense.weight"].endswith("(the base has no pooler)")
+    load_policybert(out)
 
 
 def run_cli(*args: str) -> subprocess.CompletedProcess:
