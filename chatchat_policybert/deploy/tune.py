@@ -106,7 +106,8 @@ def run_steps(run: Run, trainer: Trainer) -> int:
     sets = question_sets(run.root, run.kb, dev, args.questions, args.corpus)
     print(f"gate: judged on {', '.join(f'{label} ({q.file.name})' for label, q in sets.items())}", flush=True)
     calibrate_on = candidate_questions(run.root, dev)
-    print(f"candidate: calibrated on {calibrate_on[0].name}, as the deployment is", flush=True)
+    why = "the deployment records no labelled questions" if calibrate_on[0] == dev else "as the deployment was"
+    print(f"candidate: calibrated on {calibrate_on[0].name} ({why})", flush=True)
     inputs = gate_inputs(run, key, sets, calibrate_on)
     with run.step("candidate"):
         candidate = step_candidate(run, final, key, calibrate_on, inputs)
