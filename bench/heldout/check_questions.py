@@ -67,6 +67,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--corpus", type=Path, default=CORPUS_CSV)
     parser.add_argument("--existing", type=Path, nargs="*", default=[], help="earlier question files")
     parser.add_argument("--allow", nargs="*", default=[], help="proper names a question may copy")
+    parser.add_argument(
+        "--per-document",
+        type=int,
+        default=1,
+        help="questions allowed on one document (1 for a confirmation set; a training set asks several); questions "
+        "on one document must still ask different facts (evidence spans may not overlap)",
+    )
     args = parser.parse_args(argv)
 
     corpus = load_corpus(args.corpus)
@@ -81,6 +88,7 @@ def main(argv: list[str] | None = None) -> int:
             for group in query.gains:
                 earlier[group].append((query.qid, query.evidence or ""))
 
+    asked: dict[str, list[tuple[str, str]]] = defaultdict(list)
     problems: list[str] = []
     per_doc: dict[str, list[str]] = defaultdict(list)
     longest: list[int] = []
@@ -106,13 +114,17 @@ def main(argv: list[str] | None = None) -> int:
             problems.append(f"{query.qid}: evidence also occurs in {len(elsewhere)} other document(s): not one answer")
         start = doc.text.find(evidence)
         span = range(start, start + len(evidence))
-        for qid, other in earlier.get(group, []):
+        for qid, other in [*earlier.get(group, []), *asked[group]]:
             other_start = doc.text.find(other)
             if other_start >= 0 and range(max(span.start, other_start), min(span.stop, other_start + len(other))):
                 problems.append(f"{query.qid}: evidence overlaps {qid}'s evidence (the same fact)")
+        asked[group].append((query.qid, evidence))  # a later question of this file on the same document too
     for group, qids in per_doc.items():
-        if len(qids) > 1:
-            problems.append(f"{', '.join(qids)}: several questions on {doc_of_group[group].title!r}")
+        if len(qids) > args.per_document:
+            problems.append(
+                f"{', '.join(qids)}: {len(qids)} questions on {doc_of_group[group].title!r}, "
+                f"expected at most {args.per_document}"
+            )
 
     kb_groups = set(corpus.kb_files.values())
     fresh = [g for g in per_doc if g not in earlier]
