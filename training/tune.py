@@ -15,17 +15,21 @@ import json
 import math
 import shlex
 import time
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from chatchat_policybert.chatchat.config import kb_settings, model_settings
 from chatchat_policybert.chatchat.root import content_dir
+from chatchat_policybert.deploy.crossfit import StoredQuestions
 from chatchat_policybert.deploy.gate import LLM_DEV
 from chatchat_policybert.deploy.run import Run, digest
 from chatchat_policybert.deploy.tune import Trained
 from chatchat_policybert.errors import InputError
 from chatchat_policybert.evaluation.scoring import MRR_K
-from chatchat_policybert.files import read_json, write_json, write_jsonl
+from chatchat_policybert.files import atomic_path, read_json, write_json, write_jsonl
 from chatchat_policybert.model.embeddings import token_limit
 from chatchat_policybert.model.loading import save_model_dir
 from chatchat_policybert.model.tokenization_policybert import read_pooling
@@ -35,6 +39,7 @@ from training.config import parse_flags
 from training.contrastive import ContrastiveConfig, ContrastiveTask, contrastive, load_start_model, read_examples
 from training.loop import CHECKPOINT, METRICS, pick_device
 from training.pairs.config import PairsConfig, check_config
+from training.query_side import QuerySideConfig, embed_questions, train_query_tower, two_tower_dir
 
 CHUNKING_KEYS = ("TEXT_SPLITTER_NAME", "CHUNK_SIZE", "OVERLAP_SIZE", "ZH_TITLE_ENHANCE")
 """kb_settings.yaml keys that change the chunks (a new SCORE_THRESHOLD must not invalidate cached pairs)."""
@@ -328,3 +333,43 @@ def training_mrr(final: Path) -> tuple[float, float, int] | None:
         return None
     key = f"mrr@{MRR_K}"
     return scored[0][key], scored[-1][key], scored[-1].get("dev_passages", 0)
+
+
+# ----------------------------------------------------------------------------- query-side (the default)
+
+
+def query_config(out: Path, device: str, extra: str, seed: int = 0) -> QuerySideConfig:
+    """:class:`training.query_side.QuerySideConfig`'s recipe, the device, and the user's ``--query-args`` (last)."""
+    return parse_flags(
+        QuerySideConfig,
+        ["--out", str(out), "--device", device, "--seed", str(seed), *shlex.split(extra)],
+        "chatchat-policybert tune --query-args",
+        "training.query_side's flags",
+    )
+
+
+def check_query_args(args: argparse.Namespace) -> None:
+    """``--query-args`` refused before any work (an :class:`InputError` naming the flag)."""
+    query_config(Path("unused"), args.device, args.query_args)
+
+
+def train_query(
+    run: Run, questions: StoredQuestions, out: Path, embed: Sequence[str], save: bool = False
+) -> tuple[np.ndarray, Path | None]:
+    """A query tower trained from the root's model on ``questions`` (``training.query_side``), the vectors it gives
+    ``embed`` (``OUT/vectors.npy``), and with ``save`` the two-tower directory ``OUT/model``. A finished run folder is
+    re-used; an interrupted training continues from its checkpoint."""
+    vectors_file, model_dir = out / "vectors.npy", out / "model"
+    if vectors_file.is_file() and (not save or (model_dir / "config.json").is_file()):
+        return np.load(vectors_file), model_dir if save else None
+    cfg = query_config(out / "train", run.args.device, run.args.query_args)
+    cfg.resume = (cfg.out / CHECKPOINT).is_file()
+    run.command(f"python -m training.query_side --model {run.start} … --out {cfg.out} {run.args.query_args}".strip())
+    model, tokenizer = train_query_tower(run.start, questions, cfg)
+    vectors = embed_questions(model, tokenizer, list(embed), cfg.max_length)
+    if save:
+        two_tower_dir(run.start, model, model_dir)
+    with atomic_path(vectors_file) as tmp, open(tmp, "wb") as handle:
+        np.save(handle, vectors)
+    (cfg.out / CHECKPOINT).unlink(missing_ok=True)  # the optimiser's state: 3x the tower, no use once trained
+    return vectors, model_dir if save else None

@@ -94,10 +94,25 @@ def register(commands: Any) -> None:
     parser.add_argument(
         "--questions",
         type=Path,
-        help="your labelled questions for the gate, the evaluation's JSONL, as `chatchat-policybert eval` reads "
+        action="append",
+        metavar="FILE",
+        help="your labelled questions, the evaluation's JSONL, as `chatchat-policybert eval` reads "
         '({"id", "question", "doc_title", "evidence"}; doc_title = a KB file name without suffix, or a --corpus '
-        "title); checked against the KB before any work; they judge the candidate (the dev pairs only check) "
-        "(default on the KB of the shipped corpus: the shipped questions)",
+        "title); repeatable; checked against the KB before any work. The query tower trains on them and is judged "
+        "on them by cross-fitting (each question scored by a tower that never trained on its document). With "
+        "--inverse-cloze: one file, which only judges",
+    )
+    parser.add_argument(
+        "--inverse-cloze",
+        action="store_true",
+        help="the earlier recipe: both towers trained on sentences cut from the chunks (training.pairs), a candidate "
+        "`kb -r`, the gate on dev pairs and --questions (it lowered the e5 base on paraphrased questions: "
+        "docs/training.md)",
+    )
+    parser.add_argument(
+        "--query-args",
+        default="",
+        help="flags for training.query_side overriding its recipe, e.g. '--max-steps 300 --merge-alpha 0.7'",
     )
     parser.add_argument(
         "--corpus",

@@ -30,7 +30,7 @@ from __future__ import annotations
 
 import datetime
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -117,7 +117,12 @@ class Candidates:
         self.top_k: int = self._worker.ready["top_k"]
         self.analyzer: str | None = None
         """The analyzer whose BM25 list :meth:`get` returns; None: the root's configured one."""
-        self._known: dict[tuple[str | None, str], tuple[list[int], list[tuple[int, float]]]] = {}
+        self.tower = ""
+        """Names :attr:`query_vectors` in the cache ("": the root's model)."""
+        self.query_vectors: Mapping[str, Sequence[float]] | None = None
+        """Per question, the vector the store is searched with (``tune``'s folds: a query tower the root does not
+        serve); None: the root's model embeds the question, as ``search_docs`` does."""
+        self._known: dict[tuple[str | None, str, str], tuple[list[int], list[tuple[int, float]]]] = {}
 
     def __enter__(self) -> Candidates:
         return self
@@ -127,9 +132,12 @@ class Candidates:
 
     def get(self, query: str) -> tuple[list[int], list[tuple[int, float]]]:
         """(BM25 hits of :attr:`analyzer`, FAISS hits with their relevance score) as chunk indices, best first."""
-        key = (self.analyzer, query)
+        key = (self.analyzer, self.tower, query)
         if key not in self._known:
-            answer = self._worker.ask({"query": query, "analyzer": self.analyzer})
+            request: dict[str, object] = {"query": query, "analyzer": self.analyzer}
+            if self.query_vectors is not None:
+                request["vector"] = [float(x) for x in self.query_vectors[query]]
+            answer = self._worker.ask(request)
             self._known[key] = (
                 [self._locate(s, t) for s, t in answer["bm25"]],
                 [(self._locate(s, t), score) for s, t, score in answer["dense"]],
@@ -309,28 +317,38 @@ def candidate_questions(root: Path, dev: Path) -> tuple[Path, Path | None]:
     return source, corpus
 
 
+def calibration_record(calibration: Calibration) -> dict:
+    """What the ``hybrid`` block records of a calibration: the questions it was chosen on and its table's figures."""
+    return {
+        "source": calibration.source,
+        **({"corpus": calibration.corpus} if calibration.corpus else {}),
+        "kb": calibration.kb,
+        "questions": calibration.questions,
+        "top_k": calibration.top_k,
+        "date": calibration.date,
+        "metrics": calibration.metrics(),
+        **({"analyzers": calibration.analyzers} if calibration.analyzers else {}),
+    }
+
+
 def write_calibration(root: Path, calibration: Calibration) -> None:
     """Records the choice: the ``hybrid`` block of the PolicyBERT platform (its analyzer's word list kept), and
     SCORE_THRESHOLD in kb_settings.yaml."""
-    chosen = calibration.chosen
+    write_setting(root, calibration.chosen, calibration.analyzer, calibration_record(calibration))
+
+
+def write_setting(root: Path, chosen: Setting, analyzer: str, record: dict, model_path: str | None = None) -> None:
+    """The ``hybrid`` block (``chosen``'s weights and threshold, ``analyzer``, the calibration ``record``), its
+    SCORE_THRESHOLD and, with ``model_path``, the served model, in one write of the root's settings."""
     hybrid = HybridConfig(
         bm25_weight=chosen.bm25_weight,
         dense_weight=chosen.dense_weight,
         score_threshold=chosen.threshold,
-        analyzer=calibration.analyzer,
+        analyzer=analyzer,
         analyzer_stopwords=(configured_hybrid(root) or HybridConfig()).analyzer_stopwords,
-        calibration={
-            "source": calibration.source,
-            **({"corpus": calibration.corpus} if calibration.corpus else {}),
-            "kb": calibration.kb,
-            "questions": calibration.questions,
-            "top_k": calibration.top_k,
-            "date": calibration.date,
-            "metrics": calibration.metrics(),
-            **({"analyzers": calibration.analyzers} if calibration.analyzers else {}),
-        },
+        calibration=record,
     )
-    update_settings(root, hybrid=hybrid, threshold=chosen.threshold)
+    update_settings(root, hybrid=hybrid, threshold=chosen.threshold, model_path=model_path)
 
 
 def update_settings(

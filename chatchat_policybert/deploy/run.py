@@ -78,8 +78,9 @@ def now() -> str:
 class Run:
     """One tune's run folder: the state (``tune.json``: start model, time per step, commands) and the step timer."""
 
-    def __init__(self, args: argparse.Namespace):
+    def __init__(self, args: argparse.Namespace, steps: tuple[str, ...] = STEPS):
         self.args, self.root, self.kb, self.out = args, args.root, args.kb, args.out
+        self.steps = steps
         self.out.mkdir(parents=True, exist_ok=True)
         path = self.out / STATE
         state = json.loads(path.read_text(encoding="utf-8")) if path.is_file() else {}
@@ -114,8 +115,8 @@ class Run:
     @contextlib.contextmanager
     def step(self, name: str) -> Iterator[None]:
         """Prints the step's header; adds its time and its peak memory to the state when it ends without an error."""
-        number = STEPS.index(name) + 1
-        print(f"[{number}/{len(STEPS)}] {name}", flush=True)
+        number = self.steps.index(name) + 1
+        print(f"[{number}/{len(self.steps)}] {name}", flush=True)
         started = time.perf_counter()
         reset_peak_rss()
         yield

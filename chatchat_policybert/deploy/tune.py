@@ -22,6 +22,7 @@ from chatchat_policybert.deploy.calibration import candidate_questions
 from chatchat_policybert.deploy.candidate import CALIBRATION, release_candidates, step_candidate
 from chatchat_policybert.deploy.gate import gate_inputs, question_sets, step_gate
 from chatchat_policybert.deploy.install import step_install
+from chatchat_policybert.deploy.query_tune import NEEDS_QUESTIONS, QUERY_STEPS, run_query_tune
 from chatchat_policybert.deploy.questions import is_pairs_file
 from chatchat_policybert.deploy.report import decision_lines, gate_rows, write_report
 from chatchat_policybert.deploy.run import Run, tune_dir, tune_lock
@@ -60,15 +61,27 @@ class Trainer(Protocol):
 
 def check_questions(args: argparse.Namespace) -> None:
     """``--questions`` read and checked against the KB's documents now, not after hours of training: every problem
-    (encoding, JSON, unknown titles, evidence) in one error block."""
-    if args.corpus is not None and args.questions is None:
+    (encoding, JSON, unknown titles, evidence) in one error block. The query-side tune needs labelled questions
+    (:data:`~chatchat_policybert.deploy.query_tune.NEEDS_QUESTIONS` says how to get them); ``--inverse-cloze`` takes at
+    most one file, which only judges."""
+    files = args.questions or []
+    if args.corpus is not None and not files:
         raise InputError("--corpus only applies with --questions")
-    if args.questions is None:
-        return
-    if not args.questions.is_file():
-        raise InputError(f"--questions {args.questions}: file not found")
-    if not is_pairs_file(args.questions):  # dev pairs are checked against the chunks at the gate
-        kb_questions(args.questions, content_dir(args.root, args.kb), args.corpus)
+    if args.inverse_cloze and len(files) > 1:
+        raise InputError("--inverse-cloze: one --questions file (it judges the candidate; it is not trained on)")
+    if not args.inverse_cloze and not files:
+        raise InputError(NEEDS_QUESTIONS)
+    for path in files:
+        if not path.is_file():
+            raise InputError(f"--questions {path}: file not found")
+        if is_pairs_file(path):  # dev pairs are checked against the chunks at the gate
+            if not args.inverse_cloze:
+                raise InputError(
+                    f"--questions {path}: dev pairs (query/pos: sentences cut from the chunks), not questions; the "
+                    'query-side tune learns from labelled questions ({"id", "question", "doc_title", "evidence"})'
+                )
+            continue
+        kb_questions(path, content_dir(args.root, args.kb), args.corpus)
 
 
 def run_tune(args: argparse.Namespace) -> int:
@@ -80,13 +93,18 @@ def run_tune(args: argparse.Namespace) -> int:
         raise InputError(f"--kb {args.kb}: no knowledge base folder {content_dir(args.root, args.kb)}")
     store_of(args.root).check_candidate_rights(args.root)  # before any work (pg: a schema of its own)
     check_questions(args)
-    trainer.check_args(args)
+    if args.inverse_cloze:
+        trainer.check_args(args)
+        args.questions = args.questions[0] if args.questions else None
+    else:
+        trainer.check_query_args(args)
     args.out = (args.out or tune_dir(args.root, args.kb)).resolve()
     with tune_lock(args.root, args.kb, "tune"):
-        run = Run(args)
-        print(f"tune {args.kb} in {args.root}: start model {run.start}; run folder {args.out}")
+        run = Run(args) if args.inverse_cloze else Run(args, QUERY_STEPS)
+        mode = "inverse cloze, both towers" if args.inverse_cloze else "query-side, from questions"
+        print(f"tune {args.kb} in {args.root} ({mode}): start model {run.start}; run folder {args.out}")
         try:
-            return run_steps(run, trainer)
+            return run_steps(run, trainer) if args.inverse_cloze else run_query_tune(run, trainer)
         except KeyboardInterrupt:
             print(f"tune: interrupted; the same command continues from {args.out}", file=sys.stderr)
             return EXIT_INTERRUPTED

@@ -103,6 +103,10 @@ def candidates(kb: str, top_k: int | None) -> None:
 
     A request ``{"query": …, "analyzer": NAME}`` gets the BM25 list of that analyzer (calibration
     compares them; ask one analyzer's questions together: the kept BM25 index is one analyzer's).
+    With ``"vector": [...]`` the vector list is the store's for that query vector instead of the root's
+    model's embedding of the query (``tune``'s folds: a query tower the root does not serve), searched and
+    scored as the store searches and scores its own (``similarity_search_with_score_by_vector`` and the
+    store's relevance function, what ``similarity_search_with_relevance_scores`` runs after embedding).
     """
     from chatchat.server.knowledge_base.kb_service.base import KBServiceFactory
     from chatchat.settings import Settings
@@ -130,8 +134,13 @@ def candidates(kb: str, top_k: int | None) -> None:
         with acquire() as store:
             analyzer = None if analyzer_name is None else analyzer_of(store, analyzer_name)
             bm25 = cached_bm25(store, analyzer).copy(update={"k": top_k}).invoke(query)
-            # What as_retriever(search_type="similarity_score_threshold") asks, with no threshold yet.
-            dense = store.similarity_search_with_relevance_scores(query, k=top_k)
+            if request.get("vector") is None:
+                # What as_retriever(search_type="similarity_score_threshold") asks, with no threshold yet.
+                dense = store.similarity_search_with_relevance_scores(query, k=top_k)
+            else:
+                relevance = store._select_relevance_score_fn()
+                hits = store.similarity_search_with_score_by_vector(request["vector"], k=top_k)
+                dense = [(d, relevance(score)) for d, score in hits]
         _emit(
             {
                 "bm25": [[d.metadata.get("source", ""), d.page_content] for d in bm25],

@@ -1,0 +1,249 @@
+"""The measurement query-side tuning exists for: does training only the query tower on a KB's questions lift the
+pretrained base on questions it never saw, and does the PolicyBERT word stream earn its place under this recipe?
+
+Arms, all trained on the same questions with the same budget (``training.query_side``'s recipe) and several seeds:
+
+- ``base``: the root's model untouched (the e5 base on the demo's root);
+- ``query``: the query tower trained, the word stream shut (the plain arm, what ``tune`` does by default);
+- ``query+attn`` / ``query+gate``: the same with the PolicyBERT word stream (attn or gate fusion, over the same base
+  with the identity start) trained in the query tower;
+
+Every arm ranks the chunk vectors the root's store holds (the document tower is never trained: the stored vectors are
+every arm's), dense MRR@10 at document level, on each question file of ``--sets`` (never trained on), each also
+restricted to the documents no training question names. Deltas against ``base`` with a paired bootstrap over
+questions (the per-question MRR averaged over seeds first). ``--alphas`` re-scores each trained model merged back at
+other weights (free: the merge is a weighted mean of two weight sets), for the choice of α on ``--cv`` folds of the
+training questions only.
+
+    python bench/query_side.py --root chatchat-root --train chatchat_policybert/data/policy_training_questions.jsonl \\
+        --sets bench/heldout/*.jsonl --seeds 0 1 2 --out bench/results/query_side
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from chatchat_policybert.chatchat.config import default_kb, served_model
+from chatchat_policybert.chatchat.root import content_dir
+from chatchat_policybert.data import CORPUS_CSV
+from chatchat_policybert.deploy.crossfit import StoredQuestions, document_folds, stored_questions
+from chatchat_policybert.evaluation.dataset import kb_questions
+from chatchat_policybert.evaluation.metrics import mrr_at_k, paired_bootstrap_interval, unique_in_order
+from training.query_side import QuerySideConfig, embed_questions, merge_back, train_query_tower
+
+ARMS = {"base": None, "query": False, "query+attn": True, "query+gate": True}
+"""Arm → trains the word stream (None: not trained at all)."""
+
+
+def dense_mrr(vectors: np.ndarray, chunk_vectors: np.ndarray, groups: list[str], gold: list[set[str]]) -> np.ndarray:
+    """Per-question MRR@10 at document level: chunks ranked by cosine, documents in the order their first chunk
+    comes."""
+    order = np.argsort(-(vectors @ chunk_vectors.T), axis=1, kind="stable")[:, :200]
+    return np.array(
+        [mrr_at_k(unique_in_order(groups[i] for i in row), sorted(g), 10) for row, g in zip(order, gold, strict=True)]
+    )
+
+
+def word_start(root: Path, fusion: str, out: Path) -> Path:
+    """A PolicyBERT with ``fusion`` over the root's base (identity start: it embeds as the base until trained)."""
+    from training import merge_bge
+
+    if (out / "config.json").is_file():
+        return out
+    _, model_dir = served_model(root)
+    base = model_dir.parent / "e5-small"
+    lexicon = model_dir / "lexicon.txt"
+    return merge_bge.run(
+        merge_bge.MergeConfig(out=out, bge=str(base), zen="none", lexicon=lexicon, fusion=fusion, init="bge")
+    )
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--root", type=Path, required=True)
+    parser.add_argument("--kb", default="")
+    parser.add_argument("--train", type=Path, nargs="+", required=True, help="training questions (evaluation JSONL)")
+    parser.add_argument("--sets", type=Path, nargs="*", default=[], help="question files never trained on")
+    parser.add_argument("--untrained", type=Path, help="JSON with the 'untrained' documents' titles")
+    parser.add_argument("--arms", nargs="+", default=list(ARMS), choices=list(ARMS))
+    parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
+    parser.add_argument("--alphas", type=float, nargs="*", default=[0.5])
+    parser.add_argument("--cv", type=int, default=0, help="score on N document folds of the training questions")
+    parser.add_argument("--query-args", default="", help="QuerySideConfig flags, e.g. '--max-steps 300'")
+    parser.add_argument("--device", default="cpu")
+    parser.add_argument("--out", type=Path, required=True)
+    args = parser.parse_args()
+    import shlex
+
+    from training.config import parse_flags
+
+    root = args.root.resolve()
+    kb = args.kb or default_kb(root)
+    bank, train_queries, chunks = stored_questions(root, kb, args.train, CORPUS_CSV)
+    groups = [c.group for c in chunks]
+    sets: dict[str, tuple[list, StoredQuestions | None]] = {}
+    for path in args.sets:
+        _, queries = kb_questions(path, content_dir(root, kb), CORPUS_CSV)
+        sets[path.stem] = (queries, None)
+    untrained = set()
+    if args.untrained:
+        from chatchat_policybert.evaluation.dataset import load_corpus
+
+        titles = set(json.loads(args.untrained.read_text(encoding="utf-8"))["untrained"])
+        untrained = {d.group for d in load_corpus(CORPUS_CSV).documents if " ".join(d.title.split()) in titles}
+    folds = document_folds(train_queries, args.cv) if args.cv else None
+    _, start = served_model(root)
+    args.out.mkdir(parents=True, exist_ok=True)
+    results: list[dict] = []
+    started = time.time()
+
+    def score(arm: str, seed: int | None, alpha: float, embed, fold: int | None = None) -> None:
+        if fold is not None:
+            held = [i for i, f in enumerate(folds) if f == fold]
+            q = embed([bank.texts[i] for i in held])
+            gold = [{groups[r] for r in bank.positives[i]} for i in held]
+            results.append(
+                {
+                    "arm": arm,
+                    "seed": seed,
+                    "alpha": alpha,
+                    "set": f"cv{fold}",
+                    "ids": [train_queries[i].qid for i in held],
+                    "mrr": dense_mrr(q, bank.vectors, groups, gold).tolist(),
+                }
+            )
+            return
+        for name, (queries, _) in sets.items():
+            q = embed([x.text for x in queries])
+            gold = [{g for g, gain in x.gains.items() if gain > 0} for x in queries]
+            results.append(
+                {
+                    "arm": arm,
+                    "seed": seed,
+                    "alpha": alpha,
+                    "set": name,
+                    "ids": [x.qid for x in queries],
+                    "untrained": [bool(set(x.gains) & untrained) for x in queries],
+                    "mrr": dense_mrr(q, bank.vectors, groups, gold).tolist(),
+                }
+            )
+
+    for arm in args.arms:
+        word = ARMS[arm]
+        arm_start = (
+            start if arm in ("base", "query", "query+attn") else word_start(root, "gate", args.out / "start-gate")
+        )
+        for fold in range(args.cv) if args.cv else [None]:
+            train_idx = [i for i, f in enumerate(folds) if f != fold] if fold is not None else range(len(bank.texts))
+            if word is None:
+                from chatchat_policybert.model.loading import load_policybert
+
+                model, tok = load_policybert(arm_start)
+                score(arm, None, 0.0, lambda t, m=model, k=tok: embed_questions(m, k, t, 64), fold)
+                continue
+            for seed in args.seeds:
+                out = args.out / "runs" / f"{arm}-seed{seed}" / (f"fold{fold}" if fold is not None else "all")
+                flags = ["--out", str(out), "--seed", str(seed), "--device", args.device]
+                flags += (["--word-stream", "true"] if word else []) + [
+                    "--merge-alpha",
+                    "1.0",
+                    *shlex.split(args.query_args),
+                ]
+                cfg = parse_flags(QuerySideConfig, flags, "bench/query_side.py --query-args", "QuerySideConfig")
+                t0 = time.time()
+                model, tok = train_query_tower(arm_start, bank.subset(list(train_idx)), cfg)
+                seconds = time.time() - t0
+                trained = {n: p.detach().clone() for n, p in model.named_parameters() if p.requires_grad}
+                from chatchat_policybert.model.loading import load_policybert
+
+                reference, _ = load_policybert(arm_start)
+                ref = dict(reference.named_parameters())
+                for alpha in args.alphas:
+                    model.load_state_dict({**model.state_dict(), **trained}, strict=False)
+                    merge_back(model, {n: ref[n].detach() for n in trained}, alpha)
+                    score(arm, seed, alpha, lambda t, m=model, k=tok: embed_questions(m, k, t, 64), fold)
+                results[-1]["train_seconds"] = round(seconds, 1)
+                print(f"{arm} seed {seed} fold {fold}: trained in {seconds:.0f} s", flush=True)
+                (args.out / "results.json").write_text(json.dumps(results), encoding="utf-8")
+    meta = {
+        "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime(started)),
+        "machine": f"{platform.processor() or platform.machine()}; {cpu_model()}",
+        "command": " ".join(sys.argv),
+        "minutes": round((time.time() - started) / 60, 1),
+    }
+    (args.out / "results.json").write_text(json.dumps({"meta": meta, "results": results}), encoding="utf-8")
+    (args.out / "table.md").write_text(table(results, meta), encoding="utf-8")
+    print(table(results, meta))
+
+
+def cpu_model() -> str:
+    for line in Path("/proc/cpuinfo").read_text().splitlines():
+        if line.startswith("model name"):
+            return line.split(":", 1)[1].strip()
+    return "unknown CPU"
+
+
+def table(results: list[dict], meta: dict) -> str:
+    """Mean MRR@10 per arm (α) and set, and the delta vs base with its paired 95 % interval (seed-averaged)."""
+
+    def per_question(arm: str, alpha: float, set_name: str, only_untrained: bool = False) -> dict[str, float]:
+        rows = [
+            r for r in results if r["arm"] == arm and r["set"] == set_name and (arm == "base" or r["alpha"] == alpha)
+        ]
+        scores: dict[str, list[float]] = {}
+        for r in rows:
+            for i, (qid, m) in enumerate(zip(r["ids"], r["mrr"], strict=True)):
+                if only_untrained and not r.get("untrained", [False] * len(r["ids"]))[i]:
+                    continue
+                scores.setdefault(qid, []).append(m)
+        return {q: float(np.mean(v)) for q, v in scores.items()}
+
+    set_names = list(dict.fromkeys(r["set"] for r in results))
+    pooled = [s for s in set_names if not s.startswith(("cv", "paraphrased", "policy"))]
+    arms = list(dict.fromkeys((r["arm"], r["alpha"] if r["arm"] != "base" else 0.0) for r in results))
+    views = [(s, False) for s in set_names] + [(s, True) for s in set_names if not s.startswith("cv")]
+    lines = [f"Measured {meta['date']} on {meta['machine']}; `{meta['command']}` ({meta['minutes']} min)", ""]
+    header = (
+        "| arm | "
+        + " | ".join(f"{s}{' (untrained docs)' if u else ''}" for s, u in views)
+        + " | pooled "
+        + "+".join(pooled)
+        + " |"
+    )
+    lines += [header, "|---" * (len(views) + 2) + "|"]
+    for arm, alpha in arms:
+        cells = []
+        for view in [*views, ("pooled", False)]:
+            names = pooled if view[0] == "pooled" else [view[0]]
+            ours, base = {}, {}
+            for s in names:
+                ours.update({f"{s}/{k}": v for k, v in per_question(arm, alpha, s, view[1]).items()})
+                base.update({f"{s}/{k}": v for k, v in per_question("base", 0.0, s, view[1]).items()})
+            if not ours:
+                cells.append("—")
+                continue
+            keys = sorted(ours)
+            mean = float(np.mean([ours[k] for k in keys]))
+            if arm == "base" or not base:
+                cells.append(f"{mean:.3f} (n={len(keys)})")
+                continue
+            low, high = paired_bootstrap_interval([ours[k] for k in keys], [base[k] for k in keys], 2000)
+            delta = mean - float(np.mean([base[k] for k in keys]))
+            cells.append(f"{mean:.3f} ({delta:+.3f} [{low:+.3f}, {high:+.3f}])")
+        seeds = sorted({r["seed"] for r in results if r["arm"] == arm and r["seed"] is not None})
+        label = arm if arm == "base" else f"{arm} α {alpha:g}, seeds {seeds}"
+        lines.append(f"| {label} | " + " | ".join(cells) + " |")
+    return "\n".join(lines) + "\n"
+
+
+if __name__ == "__main__":
+    main()

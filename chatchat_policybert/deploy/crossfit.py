@@ -1,0 +1,211 @@
+"""``tune``'s query-side gate: k-fold cross-fitting over the labelled questions, so that no question is ever scored by a
+model that trained on it, and the installed hybrid calibrated on those held-out scores.
+
+Why cross-fitting: a query-side tune trains on the very questions a deployment has (the user's, the LLM's); a
+gate that scored them with the model trained on them would call any memorising model better. Each question is put
+in one of :data:`FOLDS` folds, all questions on one document in the same fold (a model that trained on a
+document's other questions has learnt that document's vocabulary); fold f's questions are embedded by a query tower
+trained on the other folds only. Inside each fold the hybrid's weights and threshold are chosen on that fold's
+training questions (:func:`chatchat_policybert.deploy.calibration.best_setting`), then the fold's held-out
+questions are ranked with them: the "after" column is what the tuned deployment would give questions it never saw.
+"Before" is Chatchat's own ``search_docs`` on the deployment as it is. The candidate installs only when the paired
+bootstrap interval of MRR@10 (after − before) lies above 0.
+
+Every fold ranks against the vectors the store already holds (FAISS or pg): the query tower changes, the document
+tower does not, so no candidate ``kb -r`` is needed; the plugin's worker searches the store with the fold's question
+vector (``candidates`` with ``"vector"``), scored as ``search_docs`` scores its own hits.
+
+The hybrid installed with the final model (trained on every question) is calibrated on all the held-out scores
+together: the vector lists of the fold towers, never of a model that trained on the question.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+from collections import defaultdict
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from chatchat_policybert.chatchat.config import kb_settings, served_model
+from chatchat_policybert.deploy.calibration import Calibration, Candidates, Fused, calibrate, setting_grid
+from chatchat_policybert.deploy.calibration import best_setting as best_grid_setting
+from chatchat_policybert.deploy.questions import dev_queries
+from chatchat_policybert.errors import InputError
+from chatchat_policybert.evaluation.dataset import Query
+from chatchat_policybert.evaluation.knowledge_base import Chunk
+from chatchat_policybert.evaluation.scoring import MRR_K, Delta, RunResult, evaluate_retriever
+from chatchat_policybert.stores import store_of
+
+FOLDS = 5
+"""Folds of the cross-fitting: each fold model trains on 4/5 of the questions."""
+MIN_DOCUMENTS = FOLDS
+"""Documents the questions must name: one fold per document at the least."""
+Z_95 = 1.96
+
+
+@dataclass(frozen=True)
+class StoredQuestions:
+    """Labelled questions against a KB's stored vectors: ``texts[i]``'s gold chunks are the rows ``positives[i]`` of
+    ``vectors`` (a row per chunk of the KB, as the store holds it: unit float32)."""
+
+    texts: list[str]
+    positives: list[list[int]]
+    vectors: np.ndarray
+
+    def __post_init__(self) -> None:
+        if len(self.texts) != len(self.positives):
+            raise ValueError(f"{len(self.texts)} questions but {len(self.positives)} positive lists")
+        empty = [i for i, rows in enumerate(self.positives) if not rows]
+        if empty:
+            raise InputError(f"question {self.texts[empty[0]]!r}: its document has no chunk in the knowledge base")
+
+    def subset(self, indices: Sequence[int]) -> StoredQuestions:
+        return StoredQuestions([self.texts[i] for i in indices], [self.positives[i] for i in indices], self.vectors)
+
+
+def chunk_vectors(root: Path, kb: str, chunks: list[Chunk]) -> np.ndarray:
+    """The vectors the root's store (FAISS or pg) holds for ``chunks``, row i for chunk i, as float32.
+
+    Read, never re-embedded: they are what the deployment searches, whatever dtype embedded them.
+    """
+    embed_model, _ = served_model(root)
+    store = store_of(root)
+    stored = store.vectors(root, kb, embed_model)
+    if stored is None:
+        raise InputError(
+            f"knowledge base {kb} has no {store.place(root, kb, embed_model)}: run `chatchat kb -r -n {kb}`"
+        )
+    by_text = {text: np.frombuffer(vector, dtype=np.float32) for text, vector in stored}
+    missing = sum(chunk.text not in by_text for chunk in chunks)
+    if missing:
+        raise InputError(
+            f"{missing} of the {len(chunks)} chunks of {kb} are not in its {store.place(root, kb, embed_model)}: "
+            f"the index is out of date, run `chatchat kb -r -n {kb}`"
+        )
+    return np.stack([by_text[chunk.text] for chunk in chunks])
+
+
+def stored_questions(
+    root: Path, kb: str, files: Sequence[Path], corpus: Path | None = None
+) -> tuple[StoredQuestions, list[Query], list[Chunk]]:
+    """The labelled questions of ``files`` (the evaluation's JSONL, checked against the KB), the KB's chunks, and
+    each question's gold chunks among the stored vectors. Question ids must be unique across the files."""
+    queries: list[Query] = []
+    chunks: list[Chunk] = []
+    for path in files:
+        found, chunks, labelled = dev_queries(Path(path), root, kb, corpus)
+        if not labelled:
+            raise InputError(
+                f"{path}: dev pairs (query/pos) are sentences cut from the chunks, not questions; tune trains the "
+                'query tower on labelled questions ({"id", "question", "doc_title", "evidence"})'
+            )
+        queries += found
+    seen: set[str] = set()
+    for query in queries:
+        if query.qid in seen:
+            raise InputError(f"question id {query.qid!r} occurs twice in {', '.join(map(str, files))}")
+        seen.add(query.qid)
+    vectors = chunk_vectors(root, kb, chunks)
+    by_group: dict[str, list[int]] = defaultdict(list)
+    for i, chunk in enumerate(chunks):
+        by_group[chunk.group].append(i)
+    positives = [sorted(i for g, gain in q.gains.items() if gain > 0 for i in by_group[g]) for q in queries]
+    return StoredQuestions([q.text for q in queries], positives, vectors), queries, chunks
+
+
+def document_folds(queries: Sequence[Query], folds: int = FOLDS, seed: int = 0) -> list[int]:
+    """The fold of each question: every question on one document in one fold, folds as equal in size as the
+    documents allow (largest documents first, each to the smallest fold; ties broken by a seeded shuffle)."""
+    by_document: dict[str, list[int]] = defaultdict(list)
+    for i, query in enumerate(queries):
+        by_document[min(query.gains)].append(i)
+    if len(by_document) < folds:
+        raise InputError(
+            f"the questions name {len(by_document)} document(s): cross-fitting needs questions on at least {folds} "
+            "documents (each fold's questions are scored by a model trained on the other documents' questions)"
+        )
+    documents = sorted(by_document)
+    random.Random(seed).shuffle(documents)
+    documents.sort(key=lambda d: -len(by_document[d]))  # stable: the shuffle orders documents of one size
+    sizes, fold_of = [0] * folds, [0] * len(queries)
+    for document in documents:
+        fold = min(range(folds), key=lambda f: (sizes[f], f))
+        sizes[fold] += len(by_document[document])
+        for i in by_document[document]:
+            fold_of[i] = fold
+    return fold_of
+
+
+class _Ranked:
+    """A :class:`~chatchat_policybert.evaluation.retrievers.Retriever` answering from rankings already made."""
+
+    def __init__(self, name: str, rankings: dict[str, list[int]]):
+        self.name, self._rankings = name, rankings
+
+    def search(self, query: str) -> tuple[list[int], float]:
+        return self._rankings[query], 0.0
+
+
+def crossfit_run(
+    candidates: Candidates,
+    queries: list[Query],
+    chunks: list[Chunk],
+    folds: list[int],
+    fold_vectors: Sequence[np.ndarray],
+    threshold: float,
+    store: str,
+) -> tuple[RunResult, list[str]]:
+    """The "after" column: each question ranked by the plugin's ensemble with the vector list of the fold tower that
+    never saw it, at the setting chosen on that fold's training questions (``fold_vectors[f]``: every question's
+    vector by fold f's tower). Returns the scored run and each fold's chosen setting, for the report."""
+    texts = [q.text for q in queries]
+    rankings: dict[str, list[int]] = {}
+    chosen: list[str] = []
+    for fold, vectors in enumerate(fold_vectors):
+        candidates.tower, candidates.query_vectors = f"fold-{fold}", dict(zip(texts, vectors, strict=True))
+        trained = [q for q, f in zip(queries, folds, strict=True) if f != fold]
+        held_out = [q for q, f in zip(queries, folds, strict=True) if f == fold]
+        relevances = [score for q in trained for _, score in candidates.get(q.text)[1]]
+        setting, _ = best_grid_setting(candidates, trained, chunks, setting_grid(threshold, store, relevances))
+        chosen.append(setting.label)
+        fused = Fused(f"fold {fold}", candidates, chunks, setting)
+        for query in held_out:
+            rankings[query.text] = fused.search(query.text)[0]
+    return evaluate_retriever(_Ranked("after (cross-fitted)", rankings), queries, chunks, [1, 5, 10]), chosen
+
+
+def crossfit_calibration(
+    candidates: Candidates,
+    queries: list[Query],
+    chunks: list[Chunk],
+    folds: list[int],
+    fold_vectors: Sequence[np.ndarray],
+    root: Path,
+    analyzer: str,
+) -> Calibration:
+    """The hybrid installed with the final query tower: chosen on every question at once, each with the vector list
+    of its held-out fold's tower (a model that never trained on it), with the configured analyzer."""
+    held_out = {q.text: fold_vectors[f][i] for i, (q, f) in enumerate(zip(queries, folds, strict=True))}
+    candidates.tower, candidates.query_vectors = "cross-fitted", held_out
+    settings = kb_settings(root)
+    return calibrate(candidates, queries, chunks, settings.score_threshold, settings.vs_type, analyzer)
+
+
+def questions_needed(delta: Delta, scores_after: Sequence[float], scores_before: Sequence[float]) -> int | None:
+    """About how many questions would make an improvement this large significant (the paired interval above 0), from
+    the per-question differences' spread; None where the mean difference is not above 0 (more questions would not
+    help)."""
+    diffs = np.asarray(scores_after, dtype=float) - np.asarray(scores_before, dtype=float)
+    if delta.delta <= 0 or len(diffs) < 2:
+        return None
+    spread = float(diffs.std(ddof=1))
+    return max(len(diffs) + 1, math.ceil((Z_95 * spread / delta.delta) ** 2))
+
+
+def mrr_scores(run: RunResult) -> list[float]:
+    """Per-question MRR@10 of a run, in its question order."""
+    return [q[f"MRR@{MRR_K}"] for q in run.queries]

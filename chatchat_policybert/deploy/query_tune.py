@@ -1,0 +1,280 @@
+"""``chatchat-policybert tune``'s default path: the query tower learns from the deployment's labelled questions, is
+judged on questions it never trained on, and is installed without re-embedding a chunk.
+
+Steps, each resumable in the run folder (``ROOT/policybert_tune/KB``):
+
+1. ``questions`` — the ``--questions`` files checked against the KB, each question's gold chunks among the vectors
+   the store holds (FAISS or pg, read, not re-embedded), and the :data:`~.crossfit.FOLDS` folds by document.
+2. ``folds`` — per fold, a query tower trained from the served model on the other folds' questions
+   (``training.query_side``), and every question's vector by it.
+3. ``train`` — the query tower trained on every question: the model installed if the gate passes.
+4. ``gate`` — before: Chatchat's ``search_docs`` as deployed; after: each question ranked by the plugin's ensemble
+   with its held-out fold's tower, at the setting chosen on that fold's training questions
+   (:mod:`chatchat_policybert.deploy.crossfit`); install when the paired 95 % interval of MRR@10 lies above 0.
+   The hybrid to install is calibrated on the held-out lists of every question.
+5. ``install`` — the previous deployment kept (what ``rollback`` restores), the two-tower directory copied into
+   ``ROOT/models/``, the settings pointed at it with the calibrated hybrid; the stored vectors are checked
+   byte-identical before and after (the document tower is the deployed one, byte for byte).
+6. ``report`` — ``OUT/report.md``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import shutil
+import sys
+from pathlib import Path
+from typing import Any, Protocol
+
+import numpy as np
+
+from chatchat_policybert.chatchat.config import kb_settings, served_model
+from chatchat_policybert.deploy.calibration import Candidates, Setting, calibration_record, write_setting
+from chatchat_policybert.deploy.crossfit import (
+    FOLDS,
+    StoredQuestions,
+    crossfit_calibration,
+    crossfit_run,
+    document_folds,
+    mrr_scores,
+    questions_needed,
+    stored_questions,
+)
+from chatchat_policybert.deploy.gate import deployed
+from chatchat_policybert.deploy.rollback import (
+    BACKUP_DIR,
+    INSTALL_STARTED,
+    INSTALLED,
+    ROLLED_BACK,
+    kb_vectors,
+    restore_settings,
+    save_backup,
+)
+from chatchat_policybert.deploy.run import Run, digest, now
+from chatchat_policybert.errors import InputError
+from chatchat_policybert.evaluation.gate_rule import EXIT_WORSE
+from chatchat_policybert.evaluation.scoring import MRR_K, compare_runs
+from chatchat_policybert.files import atomic_path, read_json, write_json
+from chatchat_policybert.retrieval.hybrid import configured_hybrid
+
+QUERY_STEPS = ("questions", "folds", "train", "gate", "install", "report")
+GATE = "query_gate.json"
+NEEDS_QUESTIONS = (
+    "tune learns from questions like your users' (labelled: the question and the document that answers it), and "
+    "has none: pass --questions FILE (the evaluation's JSONL, "
+    '{"id", "question", "doc_title", "evidence"}; write a few dozen on your documents, or collect your users\'), '
+    "or add --llm to have the deployment's LLM write them per chunk. Training on sentences cut from the chunks "
+    "(--inverse-cloze) lowered the e5 base on paraphrased questions and stays an explicit choice"
+)
+
+
+class QueryTrainer(Protocol):
+    """What the training package contributes to the query-side tune (``training.tune``)."""
+
+    def check_query_args(self, args: argparse.Namespace) -> None:
+        """Refuses ``--query-args`` before any work."""
+
+    def train_query(
+        self, run: Run, questions: StoredQuestions, out: Path, embed: list[str], save: bool = False
+    ) -> tuple[np.ndarray, Path | None]:
+        """A query tower trained on ``questions``: the vectors it gives ``embed``, and with ``save`` its two-tower
+        directory; re-used from ``out`` when done there."""
+
+
+def run_query_tune(run: Run, trainer: QueryTrainer) -> int:
+    """The six steps (module docstring). Exit 0 installed, 1 refused by the gate."""
+    args = run.args
+    files = [Path(f).resolve() for f in args.questions]
+    with run.step("questions"):
+        bank, queries, chunks = stored_questions(run.root, run.kb, files, args.corpus)
+        folds = document_folds(queries)
+        key = digest(
+            [f.read_text(encoding="utf-8") for f in files],
+            str(args.corpus),
+            run.state["start_files"],
+            args.query_args,
+            folds,
+        )
+        sizes = [folds.count(f) for f in range(FOLDS)]
+        print(
+            f"questions: {len(queries)} on {len({min(q.gains) for q in queries})} documents, "
+            f"{len(chunks)} stored chunk vectors; folds of {'/'.join(map(str, sizes))} questions (by document)",
+            flush=True,
+        )
+    out = run.out / "query" / key
+    texts = [q.text for q in queries]
+    with run.step("folds"):
+        fold_vectors = []
+        for fold in range(FOLDS):
+            trained = [i for i, f in enumerate(folds) if f != fold]
+            print(f"fold {fold + 1}/{FOLDS}: training on {len(trained)} questions", flush=True)
+            vectors, _ = trainer.train_query(run, bank.subset(trained), out / f"fold-{fold}", texts)
+            fold_vectors.append(vectors)
+    with run.step("train"):
+        _, model_dir = trainer.train_query(run, bank, out / "final", texts, save=True)
+    with run.step("gate"):
+        gate = query_gate(run, key, queries, chunks, folds, fold_vectors)
+    print("\n".join(gate["lines"]), flush=True)
+    if gate["install"]:
+        with run.step("install"):
+            install_query_tower(run, key, model_dir, Path(gate["calibration_file"]))
+    with run.step("report"):
+        report = run.out / "report.md"
+        with atomic_path(report) as tmp:
+            tmp.write_text(report_text(run, gate), encoding="utf-8")
+    run.state["finished"] = True
+    run.save()
+    print(f"report: {report}")
+    if not gate["install"]:
+        print(f"tune: refused, the deployment is unchanged: {gate['reason']}", file=sys.stderr)
+        return EXIT_WORSE
+    return 0
+
+
+def query_gate(run: Run, key: str, queries: list, chunks: list, folds: list[int], fold_vectors: list) -> dict[str, Any]:
+    """Before (``search_docs`` as deployed) against after (cross-fitted), the decision, and the hybrid to install."""
+    path = run.out / GATE
+    deployment = digest([(run.root / n).read_bytes().decode() for n in ("model_settings.yaml", "kb_settings.yaml")])
+    if path.is_file():
+        gate = read_json(path)
+        if gate.get("key") == key and gate.get("deployment") == deployment:
+            print(f"gate: decided already on the same questions and deployment ({path})")
+            return gate
+    logs = run.out / "logs"
+    configured = configured_hybrid(run.root)
+    analyzer = configured.analyzer_name if configured is not None else None
+    with Candidates(run.root, run.kb, chunks, logs / "gate_candidates.log") as candidates:
+        settings = kb_settings(run.root)
+        candidates.analyzer = analyzer
+        after, fold_settings = crossfit_run(
+            candidates, queries, chunks, folds, fold_vectors, settings.score_threshold, settings.vs_type
+        )
+        calibration = crossfit_calibration(candidates, queries, chunks, folds, fold_vectors, run.root, analyzer)
+        top_k = candidates.top_k
+    calibration.source, calibration.kb = "cross-fitted held-out questions", run.kb
+    before = deployed(run.root, run.kb, "before", queries, chunks, top_k, logs / "gate_before.log")
+    deltas = compare_runs(after, before)
+    mrr = next(d for d in deltas if d.metric == f"MRR@{MRR_K}")
+    install = mrr.low > 0
+    needed = questions_needed(mrr, mrr_scores(after), mrr_scores(before))
+    if install:
+        reason = ""
+    elif needed is None:
+        reason = (
+            f"the tuned query tower is not better on questions it never trained on: MRR@{MRR_K} {mrr.baseline:.4f} → "
+            f"{mrr.candidate:.4f} ({mrr.delta:+.4f}, 95% CI [{mrr.low:+.4f}, {mrr.high:+.4f}])"
+        )
+    else:
+        reason = (
+            f"too few questions to decide: MRR@{MRR_K} {mrr.baseline:.4f} → {mrr.candidate:.4f} ({mrr.delta:+.4f}, "
+            f"95% CI [{mrr.low:+.4f}, {mrr.high:+.4f}] includes 0); at this effect about {needed} questions "
+            f"({needed - len(queries)} more) would decide it"
+        )
+    calibration_file = run.out / "query" / key / "calibration.json"
+    write_json(
+        {
+            "chosen": vars(calibration.chosen),
+            "analyzer": calibration.analyzer,
+            "record": calibration_record(calibration),
+        },
+        calibration_file,
+    )
+    lines = [
+        f"gate: {len(queries)} questions, each scored by a query tower that never trained on its document "
+        f"({FOLDS} folds); Chatchat's search_docs, top_k {top_k}",
+        "| | before (deployed) | after (cross-fitted) | delta [95% CI] |",
+        "|---|---|---|---|",
+        *(
+            f"| {d.metric} | {d.baseline:.4f} | {d.candidate:.4f} | {d.delta:+.4f} [{d.low:+.4f}, {d.high:+.4f}] |"
+            for d in deltas
+        ),
+        f"calibration to install (on the held-out vector lists): {calibration.chosen.label}",
+        f"decision: {'install' if install else 'refused'}" + (f": {reason}" if reason else ""),
+    ]
+    gate = {
+        "key": key,
+        "deployment": deployment,
+        "install": install,
+        "reason": reason,
+        "deltas": [{**vars(d), "delta": d.delta} for d in deltas],
+        "rows": {"before": before.metrics, "after": after.metrics},
+        "per_question": {"ids": [q.qid for q in queries], "before": mrr_scores(before), "after": mrr_scores(after)},
+        "fold_settings": fold_settings,
+        "folds": folds,
+        "calibration_file": str(calibration_file),
+        "calibration_table": calibration.table(),
+        "lines": lines,
+        "decided": now(),
+    }
+    write_json(gate, path)
+    return gate
+
+
+def install_query_tower(run: Run, key: str, model_dir: Path | None, calibration_file: Path) -> None:
+    """Keeps the previous deployment (``OUT/previous``), copies the two-tower directory into ``ROOT/models/``, points
+    the settings at it with the calibrated hybrid, and checks that not one stored vector changed."""
+    if model_dir is None or not (model_dir / "config.json").is_file():
+        raise InputError(f"the trained query tower is missing from {run.out / 'query' / key}; run tune again")
+    installed = run.root / "models" / f"policybert-{run.kb}-query-{key}"
+    embed_model, served = served_model(run.root)
+    if run.record(INSTALLED).get("candidate") == key and served == installed:
+        print(f"install: done already ({installed} serves {run.kb})")
+        return
+    vectors_before = kb_vectors(run.root, run.kb, embed_model)
+    backup = run.out / BACKUP_DIR
+    if run.record(INSTALL_STARTED).get("candidate") != key:
+        save_backup(run.root, run.kb, backup)
+        write_json({"candidate": key}, run.out / INSTALL_STARTED)
+    if not (installed / "config.json").is_file():
+        with atomic_path(installed) as tmp:
+            shutil.copytree(model_dir, tmp)
+    chosen = read_json(calibration_file)
+    try:
+        write_setting(
+            run.root,
+            Setting(**chosen["chosen"]),
+            chosen["analyzer"],
+            chosen["record"],
+            model_path=str(installed.relative_to(run.root)),
+        )
+    except Exception:
+        restore_settings(run.root, backup)
+        raise
+    if kb_vectors(run.root, run.kb, embed_model) != vectors_before:
+        restore_settings(run.root, backup)
+        raise InputError(
+            f"install refused: the stored vectors of {run.kb} changed during the install; settings put back"
+        )
+    write_json({"candidate": key, "model": str(installed), "at": now(), "query_side": True}, run.out / INSTALLED)
+    (run.out / ROLLED_BACK).unlink(missing_ok=True)
+    print(
+        f"install: {installed} serves {run.kb}'s questions (query tower; the document tower and every stored vector "
+        "unchanged). Restart Chatchat (`chatchat start -a`) so that the running API and WebUI load it; "
+        f"`chatchat-policybert rollback --kb {run.kb}` restores the previous one"
+    )
+
+
+def report_text(run: Run, gate: dict[str, Any]) -> str:
+    """The run's report: the gate's table, each fold's setting, the calibration, time and memory per step."""
+    steps = run.state.get("steps", {})
+    lines = [
+        f"# tune {run.kb} (query-side) — {now()}",
+        "",
+        f"Start model (document tower, unchanged): `{run.start}`",
+        "",
+        *gate["lines"],
+        "",
+        "Settings chosen inside each fold on its training questions: " + "; ".join(gate["fold_settings"]),
+        "",
+        "Calibration installed with the model (chosen on the cross-fitted held-out vector lists):",
+        "",
+        gate["calibration_table"],
+        "",
+        "| step | seconds | peak RSS MB |",
+        "|---|---|---|",
+        *(f"| {name} | {s.get('seconds')} | {s.get('peak_rss_mb')} |" for name, s in steps.items()),
+        "",
+        "Commands:",
+        *(f"- `{c}`" for c in run.state.get("commands", [])),
+    ]
+    return "\n".join(lines) + "\n"
