@@ -11,10 +11,18 @@ settings (each stage's config has its own fields); a ``run.json`` in the run fol
 first session has none) must record the same run.
 
     python -m training.export --run runs/pretrain --out runs/pretrain-step1000
+
+``--router DIR`` also writes a sentence-transformers ``Router`` directory (:func:`export_router`): the exported model's
+towers as the routes ``query`` and ``document`` (``encode_query`` / ``encode_document``), the form other tools load
+asymmetric models in, without ``trust_remote_code``. With ``--model`` and no ``--run`` it converts an existing model
+directory, its query tower carried along as the query route:
+
+    python -m training.export --model models/policybert --router models/policybert-router
 """
 
 from __future__ import annotations
 
+import copy
 import json
 import sys
 from collections.abc import Callable
@@ -44,21 +52,41 @@ STAGES: dict[str, tuple[type[TrainConfig], StartModel]] = {
 class ExportConfig:
     """The run folder to read, the directory the run started from, and where the model goes."""
 
-    run: Path = field(metadata={"help": "the stopped run's --out folder (checkpoint.pt, and run.json where written)"})
-    out: Path = field(
-        metadata={"help": "model directory to write (a model directory already there is replaced atomically)"}
+    run: Path | None = field(
+        default=None,
+        metadata={"help": "the stopped run's --out folder (checkpoint.pt, and run.json where written)"},
+    )
+    out: Path | None = field(
+        default=None,
+        metadata={"help": "model directory to write (a model directory already there is replaced atomically)"},
     )
     model: Path | None = field(
         default=None,
         metadata={
             "help": "the directory the run started from, the stage's --model (default: the one "
-            "RUN/run.json records; runs before it recorded one need it)"
+            "RUN/run.json records; runs before it recorded one need it); without --run, the model directory "
+            "--router converts"
+        },
+    )
+    router: Path | None = field(
+        default=None,
+        metadata={
+            "help": "also write a sentence-transformers Router directory here: --out's (or, without --run, --model's) "
+            "query tower and document tower as the routes encode_query and encode_document take"
         },
     )
 
     def __post_init__(self) -> None:
-        self.run, self.out = Path(self.run), Path(self.out)
-        self.model = None if self.model is None else Path(self.model)
+        self.run, self.out, self.model, self.router = (
+            None if value is None else Path(value) for value in (self.run, self.out, self.model, self.router)
+        )
+        if self.run is None and (self.model is None or self.router is None or self.out is not None):
+            raise InputError(
+                "expected --run RUN --out DIR (a stopped run's export), or --model DIR --router OUT (a model "
+                "directory as a sentence-transformers Router directory)"
+            )
+        if self.run is not None and self.out is None:
+            raise InputError(f"--run {self.run}: expected --out DIR, the model directory to write")
 
 
 def defaults(config_class: type[TrainConfig]) -> dict[str, object]:
@@ -148,17 +176,18 @@ def check_same_run(checkpoint: Path, stage: str, settings: dict, run_json: Path,
         )
 
 
-def check_out(out: Path) -> None:
+def check_out(out: Path, flag: str = "--out") -> None:
     """Like every stage's ``final/``, ``--out`` is replaced atomically, but only a model directory is.
 
     ``save_model_dir`` removes whatever was there: a mistyped ``--out`` (the run folder itself, or a
     folder of runs) would take the checkpoint with it.
     """
     if out.exists() and not out.is_dir():
-        raise InputError(f"--out {out}: is a file; expected a new path or a model directory to replace")
-    if out.is_dir() and any(out.iterdir()) and not (out / "config.json").is_file():
+        raise InputError(f"{flag} {out}: is a file; expected a new path or a model directory to replace")
+    marker = "router_config.json" if flag == "--router" else "config.json"  # what an earlier export there wrote
+    if out.is_dir() and any(out.iterdir()) and not (out / marker).is_file():
         raise InputError(
-            f"--out {out}: a non-empty folder that is not a model directory; "
+            f"{flag} {out}: a non-empty folder that is not a model directory; "
             "expected a new path or a model directory to replace"
         )
 
@@ -210,10 +239,50 @@ def export(cfg: ExportConfig) -> tuple[str, int]:
     return stage, saved["state"]["step"]
 
 
+def export_router(model_dir: Path, out: Path) -> Path:
+    """Write ``model_dir`` (a model directory, with or without a query tower) to ``out`` as a sentence-transformers
+    ``Router`` directory, atomically: ``SentenceTransformer(out).encode_query`` embeds as ``PolicyBertEmbeddings``'
+    ``embed_query`` does (the query tower), ``encode_document`` as ``embed_documents`` (the document tower).
+
+    The routes are the directory's own Transformer module, the query route's with the query tower's tensors; the
+    pooling and normalisation after them are shared, and so are the prompts. Why a separate export, not the
+    project's format: ``Router`` saves each route's weights in full, the piece embeddings twice (docs/model.md, "Two
+    towers", has the sizes). Only sentence-transformers' own classes are named, so it loads without
+    ``trust_remote_code``.
+    """
+    from sentence_transformers import SentenceTransformer
+    from sentence_transformers.base.modules.router import Router
+
+    from chatchat_policybert.files import atomic_path
+    from chatchat_policybert.model.loading import load_towers
+
+    check_out(out, "--router")
+    document, query, _ = load_towers(model_dir)
+    shared = document.state_dict()
+    tuned = {k: v for k, v in query.state_dict().items() if v.data_ptr() != shared[k].data_ptr()}
+    sentence_model = SentenceTransformer(str(model_dir), device="cpu")
+    transformer, *after = sentence_model
+    query_transformer = copy.deepcopy(transformer)
+    query_transformer.auto_model.load_state_dict(tuned, strict=False)
+    routed = SentenceTransformer(
+        modules=[Router.for_query_document([query_transformer], [transformer]), *after],
+        device="cpu",
+        prompts=sentence_model.prompts,
+        similarity_fn_name=sentence_model.similarity_fn_name,
+    )
+    with atomic_path(out) as scratch:
+        routed.save(str(scratch))
+    return out
+
+
 def main(argv: list[str] | None = None) -> None:
     cfg = parse_flags(ExportConfig, argv, "python -m training.export", __doc__.split("\n\n")[0])
-    stage, step = export(cfg)
-    print(f"{stage} run {cfg.run} at step {step}: model → {cfg.out}")
+    if cfg.run is not None:
+        stage, step = export(cfg)
+        print(f"{stage} run {cfg.run} at step {step}: model → {cfg.out}")
+    if cfg.router is not None:
+        export_router(cfg.model if cfg.run is None else cfg.out, cfg.router)
+        print(f"sentence-transformers Router directory (encode_query / encode_document) → {cfg.router}")
 
 
 if __name__ == "__main__":

@@ -21,8 +21,13 @@ def register(commands: Any) -> None:
 
 def run_check_model(args: argparse.Namespace) -> int:
     """Print ``OK``/``WARN`` and what the directory is; one that would embed differently is an error (exit 2)."""
+    from transformers.utils import logging as transformers_logging
+
     from chatchat_policybert.model.loading import check_model_dir
 
+    # One line, OK or error: transformers' "Loading weights" bar (the query tower is checked after the weights load)
+    # would put lines before the error.
+    transformers_logging.disable_progress_bar()
     level, message = check_model_dir(args.model_dir)
     print(f"{level:<5} {message}")
     return 0

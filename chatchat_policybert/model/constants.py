@@ -20,3 +20,8 @@ TASK_HEADS = ("cls.", "classifier.")
 """The training stages' task heads, by the name prefix they have in a saved directory: pre-training's (``cls.``, BERT's
 MLM + NSP) and fine-tuning's (``classifier.``). A stage's output also holds its head, which the encoder (embedding, the
 next stage's start) does not use: loading drops them."""
+
+QUERY_TOWER_FILE = "query_tower.safetensors"
+"""A model directory's query tower: the tensors in which the encoder that embeds questions differs from the directory's
+own weights (the document tower), beside ``model.safetensors``. Here, torch-free, because the directory record
+(``tokenization_policybert.directory_record``) names it as well as the loader (``loading``)."""

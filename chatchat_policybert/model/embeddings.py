@@ -19,7 +19,7 @@ import torch
 from langchain_core.embeddings import Embeddings
 
 from chatchat_policybert.model.dtypes import DTYPE_NAMES
-from chatchat_policybert.model.loading import load_policybert
+from chatchat_policybert.model.loading import load_towers
 from chatchat_policybert.model.modeling_policybert import ClsOnlyLayer, PolicyBertModel
 from chatchat_policybert.model.options import EmbeddingOptions
 from chatchat_policybert.model.tokenization_policybert import check_texts
@@ -90,7 +90,9 @@ class PolicyBertEmbeddings(Embeddings):
     the window vectors. ``query_instruction`` prefixes every query; None (the default) takes the
     model directory's (``training.contrastive --query-instruction`` saves it), else bge's. Documents get
     the directory's document prompt where it has one (e5's ``passage: ``), and the vector is the
-    directory's pooling (:func:`sentence_vectors`).
+    directory's pooling (:func:`sentence_vectors`). Where the directory has a query tower
+    (:func:`~chatchat_policybert.model.loading.load_towers`), queries go through it and documents through the
+    document tower (``model``); the two share every tensor the query tower does not replace.
     """
 
     def __init__(
@@ -113,10 +115,11 @@ class PolicyBertEmbeddings(Embeddings):
         checked = EmbeddingOptions.checked(**options)
         device = checked.device
         dtype = auto_dtype(device) if checked.dtype == "auto" else checked.dtype
-        self.model, self.tokenizer = load_policybert(model_name_or_path, device=device)
+        self.model, self.query_model, self.tokenizer = load_towers(model_name_or_path, device=device)
         self.pooling = self.tokenizer.pooling
         if self.pooling == "cls":  # only the last layer's [CLS] state is read: that layer computes that row alone
-            self.model.encoder.layer[-1] = ClsOnlyLayer(self.model.encoder.layer[-1])
+            for model in {id(m): m for m in (self.model, self.query_model)}.values():
+                model.encoder.layer[-1] = ClsOnlyLayer(model.encoder.layer[-1])
         self.device = torch.device(device)
         self.dtype = dtype
         self.batch_size = checked.batch_size
@@ -128,13 +131,17 @@ class PolicyBertEmbeddings(Embeddings):
         self.document_instruction = self.tokenizer.document_prompt
         self.long_text = checked.long_text
         self.dimension = self.model.config.hidden_size
-        # A model whose fusion scales are all 0 (a fresh merge) skips its word stream: no words to match either.
-        self.words = isinstance(self.model, PolicyBertModel) and not self.model.word_stream_silent()
+        # A tower whose fusion scales are all 0 (a fresh merge) skips its word stream: no words to match either. Per
+        # tower: a query tower tuned with its word stream on beside a silent document tower matches words for queries.
+        self.words = {
+            tower: isinstance(model, PolicyBertModel) and not model.word_stream_silent()
+            for tower, model in (("document", self.model), ("query", self.query_model))
+        }
         # One model serves Chatchat's worker threads; the tokenizer's Rust core is not re-entrant.
         self._lock = threading.Lock()
 
-    def _embed(self, texts: list[str]) -> np.ndarray:
-        """Unit vectors of ``texts`` as given (:meth:`encode` checked them and added the prompt)."""
+    def _embed(self, texts: list[str], tower: str) -> np.ndarray:
+        """Unit vectors of ``texts`` as given (:meth:`encode` checked them and added the prompt), by ``tower``."""
         with self._lock:
             encodings = self.tokenizer.encode(texts, max_length=self.max_length) if texts else []
             cut = [i for i, encoding in enumerate(encodings) if encoding.overflowing]
@@ -149,13 +156,14 @@ class PolicyBertEmbeddings(Embeddings):
                 )
             windows = [[e, *e.overflowing] if self.long_text == "window" else [e] for e in encodings]
             owner = np.repeat(np.arange(len(texts)), [len(w) for w in windows]).astype(np.int64)
-            piece_vectors = self._embed_pieces([e for w in windows for e in w], [texts[i] for i in owner])
+            piece_vectors = self._embed_pieces([e for w in windows for e in w], [texts[i] for i in owner], tower)
         vectors = np.zeros((len(texts), self.dimension), dtype=np.float32)
         np.add.at(vectors, owner, piece_vectors)
         return vectors / np.linalg.norm(vectors, axis=1, keepdims=True).clip(min=1e-12)
 
-    def _embed_pieces(self, encodings: list, texts: list[str]) -> np.ndarray:
-        """Unit vectors of encodings (of ``texts``), longest first, in token-budget batches."""
+    def _embed_pieces(self, encodings: list, texts: list[str], tower: str) -> np.ndarray:
+        """Unit vectors of encodings (of ``texts``), longest first, in token-budget batches, by ``tower``."""
+        model = self.query_model if tower == "query" else self.model
         vectors = np.empty((len(encodings), self.dimension), dtype=np.float32)
         lengths = np.array([len(e.ids) for e in encodings])
         order = np.argsort(-lengths, kind="stable")
@@ -167,22 +175,25 @@ class PolicyBertEmbeddings(Embeddings):
                 size = max(1, min(self.batch_size, self.batch_tokens // int(lengths[order[start]])))
                 index = order[start : start + size]
                 batch = self.tokenizer.collate(
-                    [encodings[i] for i in index], [texts[i] for i in index], words=self.words
+                    [encodings[i] for i in index], [texts[i] for i in index], words=self.words[tower]
                 )
-                vectors[index] = sentence_vectors(self.model, batch.to(self.device), self.pooling).cpu().numpy()
+                vectors[index] = sentence_vectors(model, batch.to(self.device), self.pooling).cpu().numpy()
                 start += size
         return vectors
 
-    def encode(self, texts: list[str], prompt: str = "") -> np.ndarray:
-        """The unit vectors of ``texts``, each prefixed with ``prompt``, as one float32 array (a row per text).
+    def encode(self, texts: list[str], prompt: str = "", tower: str = "document") -> np.ndarray:
+        """The unit vectors of ``texts``, each prefixed with ``prompt``, through ``tower`` (``document`` or
+        ``query``), as one float32 array (a row per text).
 
-        The one entry of :meth:`encode_queries` (the query prompt), :meth:`encode_corpus` (the
-        document prompt, where the directory has one) and ``serve`` (the prompt its request's
+        The one entry of :meth:`encode_queries` (the query prompt and tower), :meth:`encode_corpus` (the
+        document prompt, where the directory has one) and ``serve`` (the prompt and tower its request's
         ``input_type`` names).
         """
+        if tower not in self.words:
+            raise ValueError(f"tower {tower!r}: expected one of {sorted(self.words)}")
         texts = list(texts)
         check_texts(texts)
-        return self._embed([prompt + text for text in texts] if prompt else texts)
+        return self._embed([prompt + text for text in texts] if prompt else texts, tower)
 
     def embed_documents(self, texts: list[str]) -> list[list[float]]:
         return self.encode_corpus(texts).tolist()
@@ -190,12 +201,12 @@ class PolicyBertEmbeddings(Embeddings):
     def embed_query(self, text: str) -> list[float]:
         if not isinstance(text, str):
             raise ValueError(f"query is {type(text).__name__}, expected str")
-        return self.encode([text], self.query_instruction)[0].tolist()
+        return self.encode([text], self.query_instruction, "query")[0].tolist()
 
     def encode_queries(self, queries: list[str]) -> np.ndarray:
         """FlagEmbedding's name: the query vectors (instruction prefixed) as one float32 array, a row per query."""
         check_texts(list(queries), "query")
-        return self.encode(queries, self.query_instruction)
+        return self.encode(queries, self.query_instruction, "query")
 
     def encode_corpus(self, corpus: list[str]) -> np.ndarray:
         """FlagEmbedding's name: the document vectors (document prompt prefixed where the directory has one) as one

@@ -8,6 +8,7 @@ sentence-transformers), which ``loading`` itself imports.
 from __future__ import annotations
 
 import os
+from collections.abc import Mapping
 from pathlib import Path
 
 import torch
@@ -23,14 +24,16 @@ class ModelDirError(InputError):
     """A model directory (or hub id) that cannot be used as an embedding model."""
 
 
-def check_finite(model: torch.nn.Module, path: Path) -> None:
+def check_finite(model: torch.nn.Module | Mapping[str, torch.Tensor], path: Path) -> None:
     """Refuse weights holding NaN or Inf: every vector would be NaN (or every float answer a 500).
 
-    A tensor's sum is finite unless it holds a NaN or Inf, or its values overflow float32 when
+    ``model``: a loaded model, or tensors by name as a weights file holds them (a query tower); ``path``: what the
+    error names. A tensor's sum is finite unless it holds a NaN or Inf, or its values overflow float32 when
     summed; only a non-finite sum is checked element by element. The sum reads each weight once
     (its cost at bge-base size: ``bench/finite_check.py``, quoted in docs/guarantees.md).
     """
-    for name, tensor in model.state_dict().items():
+    tensors = model.state_dict() if isinstance(model, torch.nn.Module) else model
+    for name, tensor in tensors.items():
         if tensor.is_floating_point() and not tensor.sum().isfinite():
             bad = int((~torch.isfinite(tensor)).sum())
             if bad:

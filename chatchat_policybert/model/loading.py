@@ -14,11 +14,13 @@ checkpoint has and the class lacks is refused too.
 
 from __future__ import annotations
 
+import copy
 import json
 import logging
 import math
 import os
 import re
+import shutil
 import struct
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -26,12 +28,14 @@ from pathlib import Path
 
 import torch
 from safetensors import SafetensorError
+from safetensors.torch import load_file, save_file
 from transformers import BertConfig, BertModel, PreTrainedModel, modeling_utils
 from transformers.utils.loading_report import log_state_dict_report
 
 from chatchat_policybert.errors import InputError
 from chatchat_policybert.files import atomic_path, read_json
 from chatchat_policybert.model.configuration_policybert import CONFIG_ERRORS, PolicyBertConfig
+from chatchat_policybert.model.constants import QUERY_TOWER_FILE
 from chatchat_policybert.model.lexicon import LEXICON_FILE
 from chatchat_policybert.model.load_checks import (
     ModelDirError,
@@ -48,6 +52,7 @@ from chatchat_policybert.model.tokenization_policybert import (
     TOKENIZER_CONFIG,
     PolicyBertTokenizer,
     directory_record,
+    safetensors_names,
 )
 
 WEIGHT_FILES = ("model.safetensors", "pytorch_model.bin")
@@ -315,15 +320,168 @@ def load_model_dir(
     return model.to(device).eval(), tokenizer
 
 
+TOWERS = ("document", "query")
+"""The two encoders a model directory may hold: the document tower (its weights: what the chunks were embedded with)
+and the query tower (that with :data:`QUERY_TOWER_FILE` applied: what questions are embedded with)."""
+
+
 def load_policybert(
-    name_or_path: str | os.PathLike, device: str | torch.device = "cpu"
+    name_or_path: str | os.PathLike, device: str | torch.device = "cpu", tower: str = "document"
 ) -> tuple[PreTrainedModel, PolicyBertTokenizer]:
     """Load a PolicyBERT (or plain BERT) directory for inference: float32, eval mode, on ``device``.
 
-    Lower precision is a compute choice (autocast in :class:`PolicyBertEmbeddings`), not a load one.
-    The pooler may be missing: embeddings read the [CLS] hidden state, never the pooler output.
+    ``tower``: ``"document"`` (the directory's weights, what ``AutoModel`` loads too) or ``"query"`` (the query
+    tower, :func:`load_towers`; the document tower where the directory has none). Lower precision is a compute
+    choice (autocast in :class:`PolicyBertEmbeddings`), not a load one. The pooler may be missing: embeddings read
+    the [CLS] hidden state, never the pooler output.
     """
+    if tower not in TOWERS:
+        raise ValueError(f"tower {tower!r}: expected one of {TOWERS}")
+    if tower == "query":
+        return load_towers(name_or_path, device)[1:]
     return load_model_dir(name_or_path, allow_missing=("pooler.",), device=device)
+
+
+def has_query_tower(name_or_path: str | os.PathLike) -> bool:
+    """Whether the directory has a query tower file (a directory entry of that name, even a broken one: loading
+    then refuses it rather than silently serving the document tower for questions)."""
+    return os.path.lexists(resolve_model_dir(name_or_path) / QUERY_TOWER_FILE)
+
+
+def load_towers(
+    name_or_path: str | os.PathLike, device: str | torch.device = "cpu"
+) -> tuple[PreTrainedModel, PreTrainedModel, PolicyBertTokenizer]:
+    """The document tower, the query tower and the tokenizer they share; the query tower is the document tower
+    itself (the same object) where the directory has none.
+
+    The query tower is a copy of the document tower's modules that holds the document tower's own Parameter objects
+    for every tensor the query tower file does not replace: the piece-embedding matrix (e5-small's 250k x 384 floats,
+    384 MB) is in memory once. Its file is refused as a damaged ``model.safetensors`` is (one line naming it): not
+    the one config.json records, truncated, tensors missing against the record, extra, of another shape, NaN/Inf.
+    """
+    path = resolve_model_dir(name_or_path)
+    document, tokenizer = load_policybert(path, device)
+    if not has_query_tower(path):
+        return document, document, tokenizer
+    overlay = _read_query_tower(path, document)
+    replaced = {}
+    for name, tensor in [*document.named_parameters(remove_duplicate=False), *document.named_buffers()]:
+        if name in overlay:
+            new = overlay[name].to(tensor.device, tensor.dtype)
+            is_parameter = isinstance(tensor, torch.nn.Parameter)
+            replaced[id(tensor)] = torch.nn.Parameter(new, tensor.requires_grad) if is_parameter else new
+        else:
+            replaced[id(tensor)] = tensor  # deepcopy's memo: the same object, not a copy
+    return document, copy.deepcopy(document, memo=replaced), tokenizer
+
+
+def _read_query_tower(path: Path, document: PreTrainedModel) -> dict[str, torch.Tensor]:
+    """The query tower file's tensors, refused (:class:`ModelDirError` naming the file) unless each is one the
+    document tower has, of its shape and finite, and they are the ones config.json records.
+
+    The record's SHA-256 was compared while the document tower loaded (``check_record``); these checks catch a file
+    whose record was rewritten with it, and a directory with no record at all.
+    """
+    file = path / QUERY_TOWER_FILE
+    recorded = (read_json(path / "config.json", ModelDirError).get(FILES_KEY) or {}).get(QUERY_TOWER_FILE)
+    if not isinstance(recorded, dict) or not isinstance(recorded.get("tensors"), list):
+        raise ModelDirError(
+            f"{file}: config.json does not record it ({FILES_KEY}); save_query_tower writes a query tower and records "
+            f"it: remove the file, or copy the whole directory again"
+        )
+    if not file.is_file():
+        raise ModelDirError(f"{file}: not a regular file; expected the query tower save_query_tower wrote")
+    check_safetensors(file)
+    try:
+        tensors = load_file(file)
+    except (SafetensorError, OSError) as err:
+        raise ModelDirError(f"{file}: not a readable safetensors file ({str(err).strip().splitlines()[0]})") from None
+    expected = document.state_dict()
+    extra = sorted(tensors.keys() - expected.keys())
+    if extra:
+        raise ModelDirError(
+            f"{file}: {len(extra)} tensors have no place in the document tower (e.g. {extra[0]}): the query tower "
+            f"does not belong to this directory"
+        )
+    missing = sorted(set(recorded["tensors"]) - tensors.keys())
+    unrecorded = sorted(tensors.keys() - set(recorded["tensors"]))
+    if missing or unrecorded:
+        raise ModelDirError(
+            f"{file}: {len(missing)} tensors config.json records are missing and {len(unrecorded)} are not recorded "
+            f"(e.g. {(missing or unrecorded)[0]}): this is not the query tower the directory was saved with"
+        )
+    for name, tensor in sorted(tensors.items()):
+        if tensor.shape != expected[name].shape:
+            raise ModelDirError(
+                f"{file}: tensor {name} has shape {list(tensor.shape)}, the document tower's "
+                f"{list(expected[name].shape)}: the query tower does not belong to this directory"
+            )
+    check_finite(tensors, file)
+    return tensors
+
+
+def save_query_tower(model_dir: str | os.PathLike, query_model: torch.nn.Module) -> None:
+    """Make ``query_model`` the query tower of ``model_dir`` (a directory :func:`save_model_dir` wrote: the
+    document tower), atomically: the directory is replaced as a whole, its unchanged files hard-linked, not copied.
+
+    Only the tensors whose values differ from the document tower's are written (:data:`QUERY_TOWER_FILE`, recorded
+    with its SHA-256 and tensor names in config.json's ``policybert_files``): a query-side tune leaves the piece
+    embeddings frozen, so the directory grows by the transformer layers, not by a second embedding matrix. Where
+    no tensor differs the file is removed, and the directory is again what ``save_model_dir`` wrote, byte for byte.
+    Tensors the document tower's weights do not hold (a pooler ``load_policybert`` initialised) are not written.
+    A ``query_model`` with other tensor names, shapes or dtypes than the document tower is refused.
+    """
+    path = Path(os.path.realpath(resolve_model_dir(model_dir)))
+    config = read_config(path)
+    if not isinstance(config.get(FILES_KEY), dict):
+        raise ModelDirError(
+            f"{path / 'config.json'}: no {FILES_KEY}; a query tower goes beside a directory save_model_dir wrote "
+            f"(save_model_dir(*load_policybert(DIR), NEW_DIR) writes one)"
+        )
+    document, _ = load_policybert(path)
+    expected, given = document.state_dict(), query_model.state_dict()
+    kinds = {k: (t.shape, t.dtype) for k, t in expected.items()}
+    misfits = sorted(
+        expected.keys() ^ given.keys()
+        | {k for k in kinds.keys() & given.keys() if kinds[k] != (given[k].shape, given[k].dtype)}
+    )
+    if misfits:
+        raise ModelDirError(
+            f"query tower for {path}: {len(misfits)} tensors missing, extra, or of another shape or dtype than the "
+            f"document tower's (e.g. {misfits[0]}); expected a tuned copy of load_policybert({str(path)!r})"
+        )
+    weights = path / WEIGHT_FILES[0]
+    stored = set(safetensors_names(weights) or ()) if weights.is_file() else set(expected)
+    changed = {
+        name: tensor.detach().to("cpu").contiguous()
+        for name, tensor in given.items()
+        if name in stored and not torch.equal(tensor.detach().to("cpu"), expected[name])
+    }
+    if not changed and not os.path.lexists(path / QUERY_TOWER_FILE):
+        return  # equal towers and none saved: the directory already says so
+    record = {k: v for k, v in config[FILES_KEY].items() if k != QUERY_TOWER_FILE}
+    with atomic_path(path) as scratch:
+        shutil.copytree(path, scratch, symlinks=True, copy_function=_link_or_copy)
+        (scratch / QUERY_TOWER_FILE).unlink(missing_ok=True)  # unlink, never rewrite: the file is the old one's too
+        if changed:
+            save_file(changed, scratch / QUERY_TOWER_FILE, metadata={"format": "pt"})
+            record[QUERY_TOWER_FILE] = directory_record(scratch, config)[QUERY_TOWER_FILE]
+        _write_config(scratch / "config.json", {**config, FILES_KEY: record})
+
+
+def _link_or_copy(source: str, target: str) -> None:
+    """A hard link (the same bytes, no copy) where the file system has them, else a copy."""
+    try:
+        os.link(source, target)
+    except OSError:
+        shutil.copy2(source, target)
+
+
+def _write_config(file: Path, config: dict) -> None:
+    """config.json as :func:`save_model_dir` writes it (sorted keys: the same config, the same bytes); unlinked
+    first, so that a hard link shared with the directory being replaced is not written through."""
+    file.unlink(missing_ok=True)
+    file.write_text(json.dumps(config, ensure_ascii=False, indent=2, sort_keys=True) + "\n", encoding="utf-8")
 
 
 # sentence-transformers' description of a model directory: its own Transformer module at the root (which
@@ -401,17 +559,15 @@ def save_model_dir(
             (scratch / name).write_text(text, encoding="utf-8")
         config_file = scratch / "config.json"
         config = json.loads(config_file.read_text(encoding="utf-8"))
-        config[FILES_KEY] = directory_record(scratch)
-        config_file.write_text(
-            json.dumps(config, ensure_ascii=False, indent=2, sort_keys=True) + "\n", encoding="utf-8"
-        )
+        _write_config(config_file, {**config, FILES_KEY: directory_record(scratch)})
     return Path(out)
 
 
 def check_model_dir(name_or_path: str | os.PathLike) -> tuple[str, str]:
     """``chatchat-policybert check-model`` and ``doctor``'s check of a model directory: ``(level, message)``.
 
-    The directory loads as :func:`load_policybert` loads it: every refusal, the files against config.json's record
+    The directory loads as :func:`load_towers` loads it (the query tower too, where it has one, which the message
+    names): every refusal, the files against config.json's record
     among them (a :class:`ModelDirError` naming the file). That covers what a foreign loader cannot be made to
     refuse: ``AutoModel`` on ``model_type: bert`` (or ``roberta``) builds transformers' own class, which drops the word
     stream with only a load report; ``AutoTokenizer`` on ``tokenizer_class: BertTokenizerFast`` gives no word inputs.
@@ -420,12 +576,18 @@ def check_model_dir(name_or_path: str | os.PathLike) -> tuple[str, str]:
     """
     path = resolve_model_dir(name_or_path)
     config = read_config(path)
-    model, tokenizer = load_policybert(path)
+    document, query, tokenizer = load_towers(path)
     stream = "word stream on" if tokenizer.lexicon is not None else "no word stream"
+    if query is document:
+        towers = "no query tower (queries and documents through one encoder)"
+    else:
+        replaced = config[FILES_KEY][QUERY_TOWER_FILE]["tensors"]
+        size = (path / QUERY_TOWER_FILE).stat().st_size / 2**20
+        towers = f"a query tower ({QUERY_TOWER_FILE}: {len(replaced)} tensors, {size:.1f} MB)"
     summary = (
         f"{path}: {config['model_type']}, {stream}, tokenizer {type(tokenizer.tokenizer).__name__}, "
         f"pooling {tokenizer.pooling}, query prompt {tokenizer.query_prompt!r}, document prompt "
-        f"{tokenizer.document_prompt!r}"
+        f"{tokenizer.document_prompt!r}, {towers}"
     )
     if FILES_KEY not in config:
         return (

@@ -32,7 +32,7 @@ from transformers import AutoTokenizer, BatchEncoding, BertTokenizerFast, PreTra
 from chatchat_policybert.errors import InputError
 from chatchat_policybert.files import read_json
 from chatchat_policybert.model.configuration_policybert import PolicyBertConfig
-from chatchat_policybert.model.constants import DEFAULT_QUERY_INSTRUCTION
+from chatchat_policybert.model.constants import DEFAULT_QUERY_INSTRUCTION, QUERY_TOWER_FILE
 from chatchat_policybert.model.lexicon import LEXICON_FILE, Lexicon
 
 SPECIAL_TOKENS = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
@@ -131,6 +131,19 @@ def _sha256(file: Path) -> str:
     return hashlib.sha256(file.read_bytes()).hexdigest()
 
 
+def safetensors_names(file: Path) -> list[str] | None:
+    """The sorted tensor names of a safetensors file's header, None where the header cannot be read (a truncated or
+    foreign file: the loader refuses it with its own line)."""
+    with file.open("rb") as f:
+        head = f.read(8)
+        size = int.from_bytes(head, "little") if len(head) == 8 else 0
+        try:
+            header = json.loads(f.read(size)) if 2 <= size <= file.stat().st_size - 8 else None
+        except (json.JSONDecodeError, UnicodeDecodeError):
+            header = None
+    return sorted(k for k in header if k != "__metadata__") if isinstance(header, dict) else None
+
+
 def directory_record(path: Path, model_config: dict[str, Any] | None = None) -> dict[str, dict[str, Any] | None]:
     """What a model directory's files say about how it embeds, per file (None: the file is not there):
 
@@ -141,7 +154,9 @@ def directory_record(path: Path, model_config: dict[str, Any] | None = None) -> 
     - ``tokenizer_config.json``: ``tokenizer_class`` — :class:`PolicyBertTokenizerFast` gives ``AutoTokenizer`` the
       word inputs, ``BertTokenizerFast`` silently does not;
     - ``modules.json``: the pooling its Pooling module names (sentence-transformers pools by the mean without it);
-    - ``config_sentence_transformers.json``: the query and document prompts.
+    - ``config_sentence_transformers.json``: the query and document prompts;
+    - ``query_tower.safetensors``, only where the directory has one (so a directory without one keeps the record it
+      had before query towers existed): its SHA-256 and tensor names — the encoder that embeds questions.
 
     Why in config.json: a copy of a directory that lost or changed one of these loads in sentence-transformers and
     transformers without an error and embeds differently (issue 38); with the record beside the weights, every loader
@@ -175,7 +190,15 @@ def directory_record(path: Path, model_config: dict[str, Any] | None = None) -> 
         record[PROMPTS_FILE] = {"query": query, "document": document}
     else:
         record[PROMPTS_FILE] = None
+    tower = path / QUERY_TOWER_FILE
+    if tower.is_file():
+        record[QUERY_TOWER_FILE] = {"sha256": _sha256(tower), "tensors": safetensors_names(tower)}
     return record
+
+
+def _shown(value: Any) -> str:
+    """A recorded value for an error line: a long list (a query tower's tensor names) as its count."""
+    return f"[{len(value)} names]" if isinstance(value, list) and len(value) > 3 else repr(value)
 
 
 _RECORD_CHECKED: ContextVar[bool] = ContextVar("policybert_record_checked", default=False)
@@ -193,16 +216,17 @@ def check_directory_record(path: Path, config: dict[str, Any]) -> bool:
     if not isinstance(recorded, dict) or not all(isinstance(v, dict | None) for v in recorded.values()):
         raise InputError(f"{path / 'config.json'}: {FILES_KEY} is not a mapping of file names to records")
     found = directory_record(path, config)
-    for name, expected in recorded.items():
-        actual = found.get(name)
+    # A query tower the record does not name is refused too: it would change every query vector unnoticed.
+    for name in [*recorded, *(n for n in found.keys() - recorded.keys() if n == QUERY_TOWER_FILE)]:
+        expected, actual = recorded.get(name), found.get(name)
         if actual == expected:
             continue
         where = path / name
         if actual is None:
             state = "a directory" if where.is_dir() else "missing"
         else:
-            state = ", ".join(f"{key} {value!r}" for key, value in actual.items())
-        saved = "absent" if expected is None else ", ".join(f"{key} {value!r}" for key, value in expected.items())
+            state = ", ".join(f"{key} {_shown(value)}" for key, value in actual.items())
+        saved = "absent" if expected is None else ", ".join(f"{key} {_shown(value)}" for key, value in expected.items())
         raise InputError(
             f"{where}: {state}, but config.json records {saved} ({FILES_KEY}): this file is not the one the model "
             f"was saved with, and loaders would embed differently; copy the whole directory again "

@@ -19,7 +19,8 @@ and of bounded size: an error names the field and counts items, it never repeats
 
 Inputs are embedded as documents (the directory's document prompt where it has one, e5's `passage: `),
 as OpenAI's API has no notion of a query; `"input_type": "query"` (Cohere's and Voyage's field) gives
-them the query prompt, as the import hook's `embed_query` does.
+them the query prompt, as the import hook's `embed_query` does, and the model directory's query tower where it has
+one (each `input_type` then has its own batcher, since one model call runs one tower).
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import copy
+import functools
 import logging
 import threading
 import time
@@ -119,13 +121,16 @@ def create_app(
     limits: ServerLimits | None = None,
     api_key: str | None = None,
     prompts: Mapping[str, str] | None = None,
+    towers: Mapping[str, EmbedFn] | None = None,
 ) -> FastAPI:
     """The app serving ``embed`` as ``model_name``.
 
     ``prompts`` maps each ``input_type`` the server takes to the prefix its inputs get before
     ``embed`` sees them (``serve``: ``PolicyBertEmbeddings.encode`` with the directory's query and
     document prompts); without it the server takes ``document`` alone and adds nothing, for an
-    ``embed`` that prefixes by itself (e.g. ``PolicyBertEmbeddings.embed_documents``).
+    ``embed`` that prefixes by itself (e.g. ``PolicyBertEmbeddings.embed_documents``). ``towers`` maps an
+    ``input_type`` to its own ``embed`` (``serve``: the query tower for ``query``, where the directory has one);
+    the others use ``embed``.
 
     ``count_tokens`` gives each text's token count (:func:`thread_local_counter`), for the caps,
     the turn-taking and ``usage``; ``api_key`` (if set) is required on every ``/v1`` route, and
@@ -135,13 +140,19 @@ def create_app(
     limits = limits or ServerLimits()
     prompts = dict(prompts) if prompts is not None else {"document": ""}
     batcher = FairBatcher(embed, limits.max_batch, limits.batch_tokens, limits.max_wait_s)
+    batchers = {
+        kind: FairBatcher(fn, limits.max_batch, limits.batch_tokens, limits.max_wait_s)
+        for kind, fn in (towers or {}).items()
+    }
     described = api_key is None
 
     @asynccontextmanager
     async def lifespan(_app: FastAPI) -> AsyncIterator[None]:
-        batcher.start()
+        for each in (batcher, *batchers.values()):
+            each.start()
         yield
-        await batcher.stop()
+        for each in (batcher, *batchers.values()):
+            await each.stop()
 
     app = FastAPI(
         title="chatchat-policybert embeddings",
@@ -196,7 +207,8 @@ def create_app(
         tokens = sum(costs)  # once: the cap here, `usage` below
         check_work(costs, tokens, limits)
         try:
-            vectors = await unless_disconnected(request, batcher.embed(texts, work_units(texts, costs)))
+            chosen = batchers.get(parsed.input_type, batcher)
+            vectors = await unless_disconnected(request, chosen.embed(texts, work_units(texts, costs)))
         except ValueError as exc:
             raise RequestError(400, f"cannot embed input: {exc}") from None
         except ClientGone:
@@ -221,7 +233,11 @@ def serving_app(
     embeddings: PolicyBertEmbeddings, model_name: str, limits: ServerLimits | None = None, api_key: str | None = None
 ) -> FastAPI:
     """``serve``'s app for a loaded model: its tokenizer counts tokens, and both of its prompts are offered
-    (``input_type`` ``document``, the default, and ``query``)."""
+    (``input_type`` ``document``, the default, and ``query``); ``query`` runs the query tower where the directory
+    has one."""
     prompts = {"document": embeddings.document_instruction or "", "query": embeddings.query_instruction}
     count = thread_local_counter(embeddings.tokenizer)
-    return create_app(embeddings.encode, count, model_name, embeddings.dimension, limits, api_key, prompts)
+    towers = None
+    if embeddings.query_model is not embeddings.model:
+        towers = {"query": functools.partial(embeddings.encode, tower="query")}
+    return create_app(embeddings.encode, count, model_name, embeddings.dimension, limits, api_key, prompts, towers)
