@@ -165,6 +165,12 @@ def restore_backup(root: Path, backup: Path) -> bool:
     vectors equal the saved ones byte for byte."""
     info = check_backup(root, backup)
     kb = info["kb"]
+    if kb_vectors(root, kb, info["embed_model"]) == saved_vectors(backup):
+        # A query-side install changed no stored vector: the previous model embedded exactly these chunks, so its
+        # settings are all there is to put back (a rebuild would take minutes to write the same bytes).
+        restore_settings(root, backup)
+        print(f"settings put back from {backup}; the stored vectors are the saved ones byte for byte: no rebuild")
+        return True
     restore_settings(root, backup)
     print(f"settings put back from {backup}; `chatchat kb -r -n {kb}` rebuilds the index", flush=True)
     log = run_chatchat(chatchat_command("kb", "-r", "-n", kb), Path(root), f"chatchat kb -r -n {kb}", progress=True)
@@ -198,7 +204,7 @@ def run_rollback(args: argparse.Namespace) -> int:
     with tune_lock(args.root, kb, "rollback"):
         identical = restore_backup(args.root, backup)
         mark_rolled_back(run_dir)
-    print(f"OK    restored model and settings from {backup}; `chatchat kb -r -n {kb}` rebuilt the index")
+    print(f"OK    restored model and settings from {backup}")
     if identical:
         print("OK    vectors byte-identical to those before the tune")
         return 0

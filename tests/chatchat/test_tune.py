@@ -1,4 +1,6 @@
-"""`chatchat-policybert tune` and `rollback` end to end on real Chatchat roots (tiny PolicyBERT, 6 short documents).
+"""`chatchat-policybert tune --inverse-cloze` (the earlier recipe: both towers on pairs cut from the chunks, a candidate
+`kb -r`) and `rollback` end to end on real Chatchat roots (tiny PolicyBERT, 6 short documents). The query-side tune
+(the default) is tests/chatchat/test_query_tune.py's.
 
 The deployment starts deliberately bad — a random-weight model served vectors-first (the `hybrid`
 block at BM25 weight 0, threshold 0) — so a tune can really improve the RAG path: its calibration
@@ -92,7 +94,8 @@ def base_root(tmp_path_factory, policy_documents, reference_lexicon) -> Path:
 
 def tune_command(root: Path, *extra: str) -> list[str]:
     """`tune` as every test here runs it (``extra``'s ``--contrastive-args`` replaces ``TRAIN``)."""
-    flags = ["--root", str(root), "--kb", KB, "--pairs-args", PAIRS, "--contrastive-args", TRAIN, *extra]
+    flags = ["--root", str(root), "--kb", KB, "--inverse-cloze", "--pairs-args", PAIRS, "--contrastive-args", TRAIN]
+    flags += extra
     return [str(BIN / "chatchat-policybert"), "tune", *flags]
 
 
@@ -198,7 +201,7 @@ def test_pairs_are_reused_while_documents_are_unchanged_and_rebuilt_when_one_cha
 
     root = copy_root(tuned["installed"], tmp_path / "root")
     shutil.copytree(tuned["out"] / "pairs", tune_dir(root, KB) / "pairs")  # the finished run's pairs cache
-    args = build_parser().parse_args(["tune", "--root", str(root), "--kb", KB, "--pairs-args", PAIRS])
+    args = build_parser().parse_args(["tune", "--root", str(root), "--kb", KB, "--inverse-cloze", "--pairs-args", PAIRS])
     args.out = tune_dir(root, KB)
     (cached,) = (tune_dir(root, KB) / "pairs").iterdir()
     written = (cached / "train.jsonl").stat().st_mtime_ns

@@ -1,0 +1,159 @@
+"""`chatchat-policybert tune` (query-side, the default) and `rollback` end to end on a real Chatchat root (tiny
+PolicyBERT, 6 short documents, FAISS).
+
+The deployment starts deliberately bad (the random model's vectors first, as in test_tune.py), so that the tune's
+cross-fitted gate can pass; the questions are fragments of the documents' sentences, four per document. What is
+proved: the tune trains only the query tower and installs it without changing one stored vector (the FAISS folder
+byte for byte) or the document tower (documents embed bit-identically before and after); a fresh Chatchat process
+(what a restart gives the API and WebUI) searches with the new query tower; the gate scores each question with a
+tower that never trained on its document; `rollback` restores the previous settings byte for byte without a `kb -r`;
+without questions the command says how to get them.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pytest
+from chatchat_deploy import BIN, run
+from test_tune import KB, base_root, copy_root, index_of, snapshot, snapshot_settings  # noqa: F401 (a fixture)
+
+from chatchat_policybert.chatchat.config import served_model
+from chatchat_policybert.chatchat.root import content_dir
+from chatchat_policybert.deploy.calibration import Candidates
+from chatchat_policybert.deploy.crossfit import FOLDS, document_folds
+from chatchat_policybert.deploy.questions import dev_queries
+from chatchat_policybert.deploy.run import tune_dir
+from chatchat_policybert.model.embeddings import PolicyBertEmbeddings
+from chatchat_policybert.model.loading import QUERY_TOWER_FILE
+
+QUERY_ARGS = "--max-steps 12 --batch-size 8 --lr 1e-3"
+"""A few steps at a tiny model's learning rate: these tests are about what a tune does to a root."""
+
+
+def write_questions(root: Path, path: Path, per_document: int = 4) -> Path:
+    """Fragments of each KB document's sentences as its questions (doc_title: the file name without suffix)."""
+    lines = []
+    for document in sorted(content_dir(root, KB).iterdir()):
+        text = document.read_text(encoding="utf-8")
+        sentences = [s for s in re.split(r"(?<=[。；！？])", text) if len(s.strip()) >= 24][:per_document]
+        for n, sentence in enumerate(sentences):
+            sentence = sentence.strip()
+            lines.append(
+                {
+                    "id": f"{document.stem}-{n}",
+                    "question": sentence[4:20] + "？",
+                    "doc_title": document.stem,
+                    "evidence": sentence[:40],
+                }
+            )
+    path.write_text("".join(json.dumps(line, ensure_ascii=False) + "\n" for line in lines), encoding="utf-8")
+    return path
+
+
+def vector_files(files: dict[str, bytes]) -> dict[str, bytes]:
+    """The FAISS folder's vectors and their chunks (index.faiss, index.pkl), byte for byte; the BM25 index saved beside
+    them is the search's cache of the analyzer's tokens, not a vector."""
+    return {name: data for name, data in files.items() if name in ("index/index.faiss", "index/index.pkl")}
+
+
+def tune(root: Path, *extra: str):
+    command = [str(BIN / "chatchat-policybert"), "tune", "--root", str(root), "--kb", KB, "--query-args", QUERY_ARGS]
+    return run([*command, *extra], dict(os.environ), timeout=1200)
+
+
+@pytest.fixture(scope="module")
+def query_tuned(base_root, tmp_path_factory) -> dict:  # noqa: F811 (base_root is the imported fixture)
+    tmp = tmp_path_factory.mktemp("query_tune")
+    root = copy_root(base_root, tmp / "root")
+    questions = write_questions(root, tmp / "questions.jsonl")
+    before = {"files": snapshot(root), "settings": snapshot_settings(root), "model": served_model(root)[1]}
+    result = tune(root, "--questions", str(questions))
+    return {"root": root, "questions": questions, "before": before, "result": result, "out": tune_dir(root, KB)}
+
+
+def test_tune_installs_the_query_tower_and_changes_no_stored_vector(query_tuned):
+    result, root, before = query_tuned["result"], query_tuned["root"], query_tuned["before"]
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    assert "decision: install" in result.stdout and "Restart Chatchat" in result.stdout
+    installed = served_model(root)[1]
+    assert installed != before["model"] and (installed / QUERY_TOWER_FILE).is_file()
+    assert vector_files(snapshot(root)) == vector_files(before["files"]), "a stored vector changed"
+    assert (installed / "model.safetensors").read_bytes() == (before["model"] / "model.safetensors").read_bytes()
+    texts = ["新增的一份文件：数据要素市场化配置改革的实施意见。", "第二份：公共数据授权运营。"]
+    old, new = PolicyBertEmbeddings(before["model"]), PolicyBertEmbeddings(installed)
+    np.testing.assert_array_equal(np.array(new.embed_documents(texts)), np.array(old.embed_documents(texts)))
+    assert not np.array_equal(np.array(new.embed_query(texts[0])), np.array(old.embed_query(texts[0])))
+    report = (query_tuned["out"] / "report.md").read_text(encoding="utf-8")
+    assert "cross-fitted" in report and "| MRR@10 |" in report
+
+
+def test_a_fresh_chatchat_process_searches_with_the_new_query_tower(query_tuned):
+    """What a restarted API or WebUI does: the plugin's search embeds the question with the installed query tower."""
+    root = query_tuned["root"]
+    queries, chunks, _ = dev_queries(query_tuned["questions"], root, KB)
+    embeddings = PolicyBertEmbeddings(served_model(root)[1])
+    with Candidates(root, KB, chunks, root / "logs" / "candidates.log") as searched:
+        served = [searched.get(q.text)[1] for q in queries[:4]]
+        searched.tower = "query tower"
+        searched.query_vectors = {q.text: embeddings.embed_query(q.text) for q in queries[:4]}
+        by_vector = [searched.get(q.text)[1] for q in queries[:4]]
+        searched.tower = "document tower"
+        searched.query_vectors = {
+            q.text: embeddings.encode([q.text], embeddings.query_instruction)[0] for q in queries[:4]
+        }
+        by_document_tower = [searched.get(q.text)[1] for q in queries[:4]]
+    assert [[i for i, _ in hits] for hits in served] == [[i for i, _ in hits] for hits in by_vector]
+    for hits, expected in zip(served, by_vector, strict=True):
+        np.testing.assert_allclose([s for _, s in hits], [s for _, s in expected], atol=1e-5)
+    assert [[s for _, s in hits] for hits in served] != [[s for _, s in hits] for hits in by_document_tower]
+
+
+def test_the_gate_scores_each_question_with_a_tower_that_never_trained_on_its_document(query_tuned):
+    out = query_tuned["out"]
+    gate = json.loads((out / "query_gate.json").read_text(encoding="utf-8"))
+    queries, _, _ = dev_queries(query_tuned["questions"], query_tuned["root"], KB)
+    folds = gate["folds"]
+    assert folds == document_folds(queries) and sorted(set(folds)) == list(range(FOLDS))
+    for fold in range(FOLDS):
+        documents = {min(q.gains) for q, f in zip(queries, folds, strict=True) if f == fold}
+        assert not any(min(q.gains) in documents for q, f in zip(queries, folds, strict=True) if f != fold)
+    (key,) = [p for p in (out / "query").iterdir() if p.is_dir()]
+    for fold in range(FOLDS):
+        trained = json.loads((key / f"fold-{fold}" / "train" / "run.json").read_text(encoding="utf-8"))
+        assert trained["train_examples"] == sum(f != fold for f in folds)
+    assert json.loads((key / "final" / "train" / "run.json").read_text(encoding="utf-8"))["train_examples"] == len(
+        queries
+    )
+    assert len(gate["per_question"]["after"]) == len(queries)
+
+
+def test_rollback_restores_the_previous_query_tower_exactly_without_a_rebuild(query_tuned, tmp_path):
+    root = copy_root(query_tuned["root"], tmp_path / "root", keep_runs=True)
+    before = query_tuned["before"]
+    rolled = run([str(BIN / "chatchat-policybert"), "rollback", "--root", str(root), "--kb", KB], dict(os.environ))
+    assert rolled.returncode == 0, rolled.stdout + rolled.stderr
+    assert "no rebuild" in rolled.stdout and "rebuilds the index" not in rolled.stdout
+    moved = str(query_tuned["root"]).encode(), str(root).encode()
+    assert snapshot_settings(root) == {name: data.replace(*moved) for name, data in before["settings"].items()}
+    assert served_model(root)[1] == before["model"]  # outside the root: the copy points at the same directory
+    assert vector_files(snapshot(root)) == vector_files(before["files"])
+
+
+def test_tune_without_questions_says_what_it_needs(base_root, tmp_path):  # noqa: F811
+    root = copy_root(base_root, tmp_path / "root")
+    settings = snapshot(root)
+    result = tune(root)
+    assert result.returncode == 2, result.stdout + result.stderr
+    assert "--questions FILE" in result.stderr and "--llm" in result.stderr and "--inverse-cloze" in result.stderr
+    assert snapshot(root) == settings and not tune_dir(root, KB).exists()
+    pairs = tmp_path / "dev.jsonl"
+    pairs.write_text('{"query": "q", "pos": ["p"], "neg": []}\n', encoding="utf-8")
+    result = tune(root, "--questions", str(pairs))
+    assert result.returncode == 2 and "dev pairs" in result.stderr, result.stderr
+    shutil.rmtree(tune_dir(root, KB), ignore_errors=True)
