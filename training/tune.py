@@ -88,12 +88,17 @@ def check_args(args: argparse.Namespace) -> None:
     ``--contrastive-args``); a bare ``--llm`` gets the root's DEFAULT_LLM_MODEL."""
     if args.budget is not None and not (math.isfinite(args.budget) and args.budget > 0):
         raise InputError(f"--budget {args.budget:g}: expected a positive number of minutes")
+    check_llm(args)
+    check_config(pairs_config(["--out", "unused", *shlex.split(args.pairs_args)]))
+    train_config(Path("unused"), args.device, args.contrastive_args)
+
+
+def check_llm(args: argparse.Namespace) -> None:
+    """A bare ``--llm`` gets the root's DEFAULT_LLM_MODEL; refused where the root names none."""
     if args.llm and not args.llm_model:
         args.llm_model = str(model_settings(args.root).get("DEFAULT_LLM_MODEL") or "")
         if not args.llm_model:
             raise InputError("--llm: the root names no DEFAULT_LLM_MODEL; pass --llm-model")
-    check_config(pairs_config(["--out", "unused", *shlex.split(args.pairs_args)]))
-    train_config(Path("unused"), args.device, args.contrastive_args)
 
 
 # ----------------------------------------------------------------------------- 1 pairs
@@ -349,8 +354,9 @@ def query_config(out: Path, device: str, extra: str, seed: int = 0) -> QuerySide
 
 
 def check_query_args(args: argparse.Namespace) -> None:
-    """``--query-args`` refused before any work (an :class:`InputError` naming the flag)."""
+    """``--query-args`` refused before any work (an :class:`InputError` naming the flag); ``--llm``'s model found."""
     query_config(Path("unused"), args.device, args.query_args)
+    check_llm(args)
 
 
 def train_query(
@@ -373,3 +379,46 @@ def train_query(
         np.save(handle, vectors)
     (cfg.out / CHECKPOINT).unlink(missing_ok=True)  # the optimiser's state: 3x the tower, no use once trained
     return vectors, model_dir if save else None
+
+
+COPIED_RUN = 12
+"""An LLM question sharing a run of this many characters with its chunk is dropped: a sentence of the chunk asked back
+(inverse cloze in disguise). Measured on the shipped training questions (written as users would ask): the longest
+run any of the 213 shares with its document is 10 characters (1 question), 9 (1), 8 (4): none reaches 12."""
+
+
+def longest_shared_run(question: str, text: str) -> int:
+    """The length of the longest run of ``question``'s characters that occurs verbatim in ``text``."""
+    best = 0
+    for start in range(len(question)):
+        length = best + 1
+        while start + length <= len(question) and question[start : start + length] in text:
+            best, length = length, length + 1
+    return best
+
+
+def llm_questions(run: Run) -> list[tuple[str, int]]:
+    """(question, chunk index) the deployment's LLM writes per chunk of the KB (``--llm``; cached in the run folder
+    per chunk, model and prompt), those copying :data:`COPIED_RUN` characters of their chunk dropped, each question
+    kept once (a question two chunks were asked gives the first)."""
+    from chatchat_policybert.evaluation.knowledge_base import load_chunks
+    from training.pairs.llm import LlmQuestions
+
+    args = run.args
+    cfg = pairs_config(["--out", "unused", "--llm", args.llm, "--llm-model", args.llm_model])
+    chunks = load_chunks(run.root, run.kb, None)
+    asker = LlmQuestions(args.llm, args.llm_model, cfg.llm_questions, cfg.llm_timeout, run.out / "llm_cache.jsonl")
+    written = asker.pairs(chunks, list(range(len(chunks))))
+    kept: dict[str, int] = {}
+    copied = 0
+    for pair in written:
+        if longest_shared_run(pair.query, chunks[pair.chunk].text) >= COPIED_RUN:
+            copied += 1
+        else:
+            kept.setdefault(pair.query, pair.chunk)
+    print(
+        f"questions: the LLM wrote {len(written)} for {len(chunks)} chunks; {copied} copy {COPIED_RUN}+ characters of "
+        f"their chunk (dropped), {len(written) - copied - len(kept)} repeats; {len(kept)} kept",
+        flush=True,
+    )
+    return list(kept.items())

@@ -14,3 +14,7 @@ LEXICON = DATA_DIR / "lexicon" / "words_list_checked.txt"
 STOPWORDS = DATA_DIR / "lexicon" / "stopword.txt"
 POLICY_SM_DEV = DATA_DIR / "policy_sm" / "dev.tsv"
 QUESTIONS = DATA_DIR / "policy_questions.jsonl"
+TRAINING_QUESTIONS = DATA_DIR / "policy_training_questions.jsonl"
+"""213 colloquial questions on 60 of the KB's 80 documents (drawn at random: ``training_documents_2026-11-27.json``
+lists them and the 20 left out), what the demo's ``tune`` trains the query tower on (README, "Tuning")."""
+TRAINING_DOCUMENTS = DATA_DIR / "training_documents_2026-11-27.json"

@@ -36,7 +36,7 @@ from chatchat_policybert.deploy.calibration import best_setting as best_grid_set
 from chatchat_policybert.deploy.questions import dev_queries
 from chatchat_policybert.errors import InputError
 from chatchat_policybert.evaluation.dataset import Query
-from chatchat_policybert.evaluation.knowledge_base import Chunk
+from chatchat_policybert.evaluation.knowledge_base import Chunk, load_chunks
 from chatchat_policybert.evaluation.scoring import MRR_K, Delta, RunResult, evaluate_retriever
 from chatchat_policybert.stores import store_of
 
@@ -90,12 +90,13 @@ def chunk_vectors(root: Path, kb: str, chunks: list[Chunk]) -> np.ndarray:
 
 
 def stored_questions(
-    root: Path, kb: str, files: Sequence[Path], corpus: Path | None = None
+    root: Path, kb: str, files: Sequence[Path], corpus: Path | None = None, llm: Sequence[tuple[str, int]] = ()
 ) -> tuple[StoredQuestions, list[Query], list[Chunk]]:
-    """The labelled questions of ``files`` (the evaluation's JSONL, checked against the KB), the KB's chunks, and
-    each question's gold chunks among the stored vectors. Question ids must be unique across the files."""
+    """The labelled questions of ``files`` (the evaluation's JSONL, checked against the KB), then ``llm``'s (a question
+    and the index of the chunk it was written for, whose document answers it), the KB's chunks, and each question's
+    gold chunks among the stored vectors. Question ids must be unique across the files."""
     queries: list[Query] = []
-    chunks: list[Chunk] = []
+    chunks: list[Chunk] = [] if files else load_chunks(root, kb, None)
     for path in files:
         found, chunks, labelled = dev_queries(Path(path), root, kb, corpus)
         if not labelled:
@@ -104,6 +105,7 @@ def stored_questions(
                 'query tower on labelled questions ({"id", "question", "doc_title", "evidence"})'
             )
         queries += found
+    queries += [Query(f"llm-{n}", text, {chunks[i].group: 1.0}) for n, (text, i) in enumerate(llm, 1)]
     seen: set[str] = set()
     for query in queries:
         if query.qid in seen:
@@ -158,10 +160,11 @@ def crossfit_run(
     fold_vectors: Sequence[np.ndarray],
     threshold: float,
     store: str,
+    judged: int,
 ) -> tuple[RunResult, list[str]]:
-    """The "after" column: each question ranked by the plugin's ensemble with the vector list of the fold tower that
-    never saw it, at the setting chosen on that fold's training questions (``fold_vectors[f]``: every question's
-    vector by fold f's tower). Returns the scored run and each fold's chosen setting, for the report."""
+    """The "after" column on the first ``judged`` questions: each ranked by the plugin's ensemble with the vector list
+    of the fold tower that never saw it, at the setting chosen on that fold's training questions (``fold_vectors[f]``:
+    every question's vector by fold f's tower). Returns the scored run and each fold's chosen setting."""
     texts = [q.text for q in queries]
     rankings: dict[str, list[int]] = {}
     chosen: list[str] = []
@@ -175,7 +178,8 @@ def crossfit_run(
         fused = Fused(f"fold {fold}", candidates, chunks, setting)
         for query in held_out:
             rankings[query.text] = fused.search(query.text)[0]
-    return evaluate_retriever(_Ranked("after (cross-fitted)", rankings), queries, chunks, [1, 5, 10]), chosen
+    after = evaluate_retriever(_Ranked("after (cross-fitted)", rankings), queries[:judged], chunks, [1, 5, 10])
+    return after, chosen
 
 
 def crossfit_calibration(

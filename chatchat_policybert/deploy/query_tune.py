@@ -74,6 +74,9 @@ class QueryTrainer(Protocol):
     def check_query_args(self, args: argparse.Namespace) -> None:
         """Refuses ``--query-args`` before any work."""
 
+    def llm_questions(self, run: Run) -> list[tuple[str, int]]:
+        """``--llm``: the deployment LLM's questions per chunk (question, chunk index), copies of the chunk dropped."""
+
     def train_query(
         self, run: Run, questions: StoredQuestions, out: Path, embed: list[str], save: bool = False
     ) -> tuple[np.ndarray, Path | None]:
@@ -84,12 +87,15 @@ class QueryTrainer(Protocol):
 def run_query_tune(run: Run, trainer: QueryTrainer) -> int:
     """The six steps (module docstring). Exit 0 installed, 1 refused by the gate."""
     args = run.args
-    files = [Path(f).resolve() for f in args.questions]
+    files = [Path(f).resolve() for f in args.questions or []]
     with run.step("questions"):
-        bank, queries, chunks = stored_questions(run.root, run.kb, files, args.corpus)
+        llm = trainer.llm_questions(run) if args.llm else []
+        bank, queries, chunks = stored_questions(run.root, run.kb, files, args.corpus, llm)
+        judged = len(queries) - len(llm) or len(queries)  # the user's questions judge where there are any
         folds = document_folds(queries)
         key = digest(
             [f.read_text(encoding="utf-8") for f in files],
+            llm,
             str(args.corpus),
             run.state["start_files"],
             args.query_args,
@@ -113,7 +119,7 @@ def run_query_tune(run: Run, trainer: QueryTrainer) -> int:
     with run.step("train"):
         _, model_dir = trainer.train_query(run, bank, out / "final", texts, save=True)
     with run.step("gate"):
-        gate = query_gate(run, key, queries, chunks, folds, fold_vectors)
+        gate = query_gate(run, key, queries, chunks, folds, fold_vectors, judged)
     print("\n".join(gate["lines"]), flush=True)
     if gate["install"]:
         with run.step("install"):
@@ -131,8 +137,11 @@ def run_query_tune(run: Run, trainer: QueryTrainer) -> int:
     return 0
 
 
-def query_gate(run: Run, key: str, queries: list, chunks: list, folds: list[int], fold_vectors: list) -> dict[str, Any]:
-    """Before (``search_docs`` as deployed) against after (cross-fitted), the decision, and the hybrid to install."""
+def query_gate(
+    run: Run, key: str, queries: list, chunks: list, folds: list[int], fold_vectors: list, judged: int
+) -> dict[str, Any]:
+    """Before (``search_docs`` as deployed) against after (cross-fitted) on the first ``judged`` questions (the user's
+    where there are any, else the LLM's), the decision, and the hybrid to install (calibrated on all of them)."""
     path = run.out / GATE
     deployment = digest([(run.root / n).read_bytes().decode() for n in ("model_settings.yaml", "kb_settings.yaml")])
     if path.is_file():
@@ -147,12 +156,12 @@ def query_gate(run: Run, key: str, queries: list, chunks: list, folds: list[int]
         settings = kb_settings(run.root)
         candidates.analyzer = analyzer
         after, fold_settings = crossfit_run(
-            candidates, queries, chunks, folds, fold_vectors, settings.score_threshold, settings.vs_type
+            candidates, queries, chunks, folds, fold_vectors, settings.score_threshold, settings.vs_type, judged
         )
         calibration = crossfit_calibration(candidates, queries, chunks, folds, fold_vectors, run.root, analyzer)
         top_k = candidates.top_k
     calibration.source, calibration.kb = "cross-fitted held-out questions", run.kb
-    before = deployed(run.root, run.kb, "before", queries, chunks, top_k, logs / "gate_before.log")
+    before = deployed(run.root, run.kb, "before", queries[:judged], chunks, top_k, logs / "gate_before.log")
     deltas = compare_runs(after, before)
     mrr = next(d for d in deltas if d.metric == f"MRR@{MRR_K}")
     install = mrr.low > 0
@@ -168,7 +177,7 @@ def query_gate(run: Run, key: str, queries: list, chunks: list, folds: list[int]
         reason = (
             f"too few questions to decide: MRR@{MRR_K} {mrr.baseline:.4f} → {mrr.candidate:.4f} ({mrr.delta:+.4f}, "
             f"95% CI [{mrr.low:+.4f}, {mrr.high:+.4f}] includes 0); at this effect about {needed} questions "
-            f"({needed - len(queries)} more) would decide it"
+            f"({needed - judged} more) would decide it"
         )
     calibration_file = run.out / "query" / key / "calibration.json"
     write_json(
@@ -180,7 +189,8 @@ def query_gate(run: Run, key: str, queries: list, chunks: list, folds: list[int]
         calibration_file,
     )
     lines = [
-        f"gate: {len(queries)} questions, each scored by a query tower that never trained on its document "
+        f"gate: {judged} {'LLM questions' if llm_only(queries) else 'questions'}, each scored by a query tower that "
+        "never trained on its document "
         f"({FOLDS} folds); Chatchat's search_docs, top_k {top_k}",
         "| | before (deployed) | after (cross-fitted) | delta [95% CI] |",
         "|---|---|---|---|",
@@ -198,7 +208,11 @@ def query_gate(run: Run, key: str, queries: list, chunks: list, folds: list[int]
         "reason": reason,
         "deltas": [{**vars(d), "delta": d.delta} for d in deltas],
         "rows": {"before": before.metrics, "after": after.metrics},
-        "per_question": {"ids": [q.qid for q in queries], "before": mrr_scores(before), "after": mrr_scores(after)},
+        "per_question": {
+            "ids": [q.qid for q in queries[:judged]],
+            "before": mrr_scores(before),
+            "after": mrr_scores(after),
+        },
         "fold_settings": fold_settings,
         "folds": folds,
         "calibration_file": str(calibration_file),
@@ -208,6 +222,11 @@ def query_gate(run: Run, key: str, queries: list, chunks: list, folds: list[int]
     }
     write_json(gate, path)
     return gate
+
+
+def llm_only(queries: list) -> bool:
+    """Whether every question is one the LLM wrote (``--llm`` without ``--questions``)."""
+    return all(q.qid.startswith("llm-") for q in queries)
 
 
 def install_query_tower(run: Run, key: str, model_dir: Path | None, calibration_file: Path) -> None:

@@ -69,7 +69,7 @@ def check_questions(args: argparse.Namespace) -> None:
         raise InputError("--corpus only applies with --questions")
     if args.inverse_cloze and len(files) > 1:
         raise InputError("--inverse-cloze: one --questions file (it judges the candidate; it is not trained on)")
-    if not args.inverse_cloze and not files:
+    if not args.inverse_cloze and not files and not args.llm:
         raise InputError(NEEDS_QUESTIONS)
     for path in files:
         if not path.is_file():

@@ -191,6 +191,8 @@ def test_wheel_ships_its_data_and_evaluates_outside_the_repository(
         "lexicon/stopword.txt",
         "policy_sm/dev.tsv",
         "policy_questions.jsonl",
+        "policy_training_questions.jsonl",
+        "training_documents_2026-11-27.json",
     ):
         assert (data / name).is_file(), name
     env = {**deployment.env, **ALONE}

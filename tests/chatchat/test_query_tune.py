@@ -157,3 +157,29 @@ def test_tune_without_questions_says_what_it_needs(base_root, tmp_path):  # noqa
     result = tune(root, "--questions", str(pairs))
     assert result.returncode == 2 and "dev pairs" in result.stderr, result.stderr
     shutil.rmtree(tune_dir(root, KB), ignore_errors=True)
+
+
+def test_llm_questions_train_and_judge_where_there_are_no_others(base_root, tmp_path):  # noqa: F811
+    """`--llm` alone: the stand-in (at Ollama's network boundary) answers each chunk with a sentence of it asked back
+    (dropped: inverse cloze in disguise) and a paraphrase-like question (kept); the gate judges on the kept ones."""
+    from ollama_standin import OllamaStandIn
+
+    def questions(body: dict) -> str:
+        chunk = body["messages"][0]["content"].split("\n\n", 1)[1]
+        return f"{chunk[:16]}吗？\n请问关于{chunk[6:14]}有什么规定？"
+
+    root = copy_root(base_root, tmp_path / "root")
+    standin = OllamaStandIn(reply=questions).start()
+    try:
+        result = tune(root, "--llm", standin.url, "--llm-model", "qwen2.5:7b")
+    finally:
+        standin.stop()
+    assert result.returncode in (0, 1), result.stdout[-3000:] + result.stderr[-3000:]
+    written = re.search(
+        r"the LLM wrote (\d+) for (\d+) chunks; (\d+) copy 12\+ characters .*?; (\d+) kept", result.stdout
+    )
+    assert written, result.stdout
+    total, chunks, copied, kept = map(int, written.groups())
+    assert total == 2 * chunks and copied == chunks and 0 < kept <= chunks
+    assert f"gate: {kept} LLM questions" in result.stdout
+    assert len(standin.requests) == chunks

@@ -201,7 +201,9 @@ def test_pairs_are_reused_while_documents_are_unchanged_and_rebuilt_when_one_cha
 
     root = copy_root(tuned["installed"], tmp_path / "root")
     shutil.copytree(tuned["out"] / "pairs", tune_dir(root, KB) / "pairs")  # the finished run's pairs cache
-    args = build_parser().parse_args(["tune", "--root", str(root), "--kb", KB, "--inverse-cloze", "--pairs-args", PAIRS])
+    args = build_parser().parse_args(
+        ["tune", "--root", str(root), "--kb", KB, "--inverse-cloze"] + ["--pairs-args", PAIRS]
+    )
     args.out = tune_dir(root, KB)
     (cached,) = (tune_dir(root, KB) / "pairs").iterdir()
     written = (cached / "train.jsonl").stat().st_mtime_ns
