@@ -230,6 +230,13 @@ def bounded_chunk(model: Any, cfg: ContrastiveConfig) -> int | None:
     return chunk
 
 
+def budgeted_steps(minutes: float, per_step: float, evaluation: float, planned: int) -> int:
+    """The steps that fit ``minutes`` at ``per_step`` seconds a step, at least 1 and at most ``planned``. The timed
+    step and the two dev evaluations (``evaluation`` seconds) come out of the budget too: on a loaded CPU one e5 step
+    of the recipe took 570 s (docs/deployment.md)."""
+    return max(1, min(planned, int((minutes * 60 - evaluation - per_step) / per_step)))
+
+
 def budget_steps(
     run: Run, plan: Path, model: Any, tokenizer: Any, train: list, dev: list, cfg: ContrastiveConfig
 ) -> int:
@@ -248,9 +255,7 @@ def budget_steps(
             "seconds_per_step": round(per_step, 3),
             "seconds_dev_evaluations": round(evaluation, 1),
             "planned_steps": planned,
-            # The timed step and the two dev evaluations come out of the budget too (on a loaded CPU, one e5 step
-            # of the recipe took 570 s: docs/deployment.md).
-            "steps": max(1, min(planned, int((run.args.budget * 60 - evaluation - per_step) / per_step))),
+            "steps": budgeted_steps(run.args.budget, round(per_step, 3), round(evaluation, 1), planned),
         }
         write_json(budget, plan)
     run.state["budget"] = budget
@@ -266,18 +271,24 @@ def budget_steps(
     return budget["steps"]
 
 
-def step_train(run: Run, pairs_dir: Path, pairs_key: str) -> Trained:
-    """The candidate model (``OUT/train/KEY/final``), trained or resumed from its checkpoint; KEY names its inputs."""
+def training_key(run: Run, pairs_key: str) -> str:
+    """What names a candidate's training folder (``OUT/train/KEY``): the pairs, the start, the recipe and the flags."""
     args = run.args
-    start_recipe = recipe(run.start)
-    key = digest(
+    return digest(
         pairs_key,
         run.state["start_files"],
-        start_recipe,
+        recipe(run.start),
         TRAINING_DEV_QUERIES,
         args.contrastive_args,
         *([args.budget] if args.budget else []),
     )
+
+
+def step_train(run: Run, pairs_dir: Path, pairs_key: str) -> Trained:
+    """The candidate model (``OUT/train/KEY/final``), trained or resumed from its checkpoint; KEY names its inputs."""
+    args = run.args
+    start_recipe = recipe(run.start)
+    key = training_key(run, pairs_key)
     out = run.out / "train" / key
     final = out / "final"
     if (final / "config.json").is_file():

@@ -230,6 +230,7 @@ def test_the_runtime_reaches_training_through_entry_points_only():
 
     import pytest
 
+    from chatchat_policybert.deploy.query_tune import QueryTrainer
     from chatchat_policybert.deploy.tune import Trainer
     from chatchat_policybert.errors import InputError
     from chatchat_policybert.training_entry import GROUP, load_training
@@ -241,7 +242,7 @@ def test_the_runtime_reaches_training_through_entry_points_only():
     assert {ep.name: ep.value for ep in entry_points(group=GROUP)} == declared  # the installed metadata
     trainer = load_training("tune", "tune")
     assert trainer.__name__ == "training.tune"
-    steps = [name for name in vars(Trainer) if not name.startswith("_")]
+    steps = [name for protocol in (Trainer, QueryTrainer) for name in vars(protocol) if not name.startswith("_")]
     assert steps and all(callable(getattr(trainer, name)) for name in steps)
     assert load_training("demo-model", "the demo").__module__ == "training.demo_model"
     with pytest.raises(InputError, match=r"needs the training package: pip install .*no 'nope' in entry-point group"):
