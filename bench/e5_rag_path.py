@@ -22,6 +22,7 @@ objects `search_docs` uses). Each row's paired bootstrap 95 % interval against `
 from __future__ import annotations
 
 import argparse
+import json
 import subprocess
 import sys
 import tempfile
@@ -50,11 +51,16 @@ SETS = {
     "paraphrased 59 (confirmation)": HELDOUT / "paraphrased_questions.jsonl",
     "new 77 (confirmation)": HELDOUT / "new_questions_2026-11-26.jsonl",
     "third 76 (confirmation)": HELDOUT / "third_questions_2026-11-26.jsonl",
+    "fourth 77 (confirmation)": HELDOUT / "fourth_questions_2026-11-27.jsonl",
 }
+POOLED = ("new 77 (confirmation)", "third 76 (confirmation)", "fourth 77 (confirmation)")
+"""The sets the query-side tune is measured on together (issue 42): about 77 questions resolve about ±0.07."""
 TOP_K = 10
 KS = [1, 5, 10]
 METRICS = ("MRR@10", "R@5")
 BASELINE = "bm25 policy"
+DENSE = "e5 dense"
+"""The vector half alone: the root's model (after a query-side tune, its query tower against the stored vectors)."""
 
 
 def build_demo_root(root: Path) -> None:
@@ -72,7 +78,7 @@ def score_sets(root: Path, kb: str) -> dict[str, dict[str, RunResult]]:
         assert candidates.top_k == TOP_K, f"{root}: VECTOR_SEARCH_TOP_K is {candidates.top_k}, not {TOP_K}"
         candidates.analyzer = "policy"
         for name, (queries, _, _) in sets.items():
-            for row, setting in ((BASELINE, Setting(1.0, 0.0, NO_VECTORS)), ("e5 dense", Setting(0.0, 1.0, LOOSEST))):
+            for row, setting in ((BASELINE, Setting(1.0, 0.0, NO_VECTORS)), (DENSE, Setting(0.0, 1.0, LOOSEST))):
                 results[name][row] = evaluate_retriever(Fused(row, candidates, chunks, setting), queries, chunks, KS)
     with ChatchatSearch(root, kb, chunks, TOP_K, root / "logs" / "bench_search_docs.log") as worker:
         for name, (queries, _, _) in sets.items():
@@ -82,11 +88,47 @@ def score_sets(root: Path, kb: str) -> dict[str, dict[str, RunResult]]:
     return results
 
 
+def since(results: dict[str, dict[str, RunResult]], before: dict, path: Path) -> list[str]:
+    """Each row's MRR@10 now against the same row in ``before`` (another run of this script on the root before a
+    tune), per set and pooled over :data:`POOLED`, with the paired bootstrap interval over questions."""
+    lines = [f"Change since {path} (MRR@10, Δ [paired 95 % CI]):", ""]
+    names = [n for n in SETS if n in before["results"]]
+    lines += [
+        "| row | " + " | ".join([*names, "pooled " + " + ".join(POOLED)]) + " |",
+        "|---|" + "---|" * (len(names) + 1),
+    ]
+    for row in next(iter(results.values())):
+        cells = []
+        for name in [*names, "pooled"]:
+            now, then = [], []
+            for set_name in POOLED if name == "pooled" else [name]:
+                old = {q["id"]: q["MRR@10"] for q in before["results"][set_name].get(row, {}).get("queries", [])}
+                for q in results[set_name][row].queries:
+                    if q["id"] in old:
+                        now.append(q["MRR@10"])
+                        then.append(old[q["id"]])
+            if not now:
+                cells.append("—")
+                continue
+            low, high = paired_bootstrap_interval(now, then)
+            delta = float(np.mean(now) - np.mean(then))
+            cells.append(f"{np.mean(then):.3f} → {np.mean(now):.3f} ({delta:+.3f} [{low:+.3f}, {high:+.3f}])")
+        lines.append(f"| {row} | " + " | ".join(cells) + " |")
+    return lines
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--root", type=Path, help="a root `make demo` built (default: build the demo's root)")
     parser.add_argument("--keep", type=Path, help="without --root: build the demo's root here and keep it")
     parser.add_argument("--out", type=Path, help="write every number as JSON (a Markdown table beside it)")
+    parser.add_argument(
+        "--before",
+        type=Path,
+        help="the --out JSON of the same root before a tune: each row's change since then, per set and pooled over "
+        + ", ".join(POOLED)
+        + " (paired by question)",
+    )
     args = parser.parse_args(argv)
 
     with tempfile.TemporaryDirectory(prefix="e5-rag-") as tmp:
@@ -128,6 +170,8 @@ def main(argv: list[str] | None = None) -> int:
                 cells.append(f"{mean:.3f} ({delta:+.3f} [{low:+.3f}, {high:+.3f}])")
         lines.append(f"| {row} | " + " | ".join(cells) + " |")
     lines += ["", f"(Δ [paired bootstrap 95 % CI] vs {BASELINE}, 1000 resamples, seed 0)"]
+    if args.before is not None:
+        lines += ["", *since(results, json.loads(args.before.read_text(encoding="utf-8")), args.before)]
     text = "\n".join(lines)
     print(text)
     if args.out is not None:

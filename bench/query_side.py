@@ -103,7 +103,10 @@ def main() -> None:
     folds = document_folds(train_queries, args.cv) if args.cv else None
     _, start = served_model(root)
     args.out.mkdir(parents=True, exist_ok=True)
-    results: list[dict] = []
+    saved = args.out / "results.json"
+    results: list[dict] = json.loads(saved.read_text(encoding="utf-8")) if saved.is_file() else []
+    results = results["results"] if isinstance(results, dict) else results  # a finished run's file
+    done = {(r["arm"], r["seed"], r["set"].startswith("cv") and r["set"]) for r in results}
     started = time.time()
 
     def score(arm: str, seed: int | None, alpha: float, embed, fold: int | None = None) -> None:
@@ -145,12 +148,16 @@ def main() -> None:
         for fold in range(args.cv) if args.cv else [None]:
             train_idx = [i for i, f in enumerate(folds) if f != fold] if fold is not None else range(len(bank.texts))
             if word is None:
+                if (arm, None, fold is not None and f"cv{fold}") in done:
+                    continue
                 from chatchat_policybert.model.loading import load_policybert
 
                 model, tok = load_policybert(arm_start)
                 score(arm, None, 0.0, lambda t, m=model, k=tok: embed_questions(m, k, t, 64), fold)
                 continue
             for seed in args.seeds:
+                if (arm, seed, fold is not None and f"cv{fold}") in done:
+                    continue  # scored by an earlier, interrupted run of this command
                 out = args.out / "runs" / f"{arm}-seed{seed}" / (f"fold{fold}" if fold is not None else "all")
                 flags = ["--out", str(out), "--seed", str(seed), "--device", args.device]
                 flags += (["--word-stream", "true"] if word else []) + [

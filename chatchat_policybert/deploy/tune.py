@@ -91,9 +91,9 @@ def run_tune(args: argparse.Namespace) -> int:
     args.kb = chosen_kb(args.root, args.kb)  # `--kb ../x` would put the run folder outside policybert_tune/
     if not content_dir(args.root, args.kb).is_dir():
         raise InputError(f"--kb {args.kb}: no knowledge base folder {content_dir(args.root, args.kb)}")
-    store_of(args.root).check_candidate_rights(args.root)  # before any work (pg: a schema of its own)
     check_questions(args)
     if args.inverse_cloze:
+        store_of(args.root).check_candidate_rights(args.root)  # before any work (pg: a schema of its own)
         trainer.check_args(args)
         args.questions = args.questions[0] if args.questions else None
     else:

@@ -21,7 +21,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 from chatchat_deploy import BIN, run
-from test_tune import KB, base_root, copy_root, index_of, snapshot, snapshot_settings  # noqa: F401 (a fixture)
+from sqlalchemy.engine import make_url
+from test_pg import collection
+from test_tune import KB, base_root, copy_root, on_pg, snapshot, snapshot_settings  # noqa: F401 (a fixture)
 
 from chatchat_policybert.chatchat.config import served_model
 from chatchat_policybert.chatchat.root import content_dir
@@ -183,3 +185,20 @@ def test_llm_questions_train_and_judge_where_there_are_no_others(base_root, tmp_
     assert total == 2 * chunks and copied == chunks and 0 < kept <= chunks
     assert f"gate: {kept} LLM questions" in result.stdout
     assert len(standin.requests) == chunks
+
+
+@pytest.mark.pg
+def test_a_query_side_tune_on_pg_changes_no_row_and_rollback_needs_no_rebuild(base_root, cluster, tmp_path):  # noqa: F811
+    """The same install on a PostgreSQL/pgvector root: every row of the collection (text, metadata, vector) as it was,
+    after the install and after the rollback; no candidate schema is made, so no right to create one is needed."""
+    cluster.execute("postgres", "CREATE DATABASE query_tune")
+    cluster.execute("query_tune", "CREATE EXTENSION vector")
+    uri = make_url(cluster.uri).set(database="query_tune").render_as_string(hide_password=False)
+    root = on_pg(base_root, uri, tmp_path / "root")
+    rows, settings = collection(uri), snapshot_settings(root)
+    result = tune(root, "--questions", str(write_questions(root, tmp_path / "questions.jsonl")))
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    assert collection(uri) == rows and snapshot_settings(root) != settings
+    rolled = run([str(BIN / "chatchat-policybert"), "rollback", "--root", str(root), "--kb", KB], dict(os.environ))
+    assert rolled.returncode == 0 and "no rebuild" in rolled.stdout, rolled.stdout + rolled.stderr
+    assert collection(uri) == rows and snapshot_settings(root) == settings
