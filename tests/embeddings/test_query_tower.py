@@ -318,13 +318,14 @@ def cosines(a: np.ndarray, b: np.ndarray) -> np.ndarray:
     return (a * b).sum(axis=1) / np.linalg.norm(a, axis=1) / np.linalg.norm(b, axis=1)
 
 
-@pytest.mark.parametrize("shape", ["bge", "e5"])
+@pytest.mark.parametrize("shape", ["bge", "policybert", "e5"])
 def test_the_router_export_embeds_as_policybert_embeddings(shape, request, tmp_path):
     """``python -m training.export --model DIR --router OUT``: sentence-transformers' ``encode_query`` /
     ``encode_document`` on the Router directory give ``PolicyBertEmbeddings``' query and document vectors (cosine
-    within 1e-6), on a bge-shaped ([CLS]) and an e5-shaped (mean, ``query: ``/``passage: ``) directory. On e5, a
+    within 1e-6), on a bge-shaped ([CLS]) and an e5-shaped (mean, ``query: ``/``passage: ``) directory, and on a
+    PolicyBERT whose word stream is open (each route carries the lexicon). On e5, a
     query tower that tunes every transformer layer holds those layers and not the piece-embedding matrix."""
-    source = request.getfixturevalue("e5_base_dir") if shape == "e5" else request.getfixturevalue("bge_dir")
+    source = request.getfixturevalue({"e5": "e5_base_dir", "bge": "bge_dir", "policybert": "open_stream_dir"}[shape])
     model_dir = linked_copy(source, tmp_path / "model")
     save_query_tower(model_dir, tuned(model_dir, prefix="encoder." if shape == "e5" else "encoder.layer.1."))
     if shape == "e5":
