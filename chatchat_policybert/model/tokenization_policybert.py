@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import logging
 import os
 import random
 import string
@@ -34,6 +35,8 @@ from chatchat_policybert.files import read_json
 from chatchat_policybert.model.configuration_policybert import PolicyBertConfig
 from chatchat_policybert.model.constants import DEFAULT_QUERY_INSTRUCTION, QUERY_TOWER_FILE
 from chatchat_policybert.model.lexicon import LEXICON_FILE, Lexicon
+
+logger = logging.getLogger(__name__)
 
 SPECIAL_TOKENS = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
 TOKENIZER_CONFIG = "tokenizer_config.json"
@@ -625,10 +628,19 @@ class PolicyBertTokenizerFast(PreTrainedTokenizerFast):
     def from_pretrained(cls, pretrained_model_name_or_path: str | os.PathLike, *args, **kwargs):
         """transformers' loading (``AutoTokenizer``, sentence-transformers), after the directory's files are compared
         with what its config.json records of them (:func:`check_directory_record`): a lexicon, ``tokenizer.json``
-        or prompt file that is not the saved one is an :class:`InputError` naming it, not a silently other vector."""
+        or prompt file that is not the saved one is an :class:`InputError` naming it, not a silently other vector.
+        A directory with a query tower gets a warning: those loaders run its document tower for questions too."""
         path = Path(pretrained_model_name_or_path)
         if not _RECORD_CHECKED.get() and (path / "config.json").is_file():
             check_directory_record(path, read_json(path / "config.json"))
+            if (path / QUERY_TOWER_FILE).is_file():
+                logger.warning(
+                    "%s has a query tower (%s) that transformers and sentence-transformers do not load: questions "
+                    "embedded here get the document tower's vectors, not the served ones; use "
+                    "load_policybert(DIR, tower='query') or 'python -m training.export --model DIR --router OUT'",
+                    path,
+                    QUERY_TOWER_FILE,
+                )
         return super().from_pretrained(pretrained_model_name_or_path, *args, **kwargs)
 
     @cached_property

@@ -346,3 +346,19 @@ def test_the_router_export_embeds_as_policybert_embeddings(shape, request, tmp_p
     assert np.all(cosines(query_vectors, untuned) < 1 - 1e-4)  # the query route really is the tuned tower
     modules = json.loads((tmp_path / "router" / "modules.json").read_text(encoding="utf-8"))
     assert modules[0]["type"].endswith("Router") and "trust_remote_code" not in json.dumps(modules)
+
+
+def test_sentence_transformers_on_a_two_tower_directory_warns_that_it_runs_the_document_tower(towers_dir, caplog):
+    """sentence-transformers and ``AutoTokenizer`` load the directory's document tower, also for ``encode_query``:
+    they say so (one warning naming the query tower and the two ways to it), instead of serving other query vectors
+    silently. ``PolicyBertEmbeddings`` (which loads both towers) does not warn; an unknown tower is refused."""
+    with caplog.at_level("WARNING"):
+        SentenceTransformer(str(towers_dir), device="cpu")
+    warned = [r.getMessage() for r in caplog.records if QUERY_TOWER_FILE in r.getMessage()]
+    assert len(warned) == 1 and "--router" in warned[0] and "tower='query'" in warned[0], warned
+    caplog.clear()
+    with caplog.at_level("WARNING"):
+        PolicyBertEmbeddings(towers_dir)
+    assert not [r for r in caplog.records if QUERY_TOWER_FILE in r.getMessage()]
+    with pytest.raises(ValueError, match="tower 'queries': expected one of"):
+        load_policybert(towers_dir, tower="queries")
