@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import copy
 import json
+import shutil
 import sys
 from collections.abc import Callable
 from dataclasses import MISSING, dataclass, field, fields
@@ -177,18 +178,20 @@ def check_same_run(checkpoint: Path, stage: str, settings: dict, run_json: Path,
 
 
 def check_out(out: Path, flag: str = "--out") -> None:
-    """Like every stage's ``final/``, ``--out`` is replaced atomically, but only a model directory is.
+    """Like every stage's ``final/``, ``--out`` is replaced atomically, but only a model directory is (``--router``:
+    only a Router directory, what an earlier export wrote there).
 
     ``save_model_dir`` removes whatever was there: a mistyped ``--out`` (the run folder itself, or a
     folder of runs) would take the checkpoint with it.
     """
+    kind, marker = (
+        ("Router directory", "router_config.json") if flag == "--router" else ("model directory", "config.json")
+    )
     if out.exists() and not out.is_dir():
-        raise InputError(f"{flag} {out}: is a file; expected a new path or a model directory to replace")
-    marker = "router_config.json" if flag == "--router" else "config.json"  # what an earlier export there wrote
+        raise InputError(f"{flag} {out}: is a file; expected a new path or a {kind} to replace")
     if out.is_dir() and any(out.iterdir()) and not (out / marker).is_file():
         raise InputError(
-            f"{flag} {out}: a non-empty folder that is not a model directory; "
-            "expected a new path or a model directory to replace"
+            f"{flag} {out}: a non-empty folder that is not a {kind}; expected a new path or a {kind} to replace"
         )
 
 
@@ -254,6 +257,7 @@ def export_router(model_dir: Path, out: Path) -> Path:
     from sentence_transformers.base.modules.router import Router
 
     from chatchat_policybert.files import atomic_path
+    from chatchat_policybert.model.lexicon import LEXICON_FILE
     from chatchat_policybert.model.loading import load_towers
 
     check_out(out, "--router")
@@ -270,8 +274,14 @@ def export_router(model_dir: Path, out: Path) -> Path:
         prompts=sentence_model.prompts,
         similarity_fn_name=sentence_model.similarity_fn_name,
     )
+    lexicon = Path(model_dir) / LEXICON_FILE
     with atomic_path(out) as scratch:
         routed.save(str(scratch))
+        # The tokenizer's save_pretrained writes tokenizer.json, not the lexicon: without it a route's AutoTokenizer
+        # would give no word inputs and a PolicyBERT route would embed as plain BERT.
+        for route in (folder for folder in scratch.iterdir() if (folder / "tokenizer_config.json").is_file()):
+            if lexicon.is_file():
+                shutil.copyfile(lexicon, route / LEXICON_FILE)
     return out
 
 

@@ -62,7 +62,9 @@ class Bm25:
 
 
 class Dense:
-    """Brute-force cosine over the chunks, embedded once with a ``PolicyBertEmbeddings`` model."""
+    """Brute-force cosine over the chunks, embedded once with a ``PolicyBertEmbeddings`` model: chunks through
+    ``embed_documents`` (the document tower, as the KB's index holds them), questions through ``embed_query`` (the
+    model directory's query tower where it has one, as Chatchat and ``serve`` embed them)."""
 
     def __init__(self, name: str, embeddings, chunks: list[Chunk], depth: int, matrix: np.ndarray | None = None):
         """``matrix``: the chunks' vectors when already known (the FAISS index of this model)."""

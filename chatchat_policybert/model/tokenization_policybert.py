@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import logging
 import os
 import random
 import string
@@ -34,6 +35,8 @@ from chatchat_policybert.files import read_json
 from chatchat_policybert.model.configuration_policybert import PolicyBertConfig
 from chatchat_policybert.model.constants import DEFAULT_QUERY_INSTRUCTION, QUERY_TOWER_FILE
 from chatchat_policybert.model.lexicon import LEXICON_FILE, Lexicon
+
+logger = logging.getLogger(__name__)
 
 SPECIAL_TOKENS = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
 TOKENIZER_CONFIG = "tokenizer_config.json"
@@ -58,7 +61,9 @@ def read_prompts(path: Path) -> tuple[str | None, str | None]:
     :data:`DOCUMENT_PROMPT_NAMES` in :data:`PROMPTS_FILE`), None for each it names none.
 
     bge's own directories carry that file without prompts, so None is common; a file that is no
-    JSON, or a prompt that is no string, is an :class:`InputError` naming the file.
+    JSON, a prompt that is no string, or a ``default_prompt_name`` (issue 43: with ``"query"``,
+    ``SentenceTransformer.encode`` embedded documents as queries while ``check-model`` said OK) is an
+    :class:`InputError` naming the file.
     """
     file = path / PROMPTS_FILE
     if not file.is_file():
@@ -69,6 +74,13 @@ def read_prompts(path: Path) -> tuple[str | None, str | None]:
     for name in ("query", *DOCUMENT_PROMPT_NAMES):
         if prompts.get(name) is not None and not isinstance(prompts[name], str):
             raise InputError(f"{file}: prompts.{name} is {type(prompts[name]).__name__}, expected a string")
+    default = content.get("default_prompt_name") if isinstance(content, dict) else None
+    if default is not None:
+        raise InputError(
+            f"{file}: default_prompt_name {default!r}: sentence-transformers' encode() would prefix every text, "
+            f"documents too, with that prompt, which no other loader does; expected null (encode_query and "
+            f"encode_document choose the prompt)"
+        )
     document = next((prompts[name] for name in DOCUMENT_PROMPT_NAMES if prompts.get(name) is not None), None)
     return prompts.get("query"), document
 
@@ -201,6 +213,40 @@ def _shown(value: Any) -> str:
     return f"[{len(value)} names]" if isinstance(value, list) and len(value) > 3 else repr(value)
 
 
+ST_CONFIG_FILE = "sentence_bert_config.json"
+ST_LENGTH_FIELDS = (
+    ("processing_kwargs", "text", "max_length"),
+    ("processing_kwargs", "common", "max_length"),
+    ("max_seq_length",),
+    ("query_length",),
+    ("document_length",),
+)
+"""Where sentence-transformers (6, and the hub's older files) reads how many tokens a text keeps."""
+
+
+def check_token_limits(path: Path, config: dict[str, Any]) -> None:
+    """Refuse (:class:`InputError` naming the file) a ``sentence_bert_config.json`` token limit outside 1 ..
+    min(512, ``max_position_embeddings``): 0 loads and then fails on every text, more than the positions loads and
+    then fails on the first long text (issue 43), and anything but that cap cuts texts elsewhere than every other
+    loader (``PolicyBertEmbeddings``, ``AutoTokenizer`` with ``truncation=True``) does. Unset (absent or null) is
+    the tokenizer's own limit, as this package writes it."""
+    file = path / ST_CONFIG_FILE
+    if not file.is_file():
+        return
+    content = read_json(file)
+    positions = config.get("max_position_embeddings") if isinstance(config, dict) else None
+    limit = min(512, positions) if isinstance(positions, int) and positions > 0 else 512
+    for fields in ST_LENGTH_FIELDS:
+        value: Any = content
+        for key in fields:
+            value = value.get(key) if isinstance(value, dict) else None
+        if value is not None and (isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= limit):
+            raise InputError(
+                f"{file}: {'.'.join(fields)} {value!r}: expected a token count of 1..{limit} (512, or the model's "
+                f"max_position_embeddings where fewer); other loaders cut texts at {limit}"
+            )
+
+
 _RECORD_CHECKED: ContextVar[bool] = ContextVar("policybert_record_checked", default=False)
 """True while :meth:`PolicyBertTokenizer.from_pretrained` loads the fast tokenizer for a caller that has compared the
 record itself, so that one load reads config.json once."""
@@ -208,8 +254,10 @@ record itself, so that one load reads config.json once."""
 
 def check_directory_record(path: Path, config: dict[str, Any]) -> bool:
     """Refuse (:class:`InputError` naming the file) a directory whose files differ from what ``config`` (its
-    config.json, as read) records of them; False where it records nothing (a directory written before the record
-    existed, or by another tool: it loads as before, unchecked), True where everything matches."""
+    config.json, as read) records of them, or whose sentence-transformers token limit is out of range
+    (:func:`check_token_limits`, recorded or not); False where it records nothing (a directory written before the
+    record existed, or by another tool: it loads as before, unchecked), True where everything matches."""
+    check_token_limits(path, config)
     recorded = config.get(FILES_KEY) if isinstance(config, dict) else None
     if recorded is None:
         return False
@@ -580,10 +628,19 @@ class PolicyBertTokenizerFast(PreTrainedTokenizerFast):
     def from_pretrained(cls, pretrained_model_name_or_path: str | os.PathLike, *args, **kwargs):
         """transformers' loading (``AutoTokenizer``, sentence-transformers), after the directory's files are compared
         with what its config.json records of them (:func:`check_directory_record`): a lexicon, ``tokenizer.json``
-        or prompt file that is not the saved one is an :class:`InputError` naming it, not a silently other vector."""
+        or prompt file that is not the saved one is an :class:`InputError` naming it, not a silently other vector.
+        A directory with a query tower gets a warning: those loaders run its document tower for questions too."""
         path = Path(pretrained_model_name_or_path)
         if not _RECORD_CHECKED.get() and (path / "config.json").is_file():
             check_directory_record(path, read_json(path / "config.json"))
+            if (path / QUERY_TOWER_FILE).is_file():
+                logger.warning(
+                    "%s has a query tower (%s) that transformers and sentence-transformers do not load: questions "
+                    "embedded here get the document tower's vectors, not the served ones; use "
+                    "load_policybert(DIR, tower='query') or 'python -m training.export --model DIR --router OUT'",
+                    path,
+                    QUERY_TOWER_FILE,
+                )
         return super().from_pretrained(pretrained_model_name_or_path, *args, **kwargs)
 
     @cached_property

@@ -71,6 +71,18 @@ def modules_json_missing(d: Path) -> None:
     (d / "modules.json").unlink()
 
 
+def default_prompt_name(d: Path) -> None:
+    edit_json(d / "config_sentence_transformers.json", default_prompt_name="query")
+
+
+def max_length(value: int) -> Callable[[Path], None]:
+    def damage(d: Path) -> None:
+        edit_json(d / "sentence_bert_config.json", processing_kwargs={"text": {"max_length": value}})
+
+    damage.__name__ = f"max_length_{value}"
+    return damage
+
+
 def sentence_transformers(d: Path) -> None:
     SentenceTransformer(str(d), device="cpu")
 
@@ -102,6 +114,11 @@ DAMAGES = [
     (model_type("xlm-roberta"), "config.json", ("AutoModel",)),
     (tokenizer_json_missing, "tokenizer.json", ()),
     (modules_json_missing, "modules.json", ()),
+    # Issue 43 item 7: settings of sentence-transformers' own files that change its vectors, not those of the others.
+    (default_prompt_name, "config_sentence_transformers.json", ()),
+    (max_length(0), "sentence_bert_config.json", ()),
+    (max_length(513), "sentence_bert_config.json", ()),
+    (max_length(100000), "sentence_bert_config.json", ()),
 ]
 MODEL_TYPES = {"model_type_bert", "model_type_roberta", "model_type_xlm-roberta"}
 """Where sentence-transformers builds transformers' own model class: our tokenizer's refusal reaches it inside
@@ -185,3 +202,22 @@ def test_save_pretrained_of_a_loaded_model_carries_no_record(open_stream_dir, tm
         model.save_pretrained(tmp_path / name)
         assert FILES_KEY not in json.loads((tmp_path / name / "config.json").read_text(encoding="utf-8"))
     assert FILES_KEY in json.loads((open_stream_dir / "config.json").read_text(encoding="utf-8"))
+
+
+def test_a_token_limit_past_the_models_positions_is_refused(tiny_model_dir, tmp_path):
+    """Issue 43 item 7: a model with 128 positions, its sentence_bert_config.json raised to 129 (legacy
+    ``max_seq_length``, as the hub's older directories write it) — refused by every loader and check-model; before,
+    it loaded and the first text over 128 tokens failed inside the model."""
+    model_dir = shutil.copytree(tiny_model_dir("attn", perturb=True, max_position_embeddings=128), tmp_path / "m")
+    assert json.loads((model_dir / "sentence_bert_config.json").read_text(encoding="utf-8"))["processing_kwargs"] == {
+        "text": {"max_length": 128}
+    }
+    edit_json(model_dir / "sentence_bert_config.json", max_seq_length=129)
+    for name, load in LOADERS.items():
+        with pytest.raises(
+            InputError, match=re.escape(f"{model_dir / 'sentence_bert_config.json'}: max_seq_length 129")
+        ):
+            load(model_dir)
+            pytest.fail(f"{name} loaded it")
+    result = cli("check-model", str(model_dir))
+    assert result.returncode == 2 and result.stderr.startswith(f"error: {model_dir / 'sentence_bert_config.json'}")

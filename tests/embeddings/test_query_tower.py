@@ -318,13 +318,14 @@ def cosines(a: np.ndarray, b: np.ndarray) -> np.ndarray:
     return (a * b).sum(axis=1) / np.linalg.norm(a, axis=1) / np.linalg.norm(b, axis=1)
 
 
-@pytest.mark.parametrize("shape", ["bge", "e5"])
+@pytest.mark.parametrize("shape", ["bge", "policybert", "e5"])
 def test_the_router_export_embeds_as_policybert_embeddings(shape, request, tmp_path):
     """``python -m training.export --model DIR --router OUT``: sentence-transformers' ``encode_query`` /
     ``encode_document`` on the Router directory give ``PolicyBertEmbeddings``' query and document vectors (cosine
-    within 1e-6), on a bge-shaped ([CLS]) and an e5-shaped (mean, ``query: ``/``passage: ``) directory. On e5, a
+    within 1e-6), on a bge-shaped ([CLS]) and an e5-shaped (mean, ``query: ``/``passage: ``) directory, and on a
+    PolicyBERT whose word stream is open (each route carries the lexicon). On e5, a
     query tower that tunes every transformer layer holds those layers and not the piece-embedding matrix."""
-    source = request.getfixturevalue("e5_base_dir") if shape == "e5" else request.getfixturevalue("bge_dir")
+    source = request.getfixturevalue({"e5": "e5_base_dir", "bge": "bge_dir", "policybert": "open_stream_dir"}[shape])
     model_dir = linked_copy(source, tmp_path / "model")
     save_query_tower(model_dir, tuned(model_dir, prefix="encoder." if shape == "e5" else "encoder.layer.1."))
     if shape == "e5":
@@ -345,3 +346,19 @@ def test_the_router_export_embeds_as_policybert_embeddings(shape, request, tmp_p
     assert np.all(cosines(query_vectors, untuned) < 1 - 1e-4)  # the query route really is the tuned tower
     modules = json.loads((tmp_path / "router" / "modules.json").read_text(encoding="utf-8"))
     assert modules[0]["type"].endswith("Router") and "trust_remote_code" not in json.dumps(modules)
+
+
+def test_sentence_transformers_on_a_two_tower_directory_warns_that_it_runs_the_document_tower(towers_dir, caplog):
+    """sentence-transformers and ``AutoTokenizer`` load the directory's document tower, also for ``encode_query``:
+    they say so (one warning naming the query tower and the two ways to it), instead of serving other query vectors
+    silently. ``PolicyBertEmbeddings`` (which loads both towers) does not warn; an unknown tower is refused."""
+    with caplog.at_level("WARNING"):
+        SentenceTransformer(str(towers_dir), device="cpu")
+    warned = [r.getMessage() for r in caplog.records if QUERY_TOWER_FILE in r.getMessage()]
+    assert len(warned) == 1 and "--router" in warned[0] and "tower='query'" in warned[0], warned
+    caplog.clear()
+    with caplog.at_level("WARNING"):
+        PolicyBertEmbeddings(towers_dir)
+    assert not [r for r in caplog.records if QUERY_TOWER_FILE in r.getMessage()]
+    with pytest.raises(ValueError, match="tower 'queries': expected one of"):
+        load_policybert(towers_dir, tower="queries")

@@ -219,7 +219,12 @@ def test_out_that_is_not_a_model_directory_is_refused(stopped, tiny_model_dir, t
 
 def test_flags(capsys):
     assert run_cli(main, ["--run", "r"]) == 2
-    assert "the following arguments are required: --out" in capsys.readouterr().err
+    assert "error: --run r: expected --out DIR, the model directory to write" in capsys.readouterr().err
+    for argv in (["--model", "m"], ["--router", "r"], ["--model", "m", "--router", "r", "--out", "o"], []):
+        assert run_cli(main, argv) == 2
+        assert "expected --run RUN --out DIR (a stopped run's export), or --model DIR --router OUT" in (
+            capsys.readouterr().err
+        )
     with pytest.raises(SystemExit) as exit_info:
         main(["--help"])
     assert exit_info.value.code == 0 and "usage: python -m training.export" in capsys.readouterr().out
@@ -315,3 +320,25 @@ def test_a_missing_setting_is_compared_as_its_default(stopped, tmp_path, capsys)
         "written with other settings than" in (err := capsys.readouterr().err)
         and "(fusion_scale_lr 0.5 -> None)" in err
     )
+
+
+def test_router_goes_with_the_export_and_replaces_only_a_router_directory(stopped, tiny_model_dir, tmp_path, capsys):
+    """``--router`` beside ``--run``/``--out`` writes the exported model's Router directory (sentence-transformers'
+    ``encode_query`` / ``encode_document`` as ``PolicyBertEmbeddings`` embeds); a second export replaces it, and a
+    folder that is no Router directory is refused, untouched."""
+    from sentence_transformers import SentenceTransformer
+
+    run, out, router = stopped["contrastive"], tmp_path / "model", tmp_path / "router"
+    argv = ["--run", str(run), "--out", str(out), "--model", str(tiny_model_dir("attn", perturb=True))]
+    for _ in range(2):
+        assert run_cli(main, [*argv, "--router", str(router)]) == 0
+    served = PolicyBertEmbeddings(out)
+    routed = SentenceTransformer(str(router), device="cpu")
+    np.testing.assert_allclose(routed.encode_query(TEXTS), served.encode_queries(TEXTS), atol=1e-6)
+    np.testing.assert_allclose(routed.encode_document(TEXTS), served.encode_corpus(TEXTS), atol=1e-6)
+    (tmp_path / "mine").mkdir()
+    (tmp_path / "mine" / "notes.txt").write_text("x", encoding="utf-8")
+    capsys.readouterr()
+    assert run_cli(main, ["--model", str(out), "--router", str(tmp_path / "mine")]) == 2
+    assert f"--router {tmp_path / 'mine'}: a non-empty folder that is not a Router directory" in capsys.readouterr().err
+    assert [p.name for p in (tmp_path / "mine").iterdir()] == ["notes.txt"]
