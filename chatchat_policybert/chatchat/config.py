@@ -26,6 +26,8 @@ import io
 import math
 import os
 import shutil
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -150,6 +152,27 @@ def copy_settings(source: Path, dest: Path) -> None:
     for name in SETTINGS_FILES:
         with atomic_path(Path(dest) / name) as tmp:
             shutil.copy2(Path(source) / name, tmp)
+
+
+@contextmanager
+def restored_on_failure(root: Path, names: Sequence[str] = SETTINGS_FILES) -> Iterator[None]:
+    """The files ``names`` of ``root`` as they were, byte for byte (each atomically), if the block raises (a refusal,
+    an error, Ctrl-C); the exception goes on.
+
+    Why: ``setup --calibrate`` must write setup's settings before its calibration can run (the calibration's worker
+    serves the root as those settings say), and the calibration can still refuse (an index another model built).
+    Every input is checked before the first write; this covers what only the worker can tell (issue 43 item 3).
+    """
+    root = Path(root)
+    saved = {name: (root / name).read_bytes() for name in names if (root / name).is_file()}
+    try:
+        yield
+    except BaseException:
+        for name, content in saved.items():
+            if not (root / name).is_file() or (root / name).read_bytes() != content:
+                with atomic_path(root / name) as tmp:
+                    tmp.write_bytes(content)
+        raise
 
 
 class SettingsDocs:

@@ -1,7 +1,9 @@
 """``chatchat-policybert setup``: its flags, and what it prints. The work is
-:func:`chatchat_policybert.configure.setup.setup_root` (merge the shipped settings into a root that
-``chatchat init`` prepared), then ``--calibrate``'s (:func:`chatchat_policybert.deploy.calibration.calibrate_setup`)
-and the doctor's checks (:func:`chatchat_policybert.configure.doctor.diagnose`).
+:func:`chatchat_policybert.configure.setup.plan_setup` (every input checked, the shipped settings merged in memory into
+a root that ``chatchat init`` prepared), ``--calibrate``'s checks of its questions
+(:func:`chatchat_policybert.deploy.calibration.check_calibration_inputs`), and only then the writes: the settings, the
+calibration (:func:`chatchat_policybert.deploy.calibration.calibrate_setup`; all three settings files go back byte for
+byte where it refuses), then the doctor's checks (:func:`chatchat_policybert.configure.doctor.diagnose`).
 """
 
 from __future__ import annotations
@@ -10,11 +12,12 @@ import argparse
 from pathlib import Path
 from typing import Any
 
-from chatchat_policybert.chatchat.config import default_kb
+from chatchat_policybert.chatchat.config import SETTINGS_FILES, restored_on_failure
+from chatchat_policybert.chatchat.root import BASIC_SETTINGS
 from chatchat_policybert.cli.common import add_root_argument
 from chatchat_policybert.cli.doctor import report
 from chatchat_policybert.configure.doctor import diagnose
-from chatchat_policybert.configure.setup import SetupOptions, setup_root
+from chatchat_policybert.configure.setup import SetupOptions, plan_setup
 from chatchat_policybert.errors import InputError
 from chatchat_policybert.model.dtypes import DTYPE_CHOICES
 from chatchat_policybert.retrieval.analyzer import ANALYZERS, NEW_DEPLOYMENT
@@ -116,11 +119,18 @@ def run_setup(args: argparse.Namespace) -> int:
         analyzer=args.analyzer,
         bind=args.bind,
     )
-    print(setup_root(args.root, options).text(), flush=True)
-    if args.calibrate is not None:
-        from chatchat_policybert.deploy.calibration import calibrate_setup
+    plan = plan_setup(args.root, options)  # every input of setup checked, the model loaded; nothing written yet
+    if args.calibrate is None:
+        print(plan.write().text(), flush=True)
+    else:
+        from chatchat_policybert.deploy.calibration import calibrate_setup, check_calibration_inputs
 
-        print(calibrate_setup(args.root, args.kb or default_kb(args.root), args.calibrate, args.corpus))
+        kb = args.kb or plan.kb
+        check_calibration_inputs(args.root, kb, args.calibrate, args.corpus)
+        # All or nothing: the calibration runs on the root as setup writes it; if it refuses, the files go back.
+        with restored_on_failure(args.root, (*SETTINGS_FILES, BASIC_SETTINGS)):
+            print(plan.write().text(), flush=True)
+            print(calibrate_setup(args.root, kb, args.calibrate, args.corpus))
     if args.no_check:
         return 0
     return report(diagnose(args.root, load_model=True))

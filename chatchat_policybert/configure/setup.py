@@ -21,6 +21,7 @@ from chatchat_policybert.chatchat.config import (
     SettingsDocs,
     default_kb,
     kb_settings,
+    typed_kb,
 )
 from chatchat_policybert.chatchat.root import BASIC_SETTINGS, SERVERS, check_bind_host, content_dir
 from chatchat_policybert.chatchat.settings import PLATFORM_KEY, round_trip_yaml
@@ -89,9 +90,53 @@ def merge_settings(target: Any, shipped: Any, keep_other_platforms: bool) -> Non
             target[key] = value
 
 
-def setup_root(root: Path, options: SetupOptions) -> SetupReport:
-    """Merge the shipped settings into ``root`` (prepared by `chatchat init`) as ``options`` say; an
-    :class:`InputError` before anything is written where an input is wrong."""
+@dataclass
+class SetupPlan:
+    """What ``setup`` will write, every input checked (:func:`plan_setup`); nothing is written until :meth:`write`.
+
+    Why a plan: ``setup --calibrate`` must check its own inputs (the questions against the knowledge base the merged
+    settings name) before the root changes, so the merged settings exist in memory first (issue 43 item 3).
+    """
+
+    root: Path
+    options: SetupOptions
+    source: Path
+    docs: SettingsDocs
+    basic: Any
+    yaml: Any
+    store_note: str | None
+    kb: str
+    """DEFAULT_KNOWLEDGE_BASE as the merged kb_settings.yaml names it."""
+
+    def write(self) -> SetupReport:
+        """Writes the merged settings (both files through the one writer, basic_settings.yaml atomically), links NLTK's
+        data, creates the knowledge base folder; what it did, line by line."""
+        root, report = self.root, SetupReport()
+        self.docs.write()  # both validated before either is written (basic_settings.yaml was checked in the plan)
+        report.add("OK", f"merged {self.source / MODEL_SETTINGS} into {root / MODEL_SETTINGS}")
+        if self.store_note:
+            report.add("NOTE", self.store_note)
+        report.add("OK", f"merged {self.source / KB_SETTINGS} into {root / KB_SETTINGS}")
+        with atomic_path(root / BASIC_SETTINGS) as tmp, tmp.open("w", encoding="utf-8") as handle:
+            self.yaml.dump(self.basic, handle)
+        report.add("OK", f"Chatchat's API and WebUI listen on {self.options.bind} ({root / BASIC_SETTINGS})")
+        linked = _link_nltk_data(root)
+        if linked is not None:
+            report.add("OK", f"linked Chatchat's NLTK data into {linked}")
+        report.kb = default_kb(root)
+        kb_dir = content_dir(root, report.kb)
+        kb_dir.mkdir(parents=True, exist_ok=True)
+        report.add(
+            "OK", f"knowledge base folder {kb_dir} (put documents here, then `chatchat kb -r -n {kb_dir.parent.name}`)"
+        )
+        _say_analyzer(root, report.kb, report)
+        return report
+
+
+def plan_setup(root: Path, options: SetupOptions) -> SetupPlan:
+    """Checks every input of ``setup`` and merges the shipped settings into ``root``'s in memory: an
+    :class:`InputError` where an input is wrong, with nothing written. ``--model`` must load as the server will load
+    it (before, a mistyped path was written into model_settings.yaml and only the doctor then failed)."""
     root = Path(root)
     missing = [name for name in SETTINGS_FILES if not (root / name).is_file()]
     if missing:
@@ -108,7 +153,18 @@ def setup_root(root: Path, options: SetupOptions) -> SetupReport:
         shipped, current = SettingsDocs(source), SettingsDocs(root)
     except SettingsError as exc:
         raise InputError(str(exc)) from None
-    report = SetupReport()
+    if options.model is not None:
+        from transformers.utils import logging as transformers_logging  # torch: not for the commands' --help
+
+        from chatchat_policybert.model.loading import check_model_dir
+
+        shown = transformers_logging.is_progress_bar_enabled()
+        transformers_logging.disable_progress_bar()  # a refusal is one line, not a loading bar and a line
+        try:
+            check_model_dir(Path(options.model).resolve())  # a ModelDirError (one line) naming what is wrong
+        finally:
+            if shown:
+                transformers_logging.enable_progress_bar()
     platform = shipped.platform()
     block = platform[PLATFORM_KEY]
     if options.analyzer is not None:
@@ -128,25 +184,19 @@ def setup_root(root: Path, options: SetupOptions) -> SetupReport:
     merge_settings(current.model, shipped.model, options.keep_other_platforms)
     merge_settings(current.kb, shipped.kb, options.keep_other_platforms)
     _check_hybrid(root, current)
-    current.write()  # both validated before either is written (basic_settings.yaml was checked above)
-    report.add("OK", f"merged {source / MODEL_SETTINGS} into {root / MODEL_SETTINGS}")
-    if store is not None and store.setup_note:
-        report.add("NOTE", store.setup_note)
-    report.add("OK", f"merged {source / KB_SETTINGS} into {root / KB_SETTINGS}")
-    with atomic_path(root / BASIC_SETTINGS) as tmp, tmp.open("w", encoding="utf-8") as handle:
-        yaml.dump(basic, handle)
-    report.add("OK", f"Chatchat's API and WebUI listen on {options.bind} ({root / BASIC_SETTINGS})")
-    linked = _link_nltk_data(root)
-    if linked is not None:
-        report.add("OK", f"linked Chatchat's NLTK data into {linked}")
-    report.kb = default_kb(root)
-    kb_dir = content_dir(root, report.kb)
-    kb_dir.mkdir(parents=True, exist_ok=True)
-    report.add(
-        "OK", f"knowledge base folder {kb_dir} (put documents here, then `chatchat kb -r -n {kb_dir.parent.name}`)"
-    )
-    _say_analyzer(root, report.kb, report)
-    return report
+    try:
+        current.texts()  # what write() checks, now: a bad merged file is refused before anything is written
+        kb = typed_kb(dict(current.kb), root / KB_SETTINGS).default_kb
+    except SettingsError as exc:
+        raise InputError(str(exc)) from None
+    note = store.setup_note if store is not None else None
+    return SetupPlan(root, options, source, current, basic, yaml, note, kb)
+
+
+def setup_root(root: Path, options: SetupOptions) -> SetupReport:
+    """Merge the shipped settings into ``root`` (prepared by `chatchat init`) as ``options`` say; an
+    :class:`InputError` before anything is written where an input is wrong (:func:`plan_setup`)."""
+    return plan_setup(root, options).write()
 
 
 def _say_analyzer(root: Path, kb: str, report: SetupReport) -> None:

@@ -38,11 +38,13 @@ import numpy as np
 
 from chatchat_policybert.chatchat.config import KB_SETTINGS, MODEL_SETTINGS, SettingsDocs, kb_settings
 from chatchat_policybert.chatchat.process import WorkerProcess
+from chatchat_policybert.chatchat.root import content_dir
 from chatchat_policybert.chatchat.settings import PLATFORM_KEY
 from chatchat_policybert.configure.doctor import ensemble_label
+from chatchat_policybert.data import CORPUS_CSV
 from chatchat_policybert.deploy.questions import dev_queries, is_pairs_file
 from chatchat_policybert.errors import InputError
-from chatchat_policybert.evaluation.dataset import Query
+from chatchat_policybert.evaluation.dataset import Query, load_corpus
 from chatchat_policybert.evaluation.knowledge_base import Chunk
 from chatchat_policybert.evaluation.metrics import mrr_at_k, unique_in_order
 from chatchat_policybert.evaluation.retrievers import ChunkLocator
@@ -366,6 +368,32 @@ def update_settings(
     if threshold is not None:
         docs.kb["SCORE_THRESHOLD"] = threshold
     docs.write()
+
+
+def check_calibration_inputs(root: Path, kb: str, questions: Path, corpus: Path | None = None) -> None:
+    """``setup --calibrate``'s inputs, checked before ``setup`` writes anything (issue 43 item 3): the questions resolve
+    against knowledge base ``kb`` (every ``doc_title`` a document it holds, every evidence in it, no empty question;
+    dev pairs' passages in its chunks) and ``--corpus``, where given, exists and is the corpus the KB was loaded from.
+
+    An :class:`InputError` naming the first problem. Labelled questions that name titles with no ``--corpus`` are
+    refused, not guessed: where the KB holds only files the shipped corpus exports, the error names that corpus's
+    path to pass (the shipped questions name the shipped corpus's titles).
+    """
+    try:
+        dev_queries(questions, root, kb, corpus)
+    except InputError as exc:
+        if corpus is None and not is_pairs_file(questions) and _holds_the_shipped_corpus(root, kb):
+            raise InputError(
+                f"{exc}\n(the knowledge base {kb} holds the shipped corpus: pass --corpus {CORPUS_CSV}, whose titles "
+                "these questions name)"
+            ) from None
+        raise
+
+
+def _holds_the_shipped_corpus(root: Path, kb: str) -> bool:
+    """Whether every file of ``kb``'s folder is one the shipped corpus exports (the demo's knowledge base)."""
+    files = {p.relative_to(content_dir(root, kb)).as_posix() for p in content_dir(root, kb).rglob("*") if p.is_file()}
+    return bool(files) and files <= set(load_corpus(CORPUS_CSV).kb_files)
 
 
 def calibrate_setup(root: Path, kb: str, questions: Path, corpus: Path | None = None) -> str:

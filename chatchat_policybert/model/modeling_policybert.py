@@ -289,11 +289,22 @@ class ClsOnlyLayer(nn.Module):
     dropout. It holds the layer's own submodules under their own names, so its ``state_dict``
     keys are the ``BertLayer``'s and a model saved from ``PolicyBertEmbeddings`` reloads as the
     full model.
+
+    Its products over one row (a batch of one text: one query) are where a BLAS reads the weights
+    in place, and MKL's one-row kernels round differently with the weights' address (one ulp, 3e-8 on a
+    vector, on AVX-512 and AVX2 alike). A loaded model's weights lie where the safetensors file put
+    them (8-byte aligned), which differs between two files holding the same tensor, so the layer
+    takes its own 64-byte-aligned copy of them: equal weights then give equal bits, whichever file
+    they came from (docs/model.md, "Exact on every CPU").
     """
 
     def __init__(self, layer: BertLayer):
         super().__init__()
         self.attention, self.intermediate, self.output = layer.attention, layer.intermediate, layer.output
+        with torch.no_grad():
+            for parameter in self.parameters():
+                # torch's CPU allocator aligns every new buffer to 64 bytes, whatever the source's address.
+                parameter.data = parameter.data.clone(memory_format=torch.contiguous_format)
 
     def forward(
         self, hidden: torch.Tensor, attention_mask: torch.Tensor | None = None, *args, **kwargs

@@ -356,3 +356,69 @@ def test_labelled_questions_choose_the_analyzer_that_clearly_wins(calibrated_roo
         assert configured_hybrid(root).calibration["analyzers"] == calibration.analyzers
     finally:
         (root / "model_settings.yaml").write_bytes(original)
+
+
+def test_a_refused_setup_calibrate_leaves_the_root_as_it_was(calibrated_root, tmp_path, tiny_model_dir):
+    """Issue 43 item 3: `setup --model M --calibrate q.jsonl --corpus CSV` dropped the calibrated hybrid and reset
+    VECTOR_SEARCH_TOP_K 10 -> 5, then exited 2, for each input below. Now every input is checked before the first write
+    (the questions against the KB, --corpus against the KB's files), and what only the calibration's worker can tell
+    (an index another model built) puts the three files back: byte for byte as they were, each time."""
+    import json
+
+    from chatchat_policybert.chatchat.config import SettingsDocs
+    from chatchat_policybert.data import CORPUS_CSV, DATA_DIR
+    from chatchat_policybert.deploy.calibration import update_settings
+
+    root, kb, model, dev = calibrated_root
+    names = ("model_settings.yaml", "kb_settings.yaml", "basic_settings.yaml")
+    original = {name: (root / name).read_bytes() for name in names}
+
+    def questions(name: str, **change: str) -> Path:
+        lines = []
+        for i in range(N_DOCUMENTS):
+            text = (content_dir(root, kb) / f"policy{i}.md").read_text(encoding="utf-8")
+            line = {"id": f"q{i}", "question": text[40:70], "doc_title": f"policy{i}", "evidence": text[40:90]}
+            lines.append({**line, **(change if i == 2 else {})})
+        path = tmp_path / name
+        path.write_text("".join(json.dumps(line, ensure_ascii=False) + "\n" for line in lines), encoding="utf-8")
+        return path
+
+    good = questions("good.jsonl")
+    cases = {
+        "doc_title not in the KB": ["--calibrate", str(questions("title.jsonl", doc_title="policy99"))],
+        "an empty question": ["--calibrate", str(questions("empty.jsonl", question=""))],
+        "another KB's corpus": ["--calibrate", str(good), "--corpus", str(CORPUS_CSV)],
+        "a missing corpus": ["--calibrate", str(good), "--corpus", str(tmp_path / "missing.csv")],
+        "the shipped questions, no corpus": ["--calibrate", str(DATA_DIR / "policy_questions.jsonl")],
+        "an index another model built": ["--calibrate", str(dev)],
+    }
+    other_model = tiny_model_dir("attn", seed=5)
+    try:  # a working root that differs from what setup writes: a calibrated hybrid, VECTOR_SEARCH_TOP_K 10
+        calibrated = HybridConfig(bm25_weight=0.3, dense_weight=0.7, score_threshold=0.6, analyzer="policy")
+        update_settings(root, hybrid=calibrated, threshold=0.6)
+        docs = SettingsDocs(root)
+        docs.kb["VECTOR_SEARCH_TOP_K"] = 10
+        docs.write()
+        before = {name: (root / name).read_bytes() for name in names}
+        for case, flags in cases.items():
+            used = other_model if case == "an index another model built" else model
+            result = run(
+                [
+                    str(BIN / "chatchat-policybert"),
+                    "setup",
+                    "--root",
+                    str(root),
+                    "--model",
+                    str(used),
+                    *flags,
+                    "--no-check",
+                ],
+                dict(os.environ),
+                timeout=600,
+            )
+            assert result.returncode == 2, (case, result.stdout, result.stderr)
+            assert result.stderr.startswith("error: ") and "Traceback" not in result.stderr, (case, result.stderr)
+            assert {name: (root / name).read_bytes() for name in names} == before, case
+    finally:
+        for name, content in original.items():
+            (root / name).write_bytes(content)

@@ -88,3 +88,21 @@ def test_doctor_does_not_warn_for_a_loopback_bind(tmp_path: Path, tiny_model: Pa
         cli("setup", "--root", str(root), "--model", str(tiny_model), "--bind", "127.1", "--no-check").returncode == 0
     )
     assert "reachable from other machines" not in cli("doctor", "--root", str(root), "--no-load").stdout
+
+
+def test_a_model_that_does_not_load_writes_nothing(tmp_path: Path, tiny_model: Path):
+    """Issue 43 item 3: `setup --model <typo>` on a working root exited 1 with the broken path written into
+    model_settings.yaml. Now the model is loaded before anything is written: one error line, the root as it was."""
+    root = make_root(tmp_path)
+    assert cli("setup", "--root", str(root), "--model", str(tiny_model), "--no-check").returncode == 0
+    before = snapshot(root)
+    empty = tmp_path / "empty-model"
+    empty.mkdir()
+    for model in (tmp_path / "policybert-typo", empty):
+        with pytest.raises(InputError, match=str(model)):
+            setup_root(root, SetupOptions(model=model))
+        assert snapshot(root) == before
+        result = cli("setup", "--root", str(root), "--model", str(model), "--no-check")
+        assert result.returncode == 2 and result.stderr.startswith("error: ") and "OK" not in result.stdout, result
+        assert result.stderr.count("\n") == 1 and str(model) in result.stderr, result.stderr
+        assert snapshot(root) == before

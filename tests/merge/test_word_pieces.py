@@ -9,6 +9,7 @@ word stream.
 
 from __future__ import annotations
 
+import copy
 from pathlib import Path
 
 import numpy as np
@@ -17,10 +18,12 @@ import torch
 from sentence_transformers import SentenceTransformer
 from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, processors, trainers
 from transformers import BertConfig, BertModel, PreTrainedTokenizerFast
+from transformers.models.bert.modeling_bert import BertLayer
 
 from chatchat_policybert.model.embeddings import PolicyBertEmbeddings
 from chatchat_policybert.model.lexicon import Lexicon
 from chatchat_policybert.model.loading import load_policybert, save_model_dir
+from chatchat_policybert.model.modeling_policybert import ClsOnlyLayer
 from chatchat_policybert.model.tokenization_policybert import PolicyBertTokenizer
 from tests.support.tiny_models import build_tiny_bert, tiny_config
 from training.merge_bge import main as merge_main
@@ -133,12 +136,48 @@ def test_a_new_word_starts_at_the_mean_of_its_pieces(tmp_path, piece_base, char_
 
 @pytest.mark.parametrize("fusion", ["none", "gate", "attn"])
 def test_identity_start_is_exact_on_a_piece_base(tmp_path, piece_base, reference_lexicon_path, texts, fusion):
+    """Exact, no tolerance, on every CPU: the word stream is skipped and the character stream is the base's
+    weights, so the two run the same kernels on the same numbers. A query alone (a batch of one) is where
+    MKL's one-row products used to round by the weights' address in the file (2.98e-08 on an AVX-512-BF16
+    machine, issue 43 item 10a); each query length below takes its own kernel shapes."""
     base = PolicyBertEmbeddings(piece_base)
     built = PolicyBertEmbeddings(merge(piece_base, reference_lexicon_path, tmp_path / fusion, "--fusion", fusion))
     assert built.tokenizer.lexicon is not None and built.tokenizer(texts)["word_attention_mask"].sum() > 50
     assert built.query_instruction == base.query_instruction
     assert max_difference(built.embed_documents(texts), base.embed_documents(texts)) == 0
-    assert max_difference([built.embed_query(texts[0])], [base.embed_query(texts[0])]) == 0
+    for text in texts:
+        for length in (1, 3, 9, 40, 300):
+            query = text[:length]
+            assert max_difference([built.embed_query(query)], [base.embed_query(query)]) == 0, query
+
+
+def copy_at(tensor: torch.Tensor, offset: int) -> torch.Tensor:
+    """A copy of ``tensor`` whose data starts ``offset`` bytes past a 64-byte boundary, as a tensor read in place
+    from a safetensors file lies (8-byte aligned, the rest set by the tensors before it)."""
+    step = tensor.element_size()
+    buffer = torch.empty(tensor.numel() + 64 // step, dtype=tensor.dtype)
+    start = (-buffer.data_ptr() % 64 + offset) // step
+    placed = buffer[start : start + tensor.numel()].view_as(tensor)
+    placed.copy_(tensor)
+    assert placed.data_ptr() % 64 == offset
+    return placed
+
+
+def test_the_cls_only_layer_gives_the_same_bits_wherever_its_weights_lie():
+    """Two files holding the same weights at different offsets serve the same vectors: ``ClsOnlyLayer`` (the last layer
+    of every [CLS] model served) computes the same bits from a layer whose weights lie at any alignment. Before,
+    its one-row products read the weights in place and MKL rounded them by address (one ulp)."""
+    torch.manual_seed(11)
+    layer = BertLayer(BertConfig(**tiny_config(10))).eval()
+    states = torch.randn(1, 37, layer.attention.self.all_head_size)
+    outputs = []
+    for offset in (0, 8, 16, 24, 32, 40, 48, 56):
+        placed = copy.deepcopy(layer)
+        for parameter in placed.parameters():
+            parameter.data = copy_at(parameter.data, offset)
+        with torch.inference_mode():
+            outputs.append(ClsOnlyLayer(placed)(states))
+    assert all(torch.equal(output, outputs[0]) for output in outputs)
 
 
 def test_a_silent_word_stream_is_not_run(tmp_path, char_base, reference_lexicon_path, texts):
