@@ -225,7 +225,8 @@ def _event(code: int, msg: str, finished: int = 0, total: int = 1) -> str:
 
 def patch_app(module: ModuleType, warm_up: bool) -> None:
     """Wrap ``module.create_app`` (Chatchat's ``server_app``): each app renders validation errors of any input
-    (:func:`validation_error`), and, with ``warm_up``, starts :func:`~chatchat_policybert.plugin.warm_up.warm_up`.
+    (:func:`validation_error`), logs the platforms served in-process (:func:`log_in_process_platforms`), and, with
+    ``warm_up``, starts :func:`~chatchat_policybert.plugin.warm_up.warm_up`.
 
     Patched after the module ran, so its own module-level ``app`` (made at import) is left as it is;
     ``chatchat start``'s API process calls ``create_app`` again, and that one is patched.
@@ -240,6 +241,7 @@ def patch_app(module: ModuleType, warm_up: bool) -> None:
 
         app = original(*args, **kwargs)
         app.add_exception_handler(RequestValidationError, validation_error)
+        log_in_process_platforms()
         if warm_up:
             from chatchat_policybert.plugin.warm_up import start_warm_up
 
@@ -248,6 +250,34 @@ def patch_app(module: ModuleType, warm_up: bool) -> None:
 
     setattr(create_app, WRAPPED_MARK, True)
     module.create_app = create_app
+
+
+def log_in_process_platforms() -> None:
+    """Log, in the API process, each platform the hook serves in-process, and that its ``platform_type`` and
+    ``api_base_url`` are not used.
+
+    Why: Chatchat logs ``Api MODEL_PLATFORMS: [...]`` as configured just before it creates the app, and there the
+    PolicyBERT platform reads ``custom openai`` at ``http://127.0.0.1:9998/v1`` (what ``setup`` writes for a
+    deployment without the hook), an address nothing listens on: a reader of the log took it for a server that
+    failed to start."""
+    from chatchat.server import utils
+
+    from chatchat_policybert.chatchat.settings import local_embeddings_block
+    from chatchat_policybert.errors import SettingsError
+
+    for name, platform in utils.get_config_platforms().items():
+        try:
+            block = local_embeddings_block(platform)
+        except SettingsError:  # logged where the embeddings are asked for (the hook's stand-in names the key)
+            continue
+        if block is not None:
+            utils.logger.info(
+                f"policybert: platform '{name}' (embed models {platform.get('embed_models')}) is served in this "
+                f"process by chatchat-policybert's import hook, model {block.model_path}; its platform_type "
+                f"'{platform.get('platform_type')}' and api_base_url {platform.get('api_base_url')} in "
+                "MODEL_PLATFORMS are not used (they are for CHATCHAT_POLICYBERT_HOOK=0 with `chatchat-policybert "
+                "serve`; nothing needs to listen there)"
+            )
 
 
 async def validation_error(request: Any, exc: Any) -> Any:

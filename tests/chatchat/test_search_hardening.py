@@ -22,6 +22,7 @@ from chatchat_deploy import BIN, KB_NAME, Deployment, free_port, run, stop_group
 
 from chatchat_policybert.plugin.api import MAX_TOP_K
 from chatchat_policybert.retrieval.bm25_index import BM25_FILE
+from chatchat_policybert.retrieval.hybrid import HybridConfig, parse_hybrid
 from chatchat_policybert.stores.faiss_store import index_size
 from tests.support.fast_loop import slow_fixture
 
@@ -339,3 +340,35 @@ def test_a_rebuild_of_a_name_that_is_no_knowledge_base_is_one_error_event(api, n
     assert message in events[0]["msg"] and "nothing was touched" in events[0]["msg"], events
     assert tree(root) == before and tree(root.parent) == beside
     assert files_of(vector_store(root)) == files
+
+
+def test_every_hit_carries_its_fused_score_not_chatchat_s_placeholder(api):
+    """#43 item 11: every ``search_docs`` hit's ``score`` was 3.0 (``DocumentWithVSId``'s default). Now the ensemble's
+    weighted reciprocal-rank score, non-increasing down the list; at a threshold no vector hit passes, the hits are
+    BM25's alone and the score of rank r is exactly ``bm25_weight / (r + 60)``."""
+    url, root, *_ = api
+    settings = yaml.safe_load((root / "model_settings.yaml").read_text(encoding="utf-8"))
+    platform = next(p for p in settings["MODEL_PLATFORMS"] if "local_embeddings" in p)
+    bm25_weight, dense_weight = (parse_hybrid(platform) or HybridConfig()).weights
+
+    mixed = search(url, QUESTION, top_k=5).json()
+    scores = [hit["score"] for hit in mixed]
+    assert len(scores) == 5 and 3.0 not in scores, scores
+    assert scores == sorted(scores, reverse=True), scores
+    assert all(0 < s <= (bm25_weight + dense_weight) / 61 + 1e-12 for s in scores), scores
+
+    bm25_only = search(url, QUESTION, top_k=5, score_threshold=BM25_ONLY).json()
+    assert [hit["score"] for hit in bm25_only] == pytest.approx([bm25_weight / (r + 60) for r in range(1, 6)])
+
+
+def test_the_api_log_says_the_policybert_platform_is_served_in_process(api):
+    """#43 item 11: the API's start-up log shows only Chatchat's ``Api MODEL_PLATFORMS`` line, where the PolicyBERT
+    platform reads ``custom openai`` at port 9998, which nothing started. Now a line of ours says it is served in
+    the process and that address is not used."""
+    url, root, log_path, _ = api
+    settings = yaml.safe_load((root / "model_settings.yaml").read_text(encoding="utf-8"))
+    platform = next(p for p in settings["MODEL_PLATFORMS"] if "local_embeddings" in p)
+    log = log_path.read_text(encoding="utf-8")
+    (ours,) = [line for line in log.splitlines() if f"policybert: platform '{platform['platform_name']}'" in line]
+    assert "is served in this process by chatchat-policybert's import hook" in ours, ours
+    assert f"api_base_url {platform['api_base_url']} in MODEL_PLATFORMS are not used" in ours, ours
