@@ -119,9 +119,10 @@ def bound_socket(host: str, port: int) -> socket.socket:
     from chatchat_policybert.chatchat.root import check_bind_host
 
     expected = "expected an IP address of this machine (127.0.0.1, ::1, 0.0.0.0) or a host name"
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET  # as uvicorn picks it: `localhost` is 127.0.0.1
     try:
         check_bind_host(host)
-        family, kind, proto, _, address = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0]
+        family, kind, proto, _, address = socket.getaddrinfo(host, port, family=family, type=socket.SOCK_STREAM)[0]
     except (InputError, socket.gaierror, UnicodeError):
         raise InputError(f"--host {host!r}: {expected}") from None
     listening = socket.socket(family, kind, proto)
