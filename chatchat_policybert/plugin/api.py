@@ -32,6 +32,7 @@ Chatchat's ``kb_doc_api`` module has run (before its routes and ``kb_chat`` bind
 from __future__ import annotations
 
 import functools
+import inspect
 import json
 import math
 from pathlib import Path
@@ -116,6 +117,31 @@ def patch_kb_doc_api(module: ModuleType) -> None:
         module.recreate_vector_store = recreate_vector_store
 
 
+def patch_kb_chat(module: ModuleType) -> None:
+    """Wrap ``module.kb_chat`` (Chatchat's ``chat.kb_chat``, before its route binds it) so that a ``kb_name`` that is
+    no text (a lone surrogate) is a 422 naming it: Chatchat looks the name up in SQLite before anything else, and
+    that lookup's ``UnicodeEncodeError`` was a 500."""
+    kb_chat = module.kb_chat
+    if getattr(kb_chat, WRAPPED_MARK, False):
+        return
+
+    @functools.wraps(kb_chat)
+    async def checked_kb_chat(*args: Any, **kwargs: Any) -> Any:
+        from fastapi import HTTPException
+
+        try:
+            check_text("kb_name", _bind(kb_chat, args, kwargs)["kb_name"])
+        except SearchRequestError as exc:
+            raise HTTPException(status_code=422, detail=str(exc)) from None
+        return await kb_chat(*args, **kwargs)
+
+    # FastAPI resolves string annotations (kb_chat.py's `from __future__ import annotations`) in the wrapper's
+    # globals, which lack Chatchat's names: hand it the signature with them resolved in kb_chat's own.
+    checked_kb_chat.__signature__ = inspect.signature(kb_chat, eval_str=True)
+    setattr(checked_kb_chat, WRAPPED_MARK, True)
+    module.kb_chat = checked_kb_chat
+
+
 def _checked_search(search: Any, kb_field: str) -> Any:
     """``search`` (``search_docs`` or ``search_temp_docs``; ``kb_field``: its knowledge base's parameter) refusing
     what :func:`check_search` refuses with a 422 naming the field."""
@@ -158,8 +184,6 @@ def recreate_refusal(kb_name: Any) -> str | None:
 def _bind(function: Any, args: tuple, kwargs: dict) -> dict[str, Any]:
     """The arguments of a call of ``function`` by name, its defaults filled in (a ``Body`` default is FastAPI's
     marker: the route always passes every field, Python callers such as ``kb_chat`` pass them by name)."""
-    import inspect
-
     bound = inspect.signature(function).bind(*args, **kwargs)
     bound.apply_defaults()
     return dict(bound.arguments)

@@ -64,6 +64,7 @@ REGISTERING_MODULES = (
 """The modules that register ``policybert`` with AutoConfig / AutoModel* / AutoTokenizer when imported."""
 APP_MODULE = "chatchat.server.api_server.server_app"
 KB_DOC_API_MODULE = "chatchat.server.knowledge_base.kb_doc_api"
+KB_CHAT_MODULE = "chatchat.server.chat.kb_chat"
 
 
 def install() -> None:
@@ -139,6 +140,12 @@ def _patch_kb_doc_api(module: ModuleType) -> None:
     patch_kb_doc_api(module)
 
 
+def _patch_kb_chat(module: ModuleType) -> None:
+    from chatchat_policybert.plugin.api import patch_kb_chat
+
+    patch_kb_chat(module)
+
+
 def _patchers() -> dict[str, object]:
     """Module name -> function that patches it right after it executes."""
     return {
@@ -149,6 +156,7 @@ def _patchers() -> dict[str, object]:
         **dict.fromkeys(AUTO_CLASSES, _register_on_use),
         APP_MODULE: _patch_app,
         KB_DOC_API_MODULE: _patch_kb_doc_api,
+        KB_CHAT_MODULE: _patch_kb_chat,
     }
 
 

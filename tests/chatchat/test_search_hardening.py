@@ -294,7 +294,8 @@ def test_top_k_at_the_bound_is_answered_with_at_most_the_knowledge_base(api):
 
 
 def test_a_knowledge_base_name_that_is_no_text_is_a_422_naming_it(api):
-    """#43 item 8: ``knowledge_base_name`` "\\ud800" was a 500 (SQLite cannot store a lone surrogate)."""
+    """#43 item 8: ``knowledge_base_name`` "\\ud800" was a 500 (SQLite cannot store a lone surrogate), and so was
+    ``kb_chat``'s ``kb_name``."""
     url, *_ = api
     response = requests.post(
         f"{url}/knowledge_base/search_docs",
@@ -304,6 +305,9 @@ def test_a_knowledge_base_name_that_is_no_text_is_a_422_naming_it(api):
     )
     assert response.status_code == 422, response.text
     assert "knowledge_base_name: a lone surrogate (U+D800) at character 0 is not text" in response.text
+    chat = kb_chat(url, kb_name="\ud800")  # kb_chat's own field for it: was a 500 too
+    assert chat.status_code == 422, chat.text
+    assert "kb_name: a lone surrogate (U+D800) at character 0 is not text" in chat.text, chat.text
     assert hits(url, QUESTION)
 
 
