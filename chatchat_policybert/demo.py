@@ -16,6 +16,7 @@ exactly as a user's commands would run it.
 
 from __future__ import annotations
 
+import argparse
 import sys
 import urllib.request
 from collections.abc import Sequence
@@ -29,7 +30,7 @@ from chatchat_policybert.configure.setup import SetupOptions, setup_root
 from chatchat_policybert.corpus import PolicyDocument, export_policies, read_policies
 from chatchat_policybert.data import CORPUS_CSV, LEXICON, QUESTIONS
 from chatchat_policybert.deploy.calibration import calibrate_setup
-from chatchat_policybert.errors import PlainArgumentParser, run_cli
+from chatchat_policybert.errors import InputError, PlainArgumentParser, run_cli
 from chatchat_policybert.stores.faiss_store import index_size
 from chatchat_policybert.training_entry import load_training
 
@@ -97,6 +98,18 @@ def ollama_answers(url: str) -> bool:
     return llm_reachable(url) is None
 
 
+def check_arguments(args: argparse.Namespace) -> None:
+    """Refuse what the demo would take silently or only fail on after ``chatchat init``, ``setup`` and ``kb -r``:
+    ``--docs -1`` dropped the last policy, ``--max-doc-chars -5`` cut 5 characters from each, and a ``--model``
+    that is no model directory failed minutes later without naming the flag."""
+    for flag, value in (("--docs", args.docs), ("--max-doc-chars", args.max_doc_chars)):
+        if value < 0:
+            raise InputError(f"{flag} {value}: expected 0 (all) or a positive number")
+    if args.model is not None and not (args.model / "config.json").is_file():
+        what = "has no config.json" if args.model.is_dir() else "is not a directory"
+        raise InputError(f"--model {args.model}: {what}; expected a PolicyBERT model directory (docs/model.md)")
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = PlainArgumentParser(prog="python -m chatchat_policybert.demo", description=__doc__.split("\n\n")[0])
     parser.add_argument("--root", type=Path, required=True, help="Chatchat data root to create or update")
@@ -118,6 +131,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--ollama-url", default="http://127.0.0.1:11434/v1", help="Ollama's OpenAI-compatible base URL")
     parser.add_argument("--llm", default="qwen2.5:7b", help="LLM served by Ollama")
     args = parser.parse_args(argv)
+    check_arguments(args)
 
     root = args.root.expanduser().resolve()
     root.mkdir(parents=True, exist_ok=True)

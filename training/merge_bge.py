@@ -206,6 +206,7 @@ def build_from_bge(args: MergeConfig) -> tuple[PolicyBertModel, PolicyBertTokeni
     """A new PolicyBERT: the base's character encoder, a word stream from ZEN or the base, fusions as ``--init``
     says."""
     import torch
+    from transformers import PreTrainedConfig
 
     from chatchat_policybert.model.configuration_policybert import CONFIG_ERRORS, PolicyBertConfig
     from chatchat_policybert.model.modeling_policybert import PolicyBertModel
@@ -267,9 +268,11 @@ def build_from_bge(args: MergeConfig) -> tuple[PolicyBertModel, PolicyBertTokeni
         )
 
     # The base's tokenizer with its prompts (PolicyBertTokenizer reads them and never runs a directory's code),
-    # given the lexicon: the built model embeds each text as the base does, prompts included.
+    # given the lexicon: the built model embeds each text as the base does, prompts included. The config is the one
+    # load_bge read: left to read config.json itself, from_pretrained does so through transformers' generic config
+    # class, which warns that a `bert` checkpoint instantiates a model of type '' (no model is instantiated).
     try:
-        wrapped = PolicyBertTokenizer.from_pretrained(bge_dir)
+        wrapped = PolicyBertTokenizer.from_pretrained(bge_dir, config=PreTrainedConfig.from_dict(bge_config))
     except (ValueError, OSError) as err:
         raise InputError(
             f"--bge {bge_dir}: tokenizer files cannot be read: {str(err).strip().splitlines()[0]}"

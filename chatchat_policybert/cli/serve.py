@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import argparse
+import errno
 import os
+import socket
 import sys
 from pathlib import Path
 from typing import Any
@@ -51,10 +53,14 @@ def run_serve(args: argparse.Namespace) -> int:
     from chatchat_policybert.serving.limits import SHUTDOWN_GRACE_S
     from chatchat_policybert.serving.protocol import header_timeout_protocol
 
-    # Every flag is checked before the model loads: a typo costs no loading time.
+    # Every flag is checked before the model loads: a typo costs no loading time, and a port another process holds
+    # or a host that is no address of this machine is refused before loading, not after "serving … at".
     if not 0 < args.port <= 65535:
         raise InputError(f"--port {args.port}: expected a TCP port, 1..65535")
     limits = ServerLimits.from_arguments(args)
+    if args.model_path is not None and not args.model_path.is_dir():
+        raise InputError(f"--model-path {args.model_path}: not a directory; expected a PolicyBERT model directory")
+    listening = bound_socket(args.host, args.port)
     if args.model_path is not None:
         config = LocalEmbeddingsConfig(model_path=str(args.model_path.resolve()), device=args.device or "cpu")
         platform, name = "command line", args.model_name or "policybert"
@@ -68,6 +74,8 @@ def run_serve(args: argparse.Namespace) -> int:
         if isinstance(exc.__cause__, InputError):
             raise InputError(str(exc.__cause__)) from None
         raise
+    except (FileNotFoundError, ImportError, TypeError) as exc:  # a settings key to fix, named by load_embeddings
+        raise InputError(str(exc)) from None
     tokenizer = getattr(embeddings, "tokenizer", None)
     if not isinstance(tokenizer, PolicyBertTokenizer):
         raise InputError(
@@ -89,7 +97,7 @@ def run_serve(args: argparse.Namespace) -> int:
         f"{' (API key required)' if api_key else ''}",
         flush=True,
     )
-    uvicorn.run(
+    config = uvicorn.Config(
         app,
         host=args.host,
         port=args.port,
@@ -98,4 +106,31 @@ def run_serve(args: argparse.Namespace) -> int:
         timeout_graceful_shutdown=SHUTDOWN_GRACE_S,
         http=header_timeout_protocol(limits),
     )
-    return 0
+    server = uvicorn.Server(config)
+    server.run(sockets=[listening])
+    return 0 if server.started else 3  # 3: uvicorn's own code for a server that did not start
+
+
+def bound_socket(host: str, port: int) -> socket.socket:
+    """A TCP socket bound to ``host``:``port`` (not yet listening: uvicorn listens once the model is loaded), or an
+    :class:`InputError` naming the flag: ``--host`` that is no address or host name (``999.1.1.1``), an address
+    this machine does not have, a port in use. uvicorn serves on this very socket, so nothing can take the port
+    between the check and the serving."""
+    from chatchat_policybert.chatchat.root import check_bind_host
+
+    expected = "expected an IP address of this machine (127.0.0.1, ::1, 0.0.0.0) or a host name"
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET  # as uvicorn picks it: `localhost` is 127.0.0.1
+    try:
+        check_bind_host(host)
+        family, kind, proto, _, address = socket.getaddrinfo(host, port, family=family, type=socket.SOCK_STREAM)[0]
+    except (InputError, socket.gaierror, UnicodeError):
+        raise InputError(f"--host {host!r}: {expected}") from None
+    listening = socket.socket(family, kind, proto)
+    listening.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as uvicorn: a just-closed server's port is free
+    try:
+        listening.bind(address)
+    except OSError as exc:
+        listening.close()
+        hint = "another process listens there; choose another --port" if exc.errno == errno.EADDRINUSE else expected
+        raise InputError(f"--host {host} --port {port}: cannot listen there ({exc.strerror}): {hint}") from None
+    return listening

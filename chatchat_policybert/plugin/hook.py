@@ -8,7 +8,8 @@ reach them. `chatchat_policybert_hook.pth` (installed at the root of site-packag
 place, which wraps `chatchat.server.utils.get_Embeddings` the moment that module has run,
 before anything can import the name. It also makes `kb -r` transactional for FAISS
 (`chatchat_policybert.stores.rebuild`), by wrapping `migrate.folder2db` the same way, and keeps the
-FAISS ensemble's BM25 index between questions (`chatchat_policybert.retrieval.ensemble`), and gives
+FAISS ensemble's BM25 index between questions (`chatchat_policybert.retrieval.ensemble`) and gives each of its hits
+its fused score instead of Chatchat's placeholder 3.0 (`chatchat_policybert.stores.scores`), and gives
 the pg store one store object per knowledge base and the same BM25 + vector ensemble
 (`chatchat_policybert.stores.pg_search`), and warms the model and the default knowledge base when the API
 starts (`chatchat_policybert.plugin.warm_up`), and checks the API's search requests and gives its
@@ -63,6 +64,7 @@ REGISTERING_MODULES = (
 """The modules that register ``policybert`` with AutoConfig / AutoModel* / AutoTokenizer when imported."""
 APP_MODULE = "chatchat.server.api_server.server_app"
 KB_DOC_API_MODULE = "chatchat.server.knowledge_base.kb_doc_api"
+KB_CHAT_MODULE = "chatchat.server.chat.kb_chat"
 
 
 def install() -> None:
@@ -89,8 +91,10 @@ def _patch_ensemble(module: ModuleType) -> None:
     if switched_off(BM25_CACHE_ENV):
         return
     from chatchat_policybert.retrieval.ensemble import patch_ensemble
+    from chatchat_policybert.stores.scores import patch_ensemble_scores
 
     patch_ensemble(module)
+    patch_ensemble_scores(module)
 
 
 def _patch_pg(module: ModuleType) -> None:
@@ -136,6 +140,12 @@ def _patch_kb_doc_api(module: ModuleType) -> None:
     patch_kb_doc_api(module)
 
 
+def _patch_kb_chat(module: ModuleType) -> None:
+    from chatchat_policybert.plugin.api import patch_kb_chat
+
+    patch_kb_chat(module)
+
+
 def _patchers() -> dict[str, object]:
     """Module name -> function that patches it right after it executes."""
     return {
@@ -146,6 +156,7 @@ def _patchers() -> dict[str, object]:
         **dict.fromkeys(AUTO_CLASSES, _register_on_use),
         APP_MODULE: _patch_app,
         KB_DOC_API_MODULE: _patch_kb_doc_api,
+        KB_CHAT_MODULE: _patch_kb_chat,
     }
 
 

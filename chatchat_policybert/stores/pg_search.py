@@ -230,11 +230,12 @@ def patch_pg(module: ModuleType) -> None:
     @functools.wraps(original_search)
     def do_search(self: Any, query: str, top_k: int, score_threshold: float) -> list[Any]:
         from chatchat_policybert.retrieval.ensemble import ensemble
+        from chatchat_policybert.stores.scores import scored_hits
 
         bm25 = cached_bm25(self.pg_vector)
         if bm25 is None:
             return []  # no rows: no vector hit either
-        return ensemble(self.pg_vector, bm25, top_k, score_threshold).invoke(query)[:top_k]
+        return scored_hits(ensemble(self.pg_vector, bm25, top_k, score_threshold), query, top_k)
 
     for function in (_load_pg_vector, do_drop_kb, do_search):
         setattr(function, WRAPPED_MARK, True)

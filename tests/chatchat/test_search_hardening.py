@@ -20,7 +20,10 @@ import requests
 import yaml
 from chatchat_deploy import BIN, KB_NAME, Deployment, free_port, run, stop_group, wait_until
 
+from chatchat_policybert.plugin.api import MAX_TOP_K
 from chatchat_policybert.retrieval.bm25_index import BM25_FILE
+from chatchat_policybert.retrieval.hybrid import HybridConfig, parse_hybrid
+from chatchat_policybert.stores.faiss_store import index_size
 from tests.support.fast_loop import slow_fixture
 
 LOOP = "sw/loop1"
@@ -237,3 +240,139 @@ def test_doctor_eval_and_kb_r_name_the_looped_stopword_file_in_one_line(deployme
     assert files_of(vector_store(root)) == before
     assert not (vector_store(root).parent / "policybert.rebuilding").exists()
     print(f"kb -r refused in {time.monotonic() - started:.1f} s")
+
+
+def kb_chat(url: str, **fields: object) -> requests.Response:
+    """``POST /chat/kb_chat`` returning the hits alone (no LLM), as a client sends it (ASCII JSON)."""
+    body = {"query": QUESTION, "mode": "local_kb", "kb_name": KB_NAME, "stream": False, "return_direct": True}
+    return requests.post(
+        f"{url}/chat/kb_chat",
+        data=json.dumps({**body, **fields}, ensure_ascii=True),
+        headers={"Content-Type": "application/json"},
+        timeout=120,
+    )
+
+
+@pytest.mark.parametrize(
+    "top_k",
+    [MAX_TOP_K + 1, 2**31, 1e20, 2**63],
+    ids=["bound+1", "2^31", "1e20", "2^63"],
+)
+def test_top_k_above_the_bound_is_a_422_on_every_search_path(api, top_k):
+    """#43 item 1: ``top_k`` 2**31 made FAISS ask for 34 GB and abort the API process (every later request refused);
+    1e20 and 2**63 were a 500; above the bound nothing refused the request. Now a 422 naming ``top_k`` from
+    ``search_docs``, ``search_temp_docs`` (file chat) and ``kb_chat``, and the server answers the next question."""
+    url, *_ = api
+    response = search(url, QUESTION, top_k=top_k)
+    assert response.status_code == 422, response.text[:2000]
+    assert "top_k" in response.text, response.text
+    chat = kb_chat(url, top_k=top_k, score_threshold=2.0)
+    assert chat.status_code < 500 and "top_k" in chat.text, chat.text[:2000]
+
+    upload = requests.post(
+        f"{url}/knowledge_base/upload_temp_docs",
+        files=[("files", ("note.txt", "数据要素市场化配置的政策。".encode(), "text/plain"))],
+        timeout=300,
+    )
+    assert upload.ok, upload.text
+    knowledge_id = upload.json()["data"]["id"]
+    temp = requests.post(
+        f"{url}/knowledge_base/search_temp_docs",
+        data=json.dumps({"knowledge_id": knowledge_id, "query": QUESTION, "top_k": top_k, "score_threshold": 2.0}),
+        headers={"Content-Type": "application/json"},
+        timeout=120,
+    )
+    assert temp.status_code == 422 and "top_k" in temp.text, temp.text[:2000]
+    assert hits(url, QUESTION)
+
+
+def test_top_k_at_the_bound_is_answered_with_at_most_the_knowledge_base(api):
+    url, root, *_ = api
+    response = search(url, QUESTION, top_k=MAX_TOP_K)
+    assert response.status_code == 200, response.text
+    assert 0 < len(response.json()) <= index_size(vector_store(root)) < MAX_TOP_K, len(response.json())
+
+
+def test_a_knowledge_base_name_that_is_no_text_is_a_422_naming_it(api):
+    """#43 item 8: ``knowledge_base_name`` "\\ud800" was a 500 (SQLite cannot store a lone surrogate), and so was
+    ``kb_chat``'s ``kb_name``."""
+    url, *_ = api
+    response = requests.post(
+        f"{url}/knowledge_base/search_docs",
+        data=json.dumps({"query": QUESTION, "knowledge_base_name": "\ud800", "top_k": 3, "score_threshold": 2.0}),
+        headers={"Content-Type": "application/json"},
+        timeout=120,
+    )
+    assert response.status_code == 422, response.text
+    assert "knowledge_base_name: a lone surrogate (U+D800) at character 0 is not text" in response.text
+    chat = kb_chat(url, kb_name="\ud800")  # kb_chat's own field for it: was a 500 too
+    assert chat.status_code == 422, chat.text
+    assert "kb_name: a lone surrogate (U+D800) at character 0 is not text" in chat.text, chat.text
+    assert hits(url, QUESTION)
+
+
+def tree(folder: Path) -> set[str]:
+    """Every path under ``folder`` (relative), logs excepted: what "nothing was touched" compares."""
+    return {str(p.relative_to(folder)) for p in folder.rglob("*") if "logs" not in p.relative_to(folder).parts}
+
+
+@pytest.mark.parametrize(
+    "name, code, message",
+    [
+        ("../x", 422, "knowledge_base_name: knowledge base name '../x' is not a single folder name"),
+        ("a/b", 422, "knowledge_base_name: knowledge base name 'a/b' is not a single folder name"),
+        ("", 422, "knowledge_base_name: knowledge base name '' is not a single folder name"),
+        ("no_such_kb", 404, "knowledge_base_name: no knowledge base 'no_such_kb'"),
+        ("\ud800", 422, "knowledge_base_name: a lone surrogate (U+D800) at character 0 is not text"),
+    ],
+    ids=["dotdot", "slash", "empty", "unknown", "surrogate"],
+)
+def test_a_rebuild_of_a_name_that_is_no_knowledge_base_is_one_error_event(api, name, code, message):
+    """#43 item 8: ``recreate_vector_store`` with these names answered 200 with an empty body (a traceback in the
+    log). Now the stream is one error event naming the field, and nothing under the root (or beside it) changed."""
+    url, root, *_ = api
+    before, beside, files = tree(root), tree(root.parent), files_of(vector_store(root))
+    response = requests.post(
+        f"{url}/knowledge_base/recreate_vector_store",
+        data=json.dumps({"knowledge_base_name": name, "allow_empty_kb": True, "vs_type": "faiss"}),
+        headers={"Content-Type": "application/json"},
+        timeout=300,
+    )
+    assert response.status_code == 200, response.text
+    events = [json.loads(line[len("data:") :]) for line in response.text.splitlines() if line.startswith("data:")]
+    assert [e["code"] for e in events] == [code], events
+    assert message in events[0]["msg"] and "nothing was touched" in events[0]["msg"], events
+    assert tree(root) == before and tree(root.parent) == beside
+    assert files_of(vector_store(root)) == files
+
+
+def test_every_hit_carries_its_fused_score_not_chatchat_s_placeholder(api):
+    """#43 item 11: every ``search_docs`` hit's ``score`` was 3.0 (``DocumentWithVSId``'s default). Now the ensemble's
+    weighted reciprocal-rank score, non-increasing down the list; at a threshold no vector hit passes, the hits are
+    BM25's alone and the score of rank r is exactly ``bm25_weight / (r + 60)``."""
+    url, root, *_ = api
+    settings = yaml.safe_load((root / "model_settings.yaml").read_text(encoding="utf-8"))
+    platform = next(p for p in settings["MODEL_PLATFORMS"] if "local_embeddings" in p)
+    bm25_weight, dense_weight = (parse_hybrid(platform) or HybridConfig()).weights
+
+    mixed = search(url, QUESTION, top_k=5).json()
+    scores = [hit["score"] for hit in mixed]
+    assert len(scores) == 5 and 3.0 not in scores, scores
+    assert scores == sorted(scores, reverse=True), scores
+    assert all(0 < s <= (bm25_weight + dense_weight) / 61 + 1e-12 for s in scores), scores
+
+    bm25_only = search(url, QUESTION, top_k=5, score_threshold=BM25_ONLY).json()
+    assert [hit["score"] for hit in bm25_only] == pytest.approx([bm25_weight / (r + 60) for r in range(1, 6)])
+
+
+def test_the_api_log_says_the_policybert_platform_is_served_in_process(api):
+    """#43 item 11: the API's start-up log shows only Chatchat's ``Api MODEL_PLATFORMS`` line, where the PolicyBERT
+    platform reads ``custom openai`` at port 9998, which nothing started. Now a line of ours says it is served in
+    the process and that address is not used."""
+    url, root, log_path, _ = api
+    settings = yaml.safe_load((root / "model_settings.yaml").read_text(encoding="utf-8"))
+    platform = next(p for p in settings["MODEL_PLATFORMS"] if "local_embeddings" in p)
+    log = log_path.read_text(encoding="utf-8")
+    (ours,) = [line for line in log.splitlines() if f"policybert: platform '{platform['platform_name']}'" in line]
+    assert "is served in this process by chatchat-policybert's import hook" in ours, ours
+    assert f"api_base_url {platform['api_base_url']} in MODEL_PLATFORMS are not used" in ours, ours

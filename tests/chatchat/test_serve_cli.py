@@ -142,3 +142,46 @@ def test_sigterm_stops_the_server_with_a_request_in_flight(tiny_model, tmp_path)
         assert time.monotonic() - start < SHUTDOWN_GRACE_S + 15
     finally:
         stop_group(process, grace=5)
+
+
+def one_error(result: subprocess.CompletedProcess) -> str:
+    """The one ``error:`` line of a refused command (exit 2, no traceback)."""
+    assert result.returncode == 2, (result.returncode, result.stdout[-2000:], result.stderr[-2000:])
+    assert "Traceback" not in result.stderr, result.stderr[-3000:]
+    (error,) = [line for line in result.stderr.splitlines() if line.startswith("error: ")]
+    return error
+
+
+def test_a_model_path_that_is_not_there_is_one_error_line(tmp_path):
+    """#43 item 9: ``serve --model-path /nonexistent`` was a 19-line traceback (FileNotFoundError)."""
+    missing = tmp_path / "nonexistent"
+    result = subprocess.run(
+        [*SERVE, "--model-path", str(missing), "--root", str(tmp_path)], capture_output=True, text=True, timeout=120
+    )
+    assert one_error(result) == f"error: --model-path {missing}: not a directory; expected a PolicyBERT model directory"
+
+
+@pytest.mark.parametrize("case", ["port in use", "host 999.1.1.1"])
+def test_a_port_in_use_or_a_host_that_is_no_address_is_refused_before_the_model_loads(tiny_model, tmp_path, case):
+    """#43 item 9: serve loaded the model, printed "serving … at", then exited 3. Now one error line naming the flag,
+    checked first: the model directory here is not even a model (an empty folder), and the flag is what is named."""
+    empty = tmp_path / "not-a-model"
+    empty.mkdir()
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        host = "127.0.0.1" if case == "port in use" else "999.1.1.1"
+        result = subprocess.run(
+            [*SERVE, "--model-path", str(empty), "--root", str(tmp_path), "--host", host, "--port", str(port)],
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+    error = one_error(result)
+    assert "serving" not in result.stdout, result.stdout
+    if case == "port in use":
+        assert error.startswith(f"error: --host 127.0.0.1 --port {port}: cannot listen there"), error
+        assert "another process listens there" in error, error
+    else:
+        assert error.startswith("error: --host '999.1.1.1': expected an IP address of this machine"), error

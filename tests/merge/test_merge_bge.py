@@ -437,3 +437,24 @@ def test_a_merge_embeds_as_its_base_does(tmp_path, bge_dir, lexicon_file, texts)
     assert (merged.pooling, merged.query_instruction, merged.document_instruction) == ("mean", "query: ", "passage: ")
     assert abs(torch.tensor(merged.embed_documents(texts)) - torch.tensor(start.embed_documents(texts))).max() < 1e-6
     assert abs(torch.tensor(merged.embed_query(texts[0])) - torch.tensor(start.embed_query(texts[0]))).max() < 1e-6
+
+
+def test_the_merge_prints_no_transformers_warning(tmp_path, bge_dir, lexicon_file):
+    """#43 item 11: ``python -m training.merge_bge`` printed transformers' "You are using a model of type `bert` to
+    instantiate a model of type ``" (the base's config.json read through the generic config class, for the
+    tokenizer). Build and merge-back, as a user runs them: stderr holds no transformers warning."""
+    finetuned = finetuned_stand_in(tmp_path, bge_dir, lexicon_file)
+    runs = {
+        "build": ["--bge", str(bge_dir), "--lexicon", str(lexicon_file), "--num-word-layers", "1"],
+        "merge-back": ["--finetuned", str(finetuned), "--alpha", "0.5", "--bge", str(bge_dir)],
+    }
+    for name, flags in runs.items():
+        result = subprocess.run(
+            [sys.executable, "-m", "training.merge_bge", *flags, "--out", str(tmp_path / name)],
+            capture_output=True,
+            text=True,
+            timeout=600,
+        )
+        assert result.returncode == 0, result.stderr[-3000:]
+        assert "to instantiate a model of type" not in result.stderr, result.stderr[-3000:]
+        assert "[transformers]" not in result.stderr, result.stderr[-3000:]
