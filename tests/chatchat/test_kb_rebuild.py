@@ -8,7 +8,7 @@ from collections import Counter
 
 import faiss
 import numpy as np
-from chatchat_deploy import BIN, KB_NAME, Deployment, run
+from chatchat_deploy import BIN, KB_NAME, N_DOCUMENTS, Deployment, run
 from ollama_standin import REPLY
 
 from chatchat_policybert.model.embeddings import PolicyBertEmbeddings
@@ -56,3 +56,28 @@ def test_demo_reports_index_passages_and_rag_answer(deployment: Deployment, poli
     assert log.count("\nQ: ") == 3 and "  5. [" in log
     assert "RAG answer from qwen2.5:7b" in log and REPLY in log
     assert "unavailable" not in log
+
+
+def test_demo_log_says_how_far_kb_r_is(deployment: Deployment):
+    # The demo runs `kb -r` with its output captured (not a terminal) and relays the rebuild's progress lines.
+    n = len(load_index(deployment)[0])
+    log = deployment.demo_log
+    assert f"[progress] kb -r {KB_NAME}: splitting: 0/{N_DOCUMENTS} files" in log
+    assert f"[progress] kb -r {KB_NAME}: 0/{n} chunks, 0% [" in log
+    assert f"[progress] kb -r {KB_NAME}: {n}/{n} chunks, 100% [" in log
+
+
+def test_kb_r_piped_prints_plain_progress_lines(deployment: Deployment, tmp_path):
+    """`chatchat kb -r` with stdout and stderr not a terminal: one plain line per refresh (no carriage returns),
+    chunks done out of the total, rate and time left."""
+    root = deployment.copy_root(tmp_path / "root")
+    result = run([str(BIN / "chatchat"), "kb", "-r", "-n", KB_NAME], {**deployment.env, "CHATCHAT_ROOT": str(root)})
+    assert result.returncode == 0, result.stderr[-3000:]
+    n = faiss.read_index(str(root / deployment.vector_store.relative_to(deployment.root) / "index.faiss")).ntotal
+    assert n > N_DOCUMENTS
+    lines = [line for line in result.stderr.split("\n") if "[progress]" in line]
+    chunk_lines = [line for line in lines if line.startswith(f"[progress] kb -r {KB_NAME}: ") and "chunks" in line]
+    assert chunk_lines[0].startswith(f"[progress] kb -r {KB_NAME}: 0/{n} chunks, 0% [00:")
+    assert chunk_lines[-1].startswith(f"[progress] kb -r {KB_NAME}: {n}/{n} chunks, 100% [")
+    assert chunk_lines[-1].endswith(" chunks/s]")
+    assert not any("\r" in line for line in lines)
