@@ -72,17 +72,17 @@ def progress_bar(total: int | None, desc: str, unit: str = "chunks", stream: IO[
 
     In a terminal it is tqdm's own bar; elsewhere (``kb -r`` run by ``setup``/``tune``/the demo, a CI log) one
     plain line every :data:`LOG_INTERVAL_S` seconds, each prefixed with :data:`PROGRESS_MARK`, plus the first
-    and the last, e.g. ``[progress] kb -r WeiMingPolicies: 950/2095 chunks, 45% [02:10<02:37, 7.29 chunks/s]``.
+    and the last, e.g. ``[progress] kb -r WeiMingPolicies: 950/2095 chunks, 45% [02:10<02:37, 7.29chunks/s]``.
     """
     from tqdm import tqdm
 
     stream = sys.stderr if stream is None else stream
     terminal = stream.isatty()
-    counted = "{n_fmt}/{total_fmt}{unit}"
+    counted = f"{{n_fmt}}/{{total_fmt}} {unit}"
     return tqdm(
         total=total,
         desc=desc,
-        unit=f" {unit}",
+        unit=unit,
         file=stream if terminal else _PlainLines(stream),
         mininterval=0.5 if terminal else LOG_INTERVAL_S,
         ascii=not terminal,
