@@ -46,7 +46,9 @@ MARGIN = 0.02
 def copied_root(root: Path, dest: Path) -> Path:
     """``root``'s settings and data in ``dest`` (the settings' absolute paths rewritten), its models linked: a Chatchat
     process in the copy writes nothing into ``root``."""
-    shutil.copytree(root, dest, symlinks=True, ignore=shutil.ignore_patterns("logs", "models", "*.log"))
+    shutil.copytree(
+        root, dest, symlinks=True, ignore=shutil.ignore_patterns("logs", "models", "*.log", "policybert_tune")
+    )
     if (root / "models").exists():
         (dest / "models").symlink_to((root / "models").resolve())
     for settings in dest.glob("*.yaml"):
