@@ -8,13 +8,15 @@ through :mod:`chatchat_policybert.plugin.worker`), exactly as a user's commands 
 
 from __future__ import annotations
 
+import io
 import json
 import os
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 from chatchat_policybert.errors import InputError
 
@@ -40,14 +42,64 @@ def chatchat_env(root: Path) -> dict[str, str]:
 
 
 HEARTBEAT_S = 30.0
-"""How often a long command run with ``progress`` says it is still running."""
+"""How often a long command run with ``progress`` says it is still running, when it has said nothing else."""
+PROGRESS_MARK = "[progress] "
+"""Prefix of a progress bar's lines where its stream is not a terminal (a log, a pipe): :func:`run_chatchat` relays
+the lines that carry it from a child's captured output."""
+LOG_INTERVAL_S = 15.0
+"""Seconds between two progress lines in a log (a terminal's bar redraws every 0.5 s)."""
+
+
+class _PlainLines(io.TextIOBase):
+    """tqdm's output as one plain line per refresh: in a log, tqdm's carriage-return redraws pile up on one line."""
+
+    def __init__(self, stream: IO[str]) -> None:
+        self._stream = stream
+
+    def write(self, text: str) -> int:
+        line = text.replace("\r", "").strip()
+        if line:
+            self._stream.write(PROGRESS_MARK + line + "\n")
+            self._stream.flush()
+        return len(text)
+
+    def flush(self) -> None:
+        self._stream.flush()
+
+
+def progress_bar(total: int | None, desc: str, unit: str = "chunks", stream: IO[str] | None = None) -> Any:
+    """A tqdm bar of ``total`` ``unit`` (done/total, rate, time left) on ``stream`` (stderr by default).
+
+    In a terminal it is tqdm's own bar; elsewhere (``kb -r`` run by ``setup``/``tune``/the demo, a CI log) one
+    plain line every :data:`LOG_INTERVAL_S` seconds, each prefixed with :data:`PROGRESS_MARK`, plus the first
+    and the last, e.g. ``[progress] kb -r WeiMingPolicies: 950/2095 chunks, 45% [02:10<02:37, 7.29chunks/s]``.
+    """
+    from tqdm import tqdm
+
+    stream = sys.stderr if stream is None else stream
+    terminal = stream.isatty()
+    counted = f"{{n_fmt}}/{{total_fmt}} {unit}"
+    return tqdm(
+        total=total,
+        desc=desc,
+        unit=unit,
+        file=stream if terminal else _PlainLines(stream),
+        mininterval=0.5 if terminal else LOG_INTERVAL_S,
+        ascii=not terminal,
+        bar_format=(
+            f"{{desc}}: {{percentage:3.0f}}%|{{bar}}| {counted} [{{elapsed}}<{{remaining}}, {{rate_fmt}}]"
+            if terminal
+            else f"{{desc}}: {counted}, {{percentage:.0f}}% [{{elapsed}}<{{remaining}}, {{rate_fmt}}]"
+        ),
+    )
 
 
 def run_chatchat(args: list[str], root: Path, what: str, timeout: float = 3600, progress: bool = False) -> str:
     """Run one command against ``root``; its log, or an :class:`InputError` with the log's tail.
 
-    ``progress``: say when it starts and, every :data:`HEARTBEAT_S` seconds, that it still runs (a
-    `kb -r` of a real knowledge base takes minutes, its log is captured, and silence looks like a hang).
+    ``progress``: say when it starts, relay the child's progress lines (:data:`PROGRESS_MARK`: ``kb -r``'s chunks
+    embedded out of the total, :mod:`chatchat_policybert.stores.rebuild`) as they come, and, after
+    :data:`HEARTBEAT_S` seconds without one, that it still runs (its log is captured, and silence looks like a hang).
     """
     if progress:
         print(f"{what}: started", flush=True)
@@ -55,25 +107,54 @@ def run_chatchat(args: list[str], root: Path, what: str, timeout: float = 3600, 
     with subprocess.Popen(
         args, env=chatchat_env(root), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
     ) as process:
+        last_said = [started]
+        readers = [_Reader(pipe, last_said if progress else None) for pipe in (process.stdout, process.stderr)]
         try:
             while True:
                 left = timeout - (time.monotonic() - started)
+                wait = min(HEARTBEAT_S, left) if progress else left
                 try:
-                    stdout, stderr = process.communicate(timeout=min(HEARTBEAT_S, left) if progress else left)
+                    process.wait(timeout=max(wait, 0.0))
                     break
                 except subprocess.TimeoutExpired:
                     if time.monotonic() - started >= timeout:
                         raise
-                    print(f"{what}: still running, {time.monotonic() - started:.0f} s", flush=True)
+                    if time.monotonic() - last_said[0] >= HEARTBEAT_S:
+                        print(f"{what}: still running, {time.monotonic() - started:.0f} s", flush=True)
+                        last_said[0] = time.monotonic()
         except BaseException:  # a timeout or Ctrl-C: the child goes too, as with subprocess.run
             process.kill()
             raise
+        stdout, stderr = (reader.text() for reader in readers)
     log = stdout + stderr
     if process.returncode != 0:
         raise InputError(f"{what} failed (exit {process.returncode}):\n{log[-LOG_TAIL:]}")
     if progress:
         print(f"{what}: done in {time.monotonic() - started:.0f} s", flush=True)
     return log
+
+
+class _Reader:
+    """Reads one of a child's pipes to its end in a thread (both must be drained, or the child blocks on a full
+    pipe), printing its progress lines as they come when ``last_said`` is given (and noting when, for the
+    heartbeat)."""
+
+    def __init__(self, pipe: IO[str], last_said: list[float] | None) -> None:
+        self._pipe, self._last_said, self._lines = pipe, last_said, []
+        self._thread = threading.Thread(target=self._read, daemon=True)
+        self._thread.start()
+
+    def _read(self) -> None:
+        for line in self._pipe:
+            self._lines.append(line)
+            if self._last_said is not None and line.startswith(PROGRESS_MARK):
+                print(line, end="", flush=True)
+                self._last_said[0] = time.monotonic()
+
+    def text(self) -> str:
+        """Everything read, once the pipe has closed (the child has exited or was killed)."""
+        self._thread.join()
+        return "".join(self._lines)
 
 
 def chatchat_command(*args: str) -> list[str]:

@@ -119,6 +119,7 @@ def diagnose(root: Path, load_model: bool) -> list[Finding]:
     chunk = settings.chunk_size
     if local is not None:
         add("OK", f"embed model '{local.embed_models[0]}' served in-process by platform '{local.platform_name}'")
+        add("OK", compute_dtype(local.config.dtype, local.config.device))
         if chunk + 2 > local.config.max_length:
             add(
                 "WARN",
@@ -153,6 +154,28 @@ def diagnose(root: Path, load_model: bool) -> list[Finding]:
     embed_model = str(model_settings.get("DEFAULT_EMBEDDING_MODEL", ""))
     findings.extend(Finding(level, message) for level, message in vectors.checks(root, settings, embed_model, analyzer))
     return findings
+
+
+def compute_dtype(dtype: str, device: str) -> str:
+    """Which dtype the deployment's embeddings compute in, and why: ``auto`` resolves per machine, so the settings
+    file alone does not say (and a KB moved to another machine may be embedded in another dtype than before)."""
+    from chatchat_policybert.model.embeddings import BF16_CPU_FLAGS, auto_dtype, cpu_flags
+
+    if dtype != "auto":
+        why = "the same vectors bit for bit on every machine" if dtype == "float32" else "as configured (autocast)"
+        return f"embeddings compute in {dtype} on {device} (dtype: {dtype}: {why})"
+    resolved = auto_dtype(device)
+    if device.startswith("cuda"):
+        why = "the GPU supports bf16" if resolved == "bfloat16" else "no bf16-capable GPU"
+    else:
+        native = sorted(cpu_flags() & BF16_CPU_FLAGS)
+        why = (
+            f"this CPU multiplies bf16 natively ({', '.join(native)})"
+            if native
+            else "this CPU has no AMX/AVX-512-BF16, where bf16 would be emulated and slower"
+        )
+    reproducible = "`dtype: float32` for bit-reproducible vectors"
+    return f"embeddings compute in {resolved} on {device} (dtype: auto: {why}; {reproducible})"
 
 
 def _check_hybrid(platform: dict[str, Any], threshold: float, store: str, root: Path) -> tuple[list[Finding], Any]:

@@ -39,12 +39,13 @@ def prepare_root(root: Path, corpus: Corpus, model: Path | None, build_index: bo
     """
     root.mkdir(parents=True, exist_ok=True)
     run_chatchat(chatchat_command("init"), root, "chatchat init")
-    kb = setup_root(root, SetupOptions(model=model, analyzer=analyzer)).kb
+    # float32, not the deployments' ``auto``: an evaluation's numbers must not depend on the machine's bf16 support.
+    kb = setup_root(root, SetupOptions(model=model, analyzer=analyzer, dtype="float32")).kb
     corpus.write_kb(content_dir(root, kb))
     if build_index:
         if model is None:
             raise InputError("building the FAISS index needs a model (--model)")
-        log = run_chatchat(chatchat_command("kb", "-r", "-n", kb), root, "chatchat kb -r")
+        log = run_chatchat(chatchat_command("kb", "-r", "-n", kb), root, "chatchat kb -r", progress=True)
         if not faiss_indexes(root, kb):
             raise InputError(f"`chatchat kb -r -n {kb}` built no FAISS index:\n{log[-LOG_TAIL:]}")
     return kb

@@ -25,6 +25,11 @@ alone, so the server's other threads search the live store until the swap.
 Before step 1, the BM25 analyzer is built too: a stopword file it cannot read (a link loop, a FIFO,
 ...) stops the rebuild in a second, where it used to fail after embedding the whole knowledge base.
 
+Each rebuild says how far it is (:class:`_Progress`): Chatchat splits every file first, so the total is known, then
+a bar counts the chunks embedded out of that total, with the rate and the time left (tqdm in a terminal, plain
+``[progress]`` lines in a log, which :func:`~chatchat_policybert.chatchat.process.run_chatchat` relays for
+``setup``, ``tune``'s candidate, ``rollback`` and the demo). Stock Chatchat prints only a line per file.
+
 Two rebuilds of one knowledge base never overlap: each takes the knowledge base's lock file
 (:func:`rebuild_lock`), and a second `kb -r` waits for the first (stock Chatchat interleaves them,
 and its ``file_doc`` table ends with both runs' rows, most pointing to nothing).
@@ -49,6 +54,7 @@ from types import ModuleType
 from typing import Any
 
 from chatchat_policybert.chatchat.config import default_kb
+from chatchat_policybert.chatchat.process import progress_bar
 from chatchat_policybert.chatchat.switches import WRAPPED_MARK
 from chatchat_policybert.errors import InputError
 from chatchat_policybert.retrieval.ensemble import check_analyzer
@@ -56,10 +62,15 @@ from chatchat_policybert.stores import STORES
 from chatchat_policybert.stores.base import Staging
 
 LOCK_FILE = ".policybert-rebuild.lock"  # in the knowledge base's folder, beside content/ and vector_store/
+PROGRESS_SLICE = 128
+"""Texts per ``embed_documents`` call while a rebuild counts progress: one file's chunks come in one call, and a
+large file would hold the bar still for minutes. Each slice is still length-sorted and batched by the model."""
 
 
 def patch_migrate(migrate: ModuleType) -> None:
-    """Replace `migrate.folder2db` by the transactional version (idempotent)."""
+    """Replace `migrate.folder2db` by the transactional version, and `migrate.files2docs_in_thread` by one that
+    splits every file before the first is embedded when a rebuild counts progress (idempotent)."""
+    _patch_split(migrate)
     original = migrate.folder2db
     if getattr(original, WRAPPED_MARK, False):
         return
@@ -97,10 +108,107 @@ def _rebuild_all(migrate: ModuleType, original: Any, params: dict) -> None:
     except InputError as exc:
         logger.error(f"kb -r of {kb_names} not started, every existing index is unchanged: BM25 analyzer: {exc}")
         raise
+    _count_embedded(embeddings)
     for kb_name in kb_names:
         staging = STORES[params["vs_type"]].staging(kb_name, embed_model)
         with rebuild_lock(kb_name, logger):
             rebuild_kb(original, params, kb_name, staging, logger)
+
+
+class _Progress:
+    """How far one rebuild (one knowledge base, in the thread that runs it) is: a bar of the chunks embedded.
+
+    Chatchat splits the files in a thread pool and embeds each file as its split arrives, so the number of chunks is
+    not known until the last file is split; the rebuild therefore splits them all first (:func:`_patch_split`;
+    Chatchat keeps every chunk in memory until the end anyway), then opens the bar.
+    """
+
+    active: dict[int, _Progress] = {}
+    """The rebuild running in each thread (the API's rebuild button runs in a server thread, beside searches)."""
+
+    def __init__(self, kb_name: str) -> None:
+        self.kb_name = kb_name
+        self.bar: Any = None
+
+    def split_all(self, results: Iterator[tuple[bool, tuple]], files: int) -> Iterator[tuple[bool, tuple]]:
+        """Chatchat's split results, all taken before the first is handed on; then the chunk bar opens."""
+        with progress_bar(files, f"kb -r {self.kb_name}: splitting", unit="files") as bar:
+            done = []
+            for result in results:
+                done.append(result)
+                bar.update(1)
+        total = sum(len(res[2]) for ok, res in done if ok)
+        self.bar = progress_bar(total, f"kb -r {self.kb_name}")
+        yield from done
+
+    def embedded(self, texts: int) -> None:
+        if self.bar is not None:
+            self.bar.update(texts)
+
+    def added(self, chunks: int) -> None:
+        """A file's chunks are stored: the bar reaches ``chunks`` whatever embedded them (another embed model)."""
+        if self.bar is not None and self.bar.n < chunks:
+            self.bar.update(chunks - self.bar.n)
+
+    def close(self) -> None:
+        if self.bar is not None:
+            self.bar.close()
+
+
+@contextmanager
+def _progress(kb_name: str) -> Iterator[_Progress]:
+    progress = _Progress(kb_name)
+    thread = threading.get_ident()
+    _Progress.active[thread] = progress
+    try:
+        yield progress
+    finally:
+        del _Progress.active[thread]
+        progress.close()
+
+
+def _patch_split(migrate: ModuleType) -> None:
+    """While a rebuild counts progress in this thread, split every file before handing on the first
+    (:meth:`_Progress.split_all`); otherwise Chatchat's own `files2docs_in_thread`, untouched."""
+    original = migrate.files2docs_in_thread
+    if getattr(original, WRAPPED_MARK, False):
+        return
+
+    @functools.wraps(original)
+    def files2docs_in_thread(files: list, *args: Any, **kwargs: Any) -> Iterator[tuple[bool, tuple]]:
+        progress = _Progress.active.get(threading.get_ident())
+        results = original(files, *args, **kwargs)
+        return results if progress is None else progress.split_all(results, len(files))
+
+    setattr(files2docs_in_thread, WRAPPED_MARK, True)
+    migrate.files2docs_in_thread = files2docs_in_thread
+
+
+def _count_embedded(embeddings: Any) -> None:
+    """Make ``embeddings`` (the process's one object for the embed model, which the stores embed with) count what
+    it embeds into the bar of the rebuild running in the calling thread, in slices of :data:`PROGRESS_SLICE` texts;
+    calls from other threads, or outside a rebuild, go straight through (idempotent)."""
+    original = embeddings.embed_documents
+    if getattr(original, WRAPPED_MARK, False):
+        return
+
+    @functools.wraps(original)
+    def embed_documents(texts: list[str]) -> list[list[float]]:
+        progress = _Progress.active.get(threading.get_ident())
+        if progress is None or progress.bar is None:
+            return original(texts)
+        vectors: list[list[float]] = []
+        for start in range(0, len(texts), PROGRESS_SLICE):
+            part = texts[start : start + PROGRESS_SLICE]
+            vectors.extend(original(part))
+            progress.embedded(len(part))
+        return vectors
+
+    setattr(embed_documents, WRAPPED_MARK, True)
+    try:
+        embeddings.embed_documents = embed_documents
+    except (AttributeError, TypeError, ValueError):  # an object that takes no attribute: per-file progress only
+        pass
 
 
 @contextmanager
@@ -185,7 +293,11 @@ def rebuild_kb(original: Any, params: dict, kb_name: str, staging: Staging, logg
     staging.clear()
     rows = _snapshot_rows(kb_name)
     try:
-        with staging.redirect(), _counted_chunks(staging.service, kb_name) as chunks:
+        with (
+            staging.redirect(),
+            _progress(kb_name) as progress,
+            _counted_chunks(staging.service, kb_name, progress) as chunks,
+        ):
             original(**{**params, "kb_names": [kb_name]})
         vectors = staging.vectors()
         if vectors < chunks[0]:
@@ -202,8 +314,9 @@ def rebuild_kb(original: Any, params: dict, kb_name: str, staging: Staging, logg
 
 
 @contextmanager
-def _counted_chunks(service: type, kb_name: str) -> Iterator[list[int]]:
-    """Count the chunks Chatchat hands to ``service.add_doc`` for `kb_name`, in a one-item list.
+def _counted_chunks(service: type, kb_name: str, progress: _Progress) -> Iterator[list[int]]:
+    """Count the chunks Chatchat hands to ``service.add_doc`` for `kb_name`, in a one-item list, and move
+    ``progress`` to that count once each file is stored.
 
     A store with fewer vectors lost some (Chatchat logs an embedding failure and goes on), while
     zero chunks and zero vectors is a knowledge base whose content yields nothing.
@@ -215,6 +328,9 @@ def _counted_chunks(service: type, kb_name: str) -> Iterator[list[int]]:
     def add_doc(self, kb_file: Any, docs: list = [], **kwargs: Any) -> Any:  # noqa: B006 - Chatchat's signature
         if self.kb_name == kb_name and threading.get_ident() == rebuilder:
             chunks[0] += len(docs or kb_file.splited_docs or [])
+            added = original_add(self, kb_file, docs, **kwargs)
+            progress.added(chunks[0])
+            return added
         return original_add(self, kb_file, docs, **kwargs)
 
     service.add_doc = add_doc

@@ -57,6 +57,15 @@ class Deployment:
     def content_dir(self) -> Path:
         return self.root / "data" / "knowledge_base" / KB_NAME / "content"
 
+    def embeddings(self, **options: object) -> object:
+        """The embeddings object the root's hook builds (its `local_embeddings` block: dtype ``auto`` since issue 44,
+        so vectors are compared with the dtype the deployment computes in), ``options`` overriding the block."""
+        from chatchat_policybert.chatchat.config import served_platform
+        from chatchat_policybert.chatchat.registry import load_embeddings
+
+        local = served_platform(self.root)
+        return load_embeddings(local.config.model_copy(update=options), self.root, local.platform_name)
+
     def copy_root(self, dest: Path) -> Path:
         """A copy of the root whose settings' absolute paths (KB folder, info.db) point at the copy.
 

@@ -21,7 +21,6 @@ from pathlib import Path
 import numpy as np
 from chatchat_deploy import Deployment, run
 
-from chatchat_policybert.model.embeddings import PolicyBertEmbeddings
 from tests.support.fast_loop import slow_fixture
 
 PTH_NAME = "chatchat_policybert_hook.pth"
@@ -159,7 +158,7 @@ def test_hook_serves_policybert_in_every_chatchat_process(fresh_venv: Path, depl
     assert report["wrapped"] and report["faiss_cache_bound_to_wrapper"] and report["one_instance"]
     assert report["class"] == "PolicyBertEmbeddings"
     assert report["children"] == {"fork": "PolicyBertEmbeddings", "spawn": "PolicyBertEmbeddings"}
-    expected = PolicyBertEmbeddings(str(deployment.model_dir)).embed_query("数据要素市场")
+    expected = deployment.embeddings().embed_query("数据要素市场")
     np.testing.assert_allclose(report["query"], expected, atol=1e-6)
 
 

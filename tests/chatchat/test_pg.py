@@ -32,7 +32,6 @@ from chatchat_policybert.data import QUESTIONS
 from chatchat_policybert.deploy.calibration import Candidates, Setting, calibrate_root, fuse
 from chatchat_policybert.evaluation.knowledge_base import load_chunks
 from chatchat_policybert.evaluation.retrievers import Bm25, ChatchatSearch
-from chatchat_policybert.model.embeddings import PolicyBertEmbeddings
 from chatchat_policybert.retrieval.hybrid import configured_analyzer
 from chatchat_policybert.stores import STORES
 from chatchat_policybert.stores.pg_db import COLLECTIONS, EMBEDDINGS, collection_size
@@ -115,7 +114,7 @@ def test_kb_rebuild_stores_policybert_vectors_of_chatchat_chunks(
     _, faiss_texts = load_index(deployment)
     assert Counter(texts) == Counter(faiss_texts)  # the same Chatchat chunks as the FAISS build
     vectors = np.asarray([json.loads(vector) for _, _, vector in rows], dtype=np.float32)
-    expected = np.asarray(PolicyBertEmbeddings(str(deployment.model_dir)).embed_documents(texts), dtype=np.float32)
+    expected = np.asarray(deployment.embeddings().embed_documents(texts), dtype=np.float32)
     assert vectors.shape == expected.shape and np.abs(vectors - expected).max() <= 1e-5
     assert collection_names(cluster.uri) == [KB_NAME]
 
@@ -131,7 +130,7 @@ def test_search_docs_keeps_the_top_k_above_the_pg_cosine_cut(
     rows = collection(cluster.uri)
     texts = [text for _, text, _ in rows]
     vectors = np.asarray([json.loads(vector) for _, _, vector in rows])
-    model = PolicyBertEmbeddings(str(deployment.model_dir))
+    model = deployment.embeddings()
     queries = ["数据要素市场化配置改革", "公共数据授权运营", "数字经济发展规划"]
     with WorkerProcess(
         pg_root.path, "search", "--kb", KB_NAME, "--top-k", str(TOP_K), log_path=pg_root.path / "search.log"

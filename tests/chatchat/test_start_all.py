@@ -18,7 +18,6 @@ from chatchat_deploy import BIN, KB_NAME, Deployment, free_port, stop_group, wai
 from langchain_community.retrievers import BM25Retriever
 from ollama_standin import REPLY
 
-from chatchat_policybert.model.embeddings import PolicyBertEmbeddings
 from chatchat_policybert.retrieval.hybrid import configured_analyzer
 from chatchat_policybert.stores import STORES
 
@@ -33,7 +32,7 @@ class Retrievers:
         with (deployment.vector_store / "index.pkl").open("rb") as handle:
             docstore, self.index_to_id = pickle.load(handle)
         self.docs = docstore._dict
-        self.embeddings = PolicyBertEmbeddings(str(deployment.model_dir))
+        self.embeddings = deployment.embeddings()
         # The deployment's BM25 tokens: the analyzer its setup configured (policy).
         analyzer = configured_analyzer(deployment.root)
         self.bm25 = BM25Retriever.from_documents(list(self.docs.values()), preprocess_func=analyzer)
