@@ -28,7 +28,7 @@ from typing import Any, Protocol
 
 import numpy as np
 
-from chatchat_policybert.chatchat.config import kb_settings, served_model
+from chatchat_policybert.chatchat.config import SETTINGS_FILES, kb_settings, served_model
 from chatchat_policybert.deploy.calibration import Candidates, Setting, calibration_record, write_setting
 from chatchat_policybert.deploy.crossfit import (
     FOLDS,
@@ -143,7 +143,7 @@ def query_gate(
     """Before (``search_docs`` as deployed) against after (cross-fitted) on the first ``judged`` questions (the user's
     where there are any, else the LLM's), the decision, and the hybrid to install (calibrated on all of them)."""
     path = run.out / GATE
-    deployment = digest([(run.root / n).read_bytes().decode() for n in ("model_settings.yaml", "kb_settings.yaml")])
+    deployment = digest([(run.root / name).read_bytes().decode() for name in SETTINGS_FILES])
     if path.is_file():
         gate = read_json(path)
         if gate.get("key") == key and gate.get("deployment") == deployment:
