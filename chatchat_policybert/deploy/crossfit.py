@@ -30,20 +30,18 @@ from pathlib import Path
 
 import numpy as np
 
-from chatchat_policybert.chatchat.config import kb_settings, served_model
+from chatchat_policybert.chatchat.config import kb_settings
 from chatchat_policybert.deploy.calibration import Calibration, Candidates, Fused, calibrate, setting_grid
 from chatchat_policybert.deploy.calibration import best_setting as best_grid_setting
 from chatchat_policybert.deploy.questions import dev_queries
+from chatchat_policybert.deploy.rollback import served_vectors
 from chatchat_policybert.errors import InputError
 from chatchat_policybert.evaluation.dataset import Query
 from chatchat_policybert.evaluation.knowledge_base import Chunk, load_chunks
 from chatchat_policybert.evaluation.scoring import MRR_K, Delta, RunResult, evaluate_retriever
-from chatchat_policybert.stores import store_of
 
 FOLDS = 5
 """Folds of the cross-fitting: each fold model trains on 4/5 of the questions."""
-MIN_DOCUMENTS = FOLDS
-"""Documents the questions must name: one fold per document at the least."""
 Z_95 = 1.96
 
 
@@ -72,18 +70,12 @@ def chunk_vectors(root: Path, kb: str, chunks: list[Chunk]) -> np.ndarray:
 
     Read, never re-embedded: they are what the deployment searches, whatever dtype embedded them.
     """
-    embed_model, _ = served_model(root)
-    store = store_of(root)
-    stored = store.vectors(root, kb, embed_model)
-    if stored is None:
-        raise InputError(
-            f"knowledge base {kb} has no {store.place(root, kb, embed_model)}: run `chatchat kb -r -n {kb}`"
-        )
+    stored = served_vectors(root, kb)
     by_text = {text: np.frombuffer(vector, dtype=np.float32) for text, vector in stored}
     missing = sum(chunk.text not in by_text for chunk in chunks)
     if missing:
         raise InputError(
-            f"{missing} of the {len(chunks)} chunks of {kb} are not in its {store.place(root, kb, embed_model)}: "
+            f"{missing} of the {len(chunks)} chunks of {kb} are not in its stored vectors: "
             f"the index is out of date, run `chatchat kb -r -n {kb}`"
         )
     return np.stack([by_text[chunk.text] for chunk in chunks])

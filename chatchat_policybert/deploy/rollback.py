@@ -59,6 +59,17 @@ def kb_vectors(root: Path, kb: str, embed_model: str) -> list[tuple[str, bytes]]
     return store_of(root).vectors(root, kb, embed_model)
 
 
+def served_vectors(root: Path, kb: str) -> list[tuple[str, bytes]]:
+    """:func:`kb_vectors` of the served embed model, an :class:`InputError` saying to run ``kb -r`` where there are
+    none (what a backup and a query-side tune both start from)."""
+    embed_model, _ = served_model(root)
+    vectors = kb_vectors(root, kb, embed_model)
+    if vectors is None:
+        place = store_of(root).place(root, kb, embed_model)
+        raise InputError(f"knowledge base {kb} has no {place}: run `chatchat kb -r -n {kb}` first")
+    return vectors
+
+
 def saved_vectors(backup: Path) -> list[tuple[str, bytes]]:
     """The backup's vectors, as :func:`kb_vectors` gives them, from the copy the store of the backup's own
     kb_settings.yaml kept; an :class:`InputError` naming the copy where it does not read (truncated, replaced, not
@@ -90,11 +101,7 @@ def save_backup(root: Path, kb: str, dest: Path) -> None:
     none)."""
     embed_model, model_dir = served_model(root)
     store = store_of(root)
-    vectors = store.vectors(root, kb, embed_model)
-    if vectors is None:
-        raise InputError(
-            f"knowledge base {kb} has no {store.place(root, kb, embed_model)}: run `chatchat kb -r -n {kb}` first"
-        )
+    vectors = served_vectors(root, kb)
     with atomic_path(dest) as tmp:
         tmp.mkdir()
         copy_settings(root, tmp)
