@@ -7,6 +7,11 @@ Arms, all trained on the same questions with the same budget (``training.query_s
 - ``query``: the query tower trained, the word stream shut (the plain arm, what ``tune`` does by default);
 - ``query+attn`` / ``query+gate``: the same with the PolicyBERT word stream (attn or gate fusion, over the same base
   with the identity start) trained in the query tower;
+- ``both``: the comparison the issue asks for, both towers (one shared encoder, as e5 is) fine-tuned on the same
+  questions with ``training.contrastive`` (InfoNCE, the gold document's chunk the base ranks first as the positive,
+  in-batch negatives, piece embeddings frozen; ``--both-args`` for its flags, defaults: the query-side recipe's
+  150 steps of 32 at lr 2e-5, temperature 0.02), merged back like the others, and every chunk **re-embedded** by
+  it (what a deployment would need a ``kb -r`` for) before its questions are ranked;
 
 Every arm ranks the chunk vectors the root's store holds (the document tower is never trained: the stored vectors are
 every arm's), dense MRR@10 at document level, on each question file of ``--sets`` (never trained on), each also
@@ -14,6 +19,9 @@ restricted to the documents no training question names. Deltas against ``base`` 
 questions (the per-question MRR averaged over seeds first). ``--alphas`` re-scores each trained model merged back at
 other weights (free: the merge is a weighted mean of two weight sets), for the choice of α on ``--cv`` folds of the
 training questions only.
+``--label`` names a recipe variant (its ``--query-args``) so that runs of several variants, each in its own
+``--out``, combine into one table with ``--combine DIR ...`` (deltas against ``--reference``, by default ``base``):
+how ``training.query_side``'s defaults are re-derived on cross-validation folds of the training questions.
 
     python bench/query_side.py --root chatchat-root --train chatchat_policybert/data/policy_training_questions.jsonl \\
         --sets bench/heldout/*.jsonl --seeds 0 1 2 --out bench/results/query_side
@@ -40,8 +48,14 @@ from chatchat_policybert.evaluation.dataset import kb_questions
 from chatchat_policybert.evaluation.metrics import mrr_at_k, paired_bootstrap_interval, unique_in_order
 from training.query_side import QuerySideConfig, embed_questions, merge_back, train_query_tower
 
-ARMS = {"base": None, "query": False, "query+attn": True, "query+gate": True}
+ARMS = {"base": None, "query": False, "query+attn": True, "query+gate": True, "both": False}
 """Arm → trains the word stream (None: not trained at all)."""
+BOTH_DEFAULTS = [
+    *("--lr", "2e-5", "--max-steps", "150", "--train-group-size", "1", "--freeze-piece-embeddings", "true"),
+    *("--embed-chunk", "4"),
+]
+"""The ``both`` arm's contrastive flags: the query-side recipe's budget (``--both-args`` adds to them); chunks of 4
+texts under activation checkpointing, since 32 chunks of up to 512 tokens at once exhaust 24 GiB."""
 
 
 def dense_mrr(vectors: np.ndarray, chunk_vectors: np.ndarray, groups: list[str], gold: list[set[str]]) -> np.ndarray:
@@ -51,6 +65,20 @@ def dense_mrr(vectors: np.ndarray, chunk_vectors: np.ndarray, groups: list[str],
     return np.array(
         [mrr_at_k(unique_in_order(groups[i] for i in row), sorted(g), 10) for row, g in zip(order, gold, strict=True)]
     )
+
+
+def embed_chunks(model, tokenizer, texts: list[str]) -> np.ndarray:
+    """Unit float32 vectors of the chunk texts with the document prompt, as ``training.contrastive`` embeds
+    passages (its tokenisation and length limit): the ``both`` arm's re-embedded knowledge base."""
+    import torch
+
+    from chatchat_policybert.model.embeddings import token_limit
+    from training.contrastive import ContrastiveConfig, ContrastiveTask
+
+    task = ContrastiveTask(tokenizer, [], [], ContrastiveConfig(out=Path("unused")), token_limit(model, 512))
+    model.eval()
+    with torch.inference_mode():
+        return task.embed(model, [tokenizer.document_prompt + t for t in texts]).numpy().astype(np.float32)
 
 
 def word_start(root: Path, fusion: str, out: Path) -> Path:
@@ -79,9 +107,16 @@ def main() -> None:
     parser.add_argument("--alphas", type=float, nargs="*", default=[0.5])
     parser.add_argument("--cv", type=int, default=0, help="score on N document folds of the training questions")
     parser.add_argument("--query-args", default="", help="QuerySideConfig flags, e.g. '--max-steps 300'")
+    parser.add_argument("--both-args", default="", help="ContrastiveConfig flags of the both arm")
+    parser.add_argument("--label", default="", help="recipe variant's name, shown after the trained arms' names")
+    parser.add_argument("--combine", type=Path, nargs="*", default=[], help="only tabulate these runs' results")
+    parser.add_argument("--reference", default="base", help="the arm (with its label) deltas are taken against")
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--out", type=Path, required=True)
     args = parser.parse_args()
+    if args.combine:
+        combine(args.combine, args.out, args.reference)
+        return
     import shlex
 
     from training.config import parse_flags
@@ -109,7 +144,13 @@ def main() -> None:
     done = {(r["arm"], r["seed"], r["set"].startswith("cv") and r["set"]) for r in results}
     started = time.time()
 
-    def score(arm: str, seed: int | None, alpha: float, embed, fold: int | None = None) -> None:
+    def score(
+        arm: str, seed: int | None, alpha: float, embed, fold: int | None = None, stored: np.ndarray | None = None
+    ) -> None:
+        """Appends the per-question MRR@10 of ``embed``'s question vectors against ``stored`` (default: the
+        root's stored chunk vectors)."""
+        arm = f"{arm} {args.label}" if args.label and arm != "base" else arm
+        stored = bank.vectors if stored is None else stored
         if fold is not None:
             held = [i for i, f in enumerate(folds) if f == fold]
             q = embed([bank.texts[i] for i in held])
@@ -121,7 +162,7 @@ def main() -> None:
                     "alpha": alpha,
                     "set": f"cv{fold}",
                     "ids": [train_queries[i].qid for i in held],
-                    "mrr": dense_mrr(q, bank.vectors, groups, gold).tolist(),
+                    "mrr": dense_mrr(q, stored, groups, gold).tolist(),
                 }
             )
             return
@@ -136,9 +177,40 @@ def main() -> None:
                     "set": name,
                     "ids": [x.qid for x in queries],
                     "untrained": [bool(set(x.gains) & untrained) for x in queries],
-                    "mrr": dense_mrr(q, bank.vectors, groups, gold).tolist(),
+                    "mrr": dense_mrr(q, stored, groups, gold).tolist(),
                 }
             )
+
+    def both_arm(arm_start, questions, chunk_texts, flags, args, seed, fold) -> None:
+        """Both towers trained on ``questions`` (module docstring), merged at each α, the chunks re-embedded."""
+        from chatchat_policybert.model.loading import load_policybert
+        from training.contrastive import ContrastiveConfig, Example, contrastive
+        from training.query_side import best_positives
+
+        model, tok = load_policybert(arm_start)
+        best = best_positives(questions, embed_questions(model, tok, questions.texts, 64))
+        examples = [Example(t, (chunk_texts[rows[0]],), ()) for t, rows in zip(questions.texts, best, strict=True)]
+        cfg = parse_flags(
+            ContrastiveConfig,
+            [*flags, "--checkpoint-every", "1000", *BOTH_DEFAULTS, *shlex.split(args.both_args)],
+            "bench/query_side.py --both-args",
+            "ContrastiveConfig",
+        )
+        reference = {n: p.detach().clone() for n, p in model.named_parameters() if p.requires_grad}
+        t0 = time.time()
+        contrastive(model, tok, examples, [], cfg)
+        seconds = time.time() - t0
+        trained = {n: p.detach().clone() for n, p in model.named_parameters() if n in reference}
+        for alpha in args.alphas:
+            model.load_state_dict({**model.state_dict(), **trained}, strict=False)
+            merge_back(model, reference, alpha)
+            t1 = time.time()
+            stored = embed_chunks(model, tok, chunk_texts)
+            print(f"both seed {seed} α {alpha}: {len(chunk_texts)} chunks re-embedded in {time.time() - t1:.0f} s")
+            score("both", seed, alpha, lambda t, m=model, k=tok: embed_questions(m, k, t, 64), fold, stored)
+        results[-1]["train_seconds"] = round(seconds, 1)
+        print(f"both seed {seed} fold {fold}: trained in {seconds:.0f} s", flush=True)
+        (args.out / "results.json").write_text(json.dumps(results), encoding="utf-8")
 
     for arm in args.arms:
         word = ARMS[arm]
@@ -156,10 +228,14 @@ def main() -> None:
                 score(arm, None, 0.0, lambda t, m=model, k=tok: embed_questions(m, k, t, 64), fold)
                 continue
             for seed in args.seeds:
-                if (arm, seed, fold is not None and f"cv{fold}") in done:
+                labelled = f"{arm} {args.label}" if args.label else arm
+                if (labelled, seed, fold is not None and f"cv{fold}") in done:
                     continue  # scored by an earlier, interrupted run of this command
                 out = args.out / "runs" / f"{arm}-seed{seed}" / (f"fold{fold}" if fold is not None else "all")
                 flags = ["--out", str(out), "--seed", str(seed), "--device", args.device]
+                if arm == "both":
+                    both_arm(arm_start, bank.subset(list(train_idx)), [c.text for c in chunks], flags, args, seed, fold)
+                    continue
                 flags += (["--word-stream", "true"] if word else []) + [
                     "--merge-alpha",
                     "1.0",
@@ -192,6 +268,29 @@ def main() -> None:
     print(table(results, meta))
 
 
+def combine(runs: list[Path], out: Path, reference: str) -> None:
+    """One table of several runs' results (each ``--out`` of one ``--label``ed variant), ``base`` rows once."""
+    results, metas = [], []
+    for run in runs:
+        saved = json.loads((run / "results.json").read_text(encoding="utf-8"))
+        if not isinstance(saved, dict):
+            raise SystemExit(f"error: {run}: the run has not finished (no meta in results.json)")
+        metas.append(saved["meta"])
+        base_seen = any(r["arm"] == "base" for r in results)
+        results += [r for r in saved["results"] if not (base_seen and r["arm"] == "base")]
+    meta = {
+        "date": ", ".join(dict.fromkeys(m["date"] for m in metas)),
+        "machine": metas[0]["machine"],
+        "command": "; ".join(m["command"] for m in metas),
+        "minutes": round(sum(m["minutes"] for m in metas), 1),
+    }
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "results.json").write_text(json.dumps({"meta": meta, "results": results}), encoding="utf-8")
+    text = table(results, meta, reference)
+    (out / "table.md").write_text(text, encoding="utf-8")
+    print(text)
+
+
 def cpu_model() -> str:
     for line in Path("/proc/cpuinfo").read_text().splitlines():
         if line.startswith("model name"):
@@ -199,8 +298,9 @@ def cpu_model() -> str:
     return "unknown CPU"
 
 
-def table(results: list[dict], meta: dict) -> str:
-    """Mean MRR@10 per arm (α) and set, and the delta vs base with its paired 95 % interval (seed-averaged)."""
+def table(results: list[dict], meta: dict, reference: str = "base") -> str:
+    """Mean MRR@10 per arm (α) and set, and the delta vs ``reference`` (α 0.5 unless it is ``base``) with its paired
+    95 % interval (seed-averaged)."""
 
     def per_question(arm: str, alpha: float, set_name: str, only_untrained: bool = False) -> dict[str, float]:
         rows = [
@@ -217,8 +317,10 @@ def table(results: list[dict], meta: dict) -> str:
     set_names = list(dict.fromkeys(r["set"] for r in results))
     pooled = [s for s in set_names if not s.startswith(("cv", "paraphrased", "policy"))]
     arms = list(dict.fromkeys((r["arm"], r["alpha"] if r["arm"] != "base" else 0.0) for r in results))
+    ref_alpha = 0.0 if reference == "base" else 0.5
     views = [(s, False) for s in set_names] + [(s, True) for s in set_names if not s.startswith("cv")]
     lines = [f"Measured {meta['date']} on {meta['machine']}; `{meta['command']}` ({meta['minutes']} min)", ""]
+    lines += [f"Deltas against `{reference}`{' α 0.5' if ref_alpha else ''}, paired 95 % bootstrap interval.", ""]
     header = (
         "| arm | "
         + " | ".join(f"{s}{' (untrained docs)' if u else ''}" for s, u in views)
@@ -234,13 +336,13 @@ def table(results: list[dict], meta: dict) -> str:
             ours, base = {}, {}
             for s in names:
                 ours.update({f"{s}/{k}": v for k, v in per_question(arm, alpha, s, view[1]).items()})
-                base.update({f"{s}/{k}": v for k, v in per_question("base", 0.0, s, view[1]).items()})
+                base.update({f"{s}/{k}": v for k, v in per_question(reference, ref_alpha, s, view[1]).items()})
             if not ours:
                 cells.append("—")
                 continue
             keys = sorted(ours)
             mean = float(np.mean([ours[k] for k in keys]))
-            if arm == "base" or not base:
+            if (arm, alpha) == (reference, ref_alpha) or not base:
                 cells.append(f"{mean:.3f} (n={len(keys)})")
                 continue
             low, high = paired_bootstrap_interval([ours[k] for k in keys], [base[k] for k in keys], 2000)

@@ -11,7 +11,9 @@ Steps, each resumable in the run folder (``ROOT/policybert_tune/KB``):
 4. ``gate`` — before: Chatchat's ``search_docs`` as deployed; after: each question ranked by the plugin's ensemble
    with its held-out fold's tower, at the setting chosen on that fold's training questions
    (:mod:`chatchat_policybert.deploy.crossfit`); install when the paired 95 % interval of MRR@10 lies above 0.
-   The hybrid to install is calibrated on the held-out lists of every question.
+   The hybrid to install is calibrated on the held-out lists of every question. Where the deployment already
+   serves a query tower a tune installed, "before" is never scored by it on questions it trained on
+   (:func:`out_of_sample_before`).
 5. ``install`` — the previous deployment kept (what ``rollback`` restores), the two-tower directory copied into
    ``ROOT/models/``, the settings pointed at it with the calibrated hybrid; the stored vectors are checked
    byte-identical before and after (the document tower is the deployed one, byte for byte).
@@ -21,6 +23,7 @@ Steps, each resumable in the run folder (``ROOT/policybert_tune/KB``):
 from __future__ import annotations
 
 import argparse
+import hashlib
 import shutil
 import sys
 from pathlib import Path
@@ -53,12 +56,18 @@ from chatchat_policybert.deploy.rollback import (
 from chatchat_policybert.deploy.run import Run, digest, now
 from chatchat_policybert.errors import InputError
 from chatchat_policybert.evaluation.gate_rule import EXIT_WORSE
-from chatchat_policybert.evaluation.scoring import MRR_K, compare_runs
+from chatchat_policybert.evaluation.scoring import MRR_K, RunResult, compare_runs, summarised
 from chatchat_policybert.files import atomic_path, read_json, write_json
+from chatchat_policybert.model.loading import has_query_tower
 from chatchat_policybert.retrieval.hybrid import configured_hybrid
 
 QUERY_STEPS = ("questions", "folds", "train", "gate", "install", "report")
 GATE = "query_gate.json"
+TOWER_RECORDS = "query_towers"
+"""Folder of the run folder with a record per installed query tower (``<its directory's name>.json``): the documents
+its questions name, each judged question's held-out record from the gate that installed it, and the stored vectors
+it was judged against. A later tune's "before" for those questions (:func:`out_of_sample_before`); kept after a
+``rollback``, which may serve an earlier tower again."""
 NEEDS_QUESTIONS = (
     "tune learns from questions like your users' (labelled: the question and the document that answers it), and "
     "has none: pass --questions FILE (the evaluation's JSONL, "
@@ -101,6 +110,7 @@ def run_query_tune(run: Run, trainer: QueryTrainer) -> int:
             args.query_args,
             folds,
         )
+        stored = hashlib.sha256(bank.vectors.tobytes()).hexdigest()[:16]
         sizes = [folds.count(f) for f in range(FOLDS)]
         print(
             f"questions: {len(queries)} on {len({min(q.gains) for q in queries})} documents, "
@@ -119,11 +129,11 @@ def run_query_tune(run: Run, trainer: QueryTrainer) -> int:
     with run.step("train"):
         _, model_dir = trainer.train_query(run, bank, out / "final", texts, save=True)
     with run.step("gate"):
-        gate = query_gate(run, key, queries, chunks, folds, fold_vectors, judged)
+        gate = query_gate(run, key, queries, chunks, folds, fold_vectors, judged, stored)
     print("\n".join(gate["lines"]), flush=True)
     if gate["install"]:
         with run.step("install"):
-            install_query_tower(run, key, model_dir, Path(gate["calibration_file"]))
+            install_query_tower(run, key, model_dir, gate)
     with run.step("report"):
         report = run.out / "report.md"
         with atomic_path(report) as tmp:
@@ -138,10 +148,11 @@ def run_query_tune(run: Run, trainer: QueryTrainer) -> int:
 
 
 def query_gate(
-    run: Run, key: str, queries: list, chunks: list, folds: list[int], fold_vectors: list, judged: int
+    run: Run, key: str, queries: list, chunks: list, folds: list[int], fold_vectors: list, judged: int, stored: str
 ) -> dict[str, Any]:
-    """Before (``search_docs`` as deployed) against after (cross-fitted) on the first ``judged`` questions (the user's
-    where there are any, else the LLM's), the decision, and the hybrid to install (calibrated on all of them)."""
+    """Before (``search_docs`` as deployed, out of sample: :func:`out_of_sample_before`) against after (cross-fitted)
+    on the first ``judged`` questions (the user's where there are any, else the LLM's), the decision, and the hybrid
+    to install (calibrated on all of them). ``stored``: a digest of the stored chunk vectors the questions rank."""
     path = run.out / GATE
     deployment = digest([(run.root / name).read_bytes().decode() for name in SETTINGS_FILES])
     if path.is_file():
@@ -161,13 +172,31 @@ def query_gate(
         calibration = crossfit_calibration(candidates, queries, chunks, folds, fold_vectors, run.root, analyzer)
         top_k = candidates.top_k
     calibration.source, calibration.kb = "cross-fitted held-out questions", run.kb
-    before = deployed(run.root, run.kb, "before", queries[:judged], chunks, top_k, logs / "gate_before.log")
-    deltas = compare_runs(after, before)
-    mrr = next(d for d in deltas if d.metric == f"MRR@{MRR_K}")
-    install = mrr.low > 0
-    needed = questions_needed(mrr, mrr_scores(after), mrr_scores(before))
+    served = deployed(run.root, run.kb, "before", queries[:judged], chunks, top_k, logs / "gate_before.log")
+    tower_record = {
+        "documents": sorted({g for q in queries for g, gain in q.gains.items() if gain > 0}),
+        "held_out": [
+            {"text": q.text, "gold": gold_documents(q), "record": record}
+            for q, record in zip(queries[:judged], after.queries, strict=True)
+        ],
+        "stored": stored,
+    }
+    before, kept, source = out_of_sample_before(run, queries[:judged], served, stored)
+    deltas, install, needed = [], False, None
+    if kept:
+        after = summarised(after.name, [after.queries[i] for i in kept])
+        deltas = compare_runs(after, before)
+        mrr = next(d for d in deltas if d.metric == f"MRR@{MRR_K}")
+        install = mrr.low > 0
+        needed = questions_needed(mrr, mrr_scores(after), mrr_scores(before))
     if install:
         reason = ""
+    elif not kept:
+        reason = (
+            "no question can be judged out of sample against the served query tower (each is on a document it "
+            f"trained on, with no held-out score of it); `chatchat-policybert rollback --kb {run.kb}` serves the "
+            "tower before it again, and a tune then compares with that"
+        )
     elif needed is None:
         reason = (
             f"the tuned query tower is not better on questions it never trained on: MRR@{MRR_K} {mrr.baseline:.4f} → "
@@ -177,7 +206,7 @@ def query_gate(
         reason = (
             f"too few questions to decide: MRR@{MRR_K} {mrr.baseline:.4f} → {mrr.candidate:.4f} ({mrr.delta:+.4f}, "
             f"95% CI [{mrr.low:+.4f}, {mrr.high:+.4f}] includes 0); at this effect about {needed} questions "
-            f"({needed - judged} more) would decide it"
+            f"({needed - len(kept)} more) would decide it"
         )
     calibration_file = run.out / "query" / key / "calibration.json"
     write_json(
@@ -189,9 +218,10 @@ def query_gate(
         calibration_file,
     )
     lines = [
-        f"gate: {judged} {'LLM questions' if llm_only(queries) else 'questions'}, each scored by a query tower that "
-        "never trained on its document "
+        f"gate: {len(kept)} {'LLM questions' if llm_only(queries) else 'questions'}, each scored by a query tower "
+        "that never trained on its document "
         f"({FOLDS} folds); Chatchat's search_docs, top_k {top_k}",
+        *([source] if source else []),
         "| | before (deployed) | after (cross-fitted) | delta [95% CI] |",
         "|---|---|---|---|",
         *(
@@ -209,14 +239,15 @@ def query_gate(
         "deltas": [{**vars(d), "delta": d.delta} for d in deltas],
         "rows": {"before": before.metrics, "after": after.metrics},
         "per_question": {
-            "ids": [q.qid for q in queries[:judged]],
-            "before": mrr_scores(before),
-            "after": mrr_scores(after),
+            "ids": [q["id"] for q in after.queries] if kept else [],
+            "before": mrr_scores(before) if kept else [],
+            "after": mrr_scores(after) if kept else [],
         },
         "fold_settings": fold_settings,
         "folds": folds,
         "calibration_file": str(calibration_file),
         "calibration_table": calibration.table(),
+        "tower_record": tower_record,
         "lines": lines,
         "decided": now(),
     }
@@ -224,14 +255,73 @@ def query_gate(
     return gate
 
 
+def gold_documents(query: Any) -> list[str]:
+    """The documents that answer ``query`` (a :class:`~chatchat_policybert.evaluation.dataset.Query`)."""
+    return sorted(g for g, gain in query.gains.items() if gain > 0)
+
+
+def out_of_sample_before(run: Run, queries: list, served: RunResult, stored: str) -> tuple[RunResult, list[int], str]:
+    """The "before" column, never scored by a query tower on a document it trained on, the indices of ``queries`` it
+    judges, and a line saying where "before" comes from.
+
+    Why: once a tune installed a query tower, ``search_docs`` as deployed scores the questions it trained on
+    in-sample (it has seen them), so a second tune on the same questions would be compared with a memorising
+    model and refused whatever it learnt. For the served tower's own questions "before" is their held-out record
+    from the gate that installed it (scored by a fold tower that never trained on their document: the same kind
+    of score as "after"), while the knowledge base's vectors are those it was judged against; questions on
+    documents it never trained on are scored as served (``served``); a new question on a document it trained on has
+    no out-of-sample score and trains without judging. A served model without a query tower is scored as served.
+    """
+    everything = list(range(len(queries)))
+    _, model = served_model(run.root)
+    if not has_query_tower(model):
+        return served, everything, ""
+    file = run.out / TOWER_RECORDS / f"{model.name}.json"
+    if not file.is_file():
+        return (
+            served,
+            everything,
+            (
+                f"note: the served query tower ({model}) was not installed by a tune of {run.kb}: if it trained on these "
+                "questions, before is scored in-sample and favours it"
+            ),
+        )
+    record = read_json(file)
+    current = record["stored"] == stored
+    recorded = {(h["text"], tuple(h["gold"])): h["record"] for h in record["held_out"]} if current else {}
+    trained = set(record["documents"])
+    kept, records, reused = [], [], 0
+    for i, (query, live) in enumerate(zip(queries, served.queries, strict=True)):
+        gold = gold_documents(query)
+        if (query.text, tuple(gold)) in recorded:
+            records.append({**recorded[query.text, tuple(gold)], "id": query.qid})
+            reused += 1
+        elif trained & set(gold):
+            continue
+        else:
+            records.append(live)
+        kept.append(i)
+    skipped = len(queries) - len(kept)
+    unjudged = f"; {skipped} on documents it trained on are not judged (no score of them is out of sample)"
+    source = (
+        f"before: the served query tower ({model.name}) trained on {len(trained)} documents' questions; "
+        f"{reused} questions keep the held-out score of the tune that installed it, {len(kept) - reused} on other "
+        f"documents are scored as served"
+        + (unjudged if skipped else "")
+        + ("" if current else "; the stored vectors changed since its tune, so its held-out scores no longer apply")
+    )
+    return (summarised("before", records) if kept else served), kept, source
+
+
 def llm_only(queries: list) -> bool:
     """Whether every question is one the LLM wrote (``--llm`` without ``--questions``)."""
     return all(q.qid.startswith("llm-") for q in queries)
 
 
-def install_query_tower(run: Run, key: str, model_dir: Path | None, calibration_file: Path) -> None:
+def install_query_tower(run: Run, key: str, model_dir: Path | None, gate: dict[str, Any]) -> None:
     """Keeps the previous deployment (``OUT/previous``), copies the two-tower directory into ``ROOT/models/``, points
-    the settings at it with the calibrated hybrid, and checks that not one stored vector changed."""
+    the settings at it with the calibrated hybrid, checks that not one stored vector changed, and records what the
+    tower trained on and its held-out scores (:data:`TOWER_RECORDS`)."""
     if model_dir is None or not (model_dir / "config.json").is_file():
         raise InputError(f"the trained query tower is missing from {run.out / 'query' / key}; run tune again")
     installed = run.root / "models" / f"policybert-{run.kb}-query-{key}"
@@ -247,7 +337,8 @@ def install_query_tower(run: Run, key: str, model_dir: Path | None, calibration_
     if not (installed / "config.json").is_file():
         with atomic_path(installed) as tmp:
             shutil.copytree(model_dir, tmp)
-    chosen = read_json(calibration_file)
+    write_json(gate["tower_record"], run.out / TOWER_RECORDS / f"{installed.name}.json")
+    chosen = read_json(Path(gate["calibration_file"]))
     try:
         write_setting(
             run.root,

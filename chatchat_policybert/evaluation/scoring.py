@@ -59,14 +59,21 @@ def evaluate_retriever(retriever: Retriever, queries: list[Query], chunks: list[
             record["evidence_rank"] = rank
             record.update({f"hit@{k}": float(rank is not None and rank <= k) for k in ks})
         result.queries.append(record)
-    names = [key for key in result.queries[0] if key.startswith(QUALITY_PREFIXES)]
-    result.metrics = {name: sum(q[name] for q in result.queries) / len(result.queries) for name in names}
-    times = [q["seconds"] * 1000 for q in result.queries]
+    return summarised(result.name, result.queries)
+
+
+def summarised(name: str, records: list[dict]) -> RunResult:
+    """A run of per-question ``records`` (as :func:`evaluate_retriever` writes them) with their means: also how a
+    run put together from records of several runs is scored (``tune``'s gate)."""
+    result = RunResult(name, queries=records)
+    names = [key for key in records[0] if key.startswith(QUALITY_PREFIXES)]
+    result.metrics = {name: sum(q[name] for q in records) / len(records) for name in names}
+    times = [q["seconds"] * 1000 for q in records]
     result.metrics.update(
         {
             "p50 ms": percentile(times, 50),
             "p95 ms": percentile(times, 95),
-            "chunks": sum(q["chunks"] for q in result.queries) / len(result.queries),
+            "chunks": sum(q["chunks"] for q in records) / len(records),
         }
     )
     return result

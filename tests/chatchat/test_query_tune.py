@@ -147,6 +147,30 @@ def test_rollback_restores_the_previous_query_tower_exactly_without_a_rebuild(qu
     assert vector_files(snapshot(root)) == vector_files(before["files"])
 
 
+def test_a_second_tune_is_judged_against_the_installed_towers_held_out_scores_not_its_in_sample_ones(
+    query_tuned, tmp_path
+):
+    """The installed query tower trained on every one of these questions: scored as served, "before" would be
+    in-sample. A second tune on the same questions (and one new question on a document the tower trained on) keeps,
+    as "before", each question's held-out score from the gate that installed the tower, and judges the new
+    question not at all (no model scores it out of sample)."""
+    root = copy_root(query_tuned["root"], tmp_path / "root", keep_runs=True)
+    first = json.loads((query_tuned["out"] / "query_gate.json").read_text(encoding="utf-8"))
+    queries, _, _ = dev_queries(query_tuned["questions"], root, KB)
+    extra = tmp_path / "extra.jsonl"
+    first_line = json.loads(query_tuned["questions"].read_text(encoding="utf-8").splitlines()[0])
+    line = {**first_line, "id": "extra-1", "question": first_line["question"][::-1]}
+    extra.write_text(json.dumps(line, ensure_ascii=False) + "\n", encoding="utf-8")
+    result = tune(root, "--questions", str(query_tuned["questions"]), "--questions", str(extra))
+    second = json.loads((tune_dir(root, KB) / "query_gate.json").read_text(encoding="utf-8"))
+    said = result.stdout[-3000:] + result.stderr[-2000:]
+    assert result.returncode in (0, 1) and second["decided"] != first["decided"], said  # installed or refused
+    assert second["per_question"]["ids"] == first["per_question"]["ids"], said
+    assert second["per_question"]["before"] == first["per_question"]["after"], said
+    assert f"{len(queries)} questions keep the held-out score of the tune that installed it" in result.stdout
+    assert "1 on documents it trained on are not judged" in result.stdout
+
+
 def test_tune_without_questions_says_what_it_needs(base_root, tmp_path):  # noqa: F811
     root = copy_root(base_root, tmp_path / "root")
     settings = snapshot(root)
