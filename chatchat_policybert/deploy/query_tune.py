@@ -282,8 +282,8 @@ def out_of_sample_before(run: Run, queries: list, served: RunResult, stored: str
             served,
             everything,
             (
-                f"note: the served query tower ({model}) was not installed by a tune of {run.kb}: if it trained on these "
-                "questions, before is scored in-sample and favours it"
+                f"note: the served query tower ({model}) was not installed by a tune of {run.kb}: if it trained on "
+                "these questions, before is scored in-sample and favours it"
             ),
         )
     record = read_json(file)
