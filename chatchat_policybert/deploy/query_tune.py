@@ -25,7 +25,6 @@ from __future__ import annotations
 import argparse
 import hashlib
 import shutil
-import sys
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -55,7 +54,6 @@ from chatchat_policybert.deploy.rollback import (
 )
 from chatchat_policybert.deploy.run import Run, digest, now
 from chatchat_policybert.errors import InputError
-from chatchat_policybert.evaluation.gate_rule import EXIT_WORSE
 from chatchat_policybert.evaluation.scoring import MRR_K, RunResult, compare_runs, summarised
 from chatchat_policybert.files import atomic_path, read_json, write_json
 from chatchat_policybert.model.loading import has_query_tower
@@ -138,13 +136,7 @@ def run_query_tune(run: Run, trainer: QueryTrainer) -> int:
         report = run.out / "report.md"
         with atomic_path(report) as tmp:
             tmp.write_text(report_text(run, gate), encoding="utf-8")
-    run.state["finished"] = True
-    run.save()
-    print(f"report: {report}")
-    if not gate["install"]:
-        print(f"tune: refused, the deployment is unchanged: {gate['reason']}", file=sys.stderr)
-        return EXIT_WORSE
-    return 0
+    return run.finish(str(report), gate["install"], gate["reason"])
 
 
 def query_gate(

@@ -14,6 +14,7 @@ import fcntl
 import hashlib
 import json
 import resource
+import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -22,6 +23,7 @@ from typing import Any
 from chatchat_policybert.chatchat.config import served_model
 from chatchat_policybert.chatchat.root import kb_root
 from chatchat_policybert.errors import InputError
+from chatchat_policybert.evaluation.gate_rule import EXIT_WORSE
 from chatchat_policybert.files import read_json, write_json
 
 STEPS = ("pairs", "train", "candidate", "gate", "install", "report")
@@ -97,6 +99,17 @@ class Run:
         self.state = state
         self.start = Path(state["start"])
         self.save()
+
+    def finish(self, report: str, install: bool, reason: str) -> int:
+        """The end both kinds of tune share: the run marked finished, where its report is, and on a refusal one line
+        on stderr saying why and the exit code :data:`EXIT_WORSE`; 0 after an install."""
+        self.state["finished"] = True
+        self.save()
+        print(f"report: {report}")
+        if not install:
+            print(f"tune: refused, the deployment is unchanged: {reason}", file=sys.stderr)
+            return EXIT_WORSE
+        return 0
 
     def save(self) -> None:
         write_json(self.state, self.out / STATE)

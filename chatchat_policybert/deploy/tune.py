@@ -28,7 +28,6 @@ from chatchat_policybert.deploy.report import decision_lines, gate_rows, write_r
 from chatchat_policybert.deploy.run import Run, tune_dir, tune_lock
 from chatchat_policybert.errors import EXIT_INTERRUPTED, InputError
 from chatchat_policybert.evaluation.dataset import kb_questions
-from chatchat_policybert.evaluation.gate_rule import EXIT_WORSE
 from chatchat_policybert.files import read_json
 from chatchat_policybert.stores import store_of
 from chatchat_policybert.stores.rebuild import chosen_kb
@@ -141,10 +140,4 @@ def run_steps(run: Run, trainer: Trainer) -> int:
     with run.step("report"):
         report = write_report(run, gate, calibration, decision)
     release_candidates(run)
-    run.state["finished"] = True
-    run.save()
-    print(f"report: {report} and {report.with_suffix('.png')}")
-    if not gate["install"]:
-        print(f"tune: refused, the deployment is unchanged: {'; '.join(gate['reasons'])}", file=sys.stderr)
-        return EXIT_WORSE
-    return 0
+    return run.finish(f"{report} and {report.with_suffix('.png')}", gate["install"], "; ".join(gate["reasons"]))
