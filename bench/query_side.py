@@ -45,7 +45,12 @@ from chatchat_policybert.chatchat.root import content_dir
 from chatchat_policybert.data import CORPUS_CSV
 from chatchat_policybert.deploy.crossfit import StoredQuestions, document_folds, stored_questions
 from chatchat_policybert.evaluation.dataset import kb_questions
-from chatchat_policybert.evaluation.metrics import mrr_at_k, paired_bootstrap_interval, unique_in_order
+from chatchat_policybert.evaluation.metrics import (
+    first_evidence_rank,
+    mrr_at_k,
+    paired_bootstrap_interval,
+    unique_in_order,
+)
 from training.query_side import QuerySideConfig, embed_questions, merge_back, train_query_tower
 
 ARMS = {"base": None, "query": False, "query+attn": True, "query+gate": True, "both": False}
@@ -65,6 +70,17 @@ def dense_mrr(vectors: np.ndarray, chunk_vectors: np.ndarray, groups: list[str],
     return np.array(
         [mrr_at_k(unique_in_order(groups[i] for i in row), sorted(g), 10) for row, g in zip(order, gold, strict=True)]
     )
+
+
+def evidence_hits(vectors: np.ndarray, chunk_vectors: np.ndarray, texts: list[str], evidence: list) -> list:
+    """Per question, whether a chunk holding its evidence span is among the 5 nearest (passage hit@5; None for a
+    question without evidence): what ``--positives best`` is for, since document positives teach which document
+    and not which chunk."""
+    order = np.argsort(-(vectors @ chunk_vectors.T), axis=1, kind="stable")[:, :5]
+    return [
+        None if span is None else first_evidence_rank([texts[i] for i in row], span) is not None
+        for row, span in zip(order, evidence, strict=True)
+    ]
 
 
 def embed_chunks(model, tokenizer, texts: list[str]) -> np.ndarray:
@@ -124,7 +140,7 @@ def main() -> None:
     root = args.root.resolve()
     kb = args.kb or default_kb(root)
     bank, train_queries, chunks = stored_questions(root, kb, args.train, CORPUS_CSV)
-    groups = [c.group for c in chunks]
+    groups, texts = [c.group for c in chunks], [c.text for c in chunks]
     sets: dict[str, tuple[list, StoredQuestions | None]] = {}
     for path in args.sets:
         _, queries = kb_questions(path, content_dir(root, kb), CORPUS_CSV)
@@ -163,6 +179,7 @@ def main() -> None:
                     "set": f"cv{fold}",
                     "ids": [train_queries[i].qid for i in held],
                     "mrr": dense_mrr(q, stored, groups, gold).tolist(),
+                    "hit5": evidence_hits(q, stored, texts, [train_queries[i].evidence for i in held]),
                 }
             )
             return
@@ -178,6 +195,7 @@ def main() -> None:
                     "ids": [x.qid for x in queries],
                     "untrained": [bool(set(x.gains) & untrained) for x in queries],
                     "mrr": dense_mrr(q, stored, groups, gold).tolist(),
+                    "hit5": evidence_hits(q, stored, texts, [x.evidence for x in queries]),
                 }
             )
 
@@ -286,7 +304,7 @@ def combine(runs: list[Path], out: Path, reference: str) -> None:
     }
     out.mkdir(parents=True, exist_ok=True)
     (out / "results.json").write_text(json.dumps({"meta": meta, "results": results}), encoding="utf-8")
-    text = table(results, meta, reference)
+    text = table(results, meta, reference) + "\n" + hits_table(results)
     (out / "table.md").write_text(text, encoding="utf-8")
     print(text)
 
@@ -296,6 +314,17 @@ def cpu_model() -> str:
         if line.startswith("model name"):
             return line.split(":", 1)[1].strip()
     return "unknown CPU"
+
+
+def hits_table(results: list[dict]) -> str:
+    """Passage hit@5 per arm (α), over every question with an evidence span of every set, seeds pooled."""
+    lines = ["| arm | passage hit@5 (questions × seeds) |", "|---|---|"]
+    for arm, alpha in dict.fromkeys((r["arm"], r["alpha"]) for r in results):
+        rows = [r for r in results if (r["arm"], r["alpha"]) == (arm, alpha)]
+        hits = [h for r in rows for h in r.get("hit5", []) if h is not None]
+        if hits:
+            lines.append(f"| {arm}{'' if arm == 'base' else f' α {alpha:g}'} | {np.mean(hits):.3f} (n={len(hits)}) |")
+    return "\n".join(lines) + "\n"
 
 
 def table(results: list[dict], meta: dict, reference: str = "base") -> str:
@@ -315,7 +344,11 @@ def table(results: list[dict], meta: dict, reference: str = "base") -> str:
         return {q: float(np.mean(v)) for q, v in scores.items()}
 
     set_names = list(dict.fromkeys(r["set"] for r in results))
-    pooled = [s for s in set_names if not s.startswith(("cv", "paraphrased", "policy"))]
+    pooled = [s for s in set_names if not s.startswith(("cv", "paraphrased", "policy"))] or [
+        s
+        for s in set_names
+        if s.startswith("cv")  # a cross-validation run: its folds pooled
+    ]
     arms = list(dict.fromkeys((r["arm"], r["alpha"] if r["arm"] != "base" else 0.0) for r in results))
     ref_alpha = 0.0 if reference == "base" else 0.5
     views = [(s, False) for s in set_names] + [(s, True) for s in set_names if not s.startswith("cv")]
