@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import copy
 import json
+import os
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -39,7 +40,7 @@ from chatchat_policybert.chatchat.config import (
 from chatchat_policybert.chatchat.root import BASIC_SETTINGS, SERVERS, check_bind_host, content_dir
 from chatchat_policybert.chatchat.settings import PLATFORM_KEY, round_trip_yaml
 from chatchat_policybert.errors import InputError, SettingsError
-from chatchat_policybert.files import atomic_path, read_json, write_json
+from chatchat_policybert.files import atomic_path, read_json, regular_file, write_json
 from chatchat_policybert.retrieval.hybrid import HYBRID_KEY, HybridConfig, configured_analyzer, parse_hybrid
 from chatchat_policybert.stores import STORES, get_store
 
@@ -261,9 +262,9 @@ def _last_record(root: Path) -> dict[str, Any] | None:
     (None: never, or before it was recorded); a record that is not the one setup writes is an InputError naming it
     (before anything is written)."""
     path = setup_record(root)
-    if not path.is_file():
+    if not os.path.lexists(path):
         return None
-    record = read_json(path)
+    record = read_json(regular_file(path, "setup's record"))  # a folder or a FIFO there: one line, nothing written
     try:
         return {
             "written": {name: {tuple(key): value for key, value in record["written"][name]} for name in SETTINGS_FILES},

@@ -140,3 +140,9 @@ def test_a_rerun_of_setup_keeps_the_users_settings_and_says_what_it_changes(tmp_
     refused = cli("setup", "--root", str(root), "--model", str(tmp_path / "typo"), "--no-check")
     assert refused.returncode == 2 and refused.stderr.startswith("error: "), refused.stderr
     assert snapshot(root) | {"record": (root / "policybert_setup.json").read_bytes()} == kept
+    record = root / "policybert_setup.json"
+    for damage in ("not json", '{"written": 1}'):
+        record.write_text(damage, encoding="utf-8")
+        refused = cli("setup", "--root", str(root), "--no-check")
+        assert refused.returncode == 2 and refused.stderr.startswith(f"error: {record}"), refused.stderr
+        assert refused.stderr.count("\n") == 1 and snapshot(root) == {k: v for k, v in kept.items() if k != "record"}
