@@ -224,12 +224,13 @@ def ctrl_c_outside_writes(enabled: bool) -> Iterator[CtrlC]:
     it waits for; yields the :class:`CtrlC` that also says whether it was asked, which the loop checks at each step's
     end (a KeyboardInterrupt that falls in a finaliser is printed and dropped by Python; the flag still stops the run).
 
-    Why not wait for the step's end, as before: a step of ``tune``'s inverse-cloze training is minutes on a CPU (205 s
-    measured, deployment.md) and its dev evaluation about one, so a Ctrl-C took over a minute to act (66 s, issue 43
-    item 11). What a step or an evaluation computes lives in memory until a checkpoint is written, and a stopped run
-    resumes from the last checkpoint, so cutting it short loses nothing that was kept. A second Ctrl-C interrupts at
-    once, writes or not. Off (``enabled`` False) under several processes, where ranks stopping at different places
-    would leave the others waiting in a collective, and off outside the main thread, which alone receives signals.
+    Why not wait for the step's end, as before: a step of ``tune``'s inverse-cloze training can take minutes on a CPU
+    (205 s in deployment.md's run), and a Ctrl-C in the start evaluation waited for it and for the first step (issue
+    43 item 11 saw ``tune`` take 66 s to act). What a step or an evaluation computes lives in memory until a
+    checkpoint is written, and a stopped run resumes from the last checkpoint, so cutting it short loses nothing that
+    was kept. A second Ctrl-C interrupts at once, writes or not. Off (``enabled`` False) under several processes,
+    where ranks stopping at different places would leave the others waiting in a collective, and off outside the main
+    thread, which alone receives signals.
     """
     ctrl_c = CtrlC()
     try:
