@@ -35,7 +35,15 @@ def validation_problems(exc: Exception, whole: str) -> str:
 
 
 class Interrupted(KeyboardInterrupt):
-    """Ctrl-C, with a message saying what was kept (e.g. the checkpoint a training run resumes from)."""
+    """Ctrl-C, with a message saying what was kept (e.g. the checkpoint a training run resumes from).
+
+    :attr:`kept` is the message without its advice (where the run stopped, the checkpoint), for a command that runs the
+    training as one of its steps and says itself how to continue (``tune``: the same command, not ``--resume``).
+    """
+
+    def __init__(self, message: str = "", kept: str | None = None) -> None:
+        super().__init__(message)
+        self.kept = message if kept is None else kept
 
 
 def run_cli(main: Callable[[Sequence[str] | None], int | None], argv: Sequence[str] | None = None) -> int:

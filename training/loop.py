@@ -25,7 +25,7 @@ import math
 import os
 import random
 import signal
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -193,31 +193,61 @@ def load_checkpoint(path: Path, cfg: TrainConfig, device: torch.device) -> dict:
     return saved
 
 
-@contextlib.contextmanager
-def ctrl_c_at_step_end(enabled: bool) -> Iterator[Callable[[], bool]]:
-    """While open, a first Ctrl-C only asks the run to stop at the end of the step it is in; yields "was it asked?".
+class CtrlC:
+    """What :func:`ctrl_c_outside_writes` yields: whether Ctrl-C was asked (call it), and :meth:`held_back` for the
+    writes a Ctrl-C must not cut in two."""
 
-    Why: a KeyboardInterrupt raised wherever the signal lands can fall between the checkpoint's
-    rename and the record of its step (the message then denies a checkpoint that exists), or inside
-    a finaliser, where Python prints and drops it and training goes on. A second Ctrl-C interrupts at
-    once. Off (``enabled`` False) under several processes, where ranks stopping at different steps
-    would leave the others waiting in a collective, and off outside the main thread, which alone
-    receives signals.
+    def __init__(self) -> None:
+        self.asked = False
+        self.holding = 0
+        """How many :meth:`held_back` blocks are open: while any is, a Ctrl-C waits for their end."""
+
+    def __call__(self) -> bool:
+        return self.asked
+
+    @contextlib.contextmanager
+    def held_back(self) -> Iterator[None]:
+        """Inside, a Ctrl-C waits for the block's end, and acts there: a checkpoint's write and the record of the step
+        it holds (cut between the two, the message denied a checkpoint that exists), the metrics file."""
+        self.holding += 1
+        try:
+            yield
+        finally:
+            self.holding -= 1
+        if self.asked and not self.holding:
+            raise KeyboardInterrupt
+
+
+@contextlib.contextmanager
+def ctrl_c_outside_writes(enabled: bool) -> Iterator[CtrlC]:
+    """While open, a first Ctrl-C acts where it lands, except inside :meth:`CtrlC.held_back` (the writes), whose end
+    it waits for; yields the :class:`CtrlC` that also says whether it was asked, which the loop checks at each step's
+    end (a KeyboardInterrupt that falls in a finaliser is printed and dropped by Python; the flag still stops the run).
+
+    Why not wait for the step's end, as before: a step of ``tune``'s inverse-cloze training can take minutes on a CPU
+    (205 s in deployment.md's run), and a Ctrl-C in the start evaluation waited for it and for the first step (issue
+    43 item 11 saw ``tune`` take 66 s to act). What a step or an evaluation computes lives in memory until a
+    checkpoint is written, and a stopped run resumes from the last checkpoint, so cutting it short loses nothing that
+    was kept. A second Ctrl-C interrupts at once, writes or not. Off (``enabled`` False) under several processes,
+    where ranks stopping at different places would leave the others waiting in a collective, and off outside the main
+    thread, which alone receives signals.
     """
-    asked: list[bool] = []
+    ctrl_c = CtrlC()
     try:
         previous = signal.getsignal(signal.SIGINT)
 
         def ask(signum: int, frame: object) -> None:
-            asked.append(True)
+            ctrl_c.asked = True
             signal.signal(signal.SIGINT, previous)
+            if not ctrl_c.holding:
+                raise KeyboardInterrupt
 
         if enabled:
             signal.signal(signal.SIGINT, ask)
     except ValueError:  # not the main thread
         enabled = False
     try:
-        yield lambda: bool(asked)
+        yield ctrl_c
     finally:
         if enabled:
             signal.signal(signal.SIGINT, previous)
@@ -291,17 +321,20 @@ def train(model: nn.Module, task: Task, cfg: TrainConfig, inputs: object | None 
             torch.save(payload, tmp)
         saved_step = state["step"]
 
-    def where_to_resume() -> str:
-        """Ctrl-C's one line: the step reached and the checkpoint (if any) that ``--resume`` continues from."""
+    def where_stopped() -> str:
+        """The step reached and the checkpoint (if any) that a resumed run continues from."""
         if saved_step is None:
             return (
                 f"training stopped at step {state['step']} of {total_steps}, before the first checkpoint "
-                f"(every {cfg.checkpoint_every} steps): nothing to resume, run again"
+                f"(every {cfg.checkpoint_every} steps)"
             )
-        return (
-            f"training stopped at step {state['step']} of {total_steps}; {checkpoint} holds step {saved_step}: "
-            f"continue from there with the same command and --resume"
-        )
+        return f"training stopped at step {state['step']} of {total_steps}; {checkpoint} holds step {saved_step}"
+
+    def where_to_resume() -> str:
+        """Ctrl-C's one line: :func:`where_stopped`, and how ``--resume`` continues."""
+        if saved_step is None:
+            return f"{where_stopped()}: nothing to resume, run again"
+        return f"{where_stopped()}: continue from there with the same command and --resume"
 
     if main:
         cfg.out.mkdir(parents=True, exist_ok=True)
@@ -311,7 +344,7 @@ def train(model: nn.Module, task: Task, cfg: TrainConfig, inputs: object | None 
         )
     bar: tqdm | None = None
     try:
-        with ctrl_c_at_step_end(enabled=world == 1) as ctrl_c_asked:
+        with ctrl_c_outside_writes(enabled=world == 1) as ctrl_c:
             if main and state["step"] == 0:
                 # The start model, scored by the same evaluation: every later record says how far training
                 # moved from it. Keyed on the step, not on an empty history: a resumed run never scores its
@@ -319,7 +352,8 @@ def train(model: nn.Module, task: Task, cfg: TrainConfig, inputs: object | None 
                 with evaluating(model, precision):
                     state["history"].append({"epoch": 0, "step": 0, "held_out": task.evaluate(model)})
                 tqdm.write(f"start: held out {state['history'][0]['held_out']}")
-                write_json(state["history"], cfg.out / METRICS)
+                with ctrl_c.held_back():
+                    write_json(state["history"], cfg.out / METRICS)
             bar = tqdm(total=total_steps, initial=state["step"], desc="training", unit="step", disable=not main)
             stopped_early, order = False, None
             for step in range(state["step"], total_steps):
@@ -378,18 +412,20 @@ def train(model: nn.Module, task: Task, cfg: TrainConfig, inputs: object | None 
                     state["history"].append(record)
                     state["loss_sum"] = 0.0
                     if main:
-                        write_json(state["history"], cfg.out / METRICS)
+                        with ctrl_c.held_back():
+                            write_json(state["history"], cfg.out / METRICS)
                 if main and (state["step"] % cfg.checkpoint_every == 0 or state["step"] == cfg.stop_after):
-                    save_checkpoint()
+                    with ctrl_c.held_back():  # the checkpoint and the step it holds, whole
+                        save_checkpoint()
                 if state["step"] == cfg.stop_after and state["step"] < total_steps:
                     stopped_early = True
                     break
-                if ctrl_c_asked():
+                if ctrl_c():  # one a finaliser dropped
                     raise KeyboardInterrupt
     except KeyboardInterrupt:
         if bar is not None:
             bar.close()  # ends the progress line, so the message is a line of its own
-        raise Interrupted(where_to_resume()) from None
+        raise Interrupted(where_to_resume(), kept=where_stopped()) from None
     bar.close()
     if main:
         if stopped_early:

@@ -42,6 +42,14 @@ MODEL_SETTINGS = "model_settings.yaml"
 KB_SETTINGS = "kb_settings.yaml"
 SETTINGS_FILES = (MODEL_SETTINGS, KB_SETTINGS)
 """The two files PolicyBERT reads and writes in a root (``chatchat init`` writes them; ``setup`` merges into them)."""
+SETUP_RECORD = "policybert_setup.json"
+"""What ``setup`` last wrote into the two files, and which keys its flags set: a re-run keeps every key whose value
+differs from it (the user's edits, a calibration, a tune's install) — :mod:`chatchat_policybert.configure.setup`."""
+
+
+def setup_record(root: Path) -> Path:
+    """The root's :data:`SETUP_RECORD` (written beside the settings files, atomically, by ``setup`` only)."""
+    return Path(root) / SETUP_RECORD
 
 
 @dataclass(frozen=True)
@@ -157,7 +165,7 @@ def copy_settings(source: Path, dest: Path) -> None:
 @contextmanager
 def restored_on_failure(root: Path, names: Sequence[str] = SETTINGS_FILES) -> Iterator[None]:
     """The files ``names`` of ``root`` as they were, byte for byte (each atomically), if the block raises (a refusal,
-    an error, Ctrl-C); the exception goes on.
+    an error, Ctrl-C); one that did not exist before is removed; the exception goes on.
 
     Why: ``setup --calibrate`` must write setup's settings before its calibration can run (the calibration's worker
     serves the root as those settings say), and the calibration can still refuse (an index another model built).
@@ -172,6 +180,8 @@ def restored_on_failure(root: Path, names: Sequence[str] = SETTINGS_FILES) -> It
             if not (root / name).is_file() or (root / name).read_bytes() != content:
                 with atomic_path(root / name) as tmp:
                     tmp.write_bytes(content)
+        for name in set(names) - set(saved):
+            (root / name).unlink(missing_ok=True)
         raise
 
 

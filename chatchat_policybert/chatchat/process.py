@@ -193,13 +193,17 @@ class WorkerProcess:
             text=True,
             encoding="utf-8",
         )
-        self.ready: dict[str, Any] = self._read()
+        try:
+            self.ready: dict[str, Any] = self._read()
+        except BaseException:  # Ctrl-C while it loads: it goes too, not on loading a model for no one
+            self.close(at_once=True)
+            raise
 
     def __enter__(self) -> WorkerProcess:
         return self
 
-    def __exit__(self, *exc: object) -> None:
-        self.close()
+    def __exit__(self, exc_type: type[BaseException] | None, *exc: object) -> None:
+        self.close(at_once=exc_type is not None)
 
     def _read(self) -> dict[str, Any]:
         for line in self._process.stdout:
@@ -213,9 +217,16 @@ class WorkerProcess:
         self._process.stdin.flush()
         return self._read()
 
-    def close(self) -> None:
+    def close(self, at_once: bool = False) -> None:
+        """Ends the worker: it reads the end of its input and exits (30 s at most, then it is killed); ``at_once``
+        (an error or Ctrl-C in the caller) kills it now. Why not wait then: it only reads the root, and a Ctrl-C that
+        reaches the caller alone (``kill -INT``) found the worker loading Chatchat and the model, which it finished
+        before it read its input's end (issue 43 item 11)."""
         if self._process.poll() is None:
-            self._process.stdin.close()
+            if at_once:
+                self._process.kill()
+            else:
+                self._process.stdin.close()
             try:
                 self._process.wait(timeout=30)
             except subprocess.TimeoutExpired:

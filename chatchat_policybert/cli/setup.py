@@ -12,7 +12,7 @@ import argparse
 from pathlib import Path
 from typing import Any
 
-from chatchat_policybert.chatchat.config import SETTINGS_FILES, restored_on_failure
+from chatchat_policybert.chatchat.config import SETTINGS_FILES, SETUP_RECORD, restored_on_failure
 from chatchat_policybert.chatchat.root import BASIC_SETTINGS
 from chatchat_policybert.cli.common import add_root_argument
 from chatchat_policybert.cli.doctor import report
@@ -128,7 +128,7 @@ def run_setup(args: argparse.Namespace) -> int:
         kb = args.kb or plan.kb
         check_calibration_inputs(args.root, kb, args.calibrate, args.corpus)
         # All or nothing: the calibration runs on the root as setup writes it; if it refuses, the files go back.
-        with restored_on_failure(args.root, (*SETTINGS_FILES, BASIC_SETTINGS)):
+        with restored_on_failure(args.root, (*SETTINGS_FILES, BASIC_SETTINGS, SETUP_RECORD)):
             print(plan.write().text(), flush=True)
             print(calibrate_setup(args.root, kb, args.calibrate, args.corpus))
     if args.no_check:

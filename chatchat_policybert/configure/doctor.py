@@ -198,7 +198,10 @@ def _check_hybrid(platform: dict[str, Any], threshold: float, store: str, root: 
 
 
 def _check_model(local: Any, root: Path) -> list[Finding]:
+    """The served model loads as Chatchat loads it and embeds a question, and check-model's check of its directory, on
+    the towers just loaded where the configured class is PolicyBERT's (one load, not two: issue 43 item 11)."""
     from chatchat_policybert.chatchat.registry import load_embeddings
+    from chatchat_policybert.model.embeddings import PolicyBertEmbeddings
     from chatchat_policybert.model.loading import check_model_dir
 
     try:
@@ -209,9 +212,13 @@ def _check_model(local: Any, root: Path) -> list[Finding]:
     norm = math.sqrt(sum(x * x for x in vector))
     level = "OK" if abs(norm - 1.0) < 1e-3 else "ERROR"
     path = local.config.resolved_model_path(root)
+    loaded = None
+    if isinstance(embeddings, PolicyBertEmbeddings):
+        loaded = (embeddings.model, embeddings.query_model, embeddings.tokenizer)
     return [
         Finding(level, f"model {path} loads: dimension {len(vector)}, query vector norm {norm:.4f}"),
-        Finding(*check_model_dir(path)),  # check-model's check: its files belong together, or say it cannot tell
+        # check-model's check: its files belong together, or say it cannot tell
+        Finding(*check_model_dir(path, loaded=loaded)),
     ]
 
 

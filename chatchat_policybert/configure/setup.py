@@ -6,13 +6,26 @@ the store's options), and the settings are written by the one writer
 (:class:`chatchat_policybert.chatchat.config.SettingsDocs`: validated, each file atomically), so a
 bad input leaves the root as it was. ``--calibrate`` and the doctor's checks come after, from the
 command (:mod:`chatchat_policybert.cli.setup`).
+
+A re-run keeps the user's settings (issue 43 item 4: a re-run to change ``--bind`` put VECTOR_SEARCH_TOP_K, CHUNK_SIZE,
+SCORE_THRESHOLD, DEFAULT_LLM_MODEL and the calibration back to the shipped values). Each run records what it wrote
+(:func:`chatchat_policybert.chatchat.config.setup_record`) and which keys its flags set; the next run keeps every key
+whose value differs from that record (an edit, a calibration, a tune's install), keeps what an earlier run's flags set
+(``--model``), takes a new shipped value only where the user's value is the one setup wrote, changes what this run's
+flags name, and prints each key it changes, old → new. A first run (no record) merges as before.
 """
 
 from __future__ import annotations
 
+import copy
+import json
+import os
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+import yaml as pyyaml
 
 from chatchat_policybert.chatchat.config import (
     KB_SETTINGS,
@@ -21,12 +34,13 @@ from chatchat_policybert.chatchat.config import (
     SettingsDocs,
     default_kb,
     kb_settings,
+    setup_record,
     typed_kb,
 )
 from chatchat_policybert.chatchat.root import BASIC_SETTINGS, SERVERS, check_bind_host, content_dir
 from chatchat_policybert.chatchat.settings import PLATFORM_KEY, round_trip_yaml
 from chatchat_policybert.errors import InputError, SettingsError
-from chatchat_policybert.files import atomic_path
+from chatchat_policybert.files import atomic_path, read_json, regular_file, write_json
 from chatchat_policybert.retrieval.hybrid import HYBRID_KEY, HybridConfig, configured_analyzer, parse_hybrid
 from chatchat_policybert.stores import STORES, get_store
 
@@ -107,16 +121,34 @@ class SetupPlan:
     store_note: str | None
     kb: str
     """DEFAULT_KNOWLEDGE_BASE as the merged kb_settings.yaml names it."""
+    record: dict[str, Any] = field(default_factory=dict)
+    """What to record as this run's writes (:data:`chatchat_policybert.chatchat.config.SETUP_RECORD`)."""
+    changes: list[str] | None = None
+    """Each key this run changes, ``file key: old → new``; None on a first run (no record: merged as before)."""
+    kept: list[str] = field(default_factory=list)
+    """The keys kept because they differ from what the last run wrote (the user's edits, a calibration, a tune)."""
 
     def write(self) -> SetupReport:
         """Writes the merged settings (both files through the one writer, basic_settings.yaml atomically), links NLTK's
         data, creates the knowledge base folder; what it did, line by line."""
         root, report = self.root, SetupReport()
         self.docs.write()  # both validated before either is written (basic_settings.yaml was checked in the plan)
+        write_json(self.record, setup_record(root))  # after the files: a kill between keeps the last run's record
         report.add("OK", f"merged {self.source / MODEL_SETTINGS} into {root / MODEL_SETTINGS}")
         if self.store_note:
             report.add("NOTE", self.store_note)
         report.add("OK", f"merged {self.source / KB_SETTINGS} into {root / KB_SETTINGS}")
+        if self.changes is None:
+            report.add("OK", f"recorded what setup wrote in {setup_record(root)}: a re-run keeps what you change")
+        else:
+            if self.kept:
+                report.add(
+                    "OK", f"kept {len(self.kept)} setting(s) changed since the last setup: {', '.join(self.kept)}"
+                )
+            for change in self.changes:
+                report.add("OK", f"changed {change}")
+            if not self.changes:
+                report.add("OK", "no setting changed")
         with atomic_path(root / BASIC_SETTINGS) as tmp, tmp.open("w", encoding="utf-8") as handle:
             self.yaml.dump(self.basic, handle)
         report.add("OK", f"Chatchat's API and WebUI listen on {self.options.bind} ({root / BASIC_SETTINGS})")
@@ -181,16 +213,185 @@ def plan_setup(root: Path, options: SetupOptions) -> SetupPlan:
                 entry["api_base_url"] = options.ollama_url
     if store is not None:
         shipped.kb.update(store_settings)
+    previous = _last_record(root)
+    before = SettingsDocs(root)  # the root as it is: the user's values a re-run keeps
+    ollama = [p["platform_name"] for p in shipped.model["MODEL_PLATFORMS"] if p.get("platform_type") == "ollama"]
+    named = _named_keys(options, platform["platform_name"], ollama, store_settings)
     merge_settings(current.model, shipped.model, options.keep_other_platforms)
     merge_settings(current.kb, shipped.kb, options.keep_other_platforms)
+    kept: dict[str, list[KeyPath]] = {name: [] for name in SETTINGS_FILES}
+    if previous is not None:
+        kept = _keep_users_values(current, before, previous, named)
     _check_hybrid(root, current)
     try:
-        current.texts()  # what write() checks, now: a bad merged file is refused before anything is written
+        texts = current.texts()  # what write() checks, now: a bad merged file is refused before anything is written
         kb = typed_kb(dict(current.kb), root / KB_SETTINGS).default_kb
     except SettingsError as exc:
         raise InputError(str(exc)) from None
     note = store.setup_note if store is not None else None
-    return SetupPlan(root, options, source, current, basic, yaml, note, kb)
+    record: dict[str, Any] = {"written": {}, "flagged": {}}
+    for name in SETTINGS_FILES:
+        # The user's values kept are left out of what setup wrote: the next run sees them as the user's again.
+        leaves = _flatten(pyyaml.safe_load(texts[name]) or {})
+        written = [[list(path), value] for path, value in leaves.items() if path not in kept[name]]
+        record["written"][name] = json.loads(json.dumps(written, default=str))  # a YAML date: as its text
+        flagged = {*(previous["flagged"][name] if previous else []), *named[name]}
+        record["flagged"][name] = [list(path) for path in sorted(flagged)]
+    changes = None
+    if previous is not None:
+        changes = _changes({name: _flatten(_doc(before, name)) for name in SETTINGS_FILES}, texts)
+    labels = [_label(name, path) for name in SETTINGS_FILES for path in kept[name]]
+    return SetupPlan(root, options, source, current, basic, yaml, note, kb, record, changes, labels)
+
+
+_ABSENT = object()
+"""A key's value where the file has no such key (equal to no value)."""
+
+KeyPath = tuple[str, ...]
+"""A key of a settings file: mapping keys, and ``[NAME]`` for MODEL_PLATFORMS' entry whose platform_name is NAME (the
+list's order is not what identifies an entry)."""
+
+
+def _doc(docs: SettingsDocs, name: str) -> Any:
+    """``docs``' document of the file ``name`` (one of :data:`SETTINGS_FILES`)."""
+    return docs.model if name == MODEL_SETTINGS else docs.kb
+
+
+def _last_record(root: Path) -> dict[str, Any] | None:
+    """What the last ``setup`` in ``root`` wrote, ``{"written": {file: {path: value}}, "flagged": {file: [path]}}``
+    (None: never, or before it was recorded); a record that is not the one setup writes is an InputError naming it
+    (before anything is written)."""
+    path = setup_record(root)
+    if not os.path.lexists(path):
+        return None
+    record = read_json(regular_file(path, "setup's record"))  # a folder or a FIFO there: one line, nothing written
+    try:
+        return {
+            "written": {name: {tuple(key): value for key, value in record["written"][name]} for name in SETTINGS_FILES},
+            "flagged": {name: [tuple(key) for key in record["flagged"][name]] for name in SETTINGS_FILES},
+        }
+    except (KeyError, TypeError, ValueError):
+        raise InputError(
+            f"{path}: not the record setup writes (what it wrote per settings file, and the keys its flags set); "
+            "remove it to merge as a first setup does (every setting back to the shipped value)"
+        ) from None
+
+
+def _named_keys(
+    options: SetupOptions, platform: str, ollama: Iterable[str], store_settings: dict[str, Any] | None
+) -> dict[str, list[KeyPath]]:
+    """The keys this run's flags set, per file (a key under one of them is set too); ``--settings-dir``: every key of
+    both files (the user names the files to merge)."""
+    if options.settings_dir is not None:
+        return {MODEL_SETTINGS: [()], KB_SETTINGS: [()]}
+    served = ("MODEL_PLATFORMS", f"[{platform}]")
+    model: list[KeyPath] = []
+    if options.model is not None:
+        model.append((*served, "local_embeddings", "model_path"))
+    model += [(*served, "local_embeddings", key) for key in ("device", "dtype") if getattr(options, key)]
+    if options.analyzer is not None:
+        model.append((*served, "hybrid", "analyzer"))
+    if options.ollama_url:
+        model += [("MODEL_PLATFORMS", f"[{name}]", "api_base_url") for name in ollama]
+    return {MODEL_SETTINGS: model, KB_SETTINGS: [(key,) for key in store_settings or {}]}
+
+
+def _is_platform_list(node: Any) -> bool:
+    """A list of mappings each named by a distinct ``platform_name`` (MODEL_PLATFORMS): entries are keyed by name."""
+    if not isinstance(node, list) or not node or not all(isinstance(e, dict) for e in node):
+        return False
+    names = [e.get("platform_name") for e in node]
+    return all(isinstance(n, str) for n in names) and len(set(names)) == len(names)
+
+
+def _flatten(doc: Any) -> dict[KeyPath, Any]:
+    """Every leaf value of a settings document by its :data:`KeyPath` (a list other than MODEL_PLATFORMS is one
+    value)."""
+    leaves: dict[KeyPath, Any] = {}
+
+    def walk(node: Any, path: KeyPath) -> None:
+        if isinstance(node, dict) and node:
+            for key, value in node.items():
+                walk(value, (*path, str(key)))
+        elif _is_platform_list(node):
+            for entry in node:
+                walk(entry, (*path, f"[{entry['platform_name']}]"))
+        else:
+            leaves[path] = node
+
+    walk(doc, ())
+    return leaves
+
+
+def _set(doc: Any, path: KeyPath, value: Any) -> None:
+    """``value`` at ``path`` of a ruamel document, making the mappings (and MODEL_PLATFORMS entries) on the way."""
+    from ruamel.yaml.comments import CommentedMap
+
+    node = doc
+    for depth, key in enumerate(path[:-1]):
+        following = path[depth + 1]
+        if key.startswith("["):
+            continue  # handled with the list it belongs to
+        if following.startswith("["):
+            entries = node.get(key) if isinstance(node.get(key), list) else None
+            if entries is None:
+                entries = node[key] = []
+            name = following[1:-1]
+            entry = next((e for e in entries if isinstance(e, dict) and e.get("platform_name") == name), None)
+            if entry is None:
+                entry = CommentedMap(platform_name=name)
+                entries.append(entry)
+            node = entry
+            continue
+        if not isinstance(node.get(key), dict):
+            node[key] = CommentedMap()
+        node = node[key]
+    node[path[-1]] = value
+
+
+def _under(path: KeyPath, prefixes: Iterable[KeyPath]) -> bool:
+    return any(path[: len(prefix)] == tuple(prefix) for prefix in prefixes)
+
+
+def _label(name: str, path: KeyPath) -> str:
+    """``kb_settings.yaml VECTOR_SEARCH_TOP_K``, ``model_settings.yaml MODEL_PLATFORMS[policybert].hybrid.analyzer``."""
+    return f"{name} " + "".join(key if key.startswith("[") or not i else f".{key}" for i, key in enumerate(path))
+
+
+def _keep_users_values(
+    merged: SettingsDocs, before: SettingsDocs, previous: dict[str, Any], named: dict[str, list[KeyPath]]
+) -> dict[str, list[KeyPath]]:
+    """Puts back into ``merged`` each value of the root (``before``) that this run's flags do not name and that either
+    differs from what the last setup wrote (``previous``: the user's edit, a calibration, a tune's install) or was set
+    by an earlier run's flag (``--model`` stays without it); per file, the keys of the user's values it put back."""
+    kept: dict[str, list[KeyPath]] = {name: [] for name in SETTINGS_FILES}
+    for name in SETTINGS_FILES:
+        written, flagged = previous["written"][name], previous["flagged"][name]
+        theirs = _flatten(_doc(merged, name))
+        for path, value in _flatten(_doc(before, name)).items():
+            if not path or path[-1].startswith("[") or _under(path, named[name]):
+                continue  # an empty platform entry is no key to keep
+            edited = path not in written or written[path] != value
+            if (edited or _under(path, flagged)) and (path not in theirs or theirs[path] != value):
+                _set(_doc(merged, name), path, copy.deepcopy(value))
+                if edited:
+                    kept[name].append(path)
+    return kept
+
+
+def _changes(before: dict[str, dict[KeyPath, Any]], texts: dict[str, str]) -> list[str]:
+    """``file key: old → new`` for each key whose value the new ``texts`` change (added or removed keys too)."""
+
+    def shown(leaves: dict[KeyPath, Any], path: KeyPath) -> str:
+        return json.dumps(leaves[path], ensure_ascii=False, default=str) if path in leaves else "(absent)"
+
+    lines = []
+    for name in SETTINGS_FILES:
+        old, new = before[name], _flatten(pyyaml.safe_load(texts[name]) or {})
+        for path in [*old, *(p for p in new if p not in old)]:
+            if old.get(path, _ABSENT) != new.get(path, _ABSENT):
+                lines.append(f"{_label(name, path)}: {shown(old, path)} → {shown(new, path)}")
+    return lines
 
 
 def setup_root(root: Path, options: SetupOptions) -> SetupReport:

@@ -129,8 +129,8 @@ class Candidates:
     def __enter__(self) -> Candidates:
         return self
 
-    def __exit__(self, *exc: object) -> None:
-        self._worker.close()
+    def __exit__(self, exc_type: type[BaseException] | None, *exc: object) -> None:
+        self._worker.close(at_once=exc_type is not None)  # an error or Ctrl-C: the worker goes now
 
     def get(self, query: str) -> tuple[list[int], list[tuple[int, float]]]:
         """(BM25 hits of :attr:`analyzer`, FAISS hits with their relevance score) as chunk indices, best first."""

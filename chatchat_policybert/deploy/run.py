@@ -83,6 +83,8 @@ class Run:
     def __init__(self, args: argparse.Namespace, steps: tuple[str, ...] = STEPS):
         self.args, self.root, self.kb, self.out = args, args.root, args.kb, args.out
         self.steps = steps
+        self.current: str | None = None
+        """The step running (or the last one begun): what Ctrl-C's message names."""
         self.out.mkdir(parents=True, exist_ok=True)
         path = self.out / STATE
         state = json.loads(path.read_text(encoding="utf-8")) if path.is_file() else {}
@@ -129,6 +131,7 @@ class Run:
     def step(self, name: str) -> Iterator[None]:
         """Prints the step's header; adds its time and its peak memory to the state when it ends without an error."""
         number = self.steps.index(name) + 1
+        self.current = name
         print(f"[{number}/{len(self.steps)}] {name}", flush=True)
         started = time.perf_counter()
         reset_peak_rss()

@@ -26,7 +26,7 @@ from chatchat_policybert.deploy.query_tune import NEEDS_QUESTIONS, QUERY_STEPS, 
 from chatchat_policybert.deploy.questions import is_pairs_file
 from chatchat_policybert.deploy.report import decision_lines, gate_rows, write_report
 from chatchat_policybert.deploy.run import Run, tune_dir, tune_lock
-from chatchat_policybert.errors import EXIT_INTERRUPTED, InputError
+from chatchat_policybert.errors import EXIT_INTERRUPTED, InputError, Interrupted
 from chatchat_policybert.evaluation.dataset import kb_questions
 from chatchat_policybert.files import read_json
 from chatchat_policybert.stores import store_of
@@ -104,11 +104,20 @@ def run_tune(args: argparse.Namespace) -> int:
         print(f"tune {args.kb} in {args.root} ({mode}): start model {run.start}; run folder {args.out}")
         try:
             return run_steps(run, trainer) if args.inverse_cloze else run_query_tune(run, trainer)
-        except KeyboardInterrupt:
-            print(f"tune: interrupted; the same command continues from {args.out}", file=sys.stderr)
+        except KeyboardInterrupt as exc:
+            print(interrupted_line(run, exc), file=sys.stderr)
             return EXIT_INTERRUPTED
         except OSError as exc:  # a full disk, a folder removed under it: one line, and the run folder to continue from
             raise InputError(f"tune stopped: {exc}; the same command continues from {args.out}") from None
+
+
+def interrupted_line(run: Run, exc: KeyboardInterrupt) -> str:
+    """Ctrl-C's line: the step it stopped in, where its training stopped and the checkpoint it holds (a training's
+    :class:`~chatchat_policybert.errors.Interrupted`), and that the same command continues (issue 43 item 11: it named
+    neither). A tune resumes by itself: each step re-uses what the run folder holds, a training its checkpoint."""
+    where = f" in step {run.current}" if run.current else ""
+    kept = f": {exc.kept}" if isinstance(exc, Interrupted) and exc.kept else ""
+    return f"tune: interrupted{where}{kept}; the same command continues from there (run folder {run.out})"
 
 
 def run_steps(run: Run, trainer: Trainer) -> int:

@@ -137,15 +137,16 @@ class ChatchatSearch:
     def __enter__(self) -> ChatchatSearch:
         return self
 
-    def __exit__(self, *exc: object) -> None:
-        self.close()
+    def __exit__(self, exc_type: type[BaseException] | None, *exc: object) -> None:
+        self.close(at_once=exc_type is not None)
 
     def search(self, query: str, threshold: float | None) -> tuple[list[int], float]:
         answer = self._worker.ask({"query": query, "threshold": threshold})
         return [self._locate(source, text) for source, text in answer["hits"]], answer["seconds"]
 
-    def close(self) -> None:
-        self._worker.close()
+    def close(self, at_once: bool = False) -> None:
+        """Ends the worker (:meth:`WorkerProcess.close`: ``at_once`` where the caller stops on an error or Ctrl-C)."""
+        self._worker.close(at_once)
 
 
 class ChatchatEnsemble:

@@ -375,6 +375,11 @@ def load_towers(
     return document, copy.deepcopy(document, memo=replaced), tokenizer
 
 
+def _silent(model: PreTrainedModel) -> bool:
+    """Whether ``model``'s word stream cannot change its output (a plain BERT has none)."""
+    return bool(getattr(model, "word_stream_silent", lambda: True)())
+
+
 def _read_query_tower(path: Path, document: PreTrainedModel) -> dict[str, torch.Tensor]:
     """The query tower file's tensors, refused (:class:`ModelDirError` naming the file) unless each is one the
     document tower has, of its shape and finite, and they are the ones config.json records.
@@ -563,7 +568,10 @@ def save_model_dir(
     return Path(out)
 
 
-def check_model_dir(name_or_path: str | os.PathLike) -> tuple[str, str]:
+def check_model_dir(
+    name_or_path: str | os.PathLike,
+    loaded: tuple[PreTrainedModel, PreTrainedModel, PolicyBertTokenizer] | None = None,
+) -> tuple[str, str]:
     """``chatchat-policybert check-model`` and ``doctor``'s check of a model directory: ``(level, message)``.
 
     The directory loads as :func:`load_towers` loads it (the query tower too, where it has one, which the message
@@ -573,11 +581,21 @@ def check_model_dir(name_or_path: str | os.PathLike) -> tuple[str, str]:
     stream with only a load report; ``AutoTokenizer`` on ``tokenizer_class: BertTokenizerFast`` gives no word inputs.
     A directory with no record (written before it existed, or by another tool) loads, but nothing tells whether its
     lexicon, tokenizer class or pooling are the ones it was trained with: a WARN that says how to get one.
+
+    ``loaded``: what :func:`load_towers` returned for this directory (``doctor`` has just loaded it to embed a
+    question: loading an e5-sized model twice doubled the command's time and peak memory, issue 43 item 11).
+    A word stream whose fusion scales are all 0 (:meth:`PolicyBertModel.word_stream_silent`, e.g. a fresh merge or the
+    e5 base) is named as present but silent: "on" told a user it shaped the vectors, which it does not.
     """
     path = resolve_model_dir(name_or_path)
     config = read_config(path)
-    document, query, tokenizer = load_towers(path)
-    stream = "word stream on" if tokenizer.lexicon is not None else "no word stream"
+    document, query, tokenizer = loaded if loaded is not None else load_towers(path)
+    if tokenizer.lexicon is None:
+        stream = "no word stream"
+    elif all(_silent(tower) for tower in (document, query)):
+        stream = "word stream present but silent (fusion scales 0: it adds nothing to the vectors)"
+    else:
+        stream = "word stream on"
     if query is document:
         towers = "no query tower (queries and documents through one encoder)"
     else:

@@ -269,3 +269,31 @@ def test_setup_calibration_flags_need_calibrate(tmp_path: Path, flag: str, capsy
     assert main(["setup", "--root", str(tmp_path), flag, "X"]) == 2
     assert f"{flag} only applies with --calibrate" in capsys.readouterr().err
     assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize("silent", [False, True])
+def test_doctor_loads_the_model_once_and_says_whether_its_word_stream_adds_anything(
+    tmp_path: Path, tiny_model_dir, monkeypatch, silent: bool
+):
+    """Issue #43 item 11: doctor's two model checks (it embeds a question; check-model's check of the directory) share
+    one load, counted at the real loader (a wrapper that calls through); a model whose fusion scales are all 0 is
+    said to have a word stream that is present but silent, not "on"."""
+    from chatchat_policybert.configure.doctor import diagnose
+    from chatchat_policybert.configure.setup import SetupOptions, setup_root
+    from chatchat_policybert.model import loading
+
+    model = tiny_model_dir("attn", fusion_scale_init=0.0) if silent else tiny_model_dir("attn")
+    root = make_root(tmp_path)
+    setup_root(root, SetupOptions(model=model))
+    loads, real = [], loading.load_policybert
+
+    def counted(*args, **kwargs):
+        loads.append(args[0])
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(loading, "load_policybert", counted)
+    messages = [finding.message for finding in diagnose(root, load_model=True)]
+    assert len(loads) == 1, loads
+    checked = next(m for m in messages if "its files are the ones config.json records" in m)
+    assert ("word stream present but silent (fusion scales 0" in checked) == silent, checked
+    assert ("word stream on" in checked) == (not silent), checked

@@ -92,3 +92,57 @@ def test_the_hybrid_block_is_resolved_once_per_change_of_the_files(tmp_path: Pat
         p for p in yaml.safe_load((root / SETTINGS_FILES[0]).read_text())["MODEL_PLATFORMS"] if "hybrid" in p
     )
     assert platform["hybrid"] == {"bm25_weight": 0.7, "dense_weight": 0.3, "analyzer": "policy"}
+
+
+def test_a_rerun_of_setup_keeps_the_users_settings_and_says_what_it_changes(tmp_path: Path, tiny_model: Path):
+    """Issue #43 item 4: after setup, a calibration and the user's edits of VECTOR_SEARCH_TOP_K, CHUNK_SIZE,
+    SCORE_THRESHOLD and DEFAULT_LLM_MODEL, a re-run of setup (to change --bind, as deployment.md suggests) keeps all of
+    them and the calibrated hybrid block, and the model an earlier --model set; it changes only what its flags name,
+    printing each change old → new; a refused re-run changes nothing, its record included."""
+    from test_cli import cli
+
+    root = make_root(tmp_path)
+    first = cli("setup", "--root", str(root), "--model", str(tiny_model), "--no-check")
+    assert first.returncode == 0, first.stderr
+    update_settings(root, hybrid=HybridConfig(bm25_weight=0.7, dense_weight=0.3, analyzer="policy"), threshold=0.5)
+    docs = SettingsDocs(root)
+    docs.kb["VECTOR_SEARCH_TOP_K"], docs.kb["CHUNK_SIZE"], docs.model["DEFAULT_LLM_MODEL"] = 7, 300, "my-llm:14b"
+    docs.write()
+    edited = snapshot(root)
+
+    def settings() -> tuple[dict, dict]:
+        model = yaml.safe_load((root / SETTINGS_FILES[0]).read_text(encoding="utf-8"))
+        return model, yaml.safe_load((root / SETTINGS_FILES[1]).read_text(encoding="utf-8"))
+
+    rerun = cli("setup", "--root", str(root), "--bind", "0.0.0.0", "--no-check")
+    assert rerun.returncode == 0, rerun.stderr
+    model, kb = settings()
+    assert (kb["VECTOR_SEARCH_TOP_K"], kb["CHUNK_SIZE"], kb["SCORE_THRESHOLD"]) == (7, 300, 0.5)
+    assert model["DEFAULT_LLM_MODEL"] == "my-llm:14b"
+    platform = SettingsDocs(root).platform()
+    assert dict(platform["hybrid"]) == {"bm25_weight": 0.7, "dense_weight": 0.3, "analyzer": "policy"}
+    assert Path(platform["local_embeddings"]["model_path"]) == tiny_model.resolve()
+    assert settings() == tuple(yaml.safe_load(edited[name]) for name in SETTINGS_FILES), "every value as it was"
+    assert "no setting changed" in rerun.stdout and "kb_settings.yaml VECTOR_SEARCH_TOP_K" in rerun.stdout
+    for key in ("CHUNK_SIZE", "SCORE_THRESHOLD", "DEFAULT_LLM_MODEL", "hybrid.bm25_weight"):
+        assert key in rerun.stdout, rerun.stdout
+
+    analyzer = cli("setup", "--root", str(root), "--analyzer", "chatchat", "--no-check")
+    assert analyzer.returncode == 0, analyzer.stderr
+    changed = [line for line in analyzer.stdout.splitlines() if line.startswith("OK    changed ")]
+    assert changed == [
+        'OK    changed model_settings.yaml MODEL_PLATFORMS[policybert].hybrid.analyzer: "policy" → "chatchat"'
+    ], analyzer.stdout
+    model, kb = settings()
+    assert (kb["VECTOR_SEARCH_TOP_K"], kb["CHUNK_SIZE"], model["DEFAULT_LLM_MODEL"]) == (7, 300, "my-llm:14b")
+
+    kept = snapshot(root) | {"record": (root / "policybert_setup.json").read_bytes()}
+    refused = cli("setup", "--root", str(root), "--model", str(tmp_path / "typo"), "--no-check")
+    assert refused.returncode == 2 and refused.stderr.startswith("error: "), refused.stderr
+    assert snapshot(root) | {"record": (root / "policybert_setup.json").read_bytes()} == kept
+    record = root / "policybert_setup.json"
+    for damage in ("not json", '{"written": 1}'):
+        record.write_text(damage, encoding="utf-8")
+        refused = cli("setup", "--root", str(root), "--no-check")
+        assert refused.returncode == 2 and refused.stderr.startswith(f"error: {record}"), refused.stderr
+        assert refused.stderr.count("\n") == 1 and snapshot(root) == {k: v for k, v in kept.items() if k != "record"}

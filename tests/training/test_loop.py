@@ -198,3 +198,57 @@ def test_ctrl_c_during_a_checkpoint_write_lets_the_step_finish_and_names_what_it
     saved = torch.load(out / "checkpoint.pt", weights_only=False)["state"]["step"]
     assert saved == 2
     assert f"training stopped at step 2 of 50; {out / 'checkpoint.pt'} holds step 2" in str(caught.value)
+
+
+@pytest.mark.parametrize("where", ["evaluation", "step"])
+def test_ctrl_c_acts_where_it_lands_not_at_the_end_of_the_step(where, tiny_model_dir, corpus_docs, tmp_path):
+    """Issue #43 item 11: a Ctrl-C waited for the end of the step it landed in, and for the end of an evaluation and
+    the next step (a step of `tune`'s inverse-cloze training is minutes on a CPU, its dev evaluation about one; `tune`
+    took 66 s to act). Neither writes anything, so the Ctrl-C acts where it lands: in the start evaluation, that
+    evaluation does not finish and no step runs; in the third step's loss (after the checkpoint of step 2), that step
+    does not finish. The message names the step reached and the checkpoint. The task is the stage's own
+    (:class:`training.pretrain.PretrainTask`); only the moment of the Ctrl-C is the test's."""
+    from training.loop import train
+    from training.pretrain import PretrainTask
+
+    model_dir = tiny_model_dir("none")
+    model, tokenizer = (
+        PolicyBertForPreTraining.from_pretrained(model_dir),
+        PolicyBertTokenizer.from_pretrained(model_dir),
+    )
+    out = tmp_path / "run"
+    cfg = PretrainConfig(out=out, batch_size=4, max_steps=50, max_length=32, device="cpu", checkpoint_every=2)
+    task, finished, losses = PretrainTask(tokenizer, corpus_docs, cfg), [], []
+
+    class CtrlCLandsIn:
+        """The stage's task; the user presses Ctrl-C as its evaluation starts, or in the third step."""
+
+        def __len__(self) -> int:
+            return len(task)
+
+        def batch(self, indices: list[int], key: str) -> dict:
+            return task.batch(indices, key)
+
+        def loss(self, model: torch.nn.Module, batch: dict) -> torch.Tensor:
+            losses.append(key := len(losses) + 1)
+            if where == "step" and key == 3:
+                os.kill(os.getpid(), signal.SIGINT)
+            return task.loss(model, batch)
+
+        def evaluate(self, model: torch.nn.Module) -> dict:
+            if where == "evaluation":
+                os.kill(os.getpid(), signal.SIGINT)
+            finished.append(task.evaluate(model))
+            return finished[-1]
+
+    with pytest.raises(Interrupted) as caught:
+        train(model, CtrlCLandsIn(), cfg)
+    message = str(caught.value)
+    if where == "evaluation":
+        assert finished == [] and losses == [], "the evaluation ran to its end, and a step after it"
+        assert "training stopped at step 0 of 50, before the first checkpoint" in message, message
+        assert not (out / "checkpoint.pt").exists()
+    else:
+        assert losses == [1, 2, 3], "the step went on after the Ctrl-C"
+        assert f"training stopped at step 2 of 50; {out / 'checkpoint.pt'} holds step 2" in message, message
+        assert torch.load(out / "checkpoint.pt", weights_only=False)["state"]["step"] == 2
