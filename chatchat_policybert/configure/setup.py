@@ -12,7 +12,8 @@ SCORE_THRESHOLD, DEFAULT_LLM_MODEL and the calibration back to the shipped value
 (:func:`chatchat_policybert.chatchat.config.setup_record`) and which keys its flags set; the next run keeps every key
 whose value differs from that record (an edit, a calibration, a tune's install), keeps what an earlier run's flags set
 (``--model``), takes a new shipped value only where the user's value is the one setup wrote, changes what this run's
-flags name, and prints each key it changes, old → new. A first run (no record) merges as before.
+flags name, and prints each key it changes, old → new. A first run merges as before; a root set up before the record
+existed (the PolicyBERT platform listed, no record) takes the shipped values as what setup last wrote.
 """
 
 from __future__ import annotations
@@ -215,6 +216,13 @@ def plan_setup(root: Path, options: SetupOptions) -> SetupPlan:
         shipped.kb.update(store_settings)
     previous = _last_record(root)
     before = SettingsDocs(root)  # the root as it is: the user's values a re-run keeps
+    if previous is None and _set_up_before(before, platform["platform_name"]):
+        # Set up before setup recorded its writes: the shipped values stand for what it wrote, so a value that
+        # differs from them (an edit, a calibration, a tune's model) is kept, as a recorded root's would be.
+        previous = {
+            "written": {name: _flatten(_doc(shipped, name)) for name in SETTINGS_FILES},
+            "flagged": {name: [] for name in SETTINGS_FILES},
+        }
     ollama = [p["platform_name"] for p in shipped.model["MODEL_PLATFORMS"] if p.get("platform_type") == "ollama"]
     named = _named_keys(options, platform["platform_name"], ollama, store_settings)
     merge_settings(current.model, shipped.model, options.keep_other_platforms)
@@ -255,6 +263,13 @@ list's order is not what identifies an entry)."""
 def _doc(docs: SettingsDocs, name: str) -> Any:
     """``docs``' document of the file ``name`` (one of :data:`SETTINGS_FILES`)."""
     return docs.model if name == MODEL_SETTINGS else docs.kb
+
+
+def _set_up_before(docs: SettingsDocs, platform_name: str) -> bool:
+    """Whether the root's model_settings.yaml already lists the PolicyBERT platform ``platform_name``: a setup ran
+    there (a root fresh from ``chatchat init`` has Chatchat's own settings, which a first setup replaces)."""
+    platforms = docs.model.get("MODEL_PLATFORMS") or []
+    return any(isinstance(p, dict) and p.get("platform_name") == platform_name and PLATFORM_KEY in p for p in platforms)
 
 
 def _last_record(root: Path) -> dict[str, Any] | None:
