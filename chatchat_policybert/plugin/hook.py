@@ -89,8 +89,10 @@ def patch_settings_cache(module: ModuleType) -> None:
     file) only when the file's modification time changes, through ``_cached_settings``, an LRU of **one** entry for
     all of them, keyed by (settings class, the file's mtime). Every switch from one file's settings to another's was a
     miss, and a search switches several times: the YAML files were parsed again about four times per question,
-    16 of 107 ms at 104,750 chunks (docs/speed.md). The replacement keeps Chatchat's key and its answer (the object
-    cached for that key, re-initialised from its file when the key changes), one entry per settings class.
+    16 of 107 ms at 104,750 chunks (docs/speed.md). The replacement keeps one entry per settings class, re-initialised
+    from its files when they change, as Chatchat's is: the key is finer than Chatchat's whole seconds (the files'
+    mtime in nanoseconds, size and inode, :func:`_settings_files_key`), because an entry now lives on, and a file
+    rewritten in the second it was read must not stay unread.
     """
     original = module._cached_settings
     if getattr(original, WRAPPED_MARK, False):
@@ -102,7 +104,7 @@ def patch_settings_cache(module: ModuleType) -> None:
 
     @functools.wraps(original)
     def _cached_settings(settings: object) -> object:
-        key = module._lazy_load_key(settings)
+        key = _settings_files_key(settings)
         with lock:
             cached = entries.get(key[0])
             if cached is None or cached[0] != key:
@@ -113,6 +115,22 @@ def patch_settings_cache(module: ModuleType) -> None:
 
     setattr(_cached_settings, WRAPPED_MARK, True)
     module._cached_settings = _cached_settings
+
+
+def _settings_files_key(settings: object) -> tuple:
+    """The settings class and, for each file it reads (Chatchat's ``env_file``, ``json_file``, ``yaml_file``,
+    ``toml_file``), the file's (mtime in ns, size, inode), or None where it has none or it cannot be read."""
+    import os
+
+    key: list[object] = [type(settings)]
+    for name in ("env_file", "json_file", "yaml_file", "toml_file"):
+        path = settings.model_config.get(name)
+        try:
+            found = os.stat(path) if path else None
+        except (OSError, TypeError, ValueError):
+            found = None
+        key.append(None if found is None else (found.st_mtime_ns, found.st_size, found.st_ino))
+    return tuple(key)
 
 
 def _patch_migrate(module: ModuleType) -> None:

@@ -66,24 +66,32 @@ threshold = Settings.kb_settings.SCORE_THRESHOLD
 Settings.model_settings.DEFAULT_EMBEDDING_MODEL, Settings.basic_settings.KB_ROOT_PATH
 kept = Settings.kb_settings.KB_INFO is kb_info
 path = Path(sys.argv[1]) / "kb_settings.yaml"
-settings = yaml.safe_load(path.read_text(encoding="utf-8"))
-settings["SCORE_THRESHOLD"] = threshold / 2
-path.write_text(yaml.safe_dump(settings, allow_unicode=True), encoding="utf-8")
-later = os.stat(path).st_mtime + 5
-os.utime(path, (later, later))
-Settings.model_settings.DEFAULT_EMBEDDING_MODEL
-print(json.dumps({"kept": kept, "before": threshold, "after": Settings.kb_settings.SCORE_THRESHOLD}))
+read_at = os.stat(path).st_mtime_ns
+
+def rewrite(value, mtime_ns):
+    settings = yaml.safe_load(path.read_text(encoding="utf-8"))
+    settings["SCORE_THRESHOLD"] = value
+    path.write_text(yaml.safe_dump(settings, allow_unicode=True), encoding="utf-8")
+    os.utime(path, ns=(mtime_ns, mtime_ns))
+    Settings.model_settings.DEFAULT_EMBEDDING_MODEL
+    return Settings.kb_settings.SCORE_THRESHOLD
+
+later = rewrite(threshold / 2, read_at + 5 * 10**9)
+same_second = rewrite(threshold / 4, read_at + 5 * 10**9 + 1)
+print(json.dumps({"kept": kept, "before": threshold, "later": later, "same_second": same_second}))
 """
 
 
 def test_settings_are_parsed_again_only_when_their_file_changes(deployment: Deployment, tmp_path):
     """Chatchat's one-entry cache re-parsed a settings file at every switch between two settings objects; each is
-    now kept until its own file changes, and a changed file is still read at the next access."""
+    now kept until its own file changes, and a changed file is still read at the next access, also one rewritten
+    within the same second (Chatchat's key is the mtime in whole seconds)."""
     root = deployment.copy_root(tmp_path / "root")
     script = SETTINGS_SCRIPT.replace("sys.argv[1]", repr(str(root)))
     found = child(deployment, script, {"CHATCHAT_ROOT": str(root)})["out"]
     assert found["kept"], found
-    assert found["after"] == pytest.approx(found["before"] / 2), found
+    assert found["later"] == pytest.approx(found["before"] / 2), found
+    assert found["same_second"] == pytest.approx(found["before"] / 4), found
 
 
 THREADS_SCRIPT = """
