@@ -89,10 +89,10 @@ def patch_settings_cache(module: ModuleType) -> None:
     file) only when the file's modification time changes, through ``_cached_settings``, an LRU of **one** entry for
     all of them, keyed by (settings class, the file's mtime). Every switch from one file's settings to another's was a
     miss, and a search switches several times: the YAML files were parsed again about four times per question,
-    17 of 113 ms at 104,750 chunks (docs/speed.md). The replacement keeps one entry per settings class, re-initialised
-    from its files when they change, as Chatchat's is: the key is finer than Chatchat's whole seconds (the files'
-    mtime in nanoseconds, size and inode, :func:`_settings_files_key`), because an entry now lives on, and a file
-    rewritten in the second it was read must not stay unread.
+    16 % of a search at 104,750 chunks (docs/speed.md). The replacement keeps one entry per settings class,
+    re-initialised from its files when they change, as Chatchat's is: the key is finer than Chatchat's whole seconds
+    (the files' mtime in nanoseconds, size and inode, :func:`_settings_files_key`), because an entry now lives on,
+    and a file rewritten in the second it was read must not stay unread.
     """
     original = module._cached_settings
     if getattr(original, WRAPPED_MARK, False):
@@ -279,7 +279,7 @@ def _checked_without_embedding(utils: ModuleType, original: object) -> object:
 
     Why: Chatchat's check embeds ``"this is a test"`` before every knowledge-base search (``KBService.search_docs``)
     to learn whether a remote embedding API answers. In-process that probe was a second forward pass per question,
-    as long as the question's own (34 of 113 ms at 104,750 chunks with the e5 base, docs/speed.md), and it can only
+    as long as the question's own (30 % of a search at 104,750 chunks with the e5 base, docs/speed.md), and it can only
     fail the way loading failed, which the registry keeps (:func:`~chatchat_policybert.chatchat.registry.load_error`).
     The answer and the error line for a model that did not load are Chatchat's; other models get Chatchat's check.
     """
