@@ -22,8 +22,9 @@ worker's log; p50/p95/max are over the questions after it. Both workers' hits ar
 question by question. Workers run torch with ``--torch-threads`` (default 1): on a busy machine
 multi-threaded torch makes even the tiny model's query embedding slow and noisy, in both paths.
 Workers run this tree's plugin (PYTHONPATH); with ``--baseline DIR`` (another source tree of the plugin, e.g.
-``git worktree add /tmp/before HEAD~1``) each KB is also searched by workers running that tree's, first, and the two
-are compared question by question (same hits) and by p50/p95: a change's before and after in one run.
+``git worktree add /tmp/before HEAD~1``) each KB is also searched by a worker running that tree's, and the two
+are compared question by question (same hits) and by p50/p95: a change's before and after in one run, the two
+workers taking turns question by question.
 Targets (reported, not asserted) at the largest scale: cached p95 <= 100 ms, and the first
 question reads the saved BM25 index in <= 2 s. These workers never warm up; the first against the
 second question after ``chatchat start --api``, with the plugin's warm-up and without, is
@@ -33,6 +34,7 @@ second question after ``chatchat start --api``, with the plugin's warm-up and wi
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import pickle
 import re
@@ -123,19 +125,25 @@ def scaled_kb(root: Path, kb: str, scale: int) -> str:
 
 
 def search_all(
-    root: Path, kb: str, chunks: list[Chunk], questions: list[str], cached: bool, top_k: int, tree: Path = REPO
-) -> tuple[list[tuple[list[int], float]], str]:
-    """(hits, seconds) per question from one Chatchat worker running ``tree``'s plugin (the first is the warm-up),
-    and the worker's log."""
-    label = ("cached" if cached else "chatchat") + ("" if tree == REPO else "_baseline")
-    log = root / "logs" / f"search_latency_{kb}_{label}.log"
-    # workers started inside inherit this process's environment (``chatchat_env``)
-    with (
-        patch.dict(os.environ, {BM25_CACHE_ENV: "1" if cached else "0", "PYTHONPATH": str(tree)}),
-        ChatchatSearch(root, kb, chunks, top_k, log) as worker,
-    ):
-        answers = [worker.search(q, None) for q in tqdm(questions, desc=f"{kb} {label}", unit="question")]
-    return answers, log.read_text(encoding="utf-8")
+    root: Path, kb: str, chunks: list[Chunk], questions: list[str], cached: bool, top_k: int, trees: tuple[Path, ...]
+) -> list[tuple[list[tuple[list[int], float]], str]]:
+    """For each of ``trees`` (source trees of the plugin), (hits, seconds) per question from one Chatchat worker
+    running that tree's plugin (the first question is the worker's warm-up), and the worker's log. With several
+    trees, every worker answers a question before the next question is asked: a change of the machine's load
+    meanwhile weighs on all of them alike."""
+    label = "cached" if cached else "chatchat"
+    logs = [root / "logs" / f"search_latency_{kb}_{label}{'' if tree == REPO else '_baseline'}.log" for tree in trees]
+    with contextlib.ExitStack() as stack:
+        workers = []
+        for tree, log in zip(trees, logs):
+            # a worker inherits this process's environment as it starts (``chatchat_env``)
+            with patch.dict(os.environ, {BM25_CACHE_ENV: "1" if cached else "0", "PYTHONPATH": str(tree)}):
+                workers.append(stack.enter_context(ChatchatSearch(root, kb, chunks, top_k, log)))
+        answers: list[list[tuple[list[int], float]]] = [[] for _ in workers]
+        for question in tqdm(questions, desc=f"{kb} {label}", unit="question"):
+            for worker, answered in zip(workers, answers):
+                answered.append(worker.search(question, None))
+    return [(answered, log.read_text(encoding="utf-8")) for answered, log in zip(answers, logs)]
 
 
 def bm25_at_first_question(log: str) -> str:
@@ -202,10 +210,10 @@ def main() -> None:
         rows, compared = [], []
         for scale in args.scales:
             name = scaled_kb(root, kb, scale)
-            if args.baseline:
-                before, _ = search_all(root, name, chunks, questions, True, args.top_k, args.baseline.resolve())
-            cached, log = search_all(root, name, chunks, questions, cached=True, top_k=args.top_k)
-            if args.baseline:
+            trees = (args.baseline.resolve(), REPO) if args.baseline else (REPO,)
+            *baseline, (cached, log) = search_all(root, name, chunks, questions, True, args.top_k, trees)
+            if baseline:
+                ((before, _),) = baseline
                 before_s = [s for _, s in before[1:]]
                 compared.append(
                     [
@@ -227,8 +235,8 @@ def main() -> None:
                 f"{1000 * max(steady_s):.1f}",
             ]
             if scale <= args.stock_max_scale:
-                stock, _ = search_all(
-                    root, name, chunks, questions[: args.stock_questions + 1], cached=False, top_k=args.top_k
+                ((stock, _),) = search_all(
+                    root, name, chunks, questions[: args.stock_questions + 1], False, args.top_k, (REPO,)
                 )
                 stock_s = [s for _, s in stock[1:]]
                 same = sum(s[0] == c[0] for s, c in zip(stock, cached))
