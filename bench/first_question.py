@@ -6,7 +6,7 @@
 Each round starts the API twice on ``ROOT`` — ``CHATCHAT_POLICYBERT_WARM_UP=0`` (the first question
 loads the model, the docstore and the BM25 index) and the default (the server warms them when it
 starts; the questions are asked once its log says the warm-up is done) — and times the same four
-questions through ``/knowledge_base/search_docs`` (top_k 5, SCORE_THRESHOLD 0.2929), client side.
+questions through ``/knowledge_base/search_docs`` (``--top-k``, default 5; SCORE_THRESHOLD 0.2929), client side.
 The API port of the root's ``basic_settings.yaml`` is used: give a root of its own.
 """
 
@@ -31,7 +31,7 @@ QUESTIONS = ("数据出境需要安全评估吗", "个人信息被泄露怎么�
 WARMED = "policybert warm-up:"
 
 
-def one_start(root: Path, kb: str, warm: bool, log_path: Path) -> dict:
+def one_start(root: Path, kb: str, warm: bool, log_path: Path, top_k: int) -> dict:
     """Start the API, wait until it answers (and for the warm-up's log line), time the questions, stop it."""
     port = yaml.safe_load((root / "basic_settings.yaml").read_text(encoding="utf-8"))["API_SERVER"]["port"]
     env = {**chatchat_env(root), WARM_UP_ENV: "1" if warm else "0"}
@@ -58,7 +58,7 @@ def one_start(root: Path, kb: str, warm: bool, log_path: Path) -> dict:
             asked = time.perf_counter()
             response = requests.post(
                 f"{api}/knowledge_base/search_docs",
-                json={"query": question, "knowledge_base_name": kb, "top_k": 5, "score_threshold": 0.2929},
+                json={"query": question, "knowledge_base_name": kb, "top_k": top_k, "score_threshold": 0.2929},
                 timeout=300,
             )
             response.raise_for_status()
@@ -74,12 +74,16 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--root", type=Path, required=True, help="a built Chatchat root with its own API port")
     parser.add_argument("--kb", default="WeiMingPolicies", help="knowledge base to ask (default: WeiMingPolicies)")
     parser.add_argument("--rounds", type=int, default=1, help="starts per setting, alternating")
+    parser.add_argument("--top-k", type=int, default=5, help="hits per question (the demo's root: 10)")
     parser.add_argument("--out", type=Path, help="write the rows as JSON")
     args = parser.parse_args(argv)
+    if args.top_k < 1:
+        parser.error(f"--top-k {args.top_k}: expected a positive number of hits")
     rows = []
     for _ in range(args.rounds):
         for warm in (False, True):
-            row = one_start(args.root.resolve(), args.kb, warm, Path("/tmp") / f"first_question_{int(warm)}.log")
+            log_path = Path("/tmp") / f"first_question_{int(warm)}.log"
+            row = one_start(args.root.resolve(), args.kb, warm, log_path, args.top_k)
             print(row, flush=True)
             rows.append(row)
     if args.out is not None:

@@ -4,6 +4,7 @@ plugin's kept BM25.
     python bench/search_latency.py                          # whole corpus x1, x10, x50 (2k, 21k, 105k chunks)
     python bench/search_latency.py --keep /tmp/search_bench # build the root there and keep it (reused next time)
     python bench/search_latency.py --root ROOT --scales 1 --stock-queries 3
+    python bench/search_latency.py --root ROOT --scales 50 --baseline /tmp/before  # before/after a change
 
 Without ``--root`` a Chatchat root is built as `chatchat-policybert eval` builds one: a tiny random
 PolicyBERT (embedding a question costs next to nothing, so the times are Chatchat's retrieval),
@@ -12,7 +13,7 @@ synthetic: scale s copies every chunk of the built KB s times (vectors and docst
 ids) into a KB of its own, registered in Chatchat's database, with the BM25 index saved beside the
 vectors as `kb -r` saves it. Each KB is searched with the shipped questions by the evaluation's
 Chatchat worker (``ChatchatSearch``: the API's ``search_docs`` in one process, timed in the child
-around the call, top_k 5 at the root's SCORE_THRESHOLD), with CHATCHAT_POLICYBERT_BM25_CACHE=0
+around the call, ``--top-k`` (10, the demo's) at the root's SCORE_THRESHOLD), with CHATCHAT_POLICYBERT_BM25_CACHE=0
 (Chatchat 0.3.1.3's code: BM25 rebuilt per question; only up to ``--stock-max-scale``, it costs
 seconds to minutes a question) and with the plugin's cache. Each worker's first question imports
 torch and loads the model, the vector store and jieba, and for the cache reads the saved BM25
@@ -20,6 +21,10 @@ index (or builds it where none matches): it is reported apart, with the BM25 par
 worker's log; p50/p95/max are over the questions after it. Both workers' hits are compared
 question by question. Workers run torch with ``--torch-threads`` (default 1): on a busy machine
 multi-threaded torch makes even the tiny model's query embedding slow and noisy, in both paths.
+Workers run this tree's plugin (PYTHONPATH); with ``--baseline DIR`` (another source tree of the plugin, e.g.
+``git worktree add /tmp/before HEAD~1``) each KB is also searched by a worker running that tree's, and the two
+are compared question by question (same hits) and by p50/p95: a change's before and after in one run, the two
+workers taking turns question by question.
 Targets (reported, not asserted) at the largest scale: cached p95 <= 100 ms, and the first
 question reads the saved BM25 index in <= 2 s. These workers never warm up; the first against the
 second question after ``chatchat start --api``, with the plugin's warm-up and without, is
@@ -29,6 +34,7 @@ second question after ``chatchat start --api``, with the plugin's warm-up and wi
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import pickle
 import re
@@ -119,18 +125,25 @@ def scaled_kb(root: Path, kb: str, scale: int) -> str:
 
 
 def search_all(
-    root: Path, kb: str, chunks: list[Chunk], questions: list[str], cached: bool
-) -> tuple[list[tuple[list[int], float]], str]:
-    """(hits, seconds) per question from one Chatchat worker (the first is the warm-up), and the worker's log."""
+    root: Path, kb: str, chunks: list[Chunk], questions: list[str], cached: bool, top_k: int, trees: tuple[Path, ...]
+) -> list[tuple[list[tuple[list[int], float]], str]]:
+    """For each of ``trees`` (source trees of the plugin), (hits, seconds) per question from one Chatchat worker
+    running that tree's plugin (the first question is the worker's warm-up), and the worker's log. With several
+    trees, every worker answers a question before the next question is asked: a change of the machine's load
+    meanwhile weighs on all of them alike."""
     label = "cached" if cached else "chatchat"
-    log = root / "logs" / f"search_latency_{kb}_{label}.log"
-    # workers started inside inherit this process's environment (``chatchat_env``)
-    with (
-        patch.dict(os.environ, {BM25_CACHE_ENV: "1" if cached else "0"}),
-        ChatchatSearch(root, kb, chunks, 5, log) as worker,
-    ):
-        answers = [worker.search(q, None) for q in tqdm(questions, desc=f"{kb} {label}", unit="question")]
-    return answers, log.read_text(encoding="utf-8")
+    logs = [root / "logs" / f"search_latency_{kb}_{label}{'' if tree == REPO else '_baseline'}.log" for tree in trees]
+    with contextlib.ExitStack() as stack:
+        workers = []
+        for tree, log in zip(trees, logs):
+            # a worker inherits this process's environment as it starts (``chatchat_env``)
+            with patch.dict(os.environ, {BM25_CACHE_ENV: "1" if cached else "0", "PYTHONPATH": str(tree)}):
+                workers.append(stack.enter_context(ChatchatSearch(root, kb, chunks, top_k, log)))
+        answers: list[list[tuple[list[int], float]]] = [[] for _ in workers]
+        for question in tqdm(questions, desc=f"{kb} {label}", unit="question"):
+            for worker, answered in zip(workers, answers):
+                answered.append(worker.search(question, None))
+    return [(answered, log.read_text(encoding="utf-8")) for answered, log in zip(answers, logs)]
 
 
 def bm25_at_first_question(log: str) -> str:
@@ -169,10 +182,21 @@ def main() -> None:
         default=1,
         help="run Chatchat's own path only up to this scale (seconds to minutes a question)",
     )
-    parser.add_argument("--torch-threads", type=int, default=1, help="OMP_NUM_THREADS of the Chatchat workers")
+    parser.add_argument(
+        "--torch-threads",
+        type=int,
+        default=1,
+        help="OMP_NUM_THREADS of the Chatchat workers (1: what the API process runs, CHATCHAT_POLICYBERT_API_THREADS)",
+    )
+    parser.add_argument("--top-k", type=int, default=10, help="hits per question (10: the demo's VECTOR_SEARCH_TOP_K)")
+    parser.add_argument(
+        "--baseline", type=Path, help="another source tree of the plugin, searched first with the same settings"
+    )
     args = parser.parse_args()
-    if min(args.scales) < 1 or args.stock_questions < 1 or args.torch_threads < 1:
-        parser.error("--scales, --stock-questions and --torch-threads must be >= 1")
+    if min(args.scales) < 1 or args.stock_questions < 1 or args.torch_threads < 1 or args.top_k < 1:
+        parser.error("--scales, --stock-questions, --torch-threads and --top-k must be >= 1")
+    if args.baseline and not (args.baseline / "chatchat_policybert" / "plugin" / "hook.py").is_file():
+        parser.error(f"--baseline {args.baseline}: expected a source tree of the plugin (chatchat_policybert/ in it)")
     os.environ["OMP_NUM_THREADS"] = str(args.torch_threads)
     start_load = load_line()
 
@@ -183,10 +207,23 @@ def main() -> None:
         questions = [q.text for q in load_questions(QUESTIONS, corpus)]
         questions = questions[: args.questions] if args.questions else questions
         chunks = load_chunks(root, kb, corpus)
-        rows = []
+        rows, compared = [], []
         for scale in args.scales:
             name = scaled_kb(root, kb, scale)
-            cached, log = search_all(root, name, chunks, questions, cached=True)
+            trees = (args.baseline.resolve(), REPO) if args.baseline else (REPO,)
+            *baseline, (cached, log) = search_all(root, name, chunks, questions, True, args.top_k, trees)
+            if baseline:
+                ((before, _),) = baseline
+                before_s = [s for _, s in before[1:]]
+                compared.append(
+                    [
+                        f"{len(chunks) * scale:,}",
+                        f"{before[0][1]:.1f} / {cached[0][1]:.1f}",
+                        f"{percentile_ms(before_s, 50):.1f} / {percentile_ms([s for _, s in cached[1:]], 50):.1f}",
+                        f"{percentile_ms(before_s, 95):.1f} / {percentile_ms([s for _, s in cached[1:]], 95):.1f}",
+                        f"{sum(b[0] == c[0] for b, c in zip(before, cached))}/{len(cached)}",
+                    ]
+                )
             steady_s = [s for _, s in cached[1:]]
             row = [
                 f"{len(chunks) * scale:,}",
@@ -198,7 +235,9 @@ def main() -> None:
                 f"{1000 * max(steady_s):.1f}",
             ]
             if scale <= args.stock_max_scale:
-                stock, _ = search_all(root, name, chunks, questions[: args.stock_questions + 1], cached=False)
+                ((stock, _),) = search_all(
+                    root, name, chunks, questions[: args.stock_questions + 1], False, args.top_k, (REPO,)
+                )
                 stock_s = [s for _, s in stock[1:]]
                 same = sum(s[0] == c[0] for s, c in zip(stock, cached))
                 row += [
@@ -222,6 +261,12 @@ def main() -> None:
     print("|---:|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
     for row in rows:
         print("| " + " | ".join(map(str, row)) + " |")
+    if compared:
+        print(f"\nbaseline {args.baseline} / this tree, the same questions and settings:\n")
+        print("| chunks | 1st question s | p50 ms | p95 ms | same hits |")
+        print("|---:|---:|---:|---:|---:|")
+        for row in compared:
+            print("| " + " | ".join(row) + " |")
     print(
         f"\nat {rows[-1][0]} chunks: cached p95 <= {TARGET_MS:g} ms {'met' if last_p95 <= TARGET_MS else 'missed'}; "
         f"BM25 at the first question: {last_bm25} (target: read, <= {TARGET_FIRST_BM25_S:g} s)"

@@ -79,6 +79,17 @@ def platform_of(embeddings: object) -> str | None:
         return _platforms.get(id(embeddings))
 
 
+def load_error(embeddings: object) -> str | None:
+    """Why ``embeddings`` (an object :func:`get_instance` handed out) cannot embed: its load error; None for a loaded
+    model.
+
+    Why: Chatchat checks an embed model before every search by embedding a test text (``check_embed_model``), which
+    for a remote API says whether it answers; a model this process serves either loaded or holds its load error, so
+    the hook's check reads that instead of running the model (docs/speed.md).
+    """
+    return embeddings.message if isinstance(embeddings, _unavailable_class()) else None
+
+
 def load_embeddings(config: LocalEmbeddingsConfig, root: Path, platform_name: str) -> Embeddings:
     """Import the configured class and build it; errors name the key to fix."""
     from langchain_core.embeddings import Embeddings

@@ -15,6 +15,8 @@ BM25_CACHE_ENV = "CHATCHAT_POLICYBERT_BM25_CACHE"
 """0/false/no/off: Chatchat's own search on both stores (BM25 rebuilt per question on FAISS, dense-only on pg)."""
 WARM_UP_ENV = "CHATCHAT_POLICYBERT_WARM_UP"
 """0/false/no/off: the API does not load the model and the default knowledge base at start."""
+API_THREADS_ENV = "CHATCHAT_POLICYBERT_API_THREADS"
+"""Torch threads of Chatchat's API process (a positive integer; unset: 1): ``plugin.warm_up.use_api_threads``."""
 
 
 def switched_off(env: str) -> bool:

@@ -248,7 +248,8 @@ def _event(code: int, msg: str, finished: int = 0, total: int = 1) -> str:
 
 
 def patch_app(module: ModuleType, warm_up: bool) -> None:
-    """Wrap ``module.create_app`` (Chatchat's ``server_app``): each app renders validation errors of any input
+    """Wrap ``module.create_app`` (Chatchat's ``server_app``): the process's torch threads are set first
+    (:func:`~chatchat_policybert.plugin.warm_up.use_api_threads`), each app renders validation errors of any input
     (:func:`validation_error`), logs the platforms served in-process (:func:`log_in_process_platforms`), and, with
     ``warm_up``, starts :func:`~chatchat_policybert.plugin.warm_up.warm_up`.
 
@@ -263,6 +264,9 @@ def patch_app(module: ModuleType, warm_up: bool) -> None:
     def create_app(*args: object, **kwargs: object) -> object:
         from fastapi.exceptions import RequestValidationError
 
+        from chatchat_policybert.plugin.warm_up import use_api_threads
+
+        use_api_threads()
         app = original(*args, **kwargs)
         app.add_exception_handler(RequestValidationError, validation_error)
         log_in_process_platforms()

@@ -48,6 +48,7 @@ from types import ModuleType
 from chatchat_policybert.chatchat.switches import BM25_CACHE_ENV, DISABLE_ENV, WARM_UP_ENV, WRAPPED_MARK, switched_off
 
 UTILS_MODULE = "chatchat.server.utils"
+SETTINGS_FILE_MODULE = "chatchat.pydantic_settings_file"
 MIGRATE_MODULE = "chatchat.server.knowledge_base.migrate"
 ENSEMBLE_MODULE = "chatchat.server.file_rag.retrievers.ensemble"
 PG_MODULE = "chatchat.server.knowledge_base.kb_service.pg_kb_service"
@@ -79,6 +80,57 @@ def install() -> None:
             sys.meta_path.insert(0, _ChatchatFinder())
     except Exception as exc:  # a broken hook must never break the interpreter
         print(f"chatchat-policybert: import hook not installed: {exc!r}", file=sys.stderr)
+
+
+def patch_settings_cache(module: ModuleType) -> None:
+    """Give each of Chatchat's settings files its own entry in the cache of parsed settings.
+
+    Why: Chatchat 0.3.1.3 re-reads a settings object (``basic``, ``kb``, ``model``... settings, each from its YAML
+    file) only when the file's modification time changes, through ``_cached_settings``, an LRU of **one** entry for
+    all of them, keyed by (settings class, the file's mtime). Every switch from one file's settings to another's was a
+    miss, and a search switches several times: the YAML files were parsed again about four times per question,
+    16 % of a search at 104,750 chunks (docs/speed.md). The replacement keeps one entry per settings class,
+    re-initialised from its files when they change, as Chatchat's is: the key is finer than Chatchat's whole seconds
+    (the files' mtime in nanoseconds, size and inode, :func:`_settings_files_key`), because an entry now lives on,
+    and a file rewritten in the second it was read must not stay unread.
+    """
+    original = module._cached_settings
+    if getattr(original, WRAPPED_MARK, False):
+        return
+    import threading
+
+    lock = threading.Lock()
+    entries: dict[type, tuple[tuple, object]] = {}
+
+    @functools.wraps(original)
+    def _cached_settings(settings: object) -> object:
+        key = _settings_files_key(settings)
+        with lock:
+            cached = entries.get(key[0])
+            if cached is None or cached[0] != key:
+                if settings.auto_reload:
+                    settings.__init__()
+                cached = entries[key[0]] = (key, settings)
+        return cached[1]
+
+    setattr(_cached_settings, WRAPPED_MARK, True)
+    module._cached_settings = _cached_settings
+
+
+def _settings_files_key(settings: object) -> tuple:
+    """The settings class and, for each file it reads (Chatchat's ``env_file``, ``json_file``, ``yaml_file``,
+    ``toml_file``), the file's (mtime in ns, size, inode), or None where it has none or it cannot be read."""
+    import os
+
+    key: list[object] = [type(settings)]
+    for name in ("env_file", "json_file", "yaml_file", "toml_file"):
+        path = settings.model_config.get(name)
+        try:
+            found = os.stat(path) if path else None
+        except (OSError, TypeError, ValueError):
+            found = None
+        key.append(None if found is None else (found.st_mtime_ns, found.st_size, found.st_ino))
+    return tuple(key)
 
 
 def _patch_migrate(module: ModuleType) -> None:
@@ -150,6 +202,7 @@ def _patchers() -> dict[str, object]:
     """Module name -> function that patches it right after it executes."""
     return {
         UTILS_MODULE: patch_module,
+        SETTINGS_FILE_MODULE: patch_settings_cache,
         MIGRATE_MODULE: _patch_migrate,
         ENSEMBLE_MODULE: _patch_ensemble,
         PG_MODULE: _patch_pg,
@@ -200,7 +253,8 @@ class _PatchingLoader:
 
 
 def patch_module(utils: ModuleType) -> None:
-    """Replace `utils.get_Embeddings` by a wrapper that serves `local_embeddings` platforms."""
+    """Replace `utils.get_Embeddings` by a wrapper that serves `local_embeddings` platforms, and
+    `utils.check_embed_model` by one that checks those without embedding (:func:`_checked_without_embedding`)."""
     original = utils.get_Embeddings
     if getattr(original, WRAPPED_MARK, False):
         return
@@ -217,3 +271,33 @@ def patch_module(utils: ModuleType) -> None:
 
     setattr(get_Embeddings, WRAPPED_MARK, True)
     utils.get_Embeddings = get_Embeddings
+    utils.check_embed_model = _checked_without_embedding(utils, utils.check_embed_model)
+
+
+def _checked_without_embedding(utils: ModuleType, original: object) -> object:
+    """``utils.check_embed_model`` that, for a model served in-process, reads whether it loaded instead of embedding.
+
+    Why: Chatchat's check embeds ``"this is a test"`` before every knowledge-base search (``KBService.search_docs``)
+    to learn whether a remote embedding API answers. In-process that probe was a second forward pass per question,
+    as long as the question's own (30 % of a search at 104,750 chunks with the e5 base, docs/speed.md), and it can only
+    fail the way loading failed, which the registry keeps (:func:`~chatchat_policybert.chatchat.registry.load_error`).
+    The answer and the error line for a model that did not load are Chatchat's; other models get Chatchat's check.
+    """
+
+    @functools.wraps(original)
+    def check_embed_model(embed_model: str | None = None) -> tuple[bool, str]:
+        name = embed_model or utils.get_default_embedding()
+        from chatchat_policybert.chatchat import registry
+
+        found = registry.local_config(utils, name)
+        if found is None:
+            return original(embed_model)
+        error = registry.load_error(registry.get_instance(utils, name, *found))
+        if error is None:
+            return True, ""
+        message = f"failed to access embed model '{name}': {error}"
+        utils.logger.error(message)
+        return False, message
+
+    setattr(check_embed_model, WRAPPED_MARK, True)
+    return check_embed_model

@@ -17,8 +17,12 @@ warm-up is one warning in Chatchat's log, and the first question loads what it n
 
 from __future__ import annotations
 
+import os
 import threading
 import time
+
+from chatchat_policybert.chatchat.switches import API_THREADS_ENV
+from chatchat_policybert.errors import InputError
 
 WARM_UP_QUERIES = (
     "政策",
@@ -28,6 +32,45 @@ WARM_UP_QUERIES = (
 """Any texts load the same objects; three lengths, because the model's first call at each new input length
 costs more (torch's CPU kernels are prepared per shape): measured, one warm-up question left the first
 user's at 0.67 s against 0.08–0.15 s for the next ones."""
+
+
+API_THREADS_DEFAULT = 1
+"""One torch thread per question: a question's forward pass is hundreds of small operations, each an OpenMP region
+whose threads wait for each other, so a second thread gains little for one question and, when the other cores are
+busy (another request, a `kb -r`), made the question 22-29x slower (docs/speed.md). Chatchat's API process otherwise
+starts torch with as many threads as cores."""
+
+
+def api_threads(value: str | None) -> int:
+    """The torch thread count that ``value`` (:data:`API_THREADS_ENV`'s text, None when unset) asks for.
+
+    Raises InputError naming the variable when it is not a positive integer."""
+    if value is None:
+        return API_THREADS_DEFAULT
+    text = value.strip()
+    if not (text.isascii() and text.isdigit() and int(text) >= 1):
+        raise InputError(f"{API_THREADS_ENV}={value!r}: expected a positive integer (torch threads of the API process)")
+    return int(text)
+
+
+def use_api_threads() -> int:
+    """Make the API process's torch use :func:`api_threads` of the environment, and return that count.
+
+    Called as the API process creates its app, before any thread runs torch: each thread that later runs the model
+    (FastAPI's worker threads, the warm-up) takes the count set here. A bad value is one error line in Chatchat's log
+    and the default is used. The API process's own embedding of documents (the WebUI's uploads and rebuild button)
+    runs with the same count; `chatchat kb -r` is its own process and keeps torch's default.
+    """
+    import torch
+    from chatchat.server.utils import logger
+
+    try:
+        threads = api_threads(os.environ.get(API_THREADS_ENV))
+    except InputError as exc:
+        threads = API_THREADS_DEFAULT
+        logger.error(f"{exc}; using {threads}")
+    torch.set_num_threads(threads)
+    return threads
 
 
 def start_warm_up() -> None:
@@ -59,5 +102,10 @@ def warm_up() -> float | None:
         logger.warning(f"policybert warm-up of knowledge base '{kb}' failed (the first question loads it): {exc!r}")
         return None
     seconds = time.perf_counter() - started
-    logger.info(f"policybert warm-up: the model and knowledge base '{kb}' (store, BM25) loaded in {seconds:.1f} s")
+    import torch
+
+    logger.info(
+        f"policybert warm-up: the model and knowledge base '{kb}' (store, BM25) loaded in {seconds:.1f} s; "
+        f"torch threads per question: {torch.get_num_threads()}"
+    )
     return seconds

@@ -18,6 +18,8 @@ from chatchat_deploy import BIN, KB_NAME, Deployment, free_port, stop_group, wai
 from langchain_community.retrievers import BM25Retriever
 from ollama_standin import REPLY
 
+from chatchat_policybert.chatchat.switches import API_THREADS_ENV
+from chatchat_policybert.plugin.warm_up import API_THREADS_DEFAULT
 from chatchat_policybert.retrieval.hybrid import configured_analyzer
 from chatchat_policybert.stores import STORES
 
@@ -180,7 +182,8 @@ def test_misconfigured_platform_logs_one_clear_line_and_chatchat_keeps_running(s
 
 
 def test_the_api_warms_the_model_and_the_default_kb_so_the_first_question_waits_like_the_second(deployment, tmp_path):
-    """`chatchat start --api` on a copy of the deployment: the warm-up's log line, then first vs second question.
+    """`chatchat start --api` on a copy of the deployment: the warm-up's log line (with the torch threads a question
+    runs on), then first vs second question.
 
     Without the warm-up the first question loads the model, the docstore and the BM25 index in
     the request (5.0 s against 31–186 ms on the demo root); with it, the first is timed after the
@@ -196,7 +199,9 @@ def test_the_api_warms_the_model_and_the_default_kb_so_the_first_question_waits_
     port = free_port()
     basic["API_SERVER"] = {"host": "127.0.0.1", "port": port, "public_host": "127.0.0.1", "public_port": port}
     basic_path.write_text(yaml.safe_dump(basic, allow_unicode=True), encoding="utf-8")
-    env = {**deployment.env, "CHATCHAT_ROOT": str(root)}
+    # Torch would start with a thread per core: the API process must run the plugin's count (one) all the same.
+    env = {k: v for k, v in deployment.env.items() if k not in ("OMP_NUM_THREADS", API_THREADS_ENV)}
+    env["CHATCHAT_ROOT"] = str(root)
     log_path = tmp_path / "api.log"
     with log_path.open("w", encoding="utf-8") as log:
         process = subprocess.Popen(
@@ -216,6 +221,8 @@ def test_the_api_warms_the_model_and_the_default_kb_so_the_first_question_waits_
         )
         warmed = f"policybert warm-up: the model and knowledge base '{KB_NAME}' (store, BM25) loaded in"
         wait_until(lambda: warmed in log_path.read_text(encoding="utf-8"), process, log_path, "warm-up")
+        (line,) = [line for line in log_path.read_text(encoding="utf-8").splitlines() if warmed in line]
+        assert line.endswith(f"torch threads per question: {API_THREADS_DEFAULT}"), line
         times = []
         for query in ("数据出境需要安全评估吗", "个人信息被泄露怎么办"):
             started = time.perf_counter()
