@@ -174,6 +174,11 @@ def test_ctrl_c_says_where_the_run_resumes_from(tiny_model_dir, corpus_dir, tmp_
     assert f"{out / 'checkpoint.pt'} holds step {saved}: continue from there" in lines[0] and "--resume" in lines[0]
 
 
+def pretraining_start(model_dir: Path) -> tuple[PolicyBertForPreTraining, PolicyBertTokenizer]:
+    """The tiny model with its pre-training heads, and its tokenizer: where the in-process Ctrl-C tests start."""
+    return PolicyBertForPreTraining.from_pretrained(model_dir), PolicyBertTokenizer.from_pretrained(model_dir)
+
+
 def test_ctrl_c_during_a_checkpoint_write_lets_the_step_finish_and_names_what_it_saved(
     tiny_model_dir, corpus_docs, tmp_path, monkeypatch
 ):
@@ -186,11 +191,7 @@ def test_ctrl_c_during_a_checkpoint_write_lets_the_step_finish_and_names_what_it
         os.kill(os.getpid(), signal.SIGINT)  # the user's Ctrl-C, while the checkpoint is not yet in place
 
     monkeypatch.setattr(torch, "save", save_then_ctrl_c)  # torch's, at the library boundary
-    model_dir = tiny_model_dir("none")
-    model, tokenizer = (
-        PolicyBertForPreTraining.from_pretrained(model_dir),
-        PolicyBertTokenizer.from_pretrained(model_dir),
-    )
+    model, tokenizer = pretraining_start(tiny_model_dir("none"))
     out = tmp_path / "run"
     cfg = PretrainConfig(out=out, batch_size=4, max_steps=50, max_length=32, device="cpu", checkpoint_every=2)
     with pytest.raises(Interrupted) as caught:
@@ -211,11 +212,7 @@ def test_ctrl_c_acts_where_it_lands_not_at_the_end_of_the_step(where, tiny_model
     from training.loop import train
     from training.pretrain import PretrainTask
 
-    model_dir = tiny_model_dir("none")
-    model, tokenizer = (
-        PolicyBertForPreTraining.from_pretrained(model_dir),
-        PolicyBertTokenizer.from_pretrained(model_dir),
-    )
+    model, tokenizer = pretraining_start(tiny_model_dir("none"))
     out = tmp_path / "run"
     cfg = PretrainConfig(out=out, batch_size=4, max_steps=50, max_length=32, device="cpu", checkpoint_every=2)
     task, finished, losses = PretrainTask(tokenizer, corpus_docs, cfg), [], []
