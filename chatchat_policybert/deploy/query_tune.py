@@ -25,6 +25,7 @@ from __future__ import annotations
 import argparse
 import hashlib
 import shutil
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -164,7 +165,10 @@ def query_gate(
         calibration = crossfit_calibration(candidates, queries, chunks, folds, fold_vectors, run.root, analyzer)
         top_k = candidates.top_k
     calibration.source, calibration.kb = "cross-fitted held-out questions", run.kb
-    served = deployed(run.root, run.kb, "before", queries[:judged], chunks, top_k, logs / "gate_before.log")
+
+    def served(asked: list) -> RunResult:
+        return deployed(run.root, run.kb, "before", asked, chunks, top_k, logs / "gate_before.log")
+
     tower_record = {
         "documents": sorted({g for q in queries for g, gain in q.gains.items() if gain > 0}),
         "held_out": [
@@ -252,7 +256,9 @@ def gold_documents(query: Any) -> list[str]:
     return sorted(g for g, gain in query.gains.items() if gain > 0)
 
 
-def out_of_sample_before(run: Run, queries: list, served: RunResult, stored: str) -> tuple[RunResult, list[int], str]:
+def out_of_sample_before(
+    run: Run, queries: list, served: Callable[[list], RunResult], stored: str
+) -> tuple[RunResult, list[int], str]:
     """The "before" column, never scored by a query tower on a document it trained on, the indices of ``queries`` it
     judges, and a line saying where "before" comes from.
 
@@ -261,17 +267,18 @@ def out_of_sample_before(run: Run, queries: list, served: RunResult, stored: str
     model and refused whatever it learnt. For the served tower's own questions "before" is their held-out record
     from the gate that installed it (scored by a fold tower that never trained on their document: the same kind
     of score as "after"), while the knowledge base's vectors are those it was judged against; questions on
-    documents it never trained on are scored as served (``served``); a new question on a document it trained on has
-    no out-of-sample score and trains without judging. A served model without a query tower is scored as served.
+    documents it never trained on are scored as served (``served`` of them: Chatchat's ``search_docs``, asked only
+    for the questions no record answers); a new question on a document it trained on has no out-of-sample score and
+    trains without judging. A served model without a query tower is scored as served.
     """
     everything = list(range(len(queries)))
     _, model = served_model(run.root)
     if not has_query_tower(model):
-        return served, everything, ""
+        return served(queries), everything, ""
     file = run.out / TOWER_RECORDS / f"{model.name}.json"
     if not file.is_file():
         return (
-            served,
+            served(queries),
             everything,
             (
                 f"note: the served query tower ({model}) was not installed by a tune of {run.kb}: if it trained on "
@@ -282,17 +289,17 @@ def out_of_sample_before(run: Run, queries: list, served: RunResult, stored: str
     current = record["stored"] == stored
     recorded = {(h["text"], tuple(h["gold"])): h["record"] for h in record["held_out"]} if current else {}
     trained = set(record["documents"])
-    kept, records, reused = [], [], 0
-    for i, (query, live) in enumerate(zip(queries, served.queries, strict=True)):
+    plan: dict[int, dict | None] = {}  # judged question -> its recorded held-out record, None: scored as served
+    for i, query in enumerate(queries):
         gold = gold_documents(query)
         if (query.text, tuple(gold)) in recorded:
-            records.append({**recorded[query.text, tuple(gold)], "id": query.qid})
-            reused += 1
-        elif trained & set(gold):
-            continue
-        else:
-            records.append(live)
-        kept.append(i)
+            plan[i] = {**recorded[query.text, tuple(gold)], "id": query.qid}
+        elif not trained & set(gold):
+            plan[i] = None
+    asked = [queries[i] for i, found in plan.items() if found is None]
+    live = iter(served(asked).queries if asked else [])
+    kept, records = list(plan), [found if found is not None else next(live) for found in plan.values()]
+    reused = len(kept) - len(asked)
     skipped = len(queries) - len(kept)
     unjudged = f"; {skipped} on documents it trained on are not judged (no score of them is out of sample)"
     source = (
@@ -302,7 +309,7 @@ def out_of_sample_before(run: Run, queries: list, served: RunResult, stored: str
         + (unjudged if skipped else "")
         + ("" if current else "; the stored vectors changed since its tune, so its held-out scores no longer apply")
     )
-    return (summarised("before", records) if kept else served), kept, source
+    return (summarised("before", records) if kept else RunResult("before")), kept, source
 
 
 def llm_only(queries: list) -> bool:
