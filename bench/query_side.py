@@ -119,7 +119,9 @@ def main() -> None:
     parser.add_argument("--sets", type=Path, nargs="*", default=[], help="question files never trained on")
     parser.add_argument("--untrained", type=Path, help="JSON with the 'untrained' documents' titles")
     parser.add_argument("--arms", nargs="+", default=list(ARMS), choices=list(ARMS))
-    parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
+    parser.add_argument(
+        "--seeds", type=int, nargs="+", default=[0, 1, 2], help="seeds to train (with --combine: to tabulate)"
+    )
     parser.add_argument("--alphas", type=float, nargs="*", default=[0.5])
     parser.add_argument("--cv", type=int, default=0, help="score on N document folds of the training questions")
     parser.add_argument("--query-args", default="", help="QuerySideConfig flags, e.g. '--max-steps 300'")
@@ -131,7 +133,7 @@ def main() -> None:
     parser.add_argument("--out", type=Path, required=True)
     args = parser.parse_args()
     if args.combine:
-        combine(args.combine, args.out, args.reference)
+        combine(args.combine, args.out, args.reference, set(args.seeds))
         return
     import shlex
 
@@ -286,8 +288,9 @@ def main() -> None:
     print(table(results, meta))
 
 
-def combine(runs: list[Path], out: Path, reference: str) -> None:
-    """One table of several runs' results (each ``--out`` of one ``--label``ed variant), ``base`` rows once."""
+def combine(runs: list[Path], out: Path, reference: str, seeds: set[int]) -> None:
+    """One table of several runs' results (each ``--out`` of one ``--label``ed variant), ``base`` rows once, trained
+    arms of ``seeds`` only: arms compared at the same seeds when one of them ran fewer."""
     results, metas = [], []
     for run in runs:
         saved = json.loads((run / "results.json").read_text(encoding="utf-8"))
@@ -295,7 +298,11 @@ def combine(runs: list[Path], out: Path, reference: str) -> None:
             raise SystemExit(f"error: {run}: the run has not finished (no meta in results.json)")
         metas.append(saved["meta"])
         base_seen = any(r["arm"] == "base" for r in results)
-        results += [r for r in saved["results"] if not (base_seen and r["arm"] == "base")]
+        results += [
+            r
+            for r in saved["results"]
+            if not (base_seen and r["arm"] == "base") and (r["seed"] is None or r["seed"] in seeds)
+        ]
     meta = {
         "date": ", ".join(dict.fromkeys(m["date"] for m in metas)),
         "machine": metas[0]["machine"],
