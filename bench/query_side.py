@@ -169,25 +169,30 @@ def main() -> None:
         root's stored chunk vectors)."""
         arm = f"{arm} {args.label}" if args.label and arm != "base" else arm
         stored = bank.vectors if stored is None else stored
-        if fold is not None:
+        if fold is not None:  # the fold's held-out training questions, ranked by a tower that never saw them
             held = [i for i, f in enumerate(folds) if f == fold]
-            q = embed([bank.texts[i] for i in held])
-            gold = [{groups[r] for r in bank.positives[i]} for i in held]
-            results.append(
-                {
-                    "arm": arm,
-                    "seed": seed,
-                    "alpha": alpha,
-                    "set": f"cv{fold}",
-                    "ids": [train_queries[i].qid for i in held],
-                    "mrr": dense_mrr(q, stored, groups, gold).tolist(),
-                    "hit5": evidence_hits(q, stored, texts, [train_queries[i].evidence for i in held]),
-                }
-            )
-            return
-        for name, (queries, _) in sets.items():
-            q = embed([x.text for x in queries])
-            gold = [{g for g, gain in x.gains.items() if gain > 0} for x in queries]
+            views = [
+                (
+                    f"cv{fold}",
+                    [train_queries[i] for i in held],
+                    [bank.texts[i] for i in held],
+                    [{groups[r] for r in bank.positives[i]} for i in held],
+                    None,
+                )
+            ]
+        else:
+            views = [
+                (
+                    name,
+                    queries,
+                    [x.text for x in queries],
+                    [{g for g, gain in x.gains.items() if gain > 0} for x in queries],
+                    [bool(set(x.gains) & untrained) for x in queries],
+                )
+                for name, (queries, _) in sets.items()
+            ]
+        for name, queries, question_texts, gold, on_untrained in views:
+            q = embed(question_texts)
             results.append(
                 {
                     "arm": arm,
@@ -195,7 +200,7 @@ def main() -> None:
                     "alpha": alpha,
                     "set": name,
                     "ids": [x.qid for x in queries],
-                    "untrained": [bool(set(x.gains) & untrained) for x in queries],
+                    **({"untrained": on_untrained} if on_untrained is not None else {}),
                     "mrr": dense_mrr(q, stored, groups, gold).tolist(),
                     "hit5": evidence_hits(q, stored, texts, [x.evidence for x in queries]),
                 }
