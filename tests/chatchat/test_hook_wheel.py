@@ -67,22 +67,19 @@ if __name__ == "__main__":
 @slow_fixture(scope="module")
 def wheel(tmp_path_factory, repo_root: Path) -> Path:
     source = tmp_path_factory.mktemp("src") / "repo"
-    shutil.copytree(
-        repo_root,
-        source,
-        ignore=shutil.ignore_patterns(
-            ".venv",
-            ".git",
-            "build",
-            "dist",
-            "runs",
-            "*.egg-info",
-            "__pycache__",
-            ".pytest_cache",
-            ".hypothesis",
-            "tests",
-        ),
-    )
+    # What a clone holds (tracked files plus new, not-ignored ones), not the checkout's ignored build outputs,
+    # demo roots and runs, which can be gigabytes and would fill a small CI disk.
+    shipped = subprocess.run(
+        ["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard", "--", ".", ":!tests"],
+        cwd=repo_root,
+        check=True,
+        capture_output=True,
+        text=True,
+    ).stdout.split("\0")
+    for name in filter(None, shipped):
+        if (repo_root / name).is_file():
+            (source / name).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(repo_root / name, source / name)
     out = tmp_path_factory.mktemp("wheel")
     build = subprocess.run(
         [sys.executable, "-m", "pip", "wheel", "-v", "--no-deps", "--no-build-isolation", "-w", str(out), str(source)],
