@@ -9,6 +9,7 @@ copied before a test edits them.
 from __future__ import annotations
 
 import re
+import signal
 import sys
 from pathlib import Path
 
@@ -184,6 +185,12 @@ _guard = _FastLoopGuard()
 
 def pytest_configure(config: pytest.Config) -> None:
     sys.addaudithook(_guard)
+    # The Ctrl-C tests send SIGINT to commands and to pytest itself. A pytest started in the background by a script
+    # (`cmd &`, `nohup`) inherits SIGINT ignored, and so would every command it starts: tune then ignores Ctrl-C, as
+    # it should there, and those tests would measure how pytest was launched. Python's own handler puts it back, and
+    # the commands start with SIGINT at its default (a caught signal is reset on exec; an ignored one stays ignored).
+    if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
 @pytest.hookimpl(wrapper=True)

@@ -230,11 +230,13 @@ def ctrl_c_outside_writes(enabled: bool) -> Iterator[CtrlC]:
     checkpoint is written, and a stopped run resumes from the last checkpoint, so cutting it short loses nothing that
     was kept. A second Ctrl-C interrupts at once, writes or not. Off (``enabled`` False) under several processes,
     where ranks stopping at different places would leave the others waiting in a collective, and off outside the main
-    thread, which alone receives signals.
+    thread, which alone receives signals. Off too where SIGINT is ignored: a process started with it ignored (``nohup``,
+    a script's ``cmd &``) is not stopped by Ctrl-C anywhere else, so not in its training either.
     """
     ctrl_c = CtrlC()
     try:
         previous = signal.getsignal(signal.SIGINT)
+        enabled = enabled and previous is not signal.SIG_IGN
 
         def ask(signum: int, frame: object) -> None:
             ctrl_c.asked = True

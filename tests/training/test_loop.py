@@ -249,3 +249,44 @@ def test_ctrl_c_acts_where_it_lands_not_at_the_end_of_the_step(where, tiny_model
         assert losses == [1, 2, 3], "the step went on after the Ctrl-C"
         assert f"training stopped at step 2 of 50; {out / 'checkpoint.pt'} holds step 2" in message, message
         assert torch.load(out / "checkpoint.pt", weights_only=False)["state"]["step"] == 2
+
+
+def test_a_run_started_with_ctrl_c_ignored_trains_through_it_and_leaves_it_ignored(
+    tiny_model_dir, corpus_docs, tmp_path
+):
+    """A process started with SIGINT ignored (``nohup``, a script's ``cmd &``) ignores Ctrl-C everywhere else (Python
+    installs no handler then, and ``tune``'s gate and install run on): its training must not be the one place a
+    SIGINT stops it. Before, the loop put its own handler over the ignored one, so a stray Ctrl-C stopped the
+    training of a background ``tune`` but nothing else of it. Here a SIGINT lands in the third step: every step runs,
+    and SIGINT is still ignored afterwards."""
+    from training.loop import train
+    from training.pretrain import PretrainTask
+
+    model, tokenizer = pretraining_start(tiny_model_dir("none"))
+    cfg = PretrainConfig(out=tmp_path / "run", batch_size=4, max_steps=4, max_length=32, device="cpu")
+    task, losses = PretrainTask(tokenizer, corpus_docs, cfg), []
+
+    class CtrlCInTheThirdStep:
+        def __len__(self) -> int:
+            return len(task)
+
+        def batch(self, indices: list[int], key: str) -> dict:
+            return task.batch(indices, key)
+
+        def loss(self, model: torch.nn.Module, batch: dict) -> torch.Tensor:
+            losses.append(len(losses) + 1)
+            if len(losses) == 3:
+                os.kill(os.getpid(), signal.SIGINT)
+            return task.loss(model, batch)
+
+        def evaluate(self, model: torch.nn.Module) -> dict:
+            return task.evaluate(model)
+
+    previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        _, finished = train(model, CtrlCInTheThirdStep(), cfg)
+        after = signal.getsignal(signal.SIGINT)
+    finally:
+        signal.signal(signal.SIGINT, previous)
+    assert finished and losses == [1, 2, 3, 4]
+    assert after is signal.SIG_IGN
