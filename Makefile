@@ -8,8 +8,8 @@ PIP := $(BIN)/pip install --quiet --disable-pip-version-check --constraint const
 
 setup: $(VENV)/.installed
 
-# torch is installed on its own first, pinned by constraints.txt to the CPU wheel, so that no
-# later requirement can pull the CUDA build.
+# torch is installed on its own first, so that the torch 2.13.0 wheel pip finds then (the CPU one where the index
+# offers it: constraints.txt pins the version, not the build) is the one kept; no later requirement reinstalls it.
 $(VENV)/.installed: setup.cfg setup.py pyproject.toml constraints.txt
 	$(PYTHON) -m venv $(VENV)
 	$(PIP) --upgrade pip

@@ -1,6 +1,6 @@
 """A model directory outside Chatchat: sentence-transformers, transformers' Auto classes, LangChain, ``serve``.
 
-The README's section "Use the model outside Chatchat" is run here block by block, each in a fresh
+docs/model.md's section "Use the model outside Chatchat" is run here block by block, each in a fresh
 interpreter that does not import this package (the start-up hook registers ``policybert``), and
 each block's vectors are compared to ``PolicyBertEmbeddings``'.
 """
@@ -31,21 +31,21 @@ from chatchat_policybert.model.load_checks import ModelDirError
 from chatchat_policybert.model.tokenization_policybert import FILES_KEY
 from tests.support.outside_chatchat import TEXTS, check_loads_outside_chatchat
 
-README = Path(__file__).resolve().parents[2] / "README.md"
+MODEL_DOC = Path(__file__).resolve().parents[2] / "docs" / "model.md"
 SECTION = "## Use the model outside Chatchat"
 BIN = Path(sys.executable).parent
 
 
-def readme_blocks() -> list[str]:
-    """The ```python blocks of the README's section, in order."""
-    text = README.read_text(encoding="utf-8")
+def doc_blocks() -> list[str]:
+    """The ```python blocks of docs/model.md's section, in order."""
+    text = MODEL_DOC.read_text(encoding="utf-8")
     section = text[text.index(SECTION) :]
     section = section[: section.index("\n## ", len(SECTION))]
     return re.findall(r"```python\n(.*?)```", section, flags=re.DOTALL)
 
 
 def run_block(block: str, cwd: Path) -> dict[str, np.ndarray]:
-    """Runs a README block in a new interpreter in ``cwd``; returns each name its last line assigns, as float32."""
+    """Runs one block in a new interpreter in ``cwd``; returns each name its last line assigns, as float32."""
     names = re.match(r"(\w+(?:, \w+)*) =", block.strip().splitlines()[-1]).group(1).split(", ")
     dump = "\nimport numpy, torch\n" + "".join(
         f"numpy.save('{name}.npy', numpy.asarray({name}.detach().numpy() if torch.is_tensor({name}) else {name}, "
@@ -61,12 +61,12 @@ def run_block(block: str, cwd: Path) -> dict[str, np.ndarray]:
 
 
 QUESTION, PASSAGE = "数据安全管理办法适用于哪些单位？", "数据安全管理办法"
-"""The texts the README's blocks embed: each block's names are compared with the served query or document vector."""
+"""The texts the section's blocks embed: each block's names are compared with the served query or document vector."""
 
 
 @pytest.fixture(params=["bge", "e5"])
-def readme_dir(request, tiny_model_dir, tmp_path) -> Path:
-    """A folder holding ``models/policybert``, as the README's blocks expect: bge's shape (a tiny PolicyBERT with its
+def blocks_dir(request, tiny_model_dir, tmp_path) -> Path:
+    """A folder holding ``models/policybert``, as the section's blocks expect: bge's shape (a tiny PolicyBERT with its
     word stream open: [CLS], bge's instruction, no document prompt) or e5's (the e5 base: mean pooling, ``query: `` /
     ``passage: ``), linked, not copied (the blocks only read it)."""
     source = request.getfixturevalue("e5_base_dir") if request.param == "e5" else tiny_model_dir("attn", perturb=True)
@@ -74,8 +74,8 @@ def readme_dir(request, tiny_model_dir, tmp_path) -> Path:
     return tmp_path
 
 
-def test_readme_has_the_four_blocks():
-    blocks = readme_blocks()
+def test_the_section_has_the_four_blocks():
+    blocks = doc_blocks()
     assert len(blocks) == 4
     assert all(len([line for line in block.splitlines() if line.strip()]) <= 10 for block in blocks), "short blocks"
 
@@ -85,15 +85,15 @@ EXPECTED = {0: {"questions": "query", "passages": "document"}, 1: {"vector": "do
 
 
 @pytest.mark.parametrize("index", sorted(EXPECTED))
-def test_readme_block_gives_the_served_vector(index, readme_dir):
+def test_each_block_gives_the_served_vector(index, blocks_dir):
     """sentence-transformers and transformers in an interpreter that never imports this package, and LangChain, on
     a bge-shaped and an e5-shaped directory (issue 43 item 6: the blocks before gave e5's documents no ``passage: ``
     and took the [CLS] state of a mean-pooled model, cosine 0.89-0.92)."""
-    block = readme_blocks()[index]
+    block = doc_blocks()[index]
     if index < 2:
         assert "chatchat_policybert" not in block
-    values = run_block(block, readme_dir)
-    served = PolicyBertEmbeddings(readme_dir / "models" / "policybert")
+    values = run_block(block, blocks_dir)
+    served = PolicyBertEmbeddings(blocks_dir / "models" / "policybert")
     expected = {"query": served.embed_query(QUESTION), "document": served.embed_documents([PASSAGE])[0]}
     assert set(values) == set(EXPECTED[index])
     for name, kind in EXPECTED[index].items():
@@ -108,12 +108,12 @@ def free_port() -> int:
 
 
 @pytest.mark.slow
-def test_readme_openai_block_against_serve(readme_dir):
-    """``serve`` as the README starts it (another free port, as tests run side by side), then the OpenAI client."""
+def test_the_openai_block_against_serve(blocks_dir):
+    """``serve`` as the section starts it (another free port, as tests run side by side), then the OpenAI client."""
     port = free_port()
-    model = readme_dir / "models" / "policybert"
+    model = blocks_dir / "models" / "policybert"
     server = subprocess.Popen(
-        [str(BIN / "chatchat-policybert"), "serve", "--model-path", str(model), "--root", str(readme_dir)]
+        [str(BIN / "chatchat-policybert"), "serve", "--model-path", str(model), "--root", str(blocks_dir)]
         + ["--port", str(port)],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
@@ -128,9 +128,9 @@ def test_readme_openai_block_against_serve(readme_dir):
                     break
             except requests.ConnectionError:
                 time.sleep(0.5)
-        block = readme_blocks()[3]
+        block = doc_blocks()[3]
         assert "127.0.0.1:9998" in block
-        value = run_block(block.replace("127.0.0.1:9998", f"127.0.0.1:{port}"), readme_dir)["vector"]
+        value = run_block(block.replace("127.0.0.1:9998", f"127.0.0.1:{port}"), blocks_dir)["vector"]
     finally:
         os.killpg(server.pid, signal.SIGTERM)
         server.wait(timeout=60)
