@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from chatchat_policybert.errors import InputError
+from chatchat_policybert.files import not_utf8
 
 MIN_CONTENT_CHARS = 200
 COLUMNS = ("title", "contentText")
@@ -43,11 +44,6 @@ class PolicyDocument:
     def markdown(self) -> str:
         meta = " · ".join(x for x in (self.pubtime, self.channel) if x)
         return f"# {self.title}\n\n{meta}\n\n{self.content}\n" if meta else f"# {self.title}\n\n{self.content}\n"
-
-
-def not_utf8(path: Path, err: UnicodeDecodeError) -> InputError:
-    """The one message for a corpus or question file in another encoding (a GBK export is the usual case)."""
-    return InputError(f"{path}: not UTF-8 text ({err.reason}); save it as UTF-8, e.g. iconv -f GBK -t UTF-8")
 
 
 def read_policy_rows(csv_path: Path, columns: tuple[str, ...] = COLUMNS) -> list[dict[str, str | None]]:

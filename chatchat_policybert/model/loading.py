@@ -35,7 +35,7 @@ from transformers.utils.loading_report import log_state_dict_report
 from chatchat_policybert.errors import InputError
 from chatchat_policybert.files import atomic_path, read_json
 from chatchat_policybert.model.configuration_policybert import CONFIG_ERRORS, PolicyBertConfig
-from chatchat_policybert.model.constants import QUERY_TOWER_FILE
+from chatchat_policybert.model.constants import DOCUMENT_TOWER_FILE, QUERY_TOWER_FILE
 from chatchat_policybert.model.lexicon import LEXICON_FILE
 from chatchat_policybert.model.load_checks import (
     ModelDirError,
@@ -55,7 +55,7 @@ from chatchat_policybert.model.tokenization_policybert import (
     safetensors_names,
 )
 
-WEIGHT_FILES = ("model.safetensors", "pytorch_model.bin")
+WEIGHT_FILES = (DOCUMENT_TOWER_FILE, "pytorch_model.bin")
 TOKENIZER_FILES = ("tokenizer.json", "vocab.txt")
 SUPPORTED_TYPES = ("policybert", "bert")
 # Rows an embedding may have beyond the tokenizer's vocabulary: checkpoints pad their embedding to a
@@ -470,7 +470,7 @@ def save_query_tower(model_dir: str | os.PathLike, query_model: torch.nn.Module)
         (scratch / QUERY_TOWER_FILE).unlink(missing_ok=True)  # unlink, never rewrite: the file is the old one's too
         if changed:
             save_file(changed, scratch / QUERY_TOWER_FILE, metadata={"format": "pt"})
-            record[QUERY_TOWER_FILE] = directory_record(scratch, config)[QUERY_TOWER_FILE]
+            record[QUERY_TOWER_FILE] = directory_record(scratch, config, weights=False)[QUERY_TOWER_FILE]
         _write_config(scratch / "config.json", {**config, FILES_KEY: record})
 
 
@@ -615,4 +615,16 @@ def check_model_dir(
             f"once you trust these files, save_model_dir(*load_policybert(DIR), NEW_DIR) writes a copy that "
             f"records them",
         )
-    return ("OK", f"{summary}; its files are the ones config.json records, so every loader embeds alike")
+    if DOCUMENT_TOWER_FILE not in config[FILES_KEY] and (path / DOCUMENT_TOWER_FILE).is_file():
+        return (
+            "WARN",
+            f"{summary}; no checksum recorded of {DOCUMENT_TOWER_FILE} (config.json's {FILES_KEY} was written before "
+            f"it was recorded): its other files are the ones config.json records, but a damaged {DOCUMENT_TOWER_FILE} "
+            f"loads unnoticed — once you trust it, save_model_dir(*load_policybert(DIR), NEW_DIR) writes a copy that "
+            f"records it",
+        )
+    return (
+        "OK",
+        f"{summary}; its files are the ones config.json records ({DOCUMENT_TOWER_FILE} among them), so every loader "
+        "embeds alike",
+    )

@@ -11,7 +11,6 @@ generator, as ZEN does.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import logging
 import os
@@ -31,9 +30,9 @@ from tokenizers.models import WordPiece
 from transformers import AutoTokenizer, BatchEncoding, BertTokenizerFast, PreTrainedConfig, PreTrainedTokenizerFast
 
 from chatchat_policybert.errors import InputError
-from chatchat_policybert.files import read_json
+from chatchat_policybert.files import file_sha256, read_json
 from chatchat_policybert.model.configuration_policybert import PolicyBertConfig
-from chatchat_policybert.model.constants import DEFAULT_QUERY_INSTRUCTION, QUERY_TOWER_FILE
+from chatchat_policybert.model.constants import DEFAULT_QUERY_INSTRUCTION, DOCUMENT_TOWER_FILE, QUERY_TOWER_FILE
 from chatchat_policybert.model.lexicon import LEXICON_FILE, Lexicon
 
 logger = logging.getLogger(__name__)
@@ -139,10 +138,6 @@ FILES_KEY = "policybert_files"
 TOKENIZER_FILE = "tokenizer.json"
 
 
-def _sha256(file: Path) -> str:
-    return hashlib.sha256(file.read_bytes()).hexdigest()
-
-
 def safetensors_names(file: Path) -> list[str] | None:
     """The sorted tensor names of a safetensors file's header, None where the header cannot be read (a truncated or
     foreign file: the loader refuses it with its own line)."""
@@ -156,7 +151,9 @@ def safetensors_names(file: Path) -> list[str] | None:
     return sorted(k for k in header if k != "__metadata__") if isinstance(header, dict) else None
 
 
-def directory_record(path: Path, model_config: dict[str, Any] | None = None) -> dict[str, dict[str, Any] | None]:
+def directory_record(
+    path: Path, model_config: dict[str, Any] | None = None, weights: bool = True
+) -> dict[str, dict[str, Any] | None]:
     """What a model directory's files say about how it embeds, per file (None: the file is not there):
 
     - ``config.json``: ``model_type`` — ``bert`` there makes ``AutoModel`` build a ``BertModel`` that drops the word
@@ -169,6 +166,9 @@ def directory_record(path: Path, model_config: dict[str, Any] | None = None) -> 
     - ``config_sentence_transformers.json``: the query and document prompts;
     - ``query_tower.safetensors``, only where the directory has one (so a directory without one keeps the record it
       had before query towers existed): its SHA-256 and tensor names — the encoder that embeds questions.
+    - ``model.safetensors`` (``weights``, and where the directory has it): its SHA-256 — the document tower, whose
+      flipped bit loaded everywhere unnoticed (issue 52 item 7). A record without it (written before) loads unchecked
+      there: ``check-model`` says so.
 
     Why in config.json: a copy of a directory that lost or changed one of these loads in sentence-transformers and
     transformers without an error and embeds differently (issue 38); with the record beside the weights, every loader
@@ -182,7 +182,7 @@ def directory_record(path: Path, model_config: dict[str, Any] | None = None) -> 
     lexicon = path / LEXICON_FILE
     record[LEXICON_FILE] = (
         {
-            "sha256": _sha256(lexicon),
+            "sha256": file_sha256(lexicon),
             # Counted on the bytes: a lexicon that is not UTF-8 is still one line naming it, not a decode traceback.
             "words": sum(1 for line in lexicon.read_bytes().splitlines() if line.strip()),
         }
@@ -190,7 +190,7 @@ def directory_record(path: Path, model_config: dict[str, Any] | None = None) -> 
         else None
     )
     pieces = path / TOKENIZER_FILE
-    record[TOKENIZER_FILE] = {"sha256": _sha256(pieces)} if pieces.is_file() else None
+    record[TOKENIZER_FILE] = {"sha256": file_sha256(pieces)} if pieces.is_file() else None
     config = path / TOKENIZER_CONFIG
     content = read_json(config) if config.is_file() else None
     record[TOKENIZER_CONFIG] = (
@@ -204,7 +204,9 @@ def directory_record(path: Path, model_config: dict[str, Any] | None = None) -> 
         record[PROMPTS_FILE] = None
     tower = path / QUERY_TOWER_FILE
     if tower.is_file():
-        record[QUERY_TOWER_FILE] = {"sha256": _sha256(tower), "tensors": safetensors_names(tower)}
+        record[QUERY_TOWER_FILE] = {"sha256": file_sha256(tower), "tensors": safetensors_names(tower)}
+    if weights and (path / DOCUMENT_TOWER_FILE).is_file():
+        record[DOCUMENT_TOWER_FILE] = {"sha256": file_sha256(path / DOCUMENT_TOWER_FILE)}
     return record
 
 
@@ -263,7 +265,7 @@ def check_directory_record(path: Path, config: dict[str, Any]) -> bool:
         return False
     if not isinstance(recorded, dict) or not all(isinstance(v, dict | None) for v in recorded.values()):
         raise InputError(f"{path / 'config.json'}: {FILES_KEY} is not a mapping of file names to records")
-    found = directory_record(path, config)
+    found = directory_record(path, config, weights=DOCUMENT_TOWER_FILE in recorded)  # hashed only where recorded
     # A query tower the record does not name is refused too: it would change every query vector unnoticed.
     for name in [*recorded, *(n for n in found.keys() - recorded.keys() if n == QUERY_TOWER_FILE)]:
         expected, actual = recorded.get(name), found.get(name)
@@ -275,9 +277,16 @@ def check_directory_record(path: Path, config: dict[str, Any]) -> bool:
         else:
             state = ", ".join(f"{key} {_shown(value)}" for key, value in actual.items())
         saved = "absent" if expected is None else ", ".join(f"{key} {_shown(value)}" for key, value in expected.items())
+        # The weights are hard-linked into a two-tower directory from its start: damage to one is damage to both.
+        linked = (
+            " (a tuned two-tower directory shares this file with the directory it started from, through a hard link: "
+            "check that one too)"
+            if name == DOCUMENT_TOWER_FILE
+            else ""
+        )
         raise InputError(
             f"{where}: {state}, but config.json records {saved} ({FILES_KEY}): this file is not the one the model "
-            f"was saved with, and loaders would embed differently; copy the whole directory again "
+            f"was saved with, and loaders would embed differently; copy the whole directory again{linked} "
             f"(docs/model.md: the files that travel together)"
         )
     return True

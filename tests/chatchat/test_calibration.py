@@ -161,7 +161,7 @@ def test_setup_calibrate_records_the_choice_and_doctor_shows_it(calibrated_root,
 
     missing = cli("setup", "--model", str(model), "--calibrate", str(tmp_path / "nope.jsonl"), "--no-check")
     assert missing.returncode == 2 and missing.stderr.strip().splitlines() == [
-        f"error: {tmp_path / 'nope.jsonl'}: question file not found"
+        f"error: question file {tmp_path / 'nope.jsonl'}: not found"
     ]
     gbk = tmp_path / "gbk.jsonl"  # a question file saved as GBK: one line, before the root's settings change
     gbk.write_bytes(dev.read_text(encoding="utf-8").encode("gbk", errors="replace"))

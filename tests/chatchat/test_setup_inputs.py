@@ -10,7 +10,7 @@ import pytest
 from test_cli import cli, make_root
 from test_settings_owner import settings_dir, snapshot
 
-from chatchat_policybert.chatchat.root import check_bind_host, is_loopback
+from chatchat_policybert.chatchat.root import check_bind_host, content_dir, is_loopback
 from chatchat_policybert.configure.setup import SetupOptions, setup_root, shipped_settings_dir
 from chatchat_policybert.errors import InputError
 
@@ -106,3 +106,21 @@ def test_a_model_that_does_not_load_writes_nothing(tmp_path: Path, tiny_model: P
         assert result.returncode == 2 and result.stderr.startswith("error: ") and "OK" not in result.stdout, result
         assert result.stderr.count("\n") == 1 and str(model) in result.stderr, result.stderr
         assert snapshot(root) == before
+
+
+def test_calibrate_on_a_knowledge_base_the_root_lacks_is_one_line(tmp_path: Path, tiny_model: Path):
+    """Issue 52 S3c: ``setup --calibrate FILE --kb NoSuchKB`` printed its error line under a worker's 15-line
+    traceback. Now one line naming the knowledge base, before the model loads, and the root as it was."""
+    root = make_root(tmp_path)
+    pairs = tmp_path / "dev.jsonl"
+    pairs.write_text('{"query": "数据出境", "pos": ["数据出境安全评估办法"]}\n', encoding="utf-8")
+    before = snapshot(root)
+    result = cli(
+        "setup", "--root", str(root), "--model", str(tiny_model), "--calibrate", str(pairs), "--kb", "NoSuchKB"
+    )
+    assert result.returncode == 2 and "Traceback" not in result.stderr, result.stderr
+    assert result.stderr.strip().splitlines() == [
+        f"error: --kb NoSuchKB: no knowledge base folder {content_dir(root, 'NoSuchKB')}; "
+        "expected one `chatchat kb -r` built"
+    ], result.stderr
+    assert snapshot(root) == before

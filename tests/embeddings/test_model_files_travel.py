@@ -20,6 +20,7 @@ from sentence_transformers import SentenceTransformer
 from transformers import AutoModel, AutoTokenizer
 
 from chatchat_policybert.errors import InputError
+from chatchat_policybert.files import file_sha256
 from chatchat_policybert.model.embeddings import PolicyBertEmbeddings
 from chatchat_policybert.model.loading import check_model_dir, load_policybert, save_model_dir
 from chatchat_policybert.model.tokenization_policybert import FILES_KEY
@@ -49,6 +50,18 @@ def lexicon_first_line_removed(d: Path) -> None:
 
 def lexicon_not_utf8(d: Path) -> None:
     (d / "lexicon.txt").write_bytes("数据,3\n".encode("gbk"))
+
+
+def flip_a_weight_bit(d: Path) -> None:
+    """One bit of one weight flipped in place, in ``model.safetensors``'s data (the header kept): issue 52 M14 loaded
+    everywhere and embedded up to 5.7e-5 away."""
+    weights = d / "model.safetensors"
+    header = int.from_bytes(weights.read_bytes()[:8], "little")
+    with weights.open("r+b") as handle:  # in place: a hard link to this file sees it too
+        handle.seek(8 + header + 1001)
+        byte = handle.read(1)[0]
+        handle.seek(8 + header + 1001)
+        handle.write(bytes([byte ^ 0x01]))
 
 
 def bert_tokenizer_class(d: Path) -> None:
@@ -113,6 +126,7 @@ DAMAGES = [
     (model_type("roberta"), "config.json", ("AutoModel",)),
     (model_type("xlm-roberta"), "config.json", ("AutoModel",)),
     (tokenizer_json_missing, "tokenizer.json", ()),
+    (flip_a_weight_bit, "model.safetensors", ()),
     (modules_json_missing, "modules.json", ()),
     # Issue 43 item 7: settings of sentence-transformers' own files that change its vectors, not those of the others.
     (default_prompt_name, "config_sentence_transformers.json", ()),
@@ -190,6 +204,48 @@ def test_a_directory_written_before_the_record_keeps_loading(open_stream_dir, tm
         assert PolicyBertEmbeddings(model_dir).embed_documents(TEXTS[:1]) != PolicyBertEmbeddings(
             open_stream_dir
         ).embed_documents(TEXTS[:1])
+
+
+def test_a_bit_flipped_in_the_shared_weights_is_refused_in_both_directories(open_stream_dir, tmp_path):
+    """Issue 52 item 7 (M14): a two-tower directory hard-links its start's ``model.safetensors``, so a bit flipped in
+    one is flipped in the other. Both record the file's SHA-256 (single- and two-tower alike), and every loader and
+    check-model refuses each, naming the file; before, check-model said OK and every loader loaded both."""
+    from training.query_side import two_tower_dir
+
+    start = shutil.copytree(open_stream_dir, tmp_path / "start")
+    query = load_policybert(start)[0]
+    with torch.no_grad():
+        query.encoder.layer[1].output.dense.weight.add_(0.05)
+    towers = two_tower_dir(start, query, tmp_path / "towers")
+    assert (towers / "model.safetensors").stat().st_ino == (start / "model.safetensors").stat().st_ino
+    for model_dir in (start, towers):
+        record = json.loads((model_dir / "config.json").read_text(encoding="utf-8"))[FILES_KEY]
+        assert record["model.safetensors"] == {"sha256": file_sha256(model_dir / "model.safetensors")}
+        assert check_model_dir(model_dir)[0] == "OK"
+    flip_a_weight_bit(start)
+    for model_dir in (start, towers):
+        for load in [*LOADERS.values(), lambda d: load_policybert(d, tower="query")]:
+            with pytest.raises(InputError, match=re.escape(f"{model_dir / 'model.safetensors'}: sha256 ")):
+                load(model_dir)
+        result = cli("check-model", str(model_dir))
+        assert result.returncode == 2 and result.stderr.count("\n") == 1, result.stderr
+        assert result.stderr.startswith(f"error: {model_dir / 'model.safetensors'}: sha256 "), result.stderr
+        assert "check that one too" in result.stderr
+
+
+def test_a_directory_whose_record_has_no_weights_checksum_loads_and_says_so(open_stream_dir, tmp_path):
+    """Directories written before the weights' SHA-256 was recorded keep loading everywhere (their weights unchecked);
+    check-model (and doctor, which runs it) says "no checksum recorded", a WARN, and how to get one."""
+    model_dir = shutil.copytree(open_stream_dir, tmp_path / "old")
+    config = json.loads((model_dir / "config.json").read_text(encoding="utf-8"))
+    del config[FILES_KEY]["model.safetensors"]
+    (model_dir / "config.json").write_text(json.dumps(config), encoding="utf-8")
+    for load in LOADERS.values():
+        load(model_dir)
+    level, message = check_model_dir(model_dir)
+    assert level == "WARN" and "no checksum recorded of model.safetensors" in message, message
+    flip_a_weight_bit(model_dir)  # what an unrecorded directory cannot show
+    assert load_policybert(model_dir)[0] is not None
 
 
 def test_save_pretrained_of_a_loaded_model_carries_no_record(open_stream_dir, tmp_path):

@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import csv
 import json
+import os
 from pathlib import Path
 
 import pytest
 
 from chatchat_policybert.data import CORPUS_CSV, QUESTIONS
+from chatchat_policybert.deploy.questions import is_pairs_file, pair_queries
 from chatchat_policybert.errors import InputError
 from chatchat_policybert.evaluation.dataset import (
     load_beir,
@@ -16,6 +18,7 @@ from chatchat_policybert.evaluation.dataset import (
     load_questions,
     text_group,
 )
+from chatchat_policybert.evaluation.knowledge_base import Chunk
 
 LONG_A = "关于数据出境安全评估的规定。" * 20 + "数据处理者应当在有效期届满60个工作日前重新申报评估。"
 LONG_B = "个人信息保护的若干规定。" * 20 + "个人信息处理者应当立即采取补救措施。"
@@ -158,8 +161,76 @@ def test_every_bad_line_is_reported_at_once(corpus, tmp_path):
 
 
 def test_unknown_corpus_path_is_an_error(tmp_path):
-    with pytest.raises(InputError, match="not a .csv file or a folder"):
+    with pytest.raises(InputError, match="missing.csv: not found"):
         load_corpus(tmp_path / "missing.csv")
+    (tmp_path / "notes.txt").write_text("x", encoding="utf-8")
+    with pytest.raises(InputError, match="notes.txt: not a .csv file or a folder"):
+        load_corpus(tmp_path / "notes.txt")
+
+
+def _fifo(path: Path) -> Path:
+    os.mkfifo(path)
+    return path
+
+
+def _folder(path: Path) -> Path:
+    path.mkdir()
+    return path
+
+
+@pytest.mark.parametrize(("make", "kind"), [(_fifo, "a FIFO"), (_folder, "a directory")], ids=["fifo", "folder"])
+def test_a_folder_or_fifo_where_a_file_is_expected_is_named_as_what_it_is(corpus, tmp_path, make, kind):
+    """Issue 52 item 11: a folder passed as the questions was "file not found"; a FIFO named ``.csv`` as the corpus
+    was "not a .csv file", and a FIFO as the questions would block reading. Each is one line saying what it is, from
+    the one check of a file (:func:`chatchat_policybert.files.regular_file`), for eval, tune and setup alike."""
+    questions = make(tmp_path / "q.jsonl")
+    for read in (lambda: load_questions(questions, corpus), lambda: is_pairs_file(questions)):
+        with pytest.raises(InputError) as error:
+            read()
+        assert str(error.value) == f"question file {questions}: not a regular file ({kind})"
+    if kind == "a FIFO":  # a folder is a corpus of its own (its .md/.txt files)
+        with pytest.raises(InputError) as error:
+            load_corpus(make(tmp_path / "corpus.csv"))
+        assert str(error.value) == f"corpus {tmp_path / 'corpus.csv'}: not a regular file ({kind})"
+
+
+GOOD = {"id": "x", "question": "信息泄露了怎么办？", "doc_title": "个人信息保护法", "evidence": "补救措施"}
+
+
+def test_a_byte_order_mark_is_no_character_of_the_first_line(corpus, tmp_path, beir):
+    """Issue 52 A7/S3b: a question file saved with a UTF-8 BOM (Windows editors) was "line 1: not JSON" for ``tune
+    --questions`` and ``setup --calibrate``; the one JSON-lines reader drops it, as the stopword and lexicon readers
+    do, for the questions, dev pairs and a BEIR folder alike."""
+    plain = write_jsonl(tmp_path / "q.jsonl", [GOOD])
+    marked = tmp_path / "bom.jsonl"
+    marked.write_bytes(b"\xef\xbb\xbf" + plain.read_bytes())
+    assert load_questions(marked, corpus) == load_questions(plain, corpus)
+    assert is_pairs_file(marked) is False
+    pairs = tmp_path / "pairs.jsonl"
+    pairs.write_bytes("\ufeff".encode() + json.dumps({"query": "补救", "pos": ["立即采取补救措施"]}).encode() + b"\n")
+    assert is_pairs_file(pairs) is True
+    chunks = [Chunk("a.md", LONG_B, text_group(LONG_B))]
+    assert [(q.text, q.gains) for q in pair_queries(pairs, chunks)] == [("补救", {text_group(LONG_B): 1.0})]
+    queries = beir / "queries.jsonl"
+    unmarked = load_beir(beir)
+    queries.write_bytes(b"\xef\xbb\xbf" + queries.read_bytes())
+    assert load_beir(beir)[1] == unmarked[1]
+
+
+def test_a_question_with_a_lone_surrogate_is_refused_by_the_models_text_check(corpus, tmp_path):
+    """Issue 52 Q1: ``"\\ud800"`` is valid JSON but no text; it passed the questions' checks and crashed the tune's
+    first fold with a 40-line TypeError. Now the check the model applies to every text it embeds refuses it, naming
+    the line, for labelled questions and dev pairs alike."""
+    bad = '{"id": "s", "question": "\\ud800泄露了怎么办？", "doc_title": "个人信息保护法", "evidence": "补救措施"}'
+    path = write_jsonl(tmp_path / "q.jsonl", [GOOD, bad])
+    with pytest.raises(InputError) as error:
+        load_questions(path, corpus)
+    assert str(error.value) == (
+        f"{path}:2: question 0 has a lone surrogate '\\ud800' at character 0 (not valid Unicode text)"
+    )
+    pairs = write_jsonl(tmp_path / "pairs.jsonl", ['{"query": "补救\\udc00", "pos": ["立即采取补救措施"]}'])
+    with pytest.raises(InputError, match=r"pairs.jsonl:1: question 0 has a lone surrogate '\\udc00' at character 2"):
+        pair_queries(pairs, [Chunk("a.md", LONG_B, text_group(LONG_B))])
 
 
 # ----------------------------------------------------------------------------- BEIR

@@ -26,7 +26,7 @@ from chatchat_policybert.model.embeddings import PolicyBertEmbeddings
 from chatchat_policybert.model.loading import load_policybert
 from tests.support.outside_chatchat import check_loads_outside_chatchat
 from training import contrastive, finetune, pretrain
-from training.export import main
+from training.export import ROUTER_RECORD, main
 
 STEPS = ["--max-steps", "3", "--batch-size", "4", "--max-length", "32", "--lr", "1e-3", "--device", "cpu"]
 TEXTS = ["国务院关于数据要素的意见", "住房公积金"]
@@ -340,5 +340,75 @@ def test_router_goes_with_the_export_and_replaces_only_a_router_directory(stoppe
     (tmp_path / "mine" / "notes.txt").write_text("x", encoding="utf-8")
     capsys.readouterr()
     assert run_cli(main, ["--model", str(out), "--router", str(tmp_path / "mine")]) == 2
-    assert f"--router {tmp_path / 'mine'}: a non-empty folder that is not a Router directory" in capsys.readouterr().err
+    assert f"--router {tmp_path / 'mine'}: holds 1 entry (notes.txt) and no {ROUTER_RECORD}" in capsys.readouterr().err
     assert [p.name for p in (tmp_path / "mine").iterdir()] == ["notes.txt"]
+
+
+def snapshot(folder: Path) -> dict[str, bytes | str]:
+    """Every entry under ``folder``: a file's bytes, a link's target, a folder as ``"dir"``."""
+    return {
+        p.relative_to(folder).as_posix(): (
+            f"-> {p.readlink()}" if p.is_symlink() else "dir" if p.is_dir() else p.read_bytes()
+        )
+        for p in sorted(folder.rglob("*"))
+    }
+
+
+def router_refused(argv: list[str], capsys) -> str:
+    """The one error line of a refused Router export (exit 2, no traceback)."""
+    capsys.readouterr()
+    assert run_cli(main, argv) == 2
+    err = capsys.readouterr().err
+    assert "Traceback" not in err and len(err.strip().splitlines()) == 1 and err.startswith("error: "), err
+    return err
+
+
+def test_router_never_deletes_a_users_folder_that_merely_holds_a_router_config(tiny_model_dir, tmp_path, capsys):
+    """Issue 52 E8: a user's folder holding a ``router_config.json`` (even ``{}``) and a thesis was replaced, exit 0,
+    the thesis deleted: the marker file was the only check."""
+    mine = tmp_path / "mine"
+    mine.mkdir()
+    (mine / "router_config.json").write_text("{}", encoding="utf-8")
+    (mine / "thesis.docx").write_bytes(b"PK\x03\x04 four years of work")
+    before = snapshot(mine)
+    err = router_refused(["--model", str(tiny_model_dir("attn", perturb=True)), "--router", str(mine)], capsys)
+    assert f"--router {mine}: holds 2 entries (router_config.json, thesis.docx) and no {ROUTER_RECORD}" in err, err
+    assert snapshot(mine) == before
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["mine"], "no scratch left beside it"
+
+
+def test_router_export_replaces_only_what_an_earlier_export_wrote(tiny_model_dir, tmp_path, capsys):
+    """Issue 52 E6: an earlier export plus the user's ``mynotes.txt`` was replaced and the notes deleted. Now the
+    export records what it wrote (``router_export.json``); it replaces exactly that (a file the user deleted from it
+    is no reason to refuse), and refuses, untouched, one holding anything else or a changed file."""
+    model, router = tiny_model_dir("attn", perturb=True), tmp_path / "router"
+    argv = ["--model", str(model), "--router", str(router)]
+    assert run_cli(main, argv) == 0
+    record = json.loads((router / ROUTER_RECORD).read_text(encoding="utf-8"))
+    assert record["written_by"] == "python -m training.export --router"
+    assert set(record["files"]) == {k for k, v in snapshot(router).items() if v != "dir"} - {ROUTER_RECORD}
+    written = snapshot(router)
+    (router / "modules.json").unlink()  # deleted by the user: the rest is still only what the export wrote
+    assert run_cli(main, argv) == 0 and snapshot(router) == written
+    (router / "mynotes.txt").write_text("my notes\n", encoding="utf-8")
+    before = snapshot(router)
+    err = router_refused(argv, capsys)
+    assert f"--router {router}: holds mynotes.txt, a file this command did not write" in err, err
+    assert snapshot(router) == before
+    (router / "mynotes.txt").unlink()
+    config = router / "router_config.json"
+    config.write_text(config.read_text(encoding="utf-8") + " ", encoding="utf-8")
+    before = snapshot(router)
+    assert "router_config.json, changed since" in router_refused(argv, capsys)
+    assert snapshot(router) == before
+
+
+def test_router_out_that_is_a_symbolic_link_is_one_line(tiny_model_dir, tmp_path, capsys):
+    """Issue 52 E9: OUT a symbolic link to an earlier Router directory ended in a NotADirectoryError traceback."""
+    model, router, link = tiny_model_dir("attn", perturb=True), tmp_path / "router", tmp_path / "link"
+    assert run_cli(main, ["--model", str(model), "--router", str(router)]) == 0
+    link.symlink_to(router, target_is_directory=True)
+    before = snapshot(router)
+    err = router_refused(["--model", str(model), "--router", str(link)], capsys)
+    assert f"--router {link}: a symbolic link; give the directory itself (nothing written)" in err, err
+    assert snapshot(router) == before and link.is_symlink()

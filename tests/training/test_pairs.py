@@ -401,7 +401,7 @@ def test_llm_questions_key_on_model_and_text(tmp_path):
         (["--negatives", "0"], "--negatives 0: expected a number above 0"),
         (["--dev-ratio", "1.5"], "--dev-ratio 1.5: expected a value in [0, 1)"),
         (["--model", "no/such/model"], "--model no/such/model: not a model directory"),
-        (["--corpus", "no/such.csv"], "no/such.csv: not a .csv file or a folder"),
+        (["--corpus", "no/such.csv"], "corpus no/such.csv: not found"),
         (["--chatchat-root", "no/such/root"], "no kb_settings.yaml"),
     ],
 )
