@@ -16,7 +16,13 @@ BM25_CACHE_ENV = "CHATCHAT_POLICYBERT_BM25_CACHE"
 WARM_UP_ENV = "CHATCHAT_POLICYBERT_WARM_UP"
 """0/false/no/off: the API does not load the model and the default knowledge base at start."""
 API_THREADS_ENV = "CHATCHAT_POLICYBERT_API_THREADS"
-"""Torch threads of Chatchat's API process (a positive integer; unset: 1): ``plugin.warm_up.use_api_threads``."""
+"""Torch threads of Chatchat's API process (a positive integer; unset: :data:`API_THREADS_DEFAULT`):
+``plugin.warm_up.use_api_threads``."""
+API_THREADS_DEFAULT = 1
+"""One torch thread per question: a question's forward pass is hundreds of small operations, each an OpenMP region
+whose threads wait for each other, so a second thread gains little for one question and, when the other cores are
+busy (another request, a `kb -r`), made the question 22-29x slower (docs/speed.md). Chatchat's API process otherwise
+starts torch with as many threads as cores."""
 
 
 def switched_off(env: str) -> bool:

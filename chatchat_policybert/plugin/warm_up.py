@@ -21,7 +21,7 @@ import os
 import threading
 import time
 
-from chatchat_policybert.chatchat.switches import API_THREADS_ENV
+from chatchat_policybert.chatchat.switches import API_THREADS_DEFAULT, API_THREADS_ENV
 from chatchat_policybert.errors import InputError
 
 WARM_UP_QUERIES = (
@@ -32,13 +32,6 @@ WARM_UP_QUERIES = (
 """Any texts load the same objects; three lengths, because the model's first call at each new input length
 costs more (torch's CPU kernels are prepared per shape): measured, one warm-up question left the first
 user's at 0.67 s against 0.08–0.15 s for the next ones."""
-
-
-API_THREADS_DEFAULT = 1
-"""One torch thread per question: a question's forward pass is hundreds of small operations, each an OpenMP region
-whose threads wait for each other, so a second thread gains little for one question and, when the other cores are
-busy (another request, a `kb -r`), made the question 22-29x slower (docs/speed.md). Chatchat's API process otherwise
-starts torch with as many threads as cores."""
 
 
 def api_threads(value: str | None) -> int:
