@@ -4,16 +4,24 @@
 LangChain users import. It is resolved lazily (PEP 562): the start-up hook (a ``.pth`` file)
 imports this package in every Python process, so importing it must stay light — torch and
 transformers load only when the class is first asked for.
+
+Importing it also sets ``OMP_WAIT_POLICY=PASSIVE`` where the user set nothing (:mod:`chatchat_policybert.cpu`): it
+must be in the environment before torch loads, and this import is the first thing of the package every process runs.
 """
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+from chatchat_policybert.cpu import share_cpu
+
+share_cpu()
+
 if TYPE_CHECKING:
     from chatchat_policybert.model.embeddings import PolicyBertEmbeddings
 
-__version__ = "0.1.0"
+__version__ = "0.2.0"
+"""The one place the version lives (setup.cfg reads it: `version = attr: …`)."""
 __all__ = ["PolicyBertEmbeddings", "__version__"]
 
 

@@ -14,8 +14,9 @@ from typing import Any
 from chatchat_policybert.errors import InputError
 
 GROUP = "chatchat_policybert.training"
-"""``tune``: the module training a candidate for ``tune`` (a :class:`chatchat_policybert.deploy.tune.Trainer`);
-``demo-model``: the function building the demo's offline model."""
+"""``tune``: the module training ``tune``'s query towers (a
+:class:`chatchat_policybert.deploy.query_tune.QueryTrainer`); ``demo-model``: the function building the demo's offline
+model."""
 INSTALL = "pip install -c constraints.txt '.[chatchat,train]'"
 
 

@@ -738,12 +738,12 @@ def _run_result(run: dict, set_name: str, retriever: str) -> RunResult:
 
 
 def gate_decisions(results: list[dict], gate_set: str, resamples: int = 1000) -> list[dict]:
-    """What ``tune``'s gate would decide for each trained run, the deployed model being the untuned start (``base``).
+    """What the gate of 0.1.0's inverse-cloze ``tune`` (removed in 0.2.0) would decide for each trained run, the
+    deployed model being the untuned start (``base``).
 
-    The project's one rule (:func:`chatchat_policybert.evaluation.gate_rule.gate_failure`) as
-    :mod:`chatchat_policybert.deploy.gate` applies it: MRR@10 must rise on the dev pairs and, with
-    ``--questions``, must not fall there. Judged (i) on the dev pairs alone (what an unlabelled
-    knowledge base gets) and (ii) with ``gate_set`` (the first ``--questions`` file) as ``--questions``.
+    The rule (:func:`chatchat_policybert.evaluation.gate_rule.gate_failure`) as that gate applied it: MRR@10 must
+    rise on the dev pairs and, with ``--questions``, must not fall there. Judged (i) on the dev pairs alone (what an
+    unlabelled knowledge base gets) and (ii) with ``gate_set`` (the first ``--questions`` file) as ``--questions``.
     Beside each: the deltas vs ``base`` on every other question set, which chose nothing — where
     (i) installs a model those sets call worse, the dev pairs misled the gate.
     """

@@ -261,7 +261,7 @@ def run(cfg: QuerySideConfig, inputs: QuerySideInputs) -> Path:
     """Trains on every question of ``inputs`` and writes the two-tower directory ``OUT/final``."""
     from chatchat_policybert.deploy.crossfit import stored_questions
 
-    bank, _ = stored_questions(inputs.chatchat_root, inputs.kb, inputs.questions, inputs.corpus)
+    bank, *_ = stored_questions(inputs.chatchat_root, inputs.kb, inputs.questions, inputs.corpus)
     model, _ = train_query_tower(inputs.model, bank, cfg)
     final = two_tower_dir(inputs.model, model, cfg.out / "final")
     print(f"query tower trained on {len(bank.texts)} questions: {final}")

@@ -1,60 +1,50 @@
-"""``chatchat-policybert tune --kb NAME``: from a knowledge base to a better deployed retriever, never a worse one.
+"""``chatchat-policybert tune --kb NAME --questions FILE``: the knowledge base's query tower trained on questions like
+your users', judged on questions it never trained on, and installed only when the RAG path gets better.
 
-    chatchat-policybert tune --kb WeiMingPolicies                       # inside a root `setup` prepared
-    chatchat-policybert tune --kb WeiMingPolicies --budget 20           # training sized to about 20 min
-    chatchat-policybert tune --kb WeiMingPolicies --llm --questions my_questions.jsonl
-    chatchat-policybert rollback --kb WeiMingPolicies                   # undo the last installed tune
+    chatchat-policybert tune --kb WeiMingPolicies --questions my_questions.jsonl    # inside a root `setup` prepared
+    chatchat-policybert tune --kb WeiMingPolicies --llm                             # the deployment's LLM writes them
+    chatchat-policybert rollback --kb WeiMingPolicies                               # undo the last installed tune
 
-Steps (each leaves its result in the run folder ``--out``, default ``ROOT/policybert_tune/KB``, and
-is skipped when found there, so a killed or failed run continues where it stopped). Steps 1 and 2
-are the training package's (``training.tune``, found through the ``chatchat_policybert.training``
-entry point: this package never imports ``training``), steps 3 to 6 this package's
-(:mod:`chatchat_policybert.deploy`, run by :mod:`chatchat_policybert.deploy.tune`):
+Only the query tower is trained: a copy of the served model that embeds questions, learning to rank the chunk
+vectors the store already holds (FAISS or pg: read, never re-embedded). The served model stays the document tower,
+so nothing is re-embedded to install, and a document added later embeds exactly as before.
 
-1. ``pairs`` — ``training.pairs`` on the knowledge base (with ``--llm``, the deployment's own LLM
-   writes questions), cached per KB content: unchanged documents re-use the pairs.
-2. ``train`` — ``training.contrastive`` from the model the root serves, with the recipe's defaults
-   (:class:`training.contrastive.ContrastiveConfig`; from a mean-pooled pretrained start such as the
-   e5 base, :data:`training.tune.PRETRAINED_MEAN_RECIPE`: lr 1e-5, at most 100 steps, 3 BM25 hard
-   negatives a query, the piece-embedding matrix frozen; ``--contrastive-args`` overrides), resumed
-   from its checkpoint; on CPU an estimate of the time is printed first. ``--budget MINUTES`` sizes
-   the steps from one timed step and the two dev evaluations so that training takes about that long
-   (the report says what was cut). A step whose activations would exceed 4 GiB runs its texts in
-   chunks (``--embed-chunk``, the same loss and gradient): the recipe's batch at 512 tokens needs
-   some 300 GB for bge-base.
-3. ``candidate`` (:mod:`chatchat_policybert.deploy.candidate`) — a Chatchat root of its own (the
-   root's model and KB settings, the candidate model, the KB's documents, ``chatchat kb -r``), then
-   the ensemble's weights and threshold calibrated there as the deployment's were: on the questions
-   its calibration recorded (``setup --calibrate FILE``; the demo's: the shipped 49), else on the dev
-   pairs (:mod:`chatchat_policybert.deploy.calibration`). On pg its tables are in a schema of their own in
-   the deployment's database (:class:`chatchat_policybert.stores.pg_schema.OwnSchema`), dropped once
-   the gate's decision is carried out.
-4. ``gate`` (:mod:`chatchat_policybert.deploy.gate`) — Chatchat's own ``search_docs`` in the root as
-   it is (before) and in the candidate root (after), on the held-out-document dev pairs and on the
-   paraphrase-like questions it has — ``--questions``, else the shipped questions where the KB is the
-   shipped corpus, and the LLM's questions on held-out documents with ``--llm`` — with BM25 alone as
-   a third row, and the paired bootstrap of ``eval --require-better``. The rule
-   (:func:`chatchat_policybert.evaluation.gate_rule.tune_gate_failures`): where questions exist they
-   judge (MRR@10 above the deployed one on each) and the dev pairs only check (not below), since
-   inverse-cloze pairs call better a model that paraphrased questions find worse; without questions
-   the dev pairs' MRR@10 must rise. The rows, the interval and what the candidate changes (e.g. "the
-   calibration chose BM25 alone") are printed. The decision is cached with its inputs (candidate,
-   question files' contents, the deployment's settings and model): a change of any of them decides
-   again.
-5. ``install`` (:mod:`chatchat_policybert.deploy.install`) — the previous model, settings and
-   vectors are kept (``OUT/previous``, what ``chatchat-policybert rollback`` restores), the candidate
-   model is copied into ``ROOT/models/``, the settings point at it with the calibrated weights, and
-   the KB is rebuilt with the transactional ``chatchat kb -r``; a failed rebuild puts the settings
-   back. Nothing outside the run folder (and, on pg, the candidate's schema) changes before this step.
-6. ``report`` (:mod:`chatchat_policybert.deploy.report`) — ``OUT/report.md`` (tables, commands, time
-   per step) and ``OUT/report.png``.
+Steps (each leaves its result in the run folder ``--out``, default ``ROOT/policybert_tune/KB``, and is skipped when
+found there, so a killed or failed run continues where it stopped; the training is the training package's
+``training.query_side``, reached through the ``chatchat_policybert.training`` entry point):
 
-Before step 1 every input is checked (the KB name, ``--questions`` against the KB's documents,
-the flags), and the knowledge base's tune lock is taken: a second ``tune`` or a ``rollback`` of
-the same knowledge base is refused while one runs. After ``rollback`` the same command installs
-the rolled-back candidate again, and says so.
+1. ``questions`` — the ``--questions`` files (and with ``--llm`` the LLM's questions per chunk, those copying 12
+   characters of their chunk dropped) with each question's gold chunks among the stored vectors, split into 5 folds
+   by document.
+2. ``folds`` — per fold, a query tower trained from the served model on the other four folds' questions (150 steps
+   of 32 questions, merged back halfway toward the served model; ``--query-args`` overrides the recipe), and each
+   held-out question's vector by it.
+3. ``train`` — the query tower trained on every question: what is installed if the gate passes.
+4. ``gate`` — before: Chatchat's ``search_docs`` as deployed; after: each question ranked by the plugin's ensemble
+   with the tower of its held-out fold (never one that trained on its document). Installs when the paired 95 %
+   bootstrap interval of MRR@10 (after − before) lies above 0; otherwise it says about how many questions would
+   decide it. The hybrid weights and threshold installed are calibrated on the held-out vector lists.
+5. ``install`` — the previous settings and vectors kept in ``OUT/previous`` (what ``rollback`` restores), the
+   two-tower directory (the served weights plus ``query_tower.safetensors``) copied to
+   ``ROOT/models/policybert-KB-query-KEY``, ``model_settings.yaml`` and ``kb_settings.yaml`` pointed at it with the
+   calibrated hybrid, and every stored vector checked unchanged. Then restart Chatchat so that the API and WebUI
+   load it: ``CHATCHAT_ROOT=ROOT chatchat start -a``.
+6. ``report`` — ``OUT/report.md``: the gate's table, each fold's setting, the calibration, time and memory per step.
 
-Exit status: 0 installed, 1 refused by the gate (the deployment unchanged), 2 a bad input.
+What it writes: the run folder (``tune.json``, ``query/`` with each fold's tower and vectors, ``query_gate.json``,
+``report.md``, and after an install ``previous/``, ``installed.json``, ``query_towers/``); in the root, the installed
+model directory and the two settings files. Nothing in the root changes before step 5.
+
+What it costs: 10 min 31 s on 2 CPU cores (AMD EPYC, idle) for the demo's 213 questions on the e5 base, 600 s of it
+the six trainings, peak RSS 2.6 GB (measured 2026-11-27: docs/deployment.md, "Query-side tuning"); about 81 MB of
+disk per installed model (its query tower; the served weights are linked where the file system allows). A GPU
+(``--device cuda``) is faster.
+
+Before step 1 every input is checked (the KB name, ``--questions`` against the KB's documents, ``--query-args``, on
+pg the right to read the collection), and the knowledge base's tune lock is taken: a second ``tune`` or a
+``rollback`` of the same knowledge base is refused while one runs.
+
+Exit status: 0 installed, 1 refused by the gate (the deployment unchanged), 2 a bad input, 130 interrupted.
 """
 
 from __future__ import annotations
@@ -65,6 +55,21 @@ from typing import Any
 
 from chatchat_policybert.chatchat.settings import OLLAMA_URL
 from chatchat_policybert.cli.common import add_root_argument
+from chatchat_policybert.errors import InputError
+
+RETIRED = {"--inverse-cloze": 0, "--budget": None, "--pairs-args": None, "--contrastive-args": None}
+"""Flags of 0.1.0's tune on pairs cut from the chunks, by the number of values each took (0: none, None: one)."""
+
+
+class Retired(argparse.Action):
+    """A flag removed in 0.2.0: refused as it is parsed, before any work, with one line saying why."""
+
+    def __call__(self, parser: Any, namespace: Any, values: Any, option_string: str | None = None) -> None:
+        raise InputError(
+            f"tune {option_string}: removed in 0.2.0 (the inverse-cloze tune and its flags): training on sentences cut "
+            "from the chunks lowered the e5 base on paraphrased questions at every scale tried (docs/training.md); "
+            "tune learns from labelled questions (--questions FILE, or --llm), its training set by --query-args"
+        )
 
 
 def register(commands: Any) -> None:
@@ -75,22 +80,13 @@ def register(commands: Any) -> None:
     """
     parser = commands.add_parser(
         "tune",
-        help="from a knowledge base to a better deployed retriever: pairs, contrastive training, the gate on the RAG "
-        "path, calibration, install (training extras)",
+        help="train the knowledge base's query tower on your questions, gate it on questions it never saw, install "
+        "it without re-embedding (training extras)",
         description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     add_root_argument(parser)
     parser.add_argument("--kb", help="knowledge base to tune on (default: DEFAULT_KNOWLEDGE_BASE)")
-    parser.add_argument(
-        "--llm",
-        nargs="?",
-        const=OLLAMA_URL,
-        metavar="URL",
-        help="also train on questions this OpenAI-compatible endpoint writes per chunk "
-        f"(bare --llm: {OLLAMA_URL}, the deployment's Ollama)",
-    )
-    parser.add_argument("--llm-model", help="chat model of --llm (default: the root's DEFAULT_LLM_MODEL)")
     parser.add_argument(
         "--questions",
         type=Path,
@@ -99,21 +95,17 @@ def register(commands: Any) -> None:
         help="your labelled questions, the evaluation's JSONL, as `chatchat-policybert eval` reads "
         '({"id", "question", "doc_title", "evidence"}; doc_title = a KB file name without suffix, or a --corpus '
         "title); repeatable; checked against the KB before any work. The query tower trains on them and is judged "
-        "on them by cross-fitting (each question scored by a tower that never trained on its document). With "
-        "--inverse-cloze: one file, which only judges",
+        "on them by cross-fitting (each question scored by a tower that never trained on its document)",
     )
     parser.add_argument(
-        "--inverse-cloze",
-        action="store_true",
-        help="the earlier recipe: both towers trained on sentences cut from the chunks (training.pairs), a candidate "
-        "`kb -r`, the gate on dev pairs and --questions (it lowered the e5 base on paraphrased questions: "
-        "docs/training.md)",
+        "--llm",
+        nargs="?",
+        const=OLLAMA_URL,
+        metavar="URL",
+        help="also train on questions this OpenAI-compatible endpoint writes per chunk (with --questions yours judge, "
+        f"without them the LLM's do; bare --llm: {OLLAMA_URL}, the deployment's Ollama)",
     )
-    parser.add_argument(
-        "--query-args",
-        default="",
-        help="flags for training.query_side overriding its recipe, e.g. '--max-steps 300 --merge-alpha 0.7'",
-    )
+    parser.add_argument("--llm-model", help="chat model of --llm (default: the root's DEFAULT_LLM_MODEL)")
     parser.add_argument(
         "--corpus",
         type=Path,
@@ -121,11 +113,9 @@ def register(commands: Any) -> None:
         "(e.g. the shipped questions with the shipped corpus)",
     )
     parser.add_argument(
-        "--budget",
-        type=float,
-        metavar="MINUTES",
-        help="size the training to about MINUTES on this machine (steps from one timed step, at most the "
-        "recipe's; the report says what was cut); pairs, candidate, gate and install take minutes more",
+        "--query-args",
+        default="",
+        help="flags for training.query_side overriding its recipe, e.g. '--max-steps 300 --merge-alpha 0.7'",
     )
     parser.add_argument(
         "--device", default="auto", help="training device: auto (a GPU where there is one), cpu, cuda, …"
@@ -133,17 +123,8 @@ def register(commands: Any) -> None:
     parser.add_argument(
         "--out", type=Path, help="run folder (default: ROOT/policybert_tune/KB); re-running continues it"
     )
-    parser.add_argument(
-        "--pairs-args",
-        default="",
-        help="flags for training.pairs, e.g. '--dev-ratio 0.2 --ict-per-chunk 2' (default: its defaults)",
-    )
-    parser.add_argument(
-        "--contrastive-args",
-        default="",
-        help="flags for training.contrastive overriding the recipe's defaults, e.g. '--max-steps 100' "
-        "(fewer steps, a shorter run) or '--lr 2e-5'",
-    )
+    for flag, nargs in RETIRED.items():
+        parser.add_argument(flag, action=Retired, nargs=nargs, default=argparse.SUPPRESS, help=argparse.SUPPRESS)
     parser.set_defaults(func=run)
 
 

@@ -296,29 +296,6 @@ def calibrate_root(root: Path, kb: str, questions: Path, log_dir: Path, corpus: 
     return calibration
 
 
-def candidate_questions(root: Path, dev: Path) -> tuple[Path, Path | None]:
-    """The questions (and the corpus their titles name) a tune candidate's ensemble is calibrated on: those the
-    deployment's own ensemble was calibrated on, while that file is still there and holds labelled questions;
-    else the tune's dev pairs ``dev``.
-
-    Why: the gate compares the deployment's ensemble with the candidate's, so both are calibrated on
-    the same questions. Dev pairs alone are no fair ground for a pretrained model: a pair's query is a
-    sentence cut from a chunk the KB holds whole, BM25 finds it verbatim (MRR@10 0.996 on the shipped
-    KB), and calibrating on them chose BM25 alone for a model trained from the e5 base whose
-    deployment serves a 0.5/0.5 hybrid calibrated on questions — the gate then compared BM25 alone
-    with that hybrid, not the models (docs/deployment.md, "Calibrated like the deployment").
-    """
-    configured = configured_hybrid(root)
-    record = (configured.calibration or {}) if configured is not None else {}
-    source = Path(record.get("source") or "")
-    corpus = Path(record["corpus"]) if record.get("corpus") else None
-    if not record.get("source") or not source.is_file() or is_pairs_file(source):
-        return dev, None
-    if corpus is not None and not corpus.is_file():
-        return dev, None
-    return source, corpus
-
-
 def calibration_record(calibration: Calibration) -> dict:
     """What the ``hybrid`` block records of a calibration: the questions it was chosen on and its table's figures."""
     return {

@@ -38,7 +38,8 @@ from chatchat_policybert.deploy.rollback import served_vectors
 from chatchat_policybert.errors import InputError
 from chatchat_policybert.evaluation.dataset import Query
 from chatchat_policybert.evaluation.knowledge_base import Chunk, load_chunks
-from chatchat_policybert.evaluation.scoring import MRR_K, Delta, RunResult, evaluate_retriever
+from chatchat_policybert.evaluation.scoring import MRR_K, Delta, RunResult, evaluate_retriever, summarised
+from chatchat_policybert.feedback.export import normalised
 
 FOLDS = 5
 """Folds of the cross-fitting: each fold model trains on 4/5 of the questions."""
@@ -112,8 +113,14 @@ def stored_questions(
 
 
 def document_folds(queries: Sequence[Query], folds: int = FOLDS, seed: int = 0) -> list[int]:
-    """The fold of each question: every question on one document in one fold, folds as equal in size as the
-    documents allow (largest documents first, each to the smallest fold; ties broken by a seeded shuffle)."""
+    """The fold of each question: every question on one document in one fold, and every question whose normalised
+    text (:func:`~chatchat_policybert.feedback.export.normalised`: NFKC, case, spaces and punctuation ignored) repeats
+    another's in that one's fold, folds as equal in size as these groups allow (largest first, each to the smallest
+    fold; ties broken by a seeded shuffle).
+
+    Why repeated texts go together: "适用范围是什么？" asked of two documents in two folds would be judged by a tower
+    that trained on the same text pointing at the other document; in one fold, no tower that judges either copy
+    has seen the text. The copies still train as separate questions (each with its own document as the positive)."""
     by_document: dict[str, list[int]] = defaultdict(list)
     for i, query in enumerate(queries):
         by_document[min(query.gains)].append(i)
@@ -122,26 +129,32 @@ def document_folds(queries: Sequence[Query], folds: int = FOLDS, seed: int = 0) 
             f"the questions name {len(by_document)} document(s): cross-fitting needs questions on at least {folds} "
             "documents (each fold's questions are scored by a model trained on the other documents' questions)"
         )
-    documents = sorted(by_document)
-    random.Random(seed).shuffle(documents)
-    documents.sort(key=lambda d: -len(by_document[d]))  # stable: the shuffle orders documents of one size
+    parent = {document: document for document in by_document}
+
+    def group_of(document: str) -> str:
+        while parent[document] != document:
+            parent[document] = parent[parent[document]]
+            document = parent[document]
+        return document
+
+    first_asked: dict[str, str] = {}
+    for query in queries:
+        document = first_asked.setdefault(normalised(query.text), min(query.gains))
+        low, high = sorted((group_of(document), group_of(min(query.gains))))
+        parent[high] = low
+    groups: dict[str, list[int]] = defaultdict(list)
+    for document, members in by_document.items():
+        groups[group_of(document)] += members
+    names = sorted(groups)
+    random.Random(seed).shuffle(names)
+    names.sort(key=lambda g: -len(groups[g]))  # stable: the shuffle orders groups of one size
     sizes, fold_of = [0] * folds, [0] * len(queries)
-    for document in documents:
+    for name in names:
         fold = min(range(folds), key=lambda f: (sizes[f], f))
-        sizes[fold] += len(by_document[document])
-        for i in by_document[document]:
+        sizes[fold] += len(groups[name])
+        for i in groups[name]:
             fold_of[i] = fold
     return fold_of
-
-
-class _Ranked:
-    """A :class:`~chatchat_policybert.evaluation.retrievers.Retriever` answering from rankings already made."""
-
-    def __init__(self, name: str, rankings: dict[str, list[int]]):
-        self.name, self._rankings = name, rankings
-
-    def search(self, query: str) -> tuple[list[int], float]:
-        return self._rankings[query], 0.0
 
 
 def crossfit_run(
@@ -158,19 +171,20 @@ def crossfit_run(
     of the fold tower that never saw it, at the setting chosen on that fold's training questions (``fold_vectors[f]``:
     every question's vector by fold f's tower). Returns the scored run and each fold's chosen setting."""
     texts = [q.text for q in queries]
-    rankings: dict[str, list[int]] = {}
+    records: dict[int, dict] = {}  # by the question's position: texts repeat (the same question on two documents)
     chosen: list[str] = []
     for fold, vectors in enumerate(fold_vectors):
         candidates.tower, candidates.query_vectors = f"fold-{fold}", dict(zip(texts, vectors, strict=True))
         trained = [q for q, f in zip(queries, folds, strict=True) if f != fold]
-        held_out = [q for q, f in zip(queries, folds, strict=True) if f == fold]
+        held_out = [i for i, f in enumerate(folds[:judged]) if f == fold]
         relevances = [score for q in trained for _, score in candidates.get(q.text)[1]]
         setting, _ = best_grid_setting(candidates, trained, chunks, setting_grid(threshold, store, relevances))
         chosen.append(setting.label)
-        fused = Fused(f"fold {fold}", candidates, chunks, setting)
-        for query in held_out:
-            rankings[query.text] = fused.search(query.text)[0]
-    after = evaluate_retriever(_Ranked("after (cross-fitted)", rankings), queries[:judged], chunks, [1, 5, 10])
+        if held_out:
+            fused = Fused(f"fold {fold}", candidates, chunks, setting)
+            scored = evaluate_retriever(fused, [queries[i] for i in held_out], chunks, [1, 5, 10])
+            records.update(zip(held_out, scored.queries, strict=True))
+    after = summarised("after (cross-fitted)", [records[i] for i in range(judged)])
     return after, chosen
 
 
@@ -184,8 +198,13 @@ def crossfit_calibration(
     analyzer: str,
 ) -> Calibration:
     """The hybrid installed with the final query tower: chosen on every question at once, each with the vector list
-    of its held-out fold's tower (a model that never trained on it), with the configured analyzer."""
-    held_out = {q.text: fold_vectors[f][i] for i, (q, f) in enumerate(zip(queries, folds, strict=True))}
+    of its held-out fold's tower (a model that never trained on it), with the configured analyzer. The copies of a
+    repeated text share a fold (:func:`document_folds`), so one vector per text is each copy's held-out one."""
+    held_out, fold_of = {}, {}
+    for i, (query, fold) in enumerate(zip(queries, folds, strict=True)):
+        if fold_of.setdefault(query.text, fold) != fold:  # keyed by text: the copies of a text need one tower
+            raise ValueError(f"question {query.text!r} is in folds {fold_of[query.text]} and {fold}")
+        held_out[query.text] = fold_vectors[fold][i]
     candidates.tower, candidates.query_vectors = "cross-fitted", held_out
     settings = kb_settings(root)
     return calibrate(candidates, queries, chunks, settings.score_threshold, settings.vs_type, analyzer)

@@ -1,4 +1,4 @@
-"""``chatchat-policybert tune``'s default path: the query tower learns from the deployment's labelled questions, is
+"""``chatchat-policybert tune``'s steps: the query tower learns from the deployment's labelled questions, is
 judged on questions it never trained on, and is installed without re-embedding a chunk.
 
 Steps, each resumable in the run folder (``ROOT/policybert_tune/KB``):
@@ -60,7 +60,6 @@ from chatchat_policybert.files import atomic_path, read_json, write_json
 from chatchat_policybert.model.loading import has_query_tower
 from chatchat_policybert.retrieval.hybrid import configured_hybrid
 
-QUERY_STEPS = ("questions", "folds", "train", "gate", "install", "report")
 GATE = "query_gate.json"
 TOWER_RECORDS = "query_towers"
 """Folder of the run folder with a record per installed query tower (``<its directory's name>.json``): the documents
@@ -71,8 +70,7 @@ NEEDS_QUESTIONS = (
     "tune learns from questions like your users' (labelled: the question and the document that answers it), and "
     "has none: pass --questions FILE (the evaluation's JSONL, "
     '{"id", "question", "doc_title", "evidence"}; write a few dozen on your documents, or collect your users\'), '
-    "or add --llm to have the deployment's LLM write them per chunk. Training on sentences cut from the chunks "
-    "(--inverse-cloze) lowered the e5 base on paraphrased questions and stays an explicit choice"
+    "or add --llm to have the deployment's LLM write them per chunk"
 )
 
 
@@ -273,9 +271,9 @@ def out_of_sample_before(
     """
     everything = list(range(len(queries)))
     _, model = served_model(run.root)
-    if not has_query_tower(model):
+    file = tower_record_file(run.root, run.out)
+    if file is None:
         return served(queries), everything, ""
-    file = run.out / TOWER_RECORDS / f"{model.name}.json"
     if not file.is_file():
         return (
             served(queries),
@@ -285,7 +283,7 @@ def out_of_sample_before(
                 "these questions, before is scored in-sample and favours it"
             ),
         )
-    record = read_json(file)
+    record = read_tower_record(file)
     current = record["stored"] == stored
     recorded = {(h["text"], tuple(h["gold"])): h["record"] for h in record["held_out"]} if current else {}
     trained = set(record["documents"])
@@ -312,6 +310,58 @@ def out_of_sample_before(
     return (summarised("before", records) if kept else RunResult("before")), kept, source
 
 
+def tower_record_file(root: Path, out: Path) -> Path | None:
+    """The record of the query tower ``root`` serves (:data:`TOWER_RECORDS`), None where it serves none."""
+    _, model = served_model(root)
+    return out / TOWER_RECORDS / f"{model.name}.json" if has_query_tower(model) else None
+
+
+def read_tower_record(file: Path) -> dict[str, Any]:
+    """A tower record, checked whole: ``documents`` (names), ``held_out`` (each ``text``, ``gold`` and the per-question
+    ``record`` with its MRR@10) and ``stored`` (a digest). Where it is damaged (truncated, ``{}``, edited out of
+    shape) one :class:`InputError` line saying what to do: restore it, or delete it and accept an in-sample "before".
+    """
+    fix = (
+        'restore it from a copy, or delete it: the gate then scores "before" as served, so the questions that '
+        "tower trained on are scored in-sample (in its favour); `chatchat-policybert rollback` serves the tower before "
+        "it instead"
+    )
+    try:
+        record = read_json(file)
+    except InputError as exc:
+        raise InputError(f"tower record {exc}; {fix}") from None
+    held_out = record.get("held_out") if isinstance(record, dict) else None
+    fine = (
+        isinstance(record, dict)
+        and isinstance(record.get("documents"), list)
+        and all(isinstance(d, str) for d in record["documents"])
+        and isinstance(record.get("stored"), str)
+        and isinstance(held_out, list)
+        and all(
+            isinstance(h, dict)
+            and isinstance(h.get("text"), str)
+            and isinstance(h.get("gold"), list)
+            and isinstance(h.get("record"), dict)
+            and isinstance(h["record"].get(f"MRR@{MRR_K}"), int | float)
+            for h in held_out
+        )
+    )
+    if not fine:
+        raise InputError(
+            f"tower record {file}: damaged (expected documents, held_out with each question's text, gold and record, "
+            f"and stored); {fix}"
+        )
+    return record
+
+
+def check_tower_record(root: Path, out: Path) -> None:
+    """The served tower's record, where there is one, read before the lock: a damaged one stops the tune at once, not
+    after minutes of training."""
+    file = tower_record_file(root, out)
+    if file is not None and file.is_file():
+        read_tower_record(file)
+
+
 def llm_only(queries: list) -> bool:
     """Whether every question is one the LLM wrote (``--llm`` without ``--questions``)."""
     return all(q.qid.startswith("llm-") for q in queries)
@@ -328,6 +378,13 @@ def install_query_tower(run: Run, key: str, model_dir: Path | None, gate: dict[s
     if run.record(INSTALLED).get("candidate") == key and served == installed:
         print(f"install: done already ({installed} serves {run.kb})")
         return
+    rolled_back = run.record(ROLLED_BACK)
+    if rolled_back.get("candidate") == key:
+        print(
+            f"install: this query tower was installed and rolled back ({rolled_back.get('rolled_back')}); installing "
+            "it again",
+            flush=True,
+        )
     vectors_before = kb_vectors(run.root, run.kb, embed_model)
     backup = run.out / BACKUP_DIR
     if run.record(INSTALL_STARTED).get("candidate") != key:
@@ -358,8 +415,8 @@ def install_query_tower(run: Run, key: str, model_dir: Path | None, gate: dict[s
     (run.out / ROLLED_BACK).unlink(missing_ok=True)
     print(
         f"install: {installed} serves {run.kb}'s questions (query tower; the document tower and every stored vector "
-        "unchanged). Restart Chatchat (`chatchat start -a`) so that the running API and WebUI load it; "
-        f"`chatchat-policybert rollback --kb {run.kb}` restores the previous one"
+        f"unchanged). Restart Chatchat so that the running API and WebUI load it: `CHATCHAT_ROOT={run.root} chatchat "
+        f"start -a`; `chatchat-policybert rollback --root {run.root} --kb {run.kb}` restores the previous one"
     )
 
 

@@ -14,9 +14,13 @@ directory, the SHA-256 of each of its files and of each file of the backup itsel
 Rollback first checks the whole backup without touching the root (:func:`check_backup`): every
 file still has the SHA-256 it was saved with, both settings files parse and name the saved model,
 the saved vectors read, and the model directory is still the same. Only then does it put the two
-settings files back, rebuild the knowledge base with the same transactional ``chatchat kb -r``
-(so Chatchat's file rows match the index again) and compare the new vectors with the saved ones,
-chunk by chunk, byte for byte. A damaged backup is refused in one line and the root is unchanged.
+settings files back. A query-side install changes no stored vector, so that is all (the stored
+vectors are the saved ones byte for byte). An install of 0.1.0, whose tune trained the document
+tower too and rebuilt the index with ``chatchat kb -r``, left other vectors: rollback rebuilds the
+knowledge base with the same transactional ``kb -r`` (so Chatchat's file rows match the index
+again) and compares the new vectors with the saved ones, chunk by chunk, byte for byte. Backups
+and run folders of 0.1.0 have the same layout, so they restore alike. A damaged backup is refused
+in one line and the root is unchanged.
 
 ``tune`` and ``rollback`` of one knowledge base never overlap
 (:func:`chatchat_policybert.deploy.run.tune_lock`), and a rollback
@@ -50,7 +54,8 @@ BACKUP_DIR = "previous"
 BACKUP_FILE = "backup.json"
 """The backup's copy of the vectors: the FAISS folder, or a pg collection's (text, vector) rows."""
 INSTALL_STARTED, INSTALLED, ROLLED_BACK = "install_started.json", "installed.json", "rolled_back.json"
-"""A run folder's install state: the backup is saved for a candidate; the candidate serves; a rollback undid it."""
+"""A run folder's install state: the backup is saved for a tuned model (its ``candidate`` key); it serves; a rollback
+undid it."""
 
 
 def kb_vectors(root: Path, kb: str, embed_model: str) -> list[tuple[str, bytes]] | None:
@@ -174,7 +179,8 @@ def restore_backup(root: Path, backup: Path) -> bool:
     kb = info["kb"]
     if kb_vectors(root, kb, info["embed_model"]) == saved_vectors(backup):
         # A query-side install changed no stored vector: the previous model embedded exactly these chunks, so its
-        # settings are all there is to put back (a rebuild would take minutes to write the same bytes).
+        # settings are all there is to put back (a rebuild would take minutes to write the same bytes). An install of
+        # 0.1.0 rebuilt the index with its tuned model: the rebuild below puts the previous vectors back.
         restore_settings(root, backup)
         print(f"settings put back from {backup}; the stored vectors are the saved ones byte for byte: no rebuild")
         return True

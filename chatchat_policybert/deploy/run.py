@@ -1,8 +1,8 @@
 """One ``tune``'s run folder: its state file, the step timer, and the keys that name a step's inputs.
 
-Why a module of its own: every step — the runtime's candidate, gate, install and report, and the
-training package's pairs and train (reached through the ``chatchat_policybert.training`` entry
-point, :mod:`chatchat_policybert.deploy.tune`) — reads and writes the same run folder.
+Why a module of its own: every step (:mod:`chatchat_policybert.deploy.query_tune`'s, and the trainings of the
+training package they call through the ``chatchat_policybert.training`` entry point) reads and writes the same run
+folder, and ``rollback`` (:mod:`chatchat_policybert.deploy.rollback`) finds the backup and the lock through it.
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ from chatchat_policybert.errors import InputError
 from chatchat_policybert.evaluation.gate_rule import EXIT_WORSE
 from chatchat_policybert.files import read_json, write_json
 
-STEPS = ("pairs", "train", "candidate", "gate", "install", "report")
+STEPS = ("questions", "folds", "train", "gate", "install", "report")
 STATE = "tune.json"
 TUNE_DIR = "policybert_tune"
 TUNE_LOCK = ".policybert-tune.lock"
@@ -80,15 +80,15 @@ def now() -> str:
 class Run:
     """One tune's run folder: the state (``tune.json``: start model, time per step, commands) and the step timer."""
 
-    def __init__(self, args: argparse.Namespace, steps: tuple[str, ...] = STEPS):
+    def __init__(self, args: argparse.Namespace, restart: bool = False):
+        """The run recorded in ``args.out`` continued where it is unfinished, else (or with ``restart``) a new one."""
         self.args, self.root, self.kb, self.out = args, args.root, args.kb, args.out
-        self.steps = steps
         self.current: str | None = None
         """The step running (or the last one begun): what Ctrl-C's message names."""
         self.out.mkdir(parents=True, exist_ok=True)
         path = self.out / STATE
         state = json.loads(path.read_text(encoding="utf-8")) if path.is_file() else {}
-        if not state or state.get("finished"):  # a new run: from the model the root serves now
+        if restart or not state or state.get("finished"):  # a new run: from the model the root serves now
             _, start = served_model(self.root)
             state = {
                 "start": str(start),
@@ -103,8 +103,8 @@ class Run:
         self.save()
 
     def finish(self, report: str, install: bool, reason: str) -> int:
-        """The end both kinds of tune share: the run marked finished, where its report is, and on a refusal one line
-        on stderr saying why and the exit code :data:`EXIT_WORSE`; 0 after an install."""
+        """The end of a tune: the run marked finished, where its report is, and on a refusal one line on stderr saying
+        why and the exit code :data:`EXIT_WORSE` (``eval --require-better``'s); 0 after an install."""
         self.state["finished"] = True
         self.save()
         print(f"report: {report}")
@@ -130,9 +130,9 @@ class Run:
     @contextlib.contextmanager
     def step(self, name: str) -> Iterator[None]:
         """Prints the step's header; adds its time and its peak memory to the state when it ends without an error."""
-        number = self.steps.index(name) + 1
+        number = STEPS.index(name) + 1
         self.current = name
-        print(f"[{number}/{len(self.steps)}] {name}", flush=True)
+        print(f"[{number}/{len(STEPS)}] {name}", flush=True)
         started = time.perf_counter()
         reset_peak_rss()
         yield

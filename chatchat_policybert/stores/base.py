@@ -61,21 +61,6 @@ class Staging(Protocol):
         """Remove the staging store after a failure, leaving the live one as it was."""
 
 
-class CandidateCopy(Protocol):
-    """Where a ``tune`` candidate root keeps its copy of the store when that is not its own folder (pg: a schema)."""
-
-    name: str
-
-    def create(self) -> str:
-        """(Re)creates the copy, empty; returns the ``connection_uri`` the candidate root's kb_settings.yaml gets."""
-
-    def exists(self) -> bool:
-        """Whether the copy is there: a candidate root is usable only while it is."""
-
-    def drop(self) -> None:
-        """Removes the copy, if it exists."""
-
-
 @dataclass(frozen=True)
 class SearchSide:
     """What the worker's ``candidates`` needs of a knowledge base's store, as the plugin's search uses it."""
@@ -121,12 +106,9 @@ class Store(Protocol):
     def read_copy(self, path: Path) -> list[tuple[str, bytes]]:
         """The vectors a :meth:`save_copy` kept, as :meth:`vectors` gives them (OSError/ValueError/... if damaged)."""
 
-    def candidate_schema(self, root: Path, candidate_root: Path) -> CandidateCopy | None:
-        """Where a ``tune`` candidate root beside ``root`` keeps its copy of the store, when that is not its own
-        folder: pg's candidate tables live in a schema of their own in the deployment's database."""
-
-    def check_candidate_rights(self, root: Path) -> None:
-        """Before a ``tune`` does any work: an InputError where a candidate root cannot get its own copy."""
+    def check_tune_rights(self, root: Path, kb: str) -> None:
+        """Before a ``tune`` does any work: an InputError where the root cannot read ``kb``'s stored vectors (the
+        query-side tune reads them and writes nothing to the store)."""
 
     def cosine_cut(self, score_threshold: float) -> float:
         """The lowest cosine a hit may have under SCORE_THRESHOLD ``score_threshold`` (unit vectors); > 1: none

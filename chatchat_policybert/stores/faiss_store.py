@@ -230,12 +230,8 @@ class FaissStore:
     def read_copy(self, path: Path) -> list[tuple[str, bytes]]:
         return faiss_vectors(path)
 
-    def candidate_schema(self, root: Path, candidate_root: Path) -> None:
-        """None: a candidate root's index is a folder of its own."""
-        return None
-
-    def check_candidate_rights(self, root: Path) -> None:
-        """Nothing to check: the candidate's index is written under the run folder."""
+    def check_tune_rights(self, root: Path, kb: str) -> None:
+        """Nothing to check: the index is a folder of the root, read as the root's files are."""
 
     def cosine_cut(self, score_threshold: float) -> float:
         return 1.0 - (1.0 - score_threshold) / math.sqrt(2.0)

@@ -1,5 +1,6 @@
 """What `setup` and `doctor` check of a root's `pg` store: the URI (``setup --pg-uri``), the drivers, the server and
-pgvector (:meth:`chatchat_policybert.stores.pg_store.PgStore.checks` runs them).
+pgvector (:meth:`chatchat_policybert.stores.pg_store.PgStore.checks` runs them); and what ``tune`` checks before any
+work: that the root's database user may read the stored vectors (:func:`check_read_rights`).
 """
 
 from __future__ import annotations
@@ -7,7 +8,7 @@ from __future__ import annotations
 from typing import Any
 
 from chatchat_policybert.errors import InputError
-from chatchat_policybert.stores.pg_db import reason
+from chatchat_policybert.stores.pg_db import COLLECTIONS, EMBEDDINGS, connected, has_tables, reason, where
 
 DRIVERS = ("psycopg2", "pgvector")
 """Modules Chatchat's pg store needs but langchain-chatchat does not declare (Chatchat issue #4905)."""
@@ -93,6 +94,42 @@ def check_server(engine: Any) -> list[tuple[str, str]]:
             )
         )
     return findings
+
+
+def check_read_rights(uri: str | None, kb: str) -> None:
+    """An :class:`InputError` unless the user of ``uri`` may read langchain's two tables, where ``tune`` reads the
+    stored vectors of ``kb`` (it writes nothing there: its install changes the settings only).
+
+    Checked before ``tune`` takes its lock or writes its run folder, so a missing right costs no training and leaves
+    nothing behind; the message names the ``GRANT`` that gives it.
+    """
+    import sqlalchemy
+
+    if not uri:
+        raise InputError("DEFAULT_VS_TYPE is pg but kbs_config.pg.connection_uri is not set")
+    validate_uri(uri)
+    with connected(uri) as engine:
+        try:
+            with engine.connect() as connection:
+                if not has_tables(connection):
+                    raise InputError(f"{where(uri)} holds no knowledge base yet: run `chatchat kb -r -n {kb}` first")
+                refused = [
+                    table
+                    for table in (COLLECTIONS, EMBEDDINGS)
+                    if not connection.execute(
+                        sqlalchemy.text("SELECT has_table_privilege(:t, 'SELECT')"), {"t": table}
+                    ).scalar()
+                ]
+        except sqlalchemy.exc.DBAPIError as exc:
+            raise InputError(f"PostgreSQL at {where(uri)} does not answer: {reason(exc)}") from None
+    if refused:
+        from sqlalchemy.engine import make_url
+
+        user = make_url(uri).username or "USER"
+        raise InputError(
+            f"{where(uri)}: the user may not read {', '.join(refused)}, where tune reads the stored vectors of {kb}; "
+            f"`GRANT SELECT ON {COLLECTIONS}, {EMBEDDINGS} TO {user}`"
+        )
 
 
 def _importable(module: str) -> bool:

@@ -3,7 +3,7 @@
 Chatchat 0.3.1.3 keeps every knowledge base of the `pg` store in langchain's two tables: one row
 per knowledge base in ``langchain_pg_collection`` (``name`` = the knowledge base), one row per chunk
 in ``langchain_pg_embedding``. What the rest of the pg code (the store, its search, ``doctor``'s
-checks, ``tune``'s candidate schema) reads or changes there goes through these functions.
+checks, ``tune``'s rights check) reads or changes there goes through these functions.
 
 Imports of SQLAlchemy stay inside functions: the import hook and the CLI import this module in
 processes that may not use the `pg` store at all.

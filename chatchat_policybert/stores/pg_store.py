@@ -2,8 +2,7 @@
 `chatchat kb -r` that never loses the collection it was asked to rebuild.
 
 Its other jobs have modules of their own: langchain's tables (:mod:`.pg_db`), the checks of
-`setup` and `doctor` (:mod:`.pg_checks`), ``tune``'s candidate schema (:mod:`.pg_schema`), the
-search patch (:mod:`.pg_search`).
+`setup`, `doctor` and ``tune`` (:mod:`.pg_checks`), the search patch (:mod:`.pg_search`).
 
 Chatchat 0.3.1.3's `kb -r` empties the collection first (``do_clear_vs``), then
 embeds and inserts file by file, committing each: a failure part-way leaves a half-filled (or
@@ -36,7 +35,14 @@ from chatchat_policybert.chatchat.config import KbSettings, kb_settings
 from chatchat_policybert.errors import InputError
 from chatchat_policybert.files import write_jsonl
 from chatchat_policybert.stores.base import STAGING_SUFFIX, SearchSide, check_cosine, kb_folder_problem, setup_settings
-from chatchat_policybert.stores.pg_checks import HYBRID_NOTE, URI_FORM, check_configured, check_server, validate_uri
+from chatchat_policybert.stores.pg_checks import (
+    HYBRID_NOTE,
+    URI_FORM,
+    check_configured,
+    check_read_rights,
+    check_server,
+    validate_uri,
+)
 from chatchat_policybert.stores.pg_db import (
     COLLECTIONS,
     collection_size,
@@ -45,7 +51,6 @@ from chatchat_policybert.stores.pg_db import (
     pg_vectors,
     vectors_in,
 )
-from chatchat_policybert.stores.pg_schema import OwnSchema, candidate_schema, check_schema_rights
 
 
 def _uri(root: Path) -> str | None:
@@ -154,12 +159,8 @@ class PgStore:
             rows = [json.loads(line) for line in handle]
         return sorted((row["text"], base64.b64decode(row["vector"])) for row in rows)
 
-    def candidate_schema(self, root: Path, candidate_root: Path) -> OwnSchema:
-        """A schema of the deployment's database, one per candidate folder (:class:`OwnSchema`)."""
-        return OwnSchema(_uri(root), candidate_schema(candidate_root))
-
-    def check_candidate_rights(self, root: Path) -> None:
-        check_schema_rights(_uri(root))
+    def check_tune_rights(self, root: Path, kb: str) -> None:
+        check_read_rights(_uri(root), kb)
 
     def cosine_cut(self, score_threshold: float) -> float:
         slack = 1.0 - score_threshold

@@ -125,7 +125,7 @@ def server(deployment: Deployment):
 
 @slow_fixture(scope="module")
 def cluster() -> Iterator[PgCluster]:
-    """A throw-away PostgreSQL + pgvector server for the module's `pg` tests (test_pg.py, test_tune.py)."""
+    """A throw-away PostgreSQL + pgvector server for the module's `pg` tests (test_pg.py, test_query_tune.py)."""
     try:
         server = PgCluster.start()
     except InputError as exc:

@@ -1,17 +1,20 @@
-"""`chatchat-policybert tune` (query-side, the default) and `rollback` end to end on a real Chatchat root (tiny
-PolicyBERT, 6 short documents, FAISS).
+"""`chatchat-policybert tune` (the query side: the only tune since 0.2.0) and `rollback` end to end on a real Chatchat
+root (tiny PolicyBERT, 6 short documents, FAISS; one test on a throw-away PostgreSQL).
 
-The deployment starts deliberately bad (the random model's vectors first, as in test_tune.py), so that the tune's
-cross-fitted gate can pass; the questions are fragments of the documents' sentences, four per document. What is
-proved: the tune trains only the query tower and installs it without changing one stored vector (the FAISS folder
-byte for byte) or the document tower (documents embed bit-identically before and after); a fresh Chatchat process
-(what a restart gives the API and WebUI) searches with the new query tower; the gate scores each question with a
-tower that never trained on its document; `rollback` restores the previous settings byte for byte without a `kb -r`;
-without questions the command says how to get them.
+The deployment starts deliberately bad — a random-weight model served vectors-first (the `hybrid` block at BM25 weight
+0, threshold 0) — so that the tune's cross-fitted gate can pass; the questions are fragments of the documents'
+sentences, four per document. What is proved: the tune trains only the query tower and installs it without changing
+one stored vector (the FAISS folder byte for byte) or the document tower (documents embed bit-identically before and
+after); a fresh Chatchat process (what a restart gives the API and WebUI) searches with the new query tower; the gate
+scores each question with a tower that never trained on its document; `rollback` restores the previous settings byte
+for byte without a `kb -r`, refuses a damaged backup, and still restores what 0.1.0's tune installed (a rebuilt index)
+with its `kb -r`; every input is checked before any work; one tune or rollback of a KB at a time; the pg user's
+rights checked before any work.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import re
@@ -23,22 +26,116 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import yaml
 from chatchat_deploy import BIN, run
 from sqlalchemy.engine import make_url
+from test_calibration import MAX_CHARS, N_DOCUMENTS, build_root
 from test_pg import collection
-from test_tune import KB, base_root, copy_root, on_pg, snapshot, snapshot_settings  # noqa: F401 (a fixture)
 
 from chatchat_policybert.chatchat.config import served_model
-from chatchat_policybert.chatchat.root import content_dir
+from chatchat_policybert.chatchat.process import chatchat_command, run_chatchat
+from chatchat_policybert.chatchat.root import content_dir, vector_store_dir
 from chatchat_policybert.deploy.calibration import Candidates
 from chatchat_policybert.deploy.crossfit import FOLDS, document_folds
 from chatchat_policybert.deploy.questions import dev_queries
 from chatchat_policybert.deploy.run import tune_dir
 from chatchat_policybert.model.embeddings import PolicyBertEmbeddings
 from chatchat_policybert.model.loading import QUERY_TOWER_FILE
+from chatchat_policybert.model.tokenization_policybert import DEFAULT_QUERY_INSTRUCTION
+from chatchat_policybert.stores.faiss_store import faiss_vectors
+from chatchat_policybert.stores.pg_checks import check_read_rights
+from tests.support.fast_loop import slow_fixture
+from tests.support.tiny_models import build_tiny_policybert
 
+KB = "WeiMingPolicies"
 QUERY_ARGS = "--max-steps 12 --batch-size 8 --lr 1e-3"
 """A few steps at a tiny model's learning rate: these tests are about what a tune does to a root."""
+
+
+def copy_root(source: Path, dest: Path, keep_runs: bool = False) -> Path:
+    """A copy whose settings' absolute paths (KB folder, info.db) point at the copy, not at ``source``.
+
+    ``keep_runs``: with the tune run folders too (their backup, state and records), every YAML and JSON file's paths
+    pointing at the copy.
+    """
+    ignored = ("logs",) if keep_runs else ("logs", "policybert_tune")
+    shutil.copytree(source, dest, symlinks=True, ignore=shutil.ignore_patterns(*ignored))
+    texts = [*dest.rglob("*.yaml"), *dest.rglob("*.json")] if keep_runs else list(dest.glob("*.yaml"))
+    for settings in texts:
+        text = settings.read_text(encoding="utf-8")
+        if str(source) in text:
+            settings.write_text(text.replace(str(source), str(dest)), encoding="utf-8")
+    return dest
+
+
+def serve_vectors_first(root: Path) -> None:
+    """The deliberately bad starting point: the random model's vectors before BM25, at the loosest threshold."""
+    path = root / "model_settings.yaml"
+    settings = yaml.safe_load(path.read_text(encoding="utf-8"))
+    platform = next(p for p in settings["MODEL_PLATFORMS"] if "local_embeddings" in p)
+    platform["hybrid"] = {"bm25_weight": 0.0, "dense_weight": 1.0, "score_threshold": 0.0}
+    path.write_text(yaml.safe_dump(settings, allow_unicode=True), encoding="utf-8")
+    kb_path = root / "kb_settings.yaml"
+    kb = yaml.safe_load(kb_path.read_text(encoding="utf-8"))
+    kb["SCORE_THRESHOLD"] = 0.0
+    kb_path.write_text(yaml.safe_dump(kb, allow_unicode=True), encoding="utf-8")
+
+
+@slow_fixture(scope="module")
+def base_root(tmp_path_factory, policy_documents, reference_lexicon) -> Path:
+    """A built root serving a random-weight tiny PolicyBERT vectors-first (copy it before changing it)."""
+    root, _, _ = build_root(tmp_path_factory.mktemp("tune"), policy_documents, reference_lexicon)
+    serve_vectors_first(root)
+    return root
+
+
+def index_of(root: Path) -> Path:
+    return vector_store_dir(root, KB, "policybert")
+
+
+def snapshot_settings(root: Path) -> dict[str, bytes]:
+    """The two settings files a tune rewrites at install, byte for byte."""
+    return {name: (root / name).read_bytes() for name in ("model_settings.yaml", "kb_settings.yaml")}
+
+
+def snapshot(root: Path) -> dict[str, bytes]:
+    """Everything a refused tune must leave as it was: settings files and the FAISS folder's files."""
+    files = snapshot_settings(root)
+    files.update({f"index/{p.name}": p.read_bytes() for p in sorted(index_of(root).iterdir())})
+    return files
+
+
+def on_pg(base_root: Path, uri: str, dest: Path) -> Path:
+    """A copy of the base root on the pg store at ``uri``, rebuilt there by `kb -r`; its FAISS index removed."""
+    root = copy_root(base_root, dest)
+    path = root / "kb_settings.yaml"
+    kb = yaml.safe_load(path.read_text(encoding="utf-8"))
+    kb["DEFAULT_VS_TYPE"] = "pg"
+    kb["kbs_config"]["pg"]["connection_uri"] = uri
+    path.write_text(yaml.safe_dump(kb, allow_unicode=True), encoding="utf-8")
+    shutil.rmtree(index_of(root))
+    run_chatchat(chatchat_command("kb", "-r", "-n", KB), root, f"chatchat kb -r -n {KB}")
+    return root
+
+
+def policybert(root: Path, *args: str, timeout: float = 600) -> subprocess.CompletedProcess:
+    return run([str(BIN / "chatchat-policybert"), *args, "--root", str(root)], dict(os.environ), timeout=timeout)
+
+
+def messages(stderr: str) -> list[str]:
+    """A command's stderr lines without Python's warnings of the environment (e.g. requests' version check)."""
+    lines = stderr.strip().splitlines()
+    warned = {i for i, line in enumerate(lines) if re.search(r"\w+Warning: ", line)}
+    warned |= {i + 1 for i in warned if i + 1 < len(lines) and lines[i + 1].startswith("  ")}
+    return [line for i, line in enumerate(lines) if i not in warned]
+
+
+def one_error_line(result: subprocess.CompletedProcess) -> str:
+    """The single ``error: …`` line of a refused command (exit 2, no traceback)."""
+    assert result.returncode == 2 and "Traceback" not in result.stderr, result.stdout[-3000:] + result.stderr[-3000:]
+    (line,) = messages(result.stderr)
+    assert line.startswith("error: "), line
+    return line
 
 
 def write_questions(root: Path, path: Path, per_document: int = 4) -> Path:
@@ -73,7 +170,7 @@ def tune(root: Path, *extra: str):
 
 
 @pytest.fixture(scope="module")
-def query_tuned(base_root, tmp_path_factory) -> dict:  # noqa: F811 (base_root is the imported fixture)
+def query_tuned(base_root, tmp_path_factory) -> dict:
     tmp = tmp_path_factory.mktemp("query_tune")
     root = copy_root(base_root, tmp / "root")
     questions = write_questions(root, tmp / "questions.jsonl")
@@ -138,16 +235,46 @@ def test_the_gate_scores_each_question_with_a_tower_that_never_trained_on_its_do
     assert len(gate["per_question"]["after"]) == len(queries)
 
 
-def test_rollback_restores_the_previous_query_tower_exactly_without_a_rebuild(query_tuned, tmp_path):
+def test_rollback_restores_the_previous_query_tower_exactly_without_a_rebuild_and_the_same_tune_installs_again(
+    query_tuned, tmp_path
+):
+    """Rollback puts the settings back byte for byte, re-embeds nothing, and marks the install undone; the same tune
+    command then never says "install: done already": it installs the tower again, says so, and the root serves it."""
     root = copy_root(query_tuned["root"], tmp_path / "root", keep_runs=True)
-    before = query_tuned["before"]
-    rolled = run([str(BIN / "chatchat-policybert"), "rollback", "--root", str(root), "--kb", KB], dict(os.environ))
+    before, installed = query_tuned["before"], served_model(query_tuned["root"])[1]
+    rolled = policybert(root, "rollback", "--kb", KB)
     assert rolled.returncode == 0, rolled.stdout + rolled.stderr
     assert "no rebuild" in rolled.stdout and "rebuilds the index" not in rolled.stdout
     moved = str(query_tuned["root"]).encode(), str(root).encode()
     assert snapshot_settings(root) == {name: data.replace(*moved) for name, data in before["settings"].items()}
     assert served_model(root)[1] == before["model"]  # outside the root: the copy points at the same directory
     assert vector_files(snapshot(root)) == vector_files(before["files"])
+    out = tune_dir(root, KB)
+    assert not (out / "installed.json").exists() and (out / "rolled_back.json").is_file()
+
+    again = tune(root, "--questions", str(query_tuned["questions"]))
+    assert again.returncode == 0, again.stdout[-3000:] + again.stderr[-3000:]
+    assert "install: done already" not in again.stdout
+    assert "was installed and rolled back" in again.stdout and "installing it again" in again.stdout
+    assert served_model(root)[1] == root / "models" / installed.name, "the report says installed: the root serves it"
+    assert vector_files(snapshot(root)) == vector_files(before["files"])
+
+
+@pytest.mark.parametrize("damage", ["truncated model_settings.yaml", "backup.json not JSON", "truncated index.faiss"])
+def test_a_damaged_backup_is_refused_in_one_line_and_the_root_is_unchanged(query_tuned, tmp_path, damage):
+    root = copy_root(query_tuned["root"], tmp_path / "root", keep_runs=True)
+    previous = tune_dir(root, KB) / "previous"
+    if damage == "truncated model_settings.yaml":
+        os.truncate(previous / "model_settings.yaml", 300)
+    elif damage == "backup.json not JSON":
+        (previous / "backup.json").write_text("{not json", encoding="utf-8")
+    else:
+        os.truncate(previous / "vector_store" / "index.faiss", 100)
+    kept = snapshot(root)
+    error = one_error_line(policybert(root, "rollback", "--kb", KB))
+    assert "nothing restored" in error or "not valid JSON" in error, error
+    assert snapshot(root) == kept
+    assert (tune_dir(root, KB) / "installed.json").is_file(), "a refused rollback keeps the install's record"
 
 
 def test_a_second_tune_is_judged_against_the_installed_towers_held_out_scores_not_its_in_sample_ones(
@@ -174,21 +301,211 @@ def test_a_second_tune_is_judged_against_the_installed_towers_held_out_scores_no
     assert "1 on documents it trained on are not judged" in result.stdout
 
 
-def test_tune_without_questions_says_what_it_needs(base_root, tmp_path):  # noqa: F811
+def test_the_gate_keys_each_question_by_its_place_so_a_repeated_text_is_ranked_by_its_own_folds_tower(
+    base_root, tmp_path
+):
+    """Issue 52 LK1: the same question text asked of two documents whose copies sit in different folds (as a caller
+    may pass them) is ranked, copy by copy, with the vector list of its own fold's tower at its own fold's setting.
+    Before, the rankings were keyed by text, so the later fold's ranking overwrote the earlier one's: a copy was
+    scored by a tower that trained on it. Each fold's "tower" here maps a question to the stored vector of a chunk of
+    its own document, and the repeated text to a chunk of the copy's document in the copy's fold."""
+    from chatchat_policybert.deploy.calibration import Fused, Setting
+    from chatchat_policybert.deploy.crossfit import chunk_vectors, crossfit_run
+    from chatchat_policybert.evaluation.dataset import Query
+
     root = copy_root(base_root, tmp_path / "root")
-    settings = snapshot(root)
-    result = tune(root)
-    assert result.returncode == 2, result.stdout + result.stderr
-    assert "--questions FILE" in result.stderr and "--llm" in result.stderr and "--inverse-cloze" in result.stderr
-    assert snapshot(root) == settings and not tune_dir(root, KB).exists()
-    pairs = tmp_path / "dev.jsonl"
-    pairs.write_text('{"query": "q", "pos": ["p"], "neg": []}\n', encoding="utf-8")
-    result = tune(root, "--questions", str(pairs))
-    assert result.returncode == 2 and "dev pairs" in result.stderr, result.stderr
-    shutil.rmtree(tune_dir(root, KB), ignore_errors=True)
+    queries, chunks, _ = dev_queries(write_questions(root, tmp_path / "questions.jsonl"), root, KB)
+    vectors = chunk_vectors(root, KB, chunks)
+    first_chunk = {}
+    for i, chunk in enumerate(chunks):
+        first_chunk.setdefault(chunk.group, i)
+    documents = sorted(first_chunk)
+    text = "这项规定适用于哪些情形？"
+    copies = [Query("copy-a", text, {documents[0]: 1.0}), Query("copy-b", text, {documents[1]: 1.0})]
+    queries = [*copies, *queries]
+    folds = [0, 1, *document_folds(queries[2:])]
+    fold_vectors = [
+        np.stack(
+            [
+                vectors[first_chunk[min(q.gains)]] if q.text != text else vectors[first_chunk[documents[f]]]
+                for q in queries
+            ]
+        )
+        for f in range(FOLDS)
+    ]
+    with Candidates(root, KB, chunks, tmp_path / "candidates.log") as candidates:
+        after, chosen = crossfit_run(candidates, queries, chunks, folds, fold_vectors, 0.0, "faiss", len(queries))
+        expected = []
+        for fold in (0, 1):
+            candidates.tower = f"fold-{fold}"
+            candidates.query_vectors = dict(zip([q.text for q in queries], fold_vectors[fold], strict=True))
+            weights = re.fullmatch(r"bm25 (\S+) / dense (\S+), thr (\S+)", chosen[fold])
+            setting = Setting(*(float(w) for w in weights.groups()))
+            ranking = Fused("its fold", candidates, chunks, setting).search(text)[0]
+            expected.append(list(dict.fromkeys(chunks[i].group for i in ranking)))
+    assert expected[0] != expected[1], "precondition: the two folds' towers rank the text differently"
+    record_a, record_b = after.queries[:2]
+    assert (record_a["id"], record_b["id"]) == ("copy-a", "copy-b")
+    assert record_a["docs"] == expected[0][: len(record_a["docs"])]
+    assert record_b["docs"] == expected[1][: len(record_b["docs"])]
 
 
-def test_llm_questions_train_and_judge_where_there_are_no_others(base_root, tmp_path):  # noqa: F811
+def test_a_repeated_question_text_is_put_in_one_fold_with_every_question_on_its_documents():
+    """Issue 52 LK1: what a repeated text means for the folds. Identical normalised texts (NFKC, case, spaces and
+    punctuation ignored) on different documents go into one fold, with every other question on those documents, so
+    no tower that judges one copy has trained on the other."""
+    from chatchat_policybert.evaluation.dataset import Query
+
+    queries = [Query(f"d{d}-{n}", f"文件{d}的第{n}个问题", {f"doc{d}": 1.0}) for d in range(10) for n in range(3)]
+    queries += [Query("r1", "适用范围是什么？", {"doc1": 1.0}), Query("r2", " 适用范围是什么? ", {"doc7": 1.0})]
+    queries += [Query("r3", "ＡＢＣ的定义", {"doc4": 1.0}), Query("r4", "abc 的定义。", {"doc8": 1.0})]
+    folds = document_folds(queries)
+    fold_of = {min(q.gains): f for q, f in zip(queries, folds, strict=True)}
+    assert fold_of["doc1"] == fold_of["doc7"] and fold_of["doc4"] == fold_of["doc8"]
+    assert all(fold_of[min(q.gains)] == f for q, f in zip(queries, folds, strict=True))
+    assert sorted(set(folds)) == list(range(FOLDS))
+
+
+def kb_questions_file(root: Path, path: Path, titles: list[str] | None = None) -> Path:
+    """Questions in the evaluation's JSONL on the first 3 documents of the KB (doc_title: their file names, or
+    ``titles``); the evidence is a passage of each document, the question a part of it."""
+    rows = []
+    for i, document in enumerate(sorted(content_dir(root, KB).iterdir())[:3]):
+        text = document.read_text(encoding="utf-8")
+        evidence = text[40:90]
+        title = titles[i] if titles else document.stem
+        rows.append({"id": f"q{i}", "question": evidence[5:35], "doc_title": title, "evidence": evidence})
+    path.write_text("".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows), encoding="utf-8")
+    return path
+
+
+RETIRED_FLAGS = (["--inverse-cloze"], ["--budget", "20"], ["--pairs-args", "--dev-ratio 0.2"], ["--contrastive-args="])
+"""0.1.0's inverse-cloze tune and its flags, removed in 0.2.0."""
+
+
+def closed_port_url() -> str:
+    """The URL of an OpenAI-compatible server that is not running (a port just freed)."""
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    return f"http://127.0.0.1:{port}/v1"
+
+
+OWNED_FLAGS = {"--query-args --out": "--out DIR", "--query-args --dev": "--dev cpu", "--query-args --seed": "--seed=3"}
+"""Issue 52 B11: flags of training.query_side that tune sets itself, as a user may pass them (abbreviated too)."""
+
+
+@pytest.mark.parametrize(
+    "problem",
+    [
+        "no questions",
+        "dev pairs",
+        "GBK",
+        "corpus titles",
+        "--kb ../x",
+        *(f[0] for f in RETIRED_FLAGS),
+        "--device bogusdev",
+        "--out FILE",
+        *OWNED_FLAGS,
+        "--llm not a url",
+        "--llm down",
+        "3 documents",
+        "the same file twice",
+    ],
+)
+def test_every_input_is_checked_before_any_work(base_root, tmp_path, problem):
+    """Each bad input is one `error:` line (one block for a file's bad lines), exit 2, before the lock and the run
+    folder: no `tune.json` anywhere, the root byte for byte as it was. Issue 52 item 8 added B9 (a device torch does
+    not know), B10 (`--out` an existing file), B11 (the flags tune owns inside `--query-args`), B15 (`--llm` not a
+    URL), B1b (`--llm` not answering), A17 (questions on fewer documents than the folds) and A20 (a file given
+    twice): each, before, went past the lock and left a run folder (or a traceback)."""
+    root = copy_root(base_root, tmp_path / "root")
+    kept = snapshot(root)
+    questions = kb_questions_file(root, tmp_path / "questions.jsonl")
+    good = str(write_questions(root, tmp_path / "good.jsonl"))
+    if problem == "--device bogusdev":
+        error = one_error_line(tune(root, "--questions", good, "--device", "bogusdev"))
+        assert error == "error: --device bogusdev: not a device torch knows; use auto, cpu, cuda or cuda:N", error
+    elif problem == "--out FILE":
+        (tmp_path / "notes.txt").write_text("mine", encoding="utf-8")
+        error = one_error_line(tune(root, "--questions", good, "--out", str(tmp_path / "notes.txt")))
+        assert error.startswith(f"error: --out {tmp_path / 'notes.txt'}: exists and is not a folder"), error
+        assert (tmp_path / "notes.txt").read_text(encoding="utf-8") == "mine"
+    elif problem in OWNED_FLAGS:
+        command = [str(BIN / "chatchat-policybert"), "tune", "--root", str(root), "--kb", KB, "--questions", good]
+        error = one_error_line(run([*command, "--query-args", OWNED_FLAGS[problem]], dict(os.environ)))
+        flag = {"--dev": "--device"}.get(problem.split()[-1], problem.split()[-1])
+        assert error.startswith(f"error: --query-args: {flag} is not one of the flags it may set"), error
+        assert not (tmp_path / "DIR").exists()
+    elif problem == "--llm not a url":
+        error = one_error_line(tune(root, "--llm", "not a url", "--llm-model", "qwen2.5:7b"))
+        assert error.startswith("error: --llm not a url: not an http(s) URL"), error
+    elif problem == "--llm down":
+        url = closed_port_url()
+        error = one_error_line(tune(root, "--llm", url, "--llm-model", "qwen2.5:7b"))
+        assert error.startswith(f"error: --llm {url}: the server does not answer {url}/models"), error
+    elif problem == "3 documents":
+        error = one_error_line(tune(root, "--questions", str(questions)))
+        assert "the questions name 3 document(s): cross-fitting needs questions on at least 5 documents" in error
+    elif problem == "the same file twice":
+        error = one_error_line(tune(root, "--questions", good, "--questions", str(tmp_path / "." / "good.jsonl")))
+        assert error.startswith(f"error: --questions {tmp_path / '.' / 'good.jsonl'}: given twice"), error
+    elif problem == "no questions":
+        error = one_error_line(tune(root))
+        assert "--questions FILE" in error and "--llm" in error, error
+    elif problem == "dev pairs":
+        questions.write_text('{"query": "q", "pos": ["p"], "neg": []}\n', encoding="utf-8")
+        error = one_error_line(tune(root, "--questions", str(questions)))
+        assert "dev pairs" in error and "labelled questions" in error, error
+    elif problem == "GBK":
+        questions.write_bytes(questions.read_text(encoding="utf-8").encode("gbk"))
+        error = one_error_line(tune(root, "--questions", str(questions)))
+        assert error.startswith(f"error: {questions}: not UTF-8 text"), error
+    elif problem == "corpus titles":
+        titles = ["中共中央 国务院关于构建数据基础制度更好发挥数据要素作用的意见", "数据安全法", "个人信息保护法"]
+        kb_questions_file(root, questions, titles)
+        result = tune(root, "--questions", str(questions))
+        assert result.returncode == 2 and "Traceback" not in result.stderr, result.stderr[-3000:]
+        errors = messages(result.stderr)  # one error block: every line of the file at once
+        assert errors[0].startswith(f"error: {questions}:1: unknown doc_title"), errors
+        assert all(e.startswith(f"{questions}:{i}: unknown doc_title") for i, e in enumerate(errors[1:], 2))
+        assert len(errors) == 3, errors
+    elif problem == "--kb ../x":
+        error = one_error_line(tune(root, "--questions", str(questions), "--kb", f"../knowledge_base/{KB}"))
+        assert "is not a single folder name" in error, error
+    else:
+        flags = next(f for f in RETIRED_FLAGS if f[0] == problem)
+        error = one_error_line(tune(root, "--questions", str(questions), *flags))
+        flag = problem.split("=")[0]
+        assert error.startswith(f"error: tune {flag}: removed in 0.2.0 (the inverse-cloze tune and its flags)"), error
+        assert "lowered the e5 base on paraphrased questions at every scale tried (docs/training.md)" in error
+    assert snapshot(root) == kept
+    assert not list(root.rglob("tune.json")) and not (root / "policybert_tune").exists()
+
+
+def test_tune_help_describes_the_query_side_tune_only():
+    """`tune --help` (the module docstring of cli/tune.py): the steps, what it writes and costs, and the restart line;
+    nothing of the removed recipe."""
+    help_text = run([str(BIN / "chatchat-policybert"), "tune", "--help"], dict(os.environ)).stdout
+    for said in ("1. `questions`", "2. `folds`", "6. `report`", "What it writes", "10 min 31 s", "chatchat start -a"):
+        assert said in help_text, said
+    for gone in ("candidate", "kb -r", "report.png", "--budget", "--pairs-args", "--contrastive-args", "inverse"):
+        assert gone not in help_text, gone
+
+
+def test_doctor_reports_a_nan_score_threshold_as_an_error(base_root, tmp_path):
+    root = copy_root(base_root, tmp_path / "root")
+    path = root / "kb_settings.yaml"
+    path.write_text(re.sub(r"SCORE_THRESHOLD: .*", "SCORE_THRESHOLD: .nan", path.read_text(encoding="utf-8")))
+    doctor = policybert(root, "doctor", "--no-load")
+    assert doctor.returncode == 1, doctor.stdout + doctor.stderr
+    assert f"ERROR {path}: SCORE_THRESHOLD nan is not a finite number" in doctor.stdout, doctor.stdout
+    assert "cosine >= nan" not in doctor.stdout
+
+
+def test_llm_questions_train_and_judge_where_there_are_no_others(base_root, tmp_path):
     """`--llm` alone: the stand-in (at Ollama's network boundary) answers each chunk with a sentence of it asked back
     (dropped: inverse cloze in disguise) and a paraphrase-like question (kept); the gate judges on the kept ones."""
     from ollama_standin import OllamaStandIn
@@ -215,9 +532,11 @@ def test_llm_questions_train_and_judge_where_there_are_no_others(base_root, tmp_
 
 
 @pytest.mark.pg
-def test_a_query_side_tune_on_pg_changes_no_row_and_rollback_needs_no_rebuild(base_root, cluster, tmp_path):  # noqa: F811
+def test_a_query_side_tune_on_pg_changes_no_row_and_rollback_needs_no_rebuild(base_root, cluster, tmp_path):
     """The same install on a PostgreSQL/pgvector root: every row of the collection (text, metadata, vector) as it was,
-    after the install and after the rollback; no candidate schema is made, so no right to create one is needed."""
+    after the install and after the rollback. The tune only reads the store: a database user who may not read
+    langchain's tables is refused before any work, in one line naming the URI and the `GRANT` it needs, which is
+    then enough."""
     cluster.execute("postgres", "CREATE DATABASE query_tune")
     cluster.execute("query_tune", "CREATE EXTENSION vector")
     uri = make_url(cluster.uri).set(database="query_tune").render_as_string(hide_password=False)
@@ -230,12 +549,25 @@ def test_a_query_side_tune_on_pg_changes_no_row_and_rollback_needs_no_rebuild(ba
     assert rolled.returncode == 0 and "no rebuild" in rolled.stdout, rolled.stdout + rolled.stderr
     assert collection(uri) == rows and snapshot_settings(root) == settings
 
+    cluster.execute("query_tune", "CREATE ROLE tune_reader LOGIN")
+    reader = make_url(uri).set(username="tune_reader").render_as_string(hide_password=False)
+    path = root / "kb_settings.yaml"
+    path.write_text(path.read_text(encoding="utf-8").replace(uri, reader), encoding="utf-8")
+    kept, state = snapshot_settings(root), (tune_dir(root, KB) / "tune.json").read_bytes()
+    error = one_error_line(tune(root, "--questions", str(tmp_path / "questions.jsonl")))
+    assert error.startswith(f"error: {make_url(reader).render_as_string(hide_password=True)}: the user may not read ")
+    assert error.endswith("`GRANT SELECT ON langchain_pg_collection, langchain_pg_embedding TO tune_reader`"), error
+    assert snapshot_settings(root) == kept and (tune_dir(root, KB) / "tune.json").read_bytes() == state
+    cluster.execute("query_tune", "GRANT SELECT ON langchain_pg_collection, langchain_pg_embedding TO tune_reader")
+    check_read_rights(reader, KB)  # the GRANT the line names is all it needs
 
-def test_ctrl_c_in_a_query_side_tune_stops_promptly_naming_the_step_and_the_checkpoint(base_root, tmp_path):  # noqa: F811
-    """Issue #43 item 11: Ctrl-C (SIGINT to the command's process group, as a terminal sends it) once a fold's training
-    has written a checkpoint stops the tune at the end of the step it is in, says which step and which checkpoint the
-    same command continues from, and leaves the root's settings byte for byte as they were. The 60 s bound is a hang
-    guard (the issue saw 66 s), not a measure of speed."""
+
+def test_ctrl_c_in_a_query_side_tune_stops_promptly_naming_the_step_and_the_checkpoint(base_root, tmp_path):
+    """While a tune trains, a second `tune` and a `rollback` of the same KB are each one line, exit 2, and change
+    nothing. Issue #43 item 11: Ctrl-C (SIGINT to the command's process group, as a terminal sends it) once a fold's
+    training has written a checkpoint stops the tune at the end of the step it is in, says which step and which
+    checkpoint the same command continues from, and leaves the root's settings byte for byte as they were. The 60 s
+    bound is a hang guard (the issue saw 66 s), not a measure of speed."""
     root = copy_root(base_root, tmp_path / "root")
     questions = write_questions(root, tmp_path / "questions.jsonl")
     settings = snapshot_settings(root)
@@ -255,6 +587,13 @@ def test_ctrl_c_in_a_query_side_tune_stops_promptly_naming_the_step_and_the_chec
                 assert process.poll() is None, log.read_text(encoding="utf-8")[-3000:]
                 assert time.monotonic() < deadline, "no checkpoint written"
                 time.sleep(0.2)
+            # One tune of a KB at a time, and no rollback under it (the KB's flock, released by the kernel).
+            state = (out / "tune.json").read_bytes()
+            second = one_error_line(policybert(root, "tune", "--kb", KB, "--questions", str(questions)))
+            assert second.startswith(f"error: tune --kb {KB}: a tune or rollback of it is running"), second
+            refused = one_error_line(policybert(root, "rollback", "--kb", KB))
+            assert refused.startswith(f"error: rollback --kb {KB}: a tune or rollback of it is running"), refused
+            assert (out / "tune.json").read_bytes() == state and process.poll() is None
             os.killpg(process.pid, signal.SIGINT)  # a terminal's Ctrl-C: the foreground group, children included
             process.wait(timeout=60)  # a hang guard, not a speed measure
         finally:
@@ -293,7 +632,7 @@ def _alive(pid: int) -> bool:
         return False
 
 
-def test_ctrl_c_that_reaches_tune_alone_while_its_worker_loads_leaves_no_worker(base_root, tmp_path):  # noqa: F811
+def test_ctrl_c_that_reaches_tune_alone_while_its_worker_loads_leaves_no_worker(base_root, tmp_path):
     """Issue #43 item 11: SIGINT to the tune process alone (``kill -INT PID``, not a terminal's Ctrl-C to the group)
     while the gate's worker (``plugin.worker candidates``) is loading Chatchat and the model: tune exits 130 naming
     the gate step, and the worker has gone with it (before, it went on loading for a caller that had left, and a
@@ -326,3 +665,147 @@ def test_ctrl_c_that_reaches_tune_alone_while_its_worker_loads_leaves_no_worker(
     assert process.returncode == 130, stderr[-3000:]
     assert "tune: interrupted in step gate" in stderr, stderr[-3000:]
     assert not left, "the worker outlived the tune that started it"
+
+
+# ----------------------------------------------------------------------------- what 0.1.0 left: its backups and runs
+
+KEY_0_1_0 = "0123456789abcdef"
+"""A candidate key as 0.1.0's inverse-cloze tune named its training (16 hex digits)."""
+
+
+def _sha256_files(folder: Path, leave_out: str = "") -> dict[str, str]:
+    return {
+        p.relative_to(folder).as_posix(): hashlib.sha256(p.read_bytes()).hexdigest()
+        for p in sorted(folder.rglob("*"))
+        if p.is_file() and p.name != leave_out
+    }
+
+
+def write_0_1_0_run(root: Path, finished: bool) -> Path:
+    """The run folder 0.1.0's inverse-cloze tune had written when its install began, spelled out here rather than
+    written by today's code, so that a change of today's writer cannot hide a change of what rollback reads.
+
+    0.1.0's ``deploy/install.py`` called ``save_backup`` (``previous/``: both settings files, a copy of the KB's FAISS
+    folder as ``vector_store/``, ``backup.json`` with the KB, the embed model, the served model directory, the
+    SHA-256 of each of its files and of each file of the backup), then wrote ``install_started.json``
+    ``{"candidate": KEY}``; the run folder held ``tune.json`` (the state of ``deploy/run.py``), the steps' folders
+    ``pairs/``, ``train/`` and ``candidate/``, and ``gate.json``."""
+    out = tune_dir(root, KB)
+    embed_model, model_dir = "policybert", served_model(root)[1]
+    previous = out / "previous"
+    previous.mkdir(parents=True)
+    for name in ("model_settings.yaml", "kb_settings.yaml"):
+        shutil.copy2(root / name, previous / name)
+    shutil.copytree(index_of(root), previous / "vector_store")
+    backup = {
+        "kb": KB,
+        "embed_model": embed_model,
+        "model_path": str(model_dir),
+        "model_files": _sha256_files(model_dir),
+        "files": _sha256_files(previous, leave_out="backup.json"),
+    }
+    (previous / "backup.json").write_text(json.dumps(backup, ensure_ascii=False, indent=2), encoding="utf-8")
+    (out / "install_started.json").write_text(json.dumps({"candidate": KEY_0_1_0}), encoding="utf-8")
+    for step in ("pairs", "train", "candidate"):
+        (out / step / KEY_0_1_0).mkdir(parents=True)
+    (out / "gate.json").write_text(json.dumps({"candidate": KEY_0_1_0, "install": True}), encoding="utf-8")
+    state = {
+        "start": str(model_dir),
+        "start_files": backup["model_files"],
+        "steps": {step: {"seconds": 1.0, "finished": "2026-11-20 10:00:00 UTC"} for step in ("pairs", "train")},
+        "commands": ["python -m training.pairs --chatchat-root … --kb WeiMingPolicies --out …"],
+        "began": "2026-11-20 09:59:00 UTC",
+        "finished": finished,
+    }
+    (out / "tune.json").write_text(json.dumps(state, ensure_ascii=False, indent=2), encoding="utf-8")
+    return out
+
+
+def serve_0_1_0_candidate(root: Path, candidate: Path) -> Path:
+    """What 0.1.0's install then did to the root: the candidate copied to ``models/policybert-KB-KEY``, the settings
+    pointed at it with a calibrated hybrid (the ``kb -r`` that followed is the caller's)."""
+    installed = root / "models" / f"policybert-{KB}-{KEY_0_1_0}"
+    shutil.copytree(candidate, installed)
+    path = root / "model_settings.yaml"
+    settings = yaml.safe_load(path.read_text(encoding="utf-8"))
+    platform = next(p for p in settings["MODEL_PLATFORMS"] if "local_embeddings" in p)
+    platform["local_embeddings"]["model_path"] = str(installed.relative_to(root))
+    platform["hybrid"] = {"bm25_weight": 0.5, "dense_weight": 0.5, "score_threshold": 0.293}
+    path.write_text(yaml.safe_dump(settings, allow_unicode=True), encoding="utf-8")
+    kb_path = root / "kb_settings.yaml"
+    kb_path.write_text(re.sub(r"SCORE_THRESHOLD: .*", "SCORE_THRESHOLD: 0.293", kb_path.read_text(encoding="utf-8")))
+    return installed
+
+
+@pytest.fixture
+def candidate_0_1_0(tmp_path, policy_documents, reference_lexicon) -> Path:
+    """A model other than the base root's (another seed), as 0.1.0's training of both towers gave one."""
+    texts = [d.content[:MAX_CHARS] for d in policy_documents[:N_DOCUMENTS]] + [DEFAULT_QUERY_INSTRUCTION]
+    return build_tiny_policybert(tmp_path / "candidate", texts, reference_lexicon, seed=1, perturb=True)
+
+
+def test_rollback_restores_what_0_1_0_installed_with_its_kb_r_byte_identical(base_root, candidate_0_1_0, tmp_path):
+    """A finished 0.1.0 install (its candidate serving, the KB rebuilt by `kb -r`, `installed.json` written): rollback
+    puts the settings back, rebuilds the KB with `kb -r`, and every chunk's vector is the saved one byte for byte."""
+    root = copy_root(base_root, tmp_path / "root")
+    before, vectors = snapshot_settings(root), faiss_vectors(index_of(root))
+    out = write_0_1_0_run(root, finished=True)
+    installed = serve_0_1_0_candidate(root, candidate_0_1_0)
+    run_chatchat(chatchat_command("kb", "-r", "-n", KB), root, f"chatchat kb -r -n {KB}")
+    (out / "installed.json").write_text(
+        json.dumps({"candidate": KEY_0_1_0, "model": str(installed), "at": "2026-11-20 10:30:00 UTC"}),
+        encoding="utf-8",
+    )
+    assert faiss_vectors(index_of(root)) != vectors, "0.1.0's install changed the stored vectors"
+
+    rolled = policybert(root, "rollback", "--kb", KB)
+    assert rolled.returncode == 0, rolled.stdout + rolled.stderr
+    assert "`chatchat kb -r -n WeiMingPolicies` rebuilds the index" in rolled.stdout
+    assert "vectors byte-identical to those before the tune" in rolled.stdout
+    assert snapshot_settings(root) == before and faiss_vectors(index_of(root)) == vectors
+    assert not (out / "installed.json").exists() and not (out / "install_started.json").exists()
+    assert json.loads((out / "rolled_back.json").read_text(encoding="utf-8"))["candidate"] == KEY_0_1_0
+
+
+def test_an_unfinished_0_1_0_run_gets_one_line_and_a_half_install_is_rolled_back_first(
+    base_root, candidate_0_1_0, tmp_path
+):
+    """0.1.0's tune killed during its install (settings pointed at its candidate, no `kb -r` yet): `tune` refuses in
+    one line naming `rollback`, and changes nothing; after that rollback (settings only: the vectors are the saved
+    ones) the same `tune` says in one line that it starts a query-side tune in the old run's place, and does."""
+    root = copy_root(base_root, tmp_path / "root")
+    before = snapshot(root)
+    out = write_0_1_0_run(root, finished=False)
+    serve_0_1_0_candidate(root, candidate_0_1_0)
+    questions = write_questions(root, tmp_path / "questions.jsonl")
+    half, state = snapshot(root), (out / "tune.json").read_bytes()
+    error = one_error_line(tune(root, "--questions", str(questions)))
+    assert "a tune of 0.1.0" in error and "stopped during its install" in error, error
+    assert f"`chatchat-policybert rollback --root {root} --kb {KB}`" in error, error
+    assert snapshot(root) == half and (out / "tune.json").read_bytes() == state
+
+    rolled = policybert(root, "rollback", "--kb", KB)
+    assert rolled.returncode == 0 and "no rebuild" in rolled.stdout, rolled.stdout + rolled.stderr
+    assert snapshot(root) == before
+
+    command = [str(BIN / "chatchat-policybert"), "tune", "--root", str(root), "--kb", KB, "--questions", str(questions)]
+    process = subprocess.Popen(
+        [*command, "--query-args", QUERY_ARGS],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        start_new_session=True,
+    )
+    seen = []
+    try:
+        for line in process.stdout:
+            seen.append(line)
+            if line.startswith("[1/6] questions"):
+                break
+    finally:
+        os.killpg(process.pid, signal.SIGKILL)
+        process.wait()
+    said = [line for line in seen if "0.1.0" in line]
+    assert len(said) == 1 and said[0].startswith(f"tune: {out / 'tune.json'} records an unfinished tune of 0.1.0"), seen
+    assert "starting a query-side tune in its place (pairs/, train/, candidate/ in the run folder" in said[0]
+    assert json.loads((out / "tune.json").read_text(encoding="utf-8"))["steps"] == {}, "a new run, not the old one's"

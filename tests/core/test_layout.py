@@ -223,15 +223,14 @@ def test_the_package_carries_the_data_with_its_licence():
 
 
 def test_the_runtime_reaches_training_through_entry_points_only():
-    """`chatchat-policybert tune` and the demo are the runtime's; what trains tune's candidate and builds the demo's
-    model are found by entry point, never by import, and tune's steps are the :class:`Trainer` protocol's."""
+    """`chatchat-policybert tune` and the demo are the runtime's; what trains tune's query towers and builds the demo's
+    model are found by entry point, never by import, and tune's steps are the :class:`QueryTrainer` protocol's."""
     import configparser
     from importlib.metadata import entry_points
 
     import pytest
 
     from chatchat_policybert.deploy.query_tune import QueryTrainer
-    from chatchat_policybert.deploy.tune import Trainer
     from chatchat_policybert.errors import InputError
     from chatchat_policybert.training_entry import GROUP, load_training
 
@@ -242,7 +241,7 @@ def test_the_runtime_reaches_training_through_entry_points_only():
     assert {ep.name: ep.value for ep in entry_points(group=GROUP)} == declared  # the installed metadata
     trainer = load_training("tune", "tune")
     assert trainer.__name__ == "training.tune"
-    steps = [name for protocol in (Trainer, QueryTrainer) for name in vars(protocol) if not name.startswith("_")]
+    steps = [name for name in vars(QueryTrainer) if not name.startswith("_")]
     assert steps and all(callable(getattr(trainer, name)) for name in steps)
     assert load_training("demo-model", "the demo").__module__ == "training.demo_model"
     with pytest.raises(InputError, match=r"needs the training package: pip install .*no 'nope' in entry-point group"):
