@@ -105,3 +105,22 @@ def content_dir(root: Path, kb: str) -> Path:
 def vector_store_dir(root: Path, kb: str, embed_model: str) -> Path:
     """A knowledge base's FAISS folder for one embed model (Chatchat's `get_vs_path`)."""
     return kb_root(root) / kb / "vector_store" / embed_model.replace(":", "_")
+
+
+CAPTURE_SETTINGS = "policybert_capture.json"
+"""Whether the API records its users' questions, and for how long they are kept (``setup --capture``; read by the
+API at each question, by ``doctor`` and by ``feedback``): :mod:`chatchat_policybert.feedback.settings`."""
+FEEDBACK_DIR = "policybert_feedback"
+"""The plugin's own folder of captured questions and feedback (mode 0700), not Chatchat's ``info.db``, which ``kb
+-r`` workers write and ``kb --clear-tables`` drops."""
+
+
+def capture_settings_file(root: Path) -> Path:
+    """The root's :data:`CAPTURE_SETTINGS` (absent: capture off, the default)."""
+    return Path(root) / CAPTURE_SETTINGS
+
+
+def feedback_db(root: Path) -> Path:
+    """The SQLite file of captured questions, their hits and users' feedback (:mod:`chatchat_policybert.feedback`),
+    in the root's :data:`FEEDBACK_DIR`."""
+    return Path(root) / FEEDBACK_DIR / "feedback.sqlite3"

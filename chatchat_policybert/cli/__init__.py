@@ -1,5 +1,5 @@
-"""`chatchat-policybert setup | doctor | check-model | serve | rollback | eval | tune`: wire PolicyBERT into a
-Chatchat 0.3.1.3 root.
+"""`chatchat-policybert setup | doctor | check-model | serve | rollback | eval | tune | feedback`: wire PolicyBERT
+into a Chatchat 0.3.1.3 root.
 
 One module a command, each with ``register(commands)`` adding its parser and the function it runs; the work is done
 by functions of the layers below (``setup`` and ``doctor``: :mod:`chatchat_policybert.configure`), which no other
@@ -16,6 +16,8 @@ part of the package reaches through this one (import-linter's ``cli-is-the-top``
 - `eval` (:mod:`.eval`) measures retrieval on a corpus and questions (:mod:`chatchat_policybert.evaluation`).
 - `tune` (:mod:`.tune`) makes the retriever better on a knowledge base's own documents; the training
   it needs comes from the training package through an entry point (:mod:`chatchat_policybert.deploy.tune`).
+- `feedback` (:mod:`.feedback`) lists, exports, labels and purges the questions the API captured and the sources
+  users marked (:mod:`chatchat_policybert.feedback`).
 
 Every bad input ends as one line `error: …` and exit status 2 (:mod:`chatchat_policybert.errors`).
 """
@@ -25,12 +27,12 @@ from __future__ import annotations
 import argparse
 from collections.abc import Sequence
 
-from chatchat_policybert.cli import check_model, doctor, rollback, serve, setup, tune
+from chatchat_policybert.cli import check_model, doctor, feedback, rollback, serve, setup, tune
 from chatchat_policybert.cli import eval as eval_command
 from chatchat_policybert.cli.common import default_root
 from chatchat_policybert.errors import PlainArgumentParser, run_cli
 
-COMMANDS = (setup, doctor, check_model, serve, rollback, eval_command, tune)
+COMMANDS = (setup, doctor, check_model, serve, rollback, eval_command, tune, feedback)
 """The modules of the commands, in the order `--help` lists them."""
 
 

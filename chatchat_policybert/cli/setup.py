@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from chatchat_policybert.chatchat.config import SETTINGS_FILES, SETUP_RECORD, restored_on_failure
-from chatchat_policybert.chatchat.root import BASIC_SETTINGS
+from chatchat_policybert.chatchat.root import BASIC_SETTINGS, CAPTURE_SETTINGS, content_dir
 from chatchat_policybert.cli.common import add_root_argument
 from chatchat_policybert.cli.doctor import report
 from chatchat_policybert.configure.doctor import diagnose
@@ -75,6 +75,19 @@ def register(commands: Any) -> None:
         help="address Chatchat's API and WebUI listen on (default 127.0.0.1: this machine only; `chatchat init` "
         "writes 0.0.0.0, which exposes the unauthenticated API to the network)",
     )
+    setup.add_argument(
+        "--capture",
+        choices=("on", "off"),
+        help="record the questions users ask the API about a local knowledge base (redacted, with the hits shown) "
+        "so that they can say which source answered, for `chatchat-policybert feedback`; off by default, takes "
+        "effect at the next question (no restart); default: as the root has it",
+    )
+    setup.add_argument(
+        "--capture-retention",
+        type=int,
+        metavar="DAYS",
+        help="days a captured question and its feedback are kept before they are deleted (default 180)",
+    )
     setup.add_argument("--no-check", action="store_true", help="skip the doctor's checks after merging")
     setup.add_argument(
         "--calibrate",
@@ -107,6 +120,8 @@ def run_setup(args: argparse.Namespace) -> int:
         from chatchat_policybert.deploy.questions import is_pairs_file
 
         is_pairs_file(args.calibrate)  # found, UTF-8 and JSON before the root changes (a GBK file: one line)
+        if args.kb is not None:
+            _check_kb(args.root, args.kb)  # before the model loads
     options = SetupOptions(
         model=args.model,
         device=args.device,
@@ -118,6 +133,8 @@ def run_setup(args: argparse.Namespace) -> int:
         keep_other_platforms=args.keep_other_platforms,
         analyzer=args.analyzer,
         bind=args.bind,
+        capture=None if args.capture is None else args.capture == "on",
+        capture_retention=args.capture_retention,
     )
     plan = plan_setup(args.root, options)  # every input of setup checked, the model loaded; nothing written yet
     if args.calibrate is None:
@@ -126,11 +143,25 @@ def run_setup(args: argparse.Namespace) -> int:
         from chatchat_policybert.deploy.calibration import calibrate_setup, check_calibration_inputs
 
         kb = args.kb or plan.kb
+        _check_kb(args.root, kb)
         check_calibration_inputs(args.root, kb, args.calibrate, args.corpus)
         # All or nothing: the calibration runs on the root as setup writes it; if it refuses, the files go back.
-        with restored_on_failure(args.root, (*SETTINGS_FILES, BASIC_SETTINGS, SETUP_RECORD)):
+        with restored_on_failure(args.root, (*SETTINGS_FILES, BASIC_SETTINGS, SETUP_RECORD, CAPTURE_SETTINGS)):
             print(plan.write().text(), flush=True)
             print(calibrate_setup(args.root, kb, args.calibrate, args.corpus))
     if args.no_check:
         return 0
     return report(diagnose(args.root, load_model=True))
+
+
+def _check_kb(root: Path, kb: str) -> None:
+    """``--calibrate``'s knowledge base: a name of one folder (``stores.rebuild.check_kb_name``) that the root holds.
+    Why here: Chatchat's worker, asked for the chunks of a knowledge base it does not have, ended in its own 15-line
+    traceback under the error line (issue 52, S3c)."""
+    from chatchat_policybert.stores.rebuild import check_kb_name
+
+    check_kb_name(kb)
+    if not content_dir(root, kb).is_dir():
+        raise InputError(
+            f"--kb {kb}: no knowledge base folder {content_dir(root, kb)}; expected one `chatchat kb -r` built"
+        )

@@ -50,6 +50,30 @@ def hook_installed() -> Path | None:
     return None
 
 
+def cpu_sharing() -> Finding:
+    """What the plugin's processes run torch with on a CPU they share with the LLM: OpenMP's wait policy and the
+    thread counts (docs/deployment.md, "Sharing the CPU with the LLM").
+
+    Read from this process's environment, which is what ``chatchat start`` and ``kb -r`` inherit when started from
+    the same shell or service unit: a variable set only for the service shows in its log, not here.
+    """
+    import os
+
+    from chatchat_policybert.chatchat.switches import API_THREADS_DEFAULT, API_THREADS_ENV
+    from chatchat_policybert.cpu import WAIT_POLICY, WAIT_POLICY_ENV, describe
+
+    policy = os.environ.get(WAIT_POLICY_ENV)
+    api = os.environ.get(API_THREADS_ENV) or f"{API_THREADS_DEFAULT} (default; {API_THREADS_ENV} sets it)"
+    others = os.environ.get("OMP_NUM_THREADS") or f"{len(os.sched_getaffinity(0))}, the cores (OMP_NUM_THREADS sets it)"
+    level = "OK" if policy is not None and policy.strip().upper() == WAIT_POLICY else "WARN"
+    advice = "" if level == "OK" else "; spinning threads slow every path when the LLM shares the CPU"
+    return Finding(
+        level,
+        f"CPU sharing: {describe()}{advice}; torch threads: the API process {api}, "
+        f"`kb -r`, workers, serve, eval and tune {others}",
+    )
+
+
 def llm_reachable(url: str) -> str | None:
     """None if the OpenAI-compatible server at `url` answers `/models`, else the reason (doctor and the demo ask)."""
     try:
@@ -107,6 +131,7 @@ def diagnose(root: Path, load_model: bool) -> list[Finding]:
         )
     else:
         add("OK", f"import hook installed: {pth}")
+    findings.append(cpu_sharing())
 
     for key, host in server_hosts(root).items():
         if not is_loopback(host):
@@ -115,6 +140,8 @@ def diagnose(root: Path, load_model: bool) -> list[Finding]:
                 f"{key}.host {host} in basic_settings.yaml: reachable from other machines (Chatchat's API has no "
                 f"authentication); `chatchat-policybert setup --bind 127.0.0.1` keeps it on this machine",
             )
+
+    findings.extend(_check_capture(root))
 
     chunk = settings.chunk_size
     if local is not None:
@@ -154,6 +181,35 @@ def diagnose(root: Path, load_model: bool) -> list[Finding]:
     embed_model = str(model_settings.get("DEFAULT_EMBEDDING_MODEL", ""))
     findings.extend(Finding(level, message) for level, message in vectors.checks(root, settings, embed_model, analyzer))
     return findings
+
+
+def _check_capture(root: Path) -> list[Finding]:
+    """Whether the API records its users' questions (``setup --capture``), where, for how long, and what the store
+    holds; its file is opened only by its owner (another user gets the store's own one-line refusal)."""
+    from chatchat_policybert.chatchat.root import feedback_db
+    from chatchat_policybert.feedback.settings import read_capture
+    from chatchat_policybert.feedback.store import FeedbackStore, StoreError
+
+    try:
+        capture = read_capture(root)
+    except SettingsError as exc:
+        return [Finding("ERROR", f"{exc}: the API records no question; `chatchat-policybert setup --capture on|off`")]
+    state = (
+        f"capture on: the API records each question to a local knowledge base (redacted) and its hits, kept "
+        f"{capture.retention_days} days"
+        if capture.enabled
+        else "capture off: the API records no question (`chatchat-policybert setup --capture on` to let users say "
+        "which source answered)"
+    )
+    try:
+        store = FeedbackStore.open(root, create=False)
+    except StoreError as exc:
+        return [Finding("OK", state), Finding("WARN", f"feedback store: {exc}")]
+    if store is None:
+        return [Finding("OK", f"{state}; nothing recorded yet ({feedback_db(root)})")]
+    with store:
+        total, marked = store.counts()
+    return [Finding("OK", f"{state}; {feedback_db(root)} holds {total} question(s), {marked} with feedback")]
 
 
 def compute_dtype(dtype: str, device: str) -> str:

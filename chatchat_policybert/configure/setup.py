@@ -38,9 +38,10 @@ from chatchat_policybert.chatchat.config import (
     setup_record,
     typed_kb,
 )
-from chatchat_policybert.chatchat.root import BASIC_SETTINGS, SERVERS, check_bind_host, content_dir
+from chatchat_policybert.chatchat.root import BASIC_SETTINGS, SERVERS, check_bind_host, content_dir, feedback_db
 from chatchat_policybert.chatchat.settings import PLATFORM_KEY, round_trip_yaml
 from chatchat_policybert.errors import InputError, SettingsError
+from chatchat_policybert.feedback.settings import CaptureSettings, check_retention, read_capture, write_capture
 from chatchat_policybert.files import atomic_path, read_json, regular_file, write_json
 from chatchat_policybert.retrieval.hybrid import HYBRID_KEY, HybridConfig, configured_analyzer, parse_hybrid
 from chatchat_policybert.stores import STORES, get_store
@@ -61,6 +62,10 @@ class SetupOptions:
     keep_other_platforms: bool = False
     analyzer: str | None = None
     bind: str = "127.0.0.1"
+    capture: bool | None = None
+    """Record the API's users' questions (``--capture on|off``; None: as the root has it, off by default)."""
+    capture_retention: int | None = None
+    """Days a captured question is kept (None: as the root has it, 180 by default)."""
 
 
 @dataclass
@@ -128,6 +133,8 @@ class SetupPlan:
     """Each key this run changes, ``file key: old → new``; None on a first run (no record: merged as before)."""
     kept: list[str] = field(default_factory=list)
     """The keys kept because they differ from what the last run wrote (the user's edits, a calibration, a tune)."""
+    capture: CaptureSettings | None = None
+    """The capture switch to write (:func:`_planned_capture`); None: the root's is left as it is."""
 
     def write(self) -> SetupReport:
         """Writes the merged settings (both files through the one writer, basic_settings.yaml atomically), links NLTK's
@@ -163,6 +170,8 @@ class SetupPlan:
             "OK", f"knowledge base folder {kb_dir} (put documents here, then `chatchat kb -r -n {kb_dir.parent.name}`)"
         )
         _say_analyzer(root, report.kb, report)
+        if self.capture is not None:
+            _write_capture(root, self.capture, report)
         return report
 
 
@@ -249,7 +258,38 @@ def plan_setup(root: Path, options: SetupOptions) -> SetupPlan:
     if previous is not None:
         changes = _changes({name: _flatten(_doc(before, name)) for name in SETTINGS_FILES}, texts)
     labels = [_label(name, path) for name in SETTINGS_FILES for path in kept[name]]
-    return SetupPlan(root, options, source, current, basic, yaml, note, kb, record, changes, labels)
+    capture = _planned_capture(root, options)
+    return SetupPlan(root, options, source, current, basic, yaml, note, kb, record, changes, labels, capture)
+
+
+def _planned_capture(root: Path, options: SetupOptions) -> CaptureSettings | None:
+    """The capture switch ``--capture`` / ``--capture-retention`` ask for, the root's other value kept; None where
+    neither flag is given. An InputError for a retention below one day or a switch file setup did not write."""
+    if options.capture is None and options.capture_retention is None:
+        return None
+    current = read_capture(root)  # a file that does not read: refused before anything is written
+    return CaptureSettings(
+        current.enabled if options.capture is None else options.capture,
+        current.retention_days if options.capture_retention is None else check_retention(options.capture_retention),
+    )
+
+
+def _write_capture(root: Path, capture: CaptureSettings, report: SetupReport) -> None:
+    """Write the capture switch and say what it means (the API reads it at its next question: no restart)."""
+    path = write_capture(root, capture)
+    if capture.enabled:
+        report.add(
+            "OK",
+            f"capture on ({path}): the API records each question to a local knowledge base, redacted, with the hits "
+            f"it was shown, in {feedback_db(root)} (kept {capture.retention_days} days); from the next question, "
+            "no restart; `chatchat-policybert feedback list|export|purge` reads and deletes them",
+        )
+    else:
+        report.add(
+            "OK",
+            f"capture off ({path}): no question is recorded from the next one on; what was recorded stays until "
+            f"`chatchat-policybert feedback purge --all` or its {capture.retention_days} days are over",
+        )
 
 
 _ABSENT = object()

@@ -23,6 +23,9 @@ fail deep inside as a 500 with a traceback in the log:
   file by file: questions arriving meanwhile got no hits, then a partial knowledge base. For the
   stores whose ``kb -r`` is transactional (:mod:`chatchat_policybert.stores.rebuild`) it now runs that
   rebuild: staging, the knowledge base's lock, one swap.
+- With the root's capture switch on, the questions users ask through ``search_docs`` and both RAG routes are recorded
+  and answered with their id, and ``POST /policybert/feedback`` takes which source answered (issue 49): the wrappers
+  below call :mod:`chatchat_policybert.feedback.http`, which owns what is captured and when.
 
 The import hook (:mod:`chatchat_policybert.plugin.hook`) applies :func:`patch_kb_doc_api` when
 Chatchat's ``kb_doc_api`` module has run (before its routes and ``kb_chat`` bind the names) and
@@ -120,7 +123,8 @@ def patch_kb_doc_api(module: ModuleType) -> None:
 def patch_kb_chat(module: ModuleType) -> None:
     """Wrap ``module.kb_chat`` (Chatchat's ``chat.kb_chat``, before its route binds it) so that a ``kb_name`` that is
     no text (a lone surrogate) is a 422 naming it: Chatchat looks the name up in SQLite before anything else, and
-    that lookup's ``UnicodeEncodeError`` was a 500."""
+    that lookup's ``UnicodeEncodeError`` was a 500. A question to a local knowledge base that came through a
+    capture route is recorded before the answer starts (:func:`chatchat_policybert.feedback.http.capture_chat`)."""
     kb_chat = module.kb_chat
     if getattr(kb_chat, WRAPPED_MARK, False):
         return
@@ -129,11 +133,14 @@ def patch_kb_chat(module: ModuleType) -> None:
     async def checked_kb_chat(*args: Any, **kwargs: Any) -> Any:
         from fastapi import HTTPException
 
+        from chatchat_policybert.feedback.http import capture_chat
+
+        bound = _bind(kb_chat, args, kwargs)
         try:
-            check_text("kb_name", _bind(kb_chat, args, kwargs)["kb_name"])
+            check_text("kb_name", bound["kb_name"])
         except SearchRequestError as exc:
             raise HTTPException(status_code=422, detail=str(exc)) from None
-        return await kb_chat(*args, **kwargs)
+        return await capture_chat(bound, lambda: kb_chat(*args, **kwargs))
 
     # FastAPI resolves string annotations (kb_chat.py's `from __future__ import annotations`) in the wrapper's
     # globals, which lack Chatchat's names: hand it the signature with them resolved in kb_chat's own.
@@ -144,7 +151,8 @@ def patch_kb_chat(module: ModuleType) -> None:
 
 def _checked_search(search: Any, kb_field: str) -> Any:
     """``search`` (``search_docs`` or ``search_temp_docs``; ``kb_field``: its knowledge base's parameter) refusing
-    what :func:`check_search` refuses with a 422 naming the field."""
+    what :func:`check_search` refuses with a 422 naming the field; ``search_docs`` records a captured request's
+    hits, or hands ``kb_chat`` back those its capture already searched (:mod:`chatchat_policybert.feedback.http`)."""
     if getattr(search, WRAPPED_MARK, False):
         return search
 
@@ -157,7 +165,15 @@ def _checked_search(search: Any, kb_field: str) -> Any:
             check_search(bound["query"], bound["top_k"], bound["score_threshold"], kb_field, bound[kb_field])
         except SearchRequestError as exc:
             raise HTTPException(status_code=422, detail=str(exc)) from None
-        return search(*args, **kwargs)
+        if kb_field != "knowledge_base_name":  # search_temp_docs: file chat, never captured
+            return search(*args, **kwargs)
+        from chatchat_policybert.feedback import http as capture
+
+        hits = capture.prefetched(bound)  # kb_chat's own search of a question captured before its stream began
+        if hits is None:
+            hits = search(*args, **kwargs)
+            capture.capture_search(bound, hits)
+        return hits
 
     setattr(checked_search, WRAPPED_MARK, True)
     return checked_search
@@ -250,7 +266,8 @@ def _event(code: int, msg: str, finished: int = 0, total: int = 1) -> str:
 def patch_app(module: ModuleType, warm_up: bool) -> None:
     """Wrap ``module.create_app`` (Chatchat's ``server_app``): the process's torch threads are set first
     (:func:`~chatchat_policybert.plugin.warm_up.use_api_threads`), each app renders validation errors of any input
-    (:func:`validation_error`), logs the platforms served in-process (:func:`log_in_process_platforms`), and, with
+    (:func:`validation_error`), captures questions and takes feedback (:func:`install_capture`), logs the platforms
+    served in-process (:func:`log_in_process_platforms`), and, with
     ``warm_up``, starts :func:`~chatchat_policybert.plugin.warm_up.warm_up`.
 
     Patched after the module ran, so its own module-level ``app`` (made at import) is left as it is;
@@ -269,6 +286,7 @@ def patch_app(module: ModuleType, warm_up: bool) -> None:
         use_api_threads()
         app = original(*args, **kwargs)
         app.add_exception_handler(RequestValidationError, validation_error)
+        install_capture(app)
         log_in_process_platforms()
         if warm_up:
             from chatchat_policybert.plugin.warm_up import start_warm_up
@@ -278,6 +296,19 @@ def patch_app(module: ModuleType, warm_up: bool) -> None:
 
     setattr(create_app, WRAPPED_MARK, True)
     module.create_app = create_app
+
+
+def install_capture(app: Any) -> None:
+    """Give ``app`` the capture of users' questions and ``POST /policybert/feedback``
+    (:func:`chatchat_policybert.feedback.http.install`); a failure is logged and the API serves without them."""
+    try:
+        from chatchat_policybert.feedback.http import install
+
+        install(app)
+    except Exception as exc:
+        from chatchat.server import utils
+
+        utils.logger.error(f"policybert: capture and feedback not installed: {exc!r}")
 
 
 def log_in_process_platforms() -> None:
