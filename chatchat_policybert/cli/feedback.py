@@ -13,16 +13,25 @@ import json
 import time
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from chatchat_policybert.chatchat.config import default_kb
-from chatchat_policybert.chatchat.root import content_dir, feedback_db
+from chatchat_policybert.chatchat.root import content_dir
 from chatchat_policybert.cli.common import add_root_argument
 from chatchat_policybert.errors import InputError, PlainArgumentParser
 from chatchat_policybert.feedback.export import DROP_RULES, document_text, export_questions
 from chatchat_policybert.feedback.settings import read_capture
-from chatchat_policybert.feedback.store import FeedbackStore, UnknownCapture, apply_retention
+from chatchat_policybert.feedback.store import (
+    FeedbackStore,
+    UnknownCapture,
+    apply_retention,
+    open_store,
+    store_location,
+)
 from chatchat_policybert.files import write_jsonl
+
+if TYPE_CHECKING:
+    from chatchat_policybert.feedback.pg_store import PgFeedbackStore
 
 
 def register(commands: Any) -> None:
@@ -97,9 +106,9 @@ def _retention(root: Path) -> None:
         print(f"deleted {deleted} captured question(s) older than the retention setting ({days} days)")
 
 
-def _open(root: Path) -> FeedbackStore | None:
+def _open(root: Path) -> FeedbackStore | PgFeedbackStore | None:
     _retention(root)
-    return FeedbackStore.open(root, create=False)
+    return open_store(root, create=False)
 
 
 def _iso(seconds: float) -> str:
@@ -121,7 +130,7 @@ def run_list(args: argparse.Namespace) -> int:
         print(json.dumps(captures, ensure_ascii=False, indent=1))
         return 0
     if not captures:
-        print(f"no question captured for '{kb}' ({feedback_db(args.root)})")
+        print(f"no question captured for '{kb}' ({store_location(args.root)})")
         return 0
     for capture in captures:
         marks = [f"[{f['rank']}]" if f["verdict"] == "answered" else "none" for f in capture["feedback"]]
@@ -144,7 +153,7 @@ def run_export(args: argparse.Namespace) -> int:
         raise InputError(f"--out {out}: a folder; expected a file to write")
     store = _open(args.root)
     if store is None:
-        raise InputError(f"{feedback_db(args.root)}: no store; nothing was captured (`setup --capture on`)")
+        raise InputError(f"{store_location(args.root)}: no store; nothing was captured (`setup --capture on`)")
     with store:
         captures = store.captures(kb)
     result = export_questions(args.root, kb, captures)
@@ -185,7 +194,7 @@ def run_purge(args: argparse.Namespace) -> int:
     """Delete captured questions (and their hits, feedback and labels) and scrub the store's files."""
     store = _open(args.root)
     if store is None:
-        print(f"nothing to purge: no store at {feedback_db(args.root)}")
+        print(f"nothing to purge: no store at {store_location(args.root)}")
         return 0
     started = time.monotonic()
     with store:
@@ -193,7 +202,7 @@ def run_purge(args: argparse.Namespace) -> int:
     which = f"of '{args.kb}'" if args.kb else "of every knowledge base"
     age = "" if args.all else f" older than {args.older_than:g} days"
     print(
-        f"deleted {deleted} captured question(s) {which}{age}; {feedback_db(args.root)} rewritten without their "
+        f"deleted {deleted} captured question(s) {which}{age}; {store_location(args.root)} rewritten without their "
         f"text ({time.monotonic() - started:.1f} s)"
     )
     return 0

@@ -38,10 +38,11 @@ from chatchat_policybert.chatchat.config import (
     setup_record,
     typed_kb,
 )
-from chatchat_policybert.chatchat.root import BASIC_SETTINGS, SERVERS, check_bind_host, content_dir, feedback_db
+from chatchat_policybert.chatchat.root import BASIC_SETTINGS, SERVERS, check_bind_host, content_dir
 from chatchat_policybert.chatchat.settings import PLATFORM_KEY, round_trip_yaml
 from chatchat_policybert.errors import InputError, SettingsError
 from chatchat_policybert.feedback.settings import CaptureSettings, check_retention, read_capture, write_capture
+from chatchat_policybert.feedback.store import store_location
 from chatchat_policybert.files import atomic_path, read_json, regular_file, write_json
 from chatchat_policybert.retrieval.hybrid import HYBRID_KEY, HybridConfig, configured_analyzer, parse_hybrid
 from chatchat_policybert.stores import STORES, get_store
@@ -281,7 +282,7 @@ def _write_capture(root: Path, capture: CaptureSettings, report: SetupReport) ->
         report.add(
             "OK",
             f"capture on ({path}): the API records each question to a local knowledge base, redacted, with the hits "
-            f"it was shown, in {feedback_db(root)} (kept {capture.retention_days} days); from the next question, "
+            f"it was shown, in {store_location(root)} (kept {capture.retention_days} days); from the next question, "
             "no restart; `chatchat-policybert feedback list|export|purge` reads and deletes them",
         )
     else:

@@ -31,9 +31,8 @@ from collections import OrderedDict, deque
 from contextvars import ContextVar
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from chatchat_policybert.chatchat.root import feedback_db
 from chatchat_policybert.feedback.fingerprint import served_fingerprint
 from chatchat_policybert.feedback.redact import redact
 from chatchat_policybert.feedback.settings import cached_capture
@@ -45,7 +44,11 @@ from chatchat_policybert.feedback.store import (
     Hit,
     UnknownCapture,
     apply_retention,
+    open_store,
 )
+
+if TYPE_CHECKING:
+    from chatchat_policybert.feedback.pg_store import PgFeedbackStore
 
 CAPTURE_HEADER = "X-PolicyBERT-Capture"
 """The response header that carries a captured question's id (what ``POST /policybert/feedback`` takes)."""
@@ -113,18 +116,20 @@ class CaptureMiddleware:
 # ---------------------------------------------------------------------------------------------------- the store
 
 
-_store: FeedbackStore | None = None
+_store: "FeedbackStore | PgFeedbackStore | None" = None
 _store_lock = threading.Lock()
 _last_retention = 0.0
 
 
-def api_store() -> FeedbackStore:
-    """The API process's one connection to its root's store (created on the first capture); a failure is raised
-    each time (a folder fixed while the API runs is used at the next question)."""
+def api_store(create: bool = True) -> "FeedbackStore | PgFeedbackStore | None":
+    """The API process's one connection to its root's store (:func:`~chatchat_policybert.feedback.store.open_store`:
+    SQLite, or PostgreSQL where the knowledge bases are; created on the first capture, and None before that where not
+    ``create``: a click creates no store); a failure is raised each time (a folder or a grant fixed while the API runs
+    is used at the next question)."""
     global _store
     with _store_lock:
         if _store is None:
-            _store = FeedbackStore.open(chatchat_root(), busy_ms=API_BUSY_MS)
+            _store = open_store(chatchat_root(), busy_ms=API_BUSY_MS, create=create)
         return _store
 
 
@@ -334,9 +339,10 @@ def install(app: Any) -> None:
                 status_code=429, content={"detail": f"at most {count} feedback posts per {seconds:g} s a session"}
             )
         try:
-            if not feedback_db(chatchat_root()).is_file():  # nothing captured yet: no store to create for a click
+            store = api_store(create=False)  # nothing captured yet: no store to create for a click
+            if store is None:
                 raise UnknownCapture(body.capture_id)
-            return api_store().record_feedback(body.capture_id, body.rank, body.verdict, body.session)
+            return store.record_feedback(body.capture_id, body.rank, body.verdict, body.session)
         except UnknownCapture:
             return JSONResponse(status_code=404, content={"detail": "capture_id: no such captured question"})
         except BadFeedback as exc:

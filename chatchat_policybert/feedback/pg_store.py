@@ -103,14 +103,12 @@ class PgFeedbackStore:
         self._lock = threading.Lock()
 
     @classmethod
-    def open(cls, uri: str | None, busy_ms: int, create: bool = True) -> PgFeedbackStore | None:
+    def open(cls, uri: str, busy_ms: int, create: bool = True) -> PgFeedbackStore | None:
         """The store (its schema created where ``create``); None where the schema does not exist and ``create`` is
         false. A :class:`StoreError` where the database does not answer, the user lacks a right, or the schema is of
         a newer release or not the plugin's."""
         import sqlalchemy
 
-        if not uri:
-            raise StoreError("DEFAULT_VS_TYPE is pg but kbs_config.pg.connection_uri is not set: `setup --pg-uri URI`")
         store = cls(uri, busy_ms)
         try:
             with store._engine.connect() as connection:

@@ -2,6 +2,8 @@
 
 Why its own file (``ROOT/policybert_feedback/feedback.sqlite3``, :func:`~chatchat_policybert.chatchat.root.feedback_db`)
 and not Chatchat's ``info.db``: ``kb -r`` workers write that one and ``kb --clear-tables`` drops its tables.
+A root whose knowledge bases are on PostgreSQL keeps the same tables in its database instead (:mod:`.pg_store`);
+:func:`open_store` opens the one of a root.
 
 - **Who may read it.** The folder is created 0700 and the file 0600 (SQLite gives its ``-wal``/``-shm`` files the
   database's mode), so only the deployment's user reads what its users asked. Every opener checks that the folder is
@@ -423,25 +425,34 @@ def assemble_captures(
 
 
 def open_store(root: Path, busy_ms: int = CLI_BUSY_MS, create: bool = True) -> FeedbackStore | PgFeedbackStore | None:
-    """The root's feedback store: on PostgreSQL (:mod:`.pg_store`) where its knowledge bases are (DEFAULT_VS_TYPE
-    ``pg``), else its SQLite file; None where it does not exist and ``create`` is false."""
-    settings = kb_settings(root)
-    if settings.vs_type == "pg":
+    """The root's feedback store: in the database its knowledge bases are in, where they are in one (pg,
+    :mod:`.pg_store`), else its SQLite file; None where it does not exist and ``create`` is false."""
+    uri = _database_uri(root)
+    if uri is not None:
         from chatchat_policybert.feedback.pg_store import PgFeedbackStore
 
-        return PgFeedbackStore.open(settings.pg_uri, busy_ms, create)
+        return PgFeedbackStore.open(uri, busy_ms, create)
     return FeedbackStore.open(root, busy_ms, create)
 
 
 def store_location(root: Path) -> str:
     """Where the root's feedback store is (:func:`open_store`), for messages."""
-    settings = kb_settings(root)
-    if settings.vs_type == "pg" and settings.pg_uri:
+    uri = _database_uri(root)
+    if uri is not None:
         from chatchat_policybert.feedback.pg_store import SCHEMA
         from chatchat_policybert.stores.pg_db import where
 
-        return f"schema {SCHEMA} of PostgreSQL at {where(settings.pg_uri)}"
+        return f"schema {SCHEMA} of PostgreSQL at {where(uri)}"
     return str(feedback_db(root))
+
+
+def _database_uri(root: Path) -> str | None:
+    """The database of the root's store (DEFAULT_VS_TYPE), None for a store of files or one the plugin does not know
+    (its questions go to the SQLite file)."""
+    from chatchat_policybert.stores import STORES
+
+    store = STORES.get(kb_settings(root).vs_type)
+    return None if store is None else store.database_uri(root)
 
 
 def apply_retention(root: Path, days: int, busy_ms: int = CLI_BUSY_MS) -> int:

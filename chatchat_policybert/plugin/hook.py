@@ -13,7 +13,8 @@ its fused score instead of Chatchat's placeholder 3.0 (`chatchat_policybert.stor
 the pg store one store object per knowledge base and the same BM25 + vector ensemble
 (`chatchat_policybert.stores.pg_search`), and warms the model and the default knowledge base when the API
 starts (`chatchat_policybert.plugin.warm_up`), and checks the API's search requests and gives its
-rebuild `kb -r`'s transaction (`chatchat_policybert.plugin.api`); set CHATCHAT_POLICYBERT_BM25_CACHE=0 for
+rebuild `kb -r`'s transaction (`chatchat_policybert.plugin.api`), and gives the WebUI's RAG page its
+source feedback control (`chatchat_policybert.plugin.webui`); set CHATCHAT_POLICYBERT_BM25_CACHE=0 for
 Chatchat's own search on both stores (BM25 rebuilt per question on FAISS, dense-only on pg), e.g. to compare.
 
 The same finder makes transformers' Auto classes know model type ``policybert`` in every process
@@ -66,6 +67,7 @@ REGISTERING_MODULES = (
 APP_MODULE = "chatchat.server.api_server.server_app"
 KB_DOC_API_MODULE = "chatchat.server.knowledge_base.kb_doc_api"
 KB_CHAT_MODULE = "chatchat.server.chat.kb_chat"
+WEBUI_KB_CHAT_MODULE = "chatchat.webui_pages.kb_chat"
 
 
 def install() -> None:
@@ -198,6 +200,12 @@ def _patch_kb_chat(module: ModuleType) -> None:
     patch_kb_chat(module)
 
 
+def _patch_webui_kb_chat(module: ModuleType) -> None:
+    from chatchat_policybert.plugin.webui import patch_kb_chat_page
+
+    patch_kb_chat_page(module)
+
+
 def _patchers() -> dict[str, object]:
     """Module name -> function that patches it right after it executes."""
     return {
@@ -210,6 +218,7 @@ def _patchers() -> dict[str, object]:
         APP_MODULE: _patch_app,
         KB_DOC_API_MODULE: _patch_kb_doc_api,
         KB_CHAT_MODULE: _patch_kb_chat,
+        WEBUI_KB_CHAT_MODULE: _patch_webui_kb_chat,
     }
 
 

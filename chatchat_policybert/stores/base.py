@@ -106,6 +106,11 @@ class Store(Protocol):
     def read_copy(self, path: Path) -> list[tuple[str, bytes]]:
         """The vectors a :meth:`save_copy` kept, as :meth:`vectors` gives them (OSError/ValueError/... if damaged)."""
 
+    def database_uri(self, root: Path) -> str | None:
+        """The database the root's knowledge bases are in (pg: ``kbs_config``'s URI, an InputError where none is set);
+        None for a store of files under the root (FAISS). The plugin keeps its own data of the root, the captured
+        questions, in the same place (:func:`chatchat_policybert.feedback.store.open_store`)."""
+
     def check_tune_rights(self, root: Path, kb: str) -> None:
         """Before a ``tune`` does any work: an InputError where the root cannot read ``kb``'s stored vectors (the
         query-side tune reads them and writes nothing to the store)."""

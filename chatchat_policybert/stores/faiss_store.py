@@ -209,6 +209,10 @@ class FaissStore:
     def staging(self, kb_name: str, embed_model: str) -> FaissStaging:
         return FaissStaging(kb_name, embed_model)
 
+    def database_uri(self, root: Path) -> None:
+        """None: FAISS keeps its indexes in files under the root."""
+        return None
+
     def stored_vectors(self, root: Path, kb: str) -> int:
         """Every embed model's index of the knowledge base."""
         return sum(index_size(index.parent) for index in faiss_indexes(root, kb))

@@ -137,6 +137,15 @@ class PgStore:
     def staging(self, kb_name: str, embed_model: str) -> PgStaging:
         return PgStaging(kb_name, kb_name + STAGING_SUFFIX)
 
+    def database_uri(self, root: Path) -> str:
+        uri = _uri(root)
+        if not uri:
+            raise InputError(
+                "DEFAULT_VS_TYPE is pg but kbs_config.pg.connection_uri is not set: "
+                "`chatchat-policybert setup --vs pg --pg-uri URI`"
+            )
+        return uri
+
     def stored_vectors(self, root: Path, kb: str) -> int:
         """The collection the root's URI reaches."""
         return collection_size(_uri(root), kb) or 0

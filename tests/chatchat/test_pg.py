@@ -539,3 +539,40 @@ def test_rag_chat_api_answers_from_the_pg_collection(pg_api: str, cluster: PgClu
     assert answer == REPLY
     passages = [doc.split("\n\n", 1)[1].strip() for doc in docs]
     assert passages and all(passage in stored for passage in passages), docs[:2]
+
+
+def test_capture_on_a_pg_root_is_kept_in_the_databases_feedback_schema(pg_api: str, pg_root: Root, cluster: PgCluster):
+    """Issue 49 on pg: with `setup --capture on`, the API's capture and `POST /policybert/feedback` write the
+    plugin's schema of the knowledge base's database (no SQLite file), and `feedback list` reads it there."""
+    from chatchat_policybert.feedback.http import CAPTURE_HEADER
+    from chatchat_policybert.feedback.pg_store import SCHEMA
+
+    def cli(*args: str) -> subprocess.CompletedProcess:
+        return run([str(BIN / "chatchat-policybert"), *args, "--root", str(pg_root.path)], pg_root.env)
+
+    on = cli("setup", "--capture", "on", "--no-check")
+    assert on.returncode == 0 and f"schema {SCHEMA} of PostgreSQL" in on.stdout, on.stdout + on.stderr
+    try:
+        body = {"query": "数据要素市场化配置", "knowledge_base_name": KB_NAME, "top_k": TOP_K, "score_threshold": 0.0}
+        response = requests.post(f"{pg_api}/knowledge_base/search_docs", json=body, timeout=120)
+        assert response.status_code == 200 and response.json(), response.text[:500]
+        capture_id = response.headers[CAPTURE_HEADER]
+        marked = requests.post(
+            f"{pg_api}/policybert/feedback",
+            json={"capture_id": capture_id, "rank": 1, "verdict": "answered", "session": "pg"},
+            timeout=30,
+        )
+        assert marked.status_code == 200, marked.text
+        listed = cli("feedback", "list", "--kb", KB_NAME, "--json")
+        (row,) = [c for c in json.loads(listed.stdout) if c["id"] == capture_id]
+        assert len(row["hits"]) == len(response.json()) and row["feedback"][0]["rank"] == 1
+        with sqlalchemy.create_engine(cluster.uri).connect() as db:
+            stored = db.execute(
+                sqlalchemy.text(f"SELECT question FROM {SCHEMA}.captures WHERE id = :i"), {"i": capture_id}
+            )
+            assert stored.scalar() == "数据要素市场化配置"
+        sqlite = pg_root.path / "policybert_feedback" / "feedback.sqlite3"  # the copied root's own, if any
+        assert not sqlite.exists() or capture_id.encode() not in sqlite.read_bytes()
+    finally:
+        off, purged = cli("setup", "--capture", "off", "--no-check"), cli("feedback", "purge", "--all")
+        assert off.returncode == 0 and purged.returncode == 0, off.stderr + purged.stderr
