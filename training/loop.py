@@ -353,7 +353,9 @@ def train(model: nn.Module, task: Task, cfg: TrainConfig, inputs: object | None 
                 # mid-run weights as the start.
                 with evaluating(model, precision):
                     state["history"].append({"epoch": 0, "step": 0, "held_out": task.evaluate(model)})
-                tqdm.write(f"start: held out {state['history'][0]['held_out']}")
+                start = state["history"][0]["held_out"]
+                if start:  # a task that scores nothing per epoch (the query side) prints no empty score
+                    tqdm.write(f"start: held out {start}")
                 with ctrl_c.held_back():
                     write_json(state["history"], cfg.out / METRICS)
             bar = tqdm(total=total_steps, initial=state["step"], desc="training", unit="step", disable=not main)
@@ -408,9 +410,8 @@ def train(model: nn.Module, task: Task, cfg: TrainConfig, inputs: object | None 
                     if main:
                         with evaluating(model, precision):
                             record["held_out"] = task.evaluate(model)
-                        tqdm.write(
-                            f"epoch {record['epoch']}: train loss {record['train_loss']}, held out {record['held_out']}"
-                        )
+                        held_out = f", held out {record['held_out']}" if record["held_out"] else ""
+                        tqdm.write(f"epoch {record['epoch']}: train loss {record['train_loss']}{held_out}")
                     state["history"].append(record)
                     state["loss_sum"] = 0.0
                     if main:

@@ -107,6 +107,23 @@ def train_query(
     return vectors, model_dir if save else None
 
 
+def start_vectors(run: Run, texts: Sequence[str], out: Path) -> np.ndarray:
+    """The vectors the served model's query tower (its document tower where it has none) gives ``texts``, computed as
+    each fold tower's are (:func:`training.query_side.embed_questions`), in ``OUT/vectors.npy``: the gate's "before"
+    ranks with them through the same cross-fitted procedure as "after" (issue 52 B12)."""
+    from chatchat_policybert.model.loading import load_policybert
+
+    vectors_file = out / "vectors.npy"
+    if vectors_file.is_file():
+        return np.load(vectors_file)
+    model, tokenizer = load_policybert(run.start, tower="query")
+    vectors = embed_questions(model, tokenizer, list(texts), query_config(out, "cpu", run.args.query_args).max_length)
+    out.mkdir(parents=True, exist_ok=True)
+    with atomic_path(vectors_file) as tmp, open(tmp, "wb") as handle:
+        np.save(handle, vectors)
+    return vectors
+
+
 COPIED_RUN = 12
 """An LLM question sharing a run of this many characters with its chunk is dropped: a sentence of the chunk asked back
 (inverse cloze in disguise). Measured on the shipped training questions (written as users would ask): the longest

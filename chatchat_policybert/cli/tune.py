@@ -15,19 +15,23 @@ found there, so a killed or failed run continues where it stopped; the training 
 
 1. ``questions`` — the ``--questions`` files (and with ``--llm`` the LLM's questions per chunk, those copying 12
    characters of their chunk dropped) with each question's gold chunks among the stored vectors, split into 5 folds
-   by document.
+   by document (a text repeated on several documents: all of them in one fold).
 2. ``folds`` — per fold, a query tower trained from the served model on the other four folds' questions (150 steps
    of 32 questions, merged back halfway toward the served model; ``--query-args`` overrides the recipe), and each
    held-out question's vector by it.
 3. ``train`` — the query tower trained on every question: what is installed if the gate passes.
-4. ``gate`` — before: Chatchat's ``search_docs`` as deployed; after: each question ranked by the plugin's ensemble
-   with the tower of its held-out fold (never one that trained on its document). Installs when the paired 95 %
-   bootstrap interval of MRR@10 (after − before) lies above 0; otherwise it says about how many questions would
-   decide it. The hybrid weights and threshold installed are calibrated on the held-out vector lists.
+4. ``gate`` — after: each question ranked by the plugin's ensemble with the tower of its held-out fold (never one
+   that trained on its document) at the weights and threshold chosen on that fold's training questions; before:
+   the same with the served query tower (after − before: the tuned tower's own effect, Δ 0 for a tower equal to
+   its start). Installs when the paired 95 % bootstrap interval of MRR@10 of after against Chatchat's
+   ``search_docs`` as deployed lies above 0 and the tower's own effect is not below 0 beyond noise; otherwise it
+   says why, or about how many questions would decide it. The hybrid weights and threshold installed are
+   calibrated on the held-out vector lists.
 5. ``install`` — the previous settings and vectors kept in ``OUT/previous`` (what ``rollback`` restores), the
    two-tower directory (the served weights plus ``query_tower.safetensors``) copied to
    ``ROOT/models/policybert-KB-query-KEY``, ``model_settings.yaml`` and ``kb_settings.yaml`` pointed at it with the
-   calibrated hybrid, and every stored vector checked unchanged. Then restart Chatchat so that the API and WebUI
+   calibrated hybrid (both settings files through a journal in the run folder: a killed install is finished by
+   the same command), and every stored vector checked unchanged. Then restart Chatchat so that the API and WebUI
    load it: ``CHATCHAT_ROOT=ROOT chatchat start -a``.
 6. ``report`` — ``OUT/report.md``: the gate's table, each fold's setting, the calibration, time and memory per step.
 
@@ -40,9 +44,11 @@ the six trainings, peak RSS 2.6 GB (measured 2026-11-27: docs/deployment.md, "Qu
 disk per installed model (its query tower; the served weights are linked where the file system allows). A GPU
 (``--device cuda``) is faster.
 
-Before step 1 every input is checked (the KB name, ``--questions`` against the KB's documents, ``--query-args``, on
-pg the right to read the collection), and the knowledge base's tune lock is taken: a second ``tune`` or a
-``rollback`` of the same knowledge base is refused while one runs.
+Before step 1 every input is checked (the KB name, ``--questions`` against the KB's documents, on at least 5 of
+them, each file once; ``--query-args``, where ``--out``, ``--device`` and ``--seed`` are tune's own; ``--device``;
+``--out``; ``--llm`` answering; the served query tower's record; on pg the right to read the collection), and the
+knowledge base's tune lock is taken: a second ``tune`` or a ``rollback`` of the same knowledge base is refused while
+one runs. An unfinished run folder begun from a model the root no longer serves starts over from the served one.
 
 Exit status: 0 installed, 1 refused by the gate (the deployment unchanged), 2 a bad input, 130 interrupted.
 """

@@ -153,7 +153,8 @@ def diagnose(root: Path, load_model: bool) -> list[Finding]:
                 f"CHUNK_SIZE {chunk} + [CLS]/[SEP] exceeds max_length {local.config.max_length}: long chunks get cut",
             )
         if load_model:
-            findings.extend(_check_model(local, root))
+            embed_model = str(model_settings.get("DEFAULT_EMBEDDING_MODEL", ""))
+            findings.extend(_check_model(local, root, settings, embed_model))
 
     store = settings.vs_type
     if store not in STORES:
@@ -186,9 +187,8 @@ def diagnose(root: Path, load_model: bool) -> list[Finding]:
 def _check_capture(root: Path) -> list[Finding]:
     """Whether the API records its users' questions (``setup --capture``), where, for how long, and what the store
     holds; its file is opened only by its owner (another user gets the store's own one-line refusal)."""
-    from chatchat_policybert.chatchat.root import feedback_db
     from chatchat_policybert.feedback.settings import read_capture
-    from chatchat_policybert.feedback.store import FeedbackStore, StoreError
+    from chatchat_policybert.feedback.store import open_store, store_location
 
     try:
         capture = read_capture(root)
@@ -202,14 +202,15 @@ def _check_capture(root: Path) -> list[Finding]:
         "which source answered)"
     )
     try:
-        store = FeedbackStore.open(root, create=False)
-    except StoreError as exc:
+        location = store_location(root)
+        store = open_store(root, create=False)
+    except InputError as exc:  # the store's own refusal, or the settings that say where it is
         return [Finding("OK", state), Finding("WARN", f"feedback store: {exc}")]
     if store is None:
-        return [Finding("OK", f"{state}; nothing recorded yet ({feedback_db(root)})")]
+        return [Finding("OK", f"{state}; nothing recorded yet ({location})")]
     with store:
         total, marked = store.counts()
-    return [Finding("OK", f"{state}; {feedback_db(root)} holds {total} question(s), {marked} with feedback")]
+    return [Finding("OK", f"{state}; {location} holds {total} question(s), {marked} with feedback")]
 
 
 def compute_dtype(dtype: str, device: str) -> str:
@@ -253,9 +254,10 @@ def _check_hybrid(platform: dict[str, Any], threshold: float, store: str, root: 
     return findings, analyzer
 
 
-def _check_model(local: Any, root: Path) -> list[Finding]:
+def _check_model(local: Any, root: Path, settings: Any, embed_model: str) -> list[Finding]:
     """The served model loads as Chatchat loads it and embeds a question, and check-model's check of its directory, on
-    the towers just loaded where the configured class is PolicyBERT's (one load, not two: issue 43 item 11)."""
+    the towers just loaded where the configured class is PolicyBERT's (one load, not two: issue 43 item 11); then
+    whether it made the default knowledge base's stored vectors (:func:`_check_stored_vectors`)."""
     from chatchat_policybert.chatchat.registry import load_embeddings
     from chatchat_policybert.model.embeddings import PolicyBertEmbeddings
     from chatchat_policybert.model.loading import check_model_dir
@@ -275,6 +277,36 @@ def _check_model(local: Any, root: Path) -> list[Finding]:
         Finding(level, f"model {path} loads: dimension {len(vector)}, query vector norm {norm:.4f}"),
         # check-model's check: its files belong together, or say it cannot tell
         Finding(*check_model_dir(path, loaded=loaded)),
+        *_check_stored_vectors(embeddings, root, settings, embed_model, path),
+    ]
+
+
+def _check_stored_vectors(embeddings: Any, root: Path, settings: Any, embed_model: str, path: Path) -> list[Finding]:
+    """ERROR where the served model did not make the default knowledge base's stored vectors (issue 52 SS1): one
+    stored chunk embedded again must give its stored vector back (cosine above 0.999, the search's own check of an
+    index), or every question is compared with vectors another model made. Nothing where the store or the knowledge
+    base is missing or does not read: the store's checks below report that."""
+    import numpy as np
+
+    kb = settings.default_kb
+    try:
+        stored = get_store(settings.vs_type).vectors(root, kb, embed_model) if settings.vs_type in STORES else None
+    except Exception:  # an unreachable database, a damaged index: reported by the store's own checks
+        return []
+    if not stored:
+        return []
+    text, vector = stored[0]
+    fresh = np.asarray(embeddings.embed_documents([text])[0], dtype=np.float32)
+    saved = np.frombuffer(vector, dtype=np.float32)
+    cosine = float(fresh @ saved / (np.linalg.norm(fresh) * np.linalg.norm(saved)))
+    if cosine > 0.999:
+        return [Finding("OK", f"knowledge base '{kb}': its stored vectors were made by the served model")]
+    return [
+        Finding(
+            "ERROR",
+            f"knowledge base '{kb}': its vectors were not made by the served model {path} (cosine {cosine:.3f}): "
+            f"serve the model that made them, or `chatchat kb -r -n {kb}` re-embeds them with this one",
+        )
     ]
 
 

@@ -316,9 +316,12 @@ def write_calibration(root: Path, calibration: Calibration) -> None:
     write_setting(root, calibration.chosen, calibration.analyzer, calibration_record(calibration))
 
 
-def write_setting(root: Path, chosen: Setting, analyzer: str, record: dict, model_path: str | None = None) -> None:
+def write_setting(
+    root: Path, chosen: Setting, analyzer: str, record: dict, model_path: str | None = None, into: Path | None = None
+) -> None:
     """The ``hybrid`` block (``chosen``'s weights and threshold, ``analyzer``, the calibration ``record``), its
-    SCORE_THRESHOLD and, with ``model_path``, the served model, in one write of the root's settings."""
+    SCORE_THRESHOLD and, with ``model_path``, the served model, in one write of the root's settings (with ``into``:
+    the root's settings so changed, written into that folder instead: ``tune``'s install journal)."""
     hybrid = HybridConfig(
         bm25_weight=chosen.bm25_weight,
         dense_weight=chosen.dense_weight,
@@ -327,11 +330,16 @@ def write_setting(root: Path, chosen: Setting, analyzer: str, record: dict, mode
         analyzer_stopwords=(configured_hybrid(root) or HybridConfig()).analyzer_stopwords,
         calibration=record,
     )
-    update_settings(root, hybrid=hybrid, threshold=chosen.threshold, model_path=model_path)
+    update_settings(root, hybrid=hybrid, threshold=chosen.threshold, model_path=model_path, into=into)
 
 
 def update_settings(
-    root: Path, *, hybrid: HybridConfig | None = None, threshold: float | None = None, model_path: str | None = None
+    root: Path,
+    *,
+    hybrid: HybridConfig | None = None,
+    threshold: float | None = None,
+    model_path: str | None = None,
+    into: Path | None = None,
 ) -> None:
     """Sets the served platform's ``hybrid`` block and ``local_embeddings.model_path``, and SCORE_THRESHOLD, through the
     one writer of the root's settings (:class:`~chatchat_policybert.chatchat.config.SettingsDocs`: comments kept,
@@ -344,7 +352,7 @@ def update_settings(
         platform[PLATFORM_KEY]["model_path"] = model_path
     if threshold is not None:
         docs.kb["SCORE_THRESHOLD"] = threshold
-    docs.write()
+    docs.write(into)
 
 
 def check_calibration_inputs(root: Path, kb: str, questions: Path, corpus: Path | None = None) -> None:

@@ -166,15 +166,18 @@ def crossfit_run(
     threshold: float,
     store: str,
     judged: int,
+    tower: str = "fold",
 ) -> tuple[RunResult, list[str]]:
     """The "after" column on the first ``judged`` questions: each ranked by the plugin's ensemble with the vector list
     of the fold tower that never saw it, at the setting chosen on that fold's training questions (``fold_vectors[f]``:
-    every question's vector by fold f's tower). Returns the scored run and each fold's chosen setting."""
+    every question's vector by fold f's tower; ``tower`` names them in the candidates' cache). Returns the scored run
+    and each fold's chosen setting. The gate's "before" is the same procedure with the served tower's vectors in every
+    fold (issue 52 B12: like with like)."""
     texts = [q.text for q in queries]
     records: dict[int, dict] = {}  # by the question's position: texts repeat (the same question on two documents)
     chosen: list[str] = []
     for fold, vectors in enumerate(fold_vectors):
-        candidates.tower, candidates.query_vectors = f"fold-{fold}", dict(zip(texts, vectors, strict=True))
+        candidates.tower, candidates.query_vectors = f"{tower}-{fold}", dict(zip(texts, vectors, strict=True))
         trained = [q for q, f in zip(queries, folds, strict=True) if f != fold]
         held_out = [i for i, f in enumerate(folds[:judged]) if f == fold]
         relevances = [score for q in trained for _, score in candidates.get(q.text)[1]]

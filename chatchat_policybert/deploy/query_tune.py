@@ -8,15 +8,17 @@ Steps, each resumable in the run folder (``ROOT/policybert_tune/KB``):
 2. ``folds`` — per fold, a query tower trained from the served model on the other folds' questions
    (``training.query_side``), and every question's vector by it.
 3. ``train`` — the query tower trained on every question: the model installed if the gate passes.
-4. ``gate`` — before: Chatchat's ``search_docs`` as deployed; after: each question ranked by the plugin's ensemble
-   with its held-out fold's tower, at the setting chosen on that fold's training questions
-   (:mod:`chatchat_policybert.deploy.crossfit`); install when the paired 95 % interval of MRR@10 lies above 0.
-   The hybrid to install is calibrated on the held-out lists of every question. Where the deployment already
-   serves a query tower a tune installed, "before" is never scored by it on questions it trained on
-   (:func:`out_of_sample_before`).
+4. ``gate`` — after: each question ranked by the plugin's ensemble with its held-out fold's tower, at the setting
+   chosen on that fold's training questions (:mod:`chatchat_policybert.deploy.crossfit`); before: the same with the
+   served query tower (the tower's own effect); beside them Chatchat's ``search_docs`` as deployed. Install when the
+   paired 95 % interval of MRR@10 of after against ``search_docs`` lies above 0 and the tower's own effect is not
+   below 0 beyond noise (:func:`query_gate`). The hybrid to install is calibrated on the held-out lists of every
+   question. Where the deployment already serves a query tower a tune installed, no question is scored by it on
+   questions it trained on (:func:`out_of_sample_before`).
 5. ``install`` — the previous deployment kept (what ``rollback`` restores), the two-tower directory copied into
-   ``ROOT/models/``, the settings pointed at it with the calibrated hybrid; the stored vectors are checked
-   byte-identical before and after (the document tower is the deployed one, byte for byte).
+   ``ROOT/models/`` (its document tower checked to be the one that made the stored vectors), the settings pointed
+   at it with the calibrated hybrid through a journal (:data:`~.rollback.PENDING`: both files change as one, a
+   killed install is finished by the next tune); the stored vectors are checked unchanged.
 6. ``report`` — ``OUT/report.md``.
 """
 
@@ -48,16 +50,17 @@ from chatchat_policybert.deploy.rollback import (
     BACKUP_DIR,
     INSTALL_STARTED,
     INSTALLED,
+    PENDING,
     ROLLED_BACK,
+    finish_pending,
     kb_vectors,
-    restore_settings,
     save_backup,
 )
-from chatchat_policybert.deploy.run import Run, digest, now
+from chatchat_policybert.deploy.run import Run, digest, kill_point, model_manifest, now
 from chatchat_policybert.errors import InputError
 from chatchat_policybert.evaluation.scoring import MRR_K, RunResult, compare_runs, summarised
 from chatchat_policybert.files import atomic_path, read_json, write_json
-from chatchat_policybert.model.loading import has_query_tower
+from chatchat_policybert.model.loading import WEIGHT_FILES, has_query_tower
 from chatchat_policybert.retrieval.hybrid import configured_hybrid
 
 GATE = "query_gate.json"
@@ -89,6 +92,9 @@ class QueryTrainer(Protocol):
         """A query tower trained on ``questions``: the vectors it gives ``embed``, and with ``save`` its two-tower
         directory; re-used from ``out`` when done there."""
 
+    def start_vectors(self, run: Run, texts: list[str], out: Path) -> np.ndarray:
+        """The served query tower's vectors of ``texts``, computed as a fold tower's are; re-used from ``out``."""
+
 
 def run_query_tune(run: Run, trainer: QueryTrainer) -> int:
     """The six steps (module docstring). Exit 0 installed, 1 refused by the gate."""
@@ -117,6 +123,7 @@ def run_query_tune(run: Run, trainer: QueryTrainer) -> int:
     out = run.out / "query" / key
     texts = [q.text for q in queries]
     with run.step("folds"):
+        served_vectors = trainer.start_vectors(run, texts, out / "start")
         fold_vectors = []
         for fold in range(FOLDS):
             trained = [i for i, f in enumerate(folds) if f != fold]
@@ -126,7 +133,7 @@ def run_query_tune(run: Run, trainer: QueryTrainer) -> int:
     with run.step("train"):
         _, model_dir = trainer.train_query(run, bank, out / "final", texts, save=True)
     with run.step("gate"):
-        gate = query_gate(run, key, queries, chunks, folds, fold_vectors, judged, stored)
+        gate = query_gate(run, key, queries, chunks, folds, fold_vectors, served_vectors, judged, stored)
     print("\n".join(gate["lines"]), flush=True)
     if gate["install"]:
         with run.step("install"):
@@ -139,16 +146,39 @@ def run_query_tune(run: Run, trainer: QueryTrainer) -> int:
 
 
 def query_gate(
-    run: Run, key: str, queries: list, chunks: list, folds: list[int], fold_vectors: list, judged: int, stored: str
+    run: Run,
+    key: str,
+    queries: list,
+    chunks: list,
+    folds: list[int],
+    fold_vectors: list,
+    served_vectors: np.ndarray,
+    judged: int,
+    stored: str,
 ) -> dict[str, Any]:
-    """Before (``search_docs`` as deployed, out of sample: :func:`out_of_sample_before`) against after (cross-fitted)
-    on the first ``judged`` questions (the user's where there are any, else the LLM's), the decision, and the hybrid
-    to install (calibrated on all of them). ``stored``: a digest of the stored chunk vectors the questions rank."""
+    """Before, after and Chatchat's ``search_docs`` as deployed on the first ``judged`` questions (the user's where
+    there are any, else the LLM's), the decision, and the hybrid to install (calibrated on all of them). ``stored``:
+    a digest of the stored chunk vectors the questions rank.
+
+    After: each question ranked with its held-out fold tower's vector, at the setting chosen on that fold's training
+    questions. Before: the same procedure with the served query tower's vector (``served_vectors``) in every fold
+    (issue 52 B12: like with like), so after − before is the tuned tower's own effect, Δ 0 exactly for a tower equal
+    to its start; where the served tower trained on a question, "before" is its held-out record instead
+    (:func:`out_of_sample_before`).
+
+    What decides: after against ``search_docs`` as deployed, paired 95 % interval of MRR@10 above 0, because the
+    install changes both the tower and the hybrid and users get both (each judged out of sample: the per-fold
+    setting is chosen on training questions only); and the tower's own effect must not be below 0 beyond noise, so
+    that a worse tower is never carried in by a better calibration (``setup --calibrate`` gives that alone). The
+    per-fold recalibration moves "after" either way against the deployment's calibration (up against a poor one,
+    down against one chosen on more questions): the tower's column says how much of a decision is the tower's."""
     path = run.out / GATE
     deployment = digest([(run.root / name).read_bytes().decode() for name in SETTINGS_FILES])
     if path.is_file():
         gate = read_json(path)
-        if gate.get("key") == key and gate.get("deployment") == deployment:
+        begun = key in (run.record(INSTALL_STARTED).get("candidate"), run.record(INSTALLED).get("candidate"))
+        if gate.get("key") == key and (gate.get("deployment") == deployment or (begun and gate.get("install"))):
+            # Once its install began, the deployment is the gate's own doing: never judged again (issue 52 K2)
             print(f"gate: decided already on the same questions and deployment ({path})")
             return gate
     logs = run.out / "logs"
@@ -157,15 +187,18 @@ def query_gate(
     with Candidates(run.root, run.kb, chunks, logs / "gate_candidates.log") as candidates:
         settings = kb_settings(run.root)
         candidates.analyzer = analyzer
-        after, fold_settings = crossfit_run(
-            candidates, queries, chunks, folds, fold_vectors, settings.score_threshold, settings.vs_type, judged
+        threshold, store = settings.score_threshold, settings.vs_type
+        after, fold_settings = crossfit_run(candidates, queries, chunks, folds, fold_vectors, threshold, store, judged)
+        served_run, served_settings = crossfit_run(
+            candidates, queries, chunks, folds, [served_vectors] * FOLDS, threshold, store, judged, tower="served"
         )
         calibration = crossfit_calibration(candidates, queries, chunks, folds, fold_vectors, run.root, analyzer)
         top_k = candidates.top_k
     calibration.source, calibration.kb = "cross-fitted held-out questions", run.kb
+    by_id = {record["id"]: record for record in served_run.queries}
 
     def served(asked: list) -> RunResult:
-        return deployed(run.root, run.kb, "before", asked, chunks, top_k, logs / "gate_before.log")
+        return summarised("before", [by_id[q.qid] for q in asked])
 
     tower_record = {
         "documents": sorted({g for q in queries for g, gain in q.gains.items() if gain > 0}),
@@ -175,14 +208,23 @@ def query_gate(
         ],
         "stored": stored,
     }
+
+    def searched(asked: list) -> RunResult:
+        return deployed(run.root, run.kb, "deployed", asked, chunks, top_k, logs / "gate_before.log")
+
     before, kept, source = out_of_sample_before(run, queries[:judged], served, stored)
-    deltas, install, needed = [], False, None
+    deltas, overall, install, needed = [], [], False, None
+    deployed_run = None
     if kept:
         after = summarised(after.name, [after.queries[i] for i in kept])
+        # search_docs as deployed, out of sample too: the served tower's own questions keep their held-out record
+        deployed_run, _, _ = out_of_sample_before(run, queries[:judged], searched, stored)
         deltas = compare_runs(after, before)
-        mrr = next(d for d in deltas if d.metric == f"MRR@{MRR_K}")
-        install = mrr.low > 0
-        needed = questions_needed(mrr, mrr_scores(after), mrr_scores(before))
+        overall = compare_runs(after, deployed_run)
+        tower = next(d for d in deltas if d.metric == f"MRR@{MRR_K}")
+        mrr = next(d for d in overall if d.metric == f"MRR@{MRR_K}")
+        install = mrr.low > 0 and tower.high >= 0
+        needed = questions_needed(mrr, mrr_scores(after), mrr_scores(deployed_run))
     if install:
         reason = ""
     elif not kept:
@@ -191,16 +233,29 @@ def query_gate(
             f"trained on, with no held-out score of it); `chatchat-policybert rollback --kb {run.kb}` serves the "
             "tower before it again, and a tune then compares with that"
         )
+    elif tower.high < 0:
+        reason = (
+            f"the tuned query tower ranks worse than the served one on questions it never trained on, at the same "
+            f"calibration: MRR@{MRR_K} {tower.baseline:.4f} → {tower.candidate:.4f} ({tower.delta:+.4f}, 95% CI "
+            f"[{tower.low:+.4f}, {tower.high:+.4f}])"
+        )
+        if mrr.low > 0:
+            reason += (
+                f"; the hybrid recalibrated on these questions would lift search_docs as deployed by {mrr.delta:+.4f} "
+                f"(95% CI [{mrr.low:+.4f}, {mrr.high:+.4f}]): `chatchat-policybert setup --root {run.root} "
+                "--calibrate YOUR_QUESTIONS.jsonl` installs such a calibration without the tower"
+            )
     elif needed is None:
         reason = (
-            f"the tuned query tower is not better on questions it never trained on: MRR@{MRR_K} {mrr.baseline:.4f} → "
-            f"{mrr.candidate:.4f} ({mrr.delta:+.4f}, 95% CI [{mrr.low:+.4f}, {mrr.high:+.4f}])"
+            f"the tuned deployment is not better on questions it never trained on: search_docs MRR@{MRR_K} "
+            f"{mrr.baseline:.4f} → {mrr.candidate:.4f} ({mrr.delta:+.4f}, 95% CI [{mrr.low:+.4f}, {mrr.high:+.4f}]; "
+            f"the tower's own effect {tower.delta:+.4f} [{tower.low:+.4f}, {tower.high:+.4f}])"
         )
     else:
         reason = (
-            f"too few questions to decide: MRR@{MRR_K} {mrr.baseline:.4f} → {mrr.candidate:.4f} ({mrr.delta:+.4f}, "
-            f"95% CI [{mrr.low:+.4f}, {mrr.high:+.4f}] includes 0); at this effect about {needed} questions "
-            f"({needed - len(kept)} more) would decide it"
+            f"too few questions to decide: search_docs MRR@{MRR_K} {mrr.baseline:.4f} → {mrr.candidate:.4f} "
+            f"({mrr.delta:+.4f}, 95% CI [{mrr.low:+.4f}, {mrr.high:+.4f}] includes 0); at this effect about {needed} "
+            f"questions ({needed - len(kept)} more) would decide it"
         )
     calibration_file = run.out / "query" / key / "calibration.json"
     write_json(
@@ -211,16 +266,19 @@ def query_gate(
         },
         calibration_file,
     )
+    deployed_metrics = deployed_run.metrics if deployed_run is not None else {}
     lines = [
         f"gate: {len(kept)} {'LLM questions' if llm_only(queries) else 'questions'}, each scored by a query tower "
-        "that never trained on its document "
-        f"({FOLDS} folds); Chatchat's search_docs, top_k {top_k}",
+        f"that never trained on its document ({FOLDS} folds), at the setting chosen on the fold's training questions "
+        f"(before: the served tower, the same way); top_k {top_k}",
         *([source] if source else []),
-        "| | before (deployed) | after (cross-fitted) | delta [95% CI] |",
-        "|---|---|---|---|",
+        "| | deployed (search_docs) | before (served tower) | after (tuned tower) | after − deployed [95% CI] "
+        "(decides) | tower's own effect, after − before [95% CI] (must not be below 0) |",
+        "|---|---|---|---|---|---|",
         *(
-            f"| {d.metric} | {d.baseline:.4f} | {d.candidate:.4f} | {d.delta:+.4f} [{d.low:+.4f}, {d.high:+.4f}] |"
-            for d in deltas
+            f"| {d.metric} | {o.baseline:.4f} | {d.baseline:.4f} | {d.candidate:.4f} | {o.delta:+.4f} [{o.low:+.4f}, "
+            f"{o.high:+.4f}] | {d.delta:+.4f} [{d.low:+.4f}, {d.high:+.4f}] |"
+            for d, o in zip(deltas, overall, strict=True)
         ),
         f"calibration to install (on the held-out vector lists): {calibration.chosen.label}",
         f"decision: {'install' if install else 'refused'}" + (f": {reason}" if reason else ""),
@@ -231,13 +289,15 @@ def query_gate(
         "install": install,
         "reason": reason,
         "deltas": [{**vars(d), "delta": d.delta} for d in deltas],
-        "rows": {"before": before.metrics, "after": after.metrics},
+        "overall": [{**vars(d), "delta": d.delta} for d in overall],
+        "rows": {"before": before.metrics, "after": after.metrics, "deployed": deployed_metrics},
         "per_question": {
             "ids": [q["id"] for q in after.queries] if kept else [],
             "before": mrr_scores(before) if kept else [],
             "after": mrr_scores(after) if kept else [],
         },
         "fold_settings": fold_settings,
+        "served_fold_settings": served_settings,
         "folds": folds,
         "calibration_file": str(calibration_file),
         "calibration_table": calibration.table(),
@@ -265,9 +325,10 @@ def out_of_sample_before(
     model and refused whatever it learnt. For the served tower's own questions "before" is their held-out record
     from the gate that installed it (scored by a fold tower that never trained on their document: the same kind
     of score as "after"), while the knowledge base's vectors are those it was judged against; questions on
-    documents it never trained on are scored as served (``served`` of them: Chatchat's ``search_docs``, asked only
-    for the questions no record answers); a new question on a document it trained on has no out-of-sample score and
-    trains without judging. A served model without a query tower is scored as served.
+    documents it never trained on are scored as served (``served`` of them, asked only for the questions no record
+    answers: the served tower through the gate's cross-fitted procedure, or Chatchat's ``search_docs``); a new
+    question on a document it trained on has no out-of-sample score and trains without judging. A served model
+    without a query tower is scored as served.
     """
     everything = list(range(len(queries)))
     _, model = served_model(run.root)
@@ -367,13 +428,46 @@ def llm_only(queries: list) -> bool:
     return all(q.qid.startswith("llm-") for q in queries)
 
 
+def installed_dir(root: Path, kb: str, key: str) -> Path:
+    """Where the install of the run keyed ``key`` puts its two-tower directory (``ROOT/models/``)."""
+    return Path(root) / "models" / f"policybert-{kb}-query-{key}"
+
+
+def check_document_tower(run: Run, model_dir: Path, embed_model: str) -> None:
+    """Refuses an install whose document tower is not the one that made the stored vectors (issue 52 SS1): its weight
+    files byte for byte the start's (what the run recorded from the model the root served), and one stored chunk
+    embedded by it giving its stored vector back (cosine above 0.999, the search's own check of an index)."""
+    from chatchat_policybert.model.embeddings import PolicyBertEmbeddings
+
+    ours = model_manifest(model_dir)
+    changed = [
+        name
+        for name in WEIGHT_FILES
+        if name in run.state["start_files"] and ours.get(name) != run.state["start_files"][name]
+    ]
+    if changed:
+        raise InputError(
+            f"install refused: the document tower of {model_dir} ({', '.join(changed)}) is not the start "
+            f"{run.start}'s; delete the run folder's query/ and tune again"
+        )
+    text, stored = kb_vectors(run.root, run.kb, embed_model)[0]
+    fresh = np.asarray(PolicyBertEmbeddings(model_dir).embed_documents([text])[0], dtype=np.float32)
+    vector = np.frombuffer(stored, dtype=np.float32)
+    cosine = float(fresh @ vector / (np.linalg.norm(fresh) * np.linalg.norm(vector)))
+    if cosine <= 0.999:
+        raise InputError(
+            f"install refused: the stored vectors of {run.kb} were not made by {run.start} (cosine {cosine:.3f}): "
+            f"`chatchat kb -r -n {run.kb}` re-embeds them with the served model, then tune again; nothing changed"
+        )
+
+
 def install_query_tower(run: Run, key: str, model_dir: Path | None, gate: dict[str, Any]) -> None:
     """Keeps the previous deployment (``OUT/previous``), copies the two-tower directory into ``ROOT/models/``, points
     the settings at it with the calibrated hybrid, checks that not one stored vector changed, and records what the
     tower trained on and its held-out scores (:data:`TOWER_RECORDS`)."""
     if model_dir is None or not (model_dir / "config.json").is_file():
         raise InputError(f"the trained query tower is missing from {run.out / 'query' / key}; run tune again")
-    installed = run.root / "models" / f"policybert-{run.kb}-query-{key}"
+    installed = installed_dir(run.root, run.kb, key)
     embed_model, served = served_model(run.root)
     if run.record(INSTALLED).get("candidate") == key and served == installed:
         print(f"install: done already ({installed} serves {run.kb})")
@@ -385,34 +479,37 @@ def install_query_tower(run: Run, key: str, model_dir: Path | None, gate: dict[s
             "it again",
             flush=True,
         )
+    check_document_tower(run, model_dir, embed_model)
     vectors_before = kb_vectors(run.root, run.kb, embed_model)
     backup = run.out / BACKUP_DIR
     if run.record(INSTALL_STARTED).get("candidate") != key:
         save_backup(run.root, run.kb, backup)
         write_json({"candidate": key}, run.out / INSTALL_STARTED)
+    kill_point("backup saved")
     if not (installed / "config.json").is_file():
         with atomic_path(installed) as tmp:
             shutil.copytree(model_dir, tmp)
+    kill_point("model copied")
     write_json(gate["tower_record"], run.out / TOWER_RECORDS / f"{installed.name}.json")
     chosen = read_json(Path(gate["calibration_file"]))
-    try:
+    if kb_vectors(run.root, run.kb, embed_model) != vectors_before:
+        raise InputError(
+            f"install refused: the stored vectors of {run.kb} changed during the install (a `kb -r`?); the settings "
+            "are unchanged, tune again once it ends"
+        )
+    with atomic_path(run.out / PENDING) as journal:  # both settings files, then installed.json: one rename
+        journal.mkdir()
         write_setting(
             run.root,
             Setting(**chosen["chosen"]),
             chosen["analyzer"],
             chosen["record"],
             model_path=str(installed.relative_to(run.root)),
+            into=journal,
         )
-    except Exception:
-        restore_settings(run.root, backup)
-        raise
-    if kb_vectors(run.root, run.kb, embed_model) != vectors_before:
-        restore_settings(run.root, backup)
-        raise InputError(
-            f"install refused: the stored vectors of {run.kb} changed during the install; settings put back"
-        )
-    write_json({"candidate": key, "model": str(installed), "at": now(), "query_side": True}, run.out / INSTALLED)
-    (run.out / ROLLED_BACK).unlink(missing_ok=True)
+        write_json({"candidate": key, "model": str(installed), "at": now(), "query_side": True}, journal / INSTALLED)
+    kill_point("journal written")
+    finish_pending(run.root, run.out)
     print(
         f"install: {installed} serves {run.kb}'s questions (query tower; the document tower and every stored vector "
         f"unchanged). Restart Chatchat so that the running API and WebUI load it: `CHATCHAT_ROOT={run.root} chatchat "
@@ -430,7 +527,10 @@ def report_text(run: Run, gate: dict[str, Any]) -> str:
         "",
         *gate["lines"],
         "",
-        "Settings chosen inside each fold on its training questions: " + "; ".join(gate["fold_settings"]),
+        "Settings chosen inside each fold on its training questions, after (tuned tower): "
+        + "; ".join(gate["fold_settings"]),
+        "",
+        "The same for before (served tower): " + "; ".join(gate.get("served_fold_settings", [])),
         "",
         "Calibration installed with the model (chosen on the cross-fitted held-out vector lists):",
         "",

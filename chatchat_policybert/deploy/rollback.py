@@ -15,7 +15,8 @@ Rollback first checks the whole backup without touching the root (:func:`check_b
 file still has the SHA-256 it was saved with, both settings files parse and name the saved model,
 the saved vectors read, and the model directory is still the same. Only then does it put the two
 settings files back. A query-side install changes no stored vector, so that is all (the stored
-vectors are the saved ones byte for byte). An install of 0.1.0, whose tune trained the document
+vectors are the saved ones byte for byte; chunks added since were embedded by the same document-tower weights, so
+they keep their vectors too: nothing is re-embedded). An install of 0.1.0, whose tune trained the document
 tower too and rebuilt the index with ``chatchat kb -r``, left other vectors: rollback rebuilds the
 knowledge base with the same transactional ``kb -r`` (so Chatchat's file rows match the index
 again) and compares the new vectors with the saved ones, chunk by chunk, byte for byte. Backups
@@ -36,15 +37,16 @@ import datetime
 import hashlib
 import os
 import pickle
+import shutil
 from pathlib import Path
 from typing import Any
 
-from chatchat_policybert.chatchat.config import MODEL_SETTINGS, copy_settings, kb_settings, served_model
+from chatchat_policybert.chatchat.config import MODEL_SETTINGS, SETTINGS_FILES, copy_settings, kb_settings, served_model
 from chatchat_policybert.chatchat.config import model_settings as read_model_settings
 from chatchat_policybert.chatchat.process import chatchat_command, run_chatchat
 from chatchat_policybert.chatchat.root import kb_root
 from chatchat_policybert.chatchat.settings import find_local_model
-from chatchat_policybert.deploy.run import model_manifest, tune_dir, tune_lock
+from chatchat_policybert.deploy.run import kill_point, model_manifest, tune_dir, tune_lock
 from chatchat_policybert.errors import InputError, SettingsError
 from chatchat_policybert.files import atomic_path, read_json, write_json
 from chatchat_policybert.stores import store_of
@@ -56,6 +58,39 @@ BACKUP_FILE = "backup.json"
 INSTALL_STARTED, INSTALLED, ROLLED_BACK = "install_started.json", "installed.json", "rolled_back.json"
 """A run folder's install state: the backup is saved for a tuned model (its ``candidate`` key); it serves; a rollback
 undid it."""
+PENDING = "install_pending"
+"""The install's journal in the run folder: both new settings files and the ``installed.json`` to write, put there
+whole (one rename) before either settings file of the root is replaced, removed once all three are written.
+
+Why: ``model_settings.yaml`` and ``kb_settings.yaml`` are two files, and no rename replaces two. A tune killed or
+interrupted between them left the new tower serving with the old threshold (issue 52 K2); with the journal, the next
+``tune`` (or ``rollback``, which drops it and restores the backup) finds the install begun and finishes it, so the
+two files change as one from the user's view."""
+
+
+def finish_pending(root: Path, run_dir: Path) -> dict[str, Any] | None:
+    """Finishes an install whose journal (:data:`PENDING`) is in ``run_dir``: both settings files from it, then
+    ``installed.json``; the journal last. Returns the install's record, None where no install was pending. Each write
+    is repeatable, so a kill during this finishes on the next call too."""
+    pending = Path(run_dir) / PENDING
+    if not (pending / INSTALLED).is_file():
+        return None
+    record = read_json(pending / INSTALLED)
+    for name in SETTINGS_FILES:  # each atomically, model settings first; the journal holds both till the end
+        with atomic_path(Path(root) / name) as tmp:
+            shutil.copy2(pending / name, tmp)
+        kill_point(f"{name} written")
+    write_json(record, Path(run_dir) / INSTALLED)
+    kill_point("installed.json written")
+    with contextlib.suppress(FileNotFoundError):
+        os.remove(Path(run_dir) / ROLLED_BACK)
+    shutil.rmtree(pending)
+    return record
+
+
+def drop_pending(run_dir: Path) -> None:
+    """Removes an install's journal (``rollback``: the install is undone, never finished later)."""
+    shutil.rmtree(Path(run_dir) / PENDING, ignore_errors=True)
 
 
 def kb_vectors(root: Path, kb: str, embed_model: str) -> list[tuple[str, bytes]] | None:
@@ -172,18 +207,46 @@ def check_backup(root: Path, backup: Path) -> dict[str, Any]:
     return info
 
 
-def restore_backup(root: Path, backup: Path) -> bool:
-    """Restores a backup (see the module docstring) once :func:`check_backup` passes; returns whether the rebuilt
-    vectors equal the saved ones byte for byte."""
+def same_document_tower(saved_files: dict[str, str], model_dir: Path) -> bool:
+    """Whether ``model_dir`` embeds documents with the weights a backup's model had (its weight files byte for byte,
+    from the backup's ``model_files``): a query-side install's two-tower directory does; 0.1.0's tuned model did not."""
+    from chatchat_policybert.model.loading import WEIGHT_FILES  # here: `rollback --help` loads no torch
+
+    now = model_manifest(model_dir)
+    weights = [name for name in WEIGHT_FILES if name in saved_files or name in now]
+    return bool(weights) and all(saved_files.get(name) == now.get(name) for name in weights)
+
+
+def restore_backup(root: Path, backup: Path) -> str:
+    """Restores a backup (see the module docstring) once :func:`check_backup` passes. Returns ``"same"`` (the stored
+    vectors are the saved ones byte for byte), ``"kept"`` (the served model embeds documents as the saved one did, so
+    every stored vector stands, chunks added since included: nothing re-embedded), or after ``kb -r``, ``"rebuilt"``
+    (byte-identical to the saved vectors) or ``"differs"``."""
     info = check_backup(root, backup)
     kb = info["kb"]
-    if kb_vectors(root, kb, info["embed_model"]) == saved_vectors(backup):
+    current = kb_vectors(root, kb, info["embed_model"])
+    saved = saved_vectors(backup)
+    if current == saved:
         # A query-side install changed no stored vector: the previous model embedded exactly these chunks, so its
-        # settings are all there is to put back (a rebuild would take minutes to write the same bytes). An install of
-        # 0.1.0 rebuilt the index with its tuned model: the rebuild below puts the previous vectors back.
+        # settings are all there is to put back (a rebuild would take minutes to write the same bytes).
         restore_settings(root, backup)
         print(f"settings put back from {backup}; the stored vectors are the saved ones byte for byte: no rebuild")
-        return True
+        return "same"
+    _, served = served_model(root)
+    if current is not None and same_document_tower(info["model_files"], served):
+        # Issue 52 RB3: a document added since the install was embedded by the same document tower the previous
+        # model has, so its vectors are what the previous model gives too; a `kb -r` would rewrite the same bytes.
+        restore_settings(root, backup)
+        known = {text for text, _ in saved}
+        added = sum(text not in known for text, _ in current)
+        gone = len(known - {text for text, _ in current})
+        print(
+            f"settings put back from {backup}; the installed model embedded documents with the previous model's "
+            f"document tower, so every stored vector stands: no rebuild ({added} chunk(s) added since the tune keep "
+            f"their vectors, {gone} removed since stay removed)"
+        )
+        return "kept"
+    # An install of 0.1.0 rebuilt the index with its tuned model: the rebuild puts the previous vectors back.
     restore_settings(root, backup)
     print(f"settings put back from {backup}; `chatchat kb -r -n {kb}` rebuilds the index", flush=True)
     log = run_chatchat(chatchat_command("kb", "-r", "-n", kb), Path(root), f"chatchat kb -r -n {kb}", progress=True)
@@ -192,7 +255,18 @@ def restore_backup(root: Path, backup: Path) -> bool:
         raise InputError(
             f"`chatchat kb -r -n {kb}` left no {store_of(root).place(root, kb, info['embed_model'])}:\n{log[-2000:]}"
         )
-    return rebuilt == saved_vectors(backup)
+    return "rebuilt" if rebuilt == saved else "differs"
+
+
+def other_served_kbs(root: Path, kb: str) -> list[str]:
+    """The root's knowledge bases other than ``kb`` with stored vectors: those that search with the settings a tune
+    installs and a rollback puts back (the root's, not one knowledge base's)."""
+    store = store_of(root)
+    return [
+        folder.name
+        for folder in sorted(kb_root(root).iterdir())
+        if folder.is_dir() and folder.name != kb and store.stored_vectors(root, folder.name) > 0
+    ]
 
 
 def mark_rolled_back(run_dir: Path) -> None:
@@ -215,11 +289,19 @@ def run_rollback(args: argparse.Namespace) -> int:
     run_dir = args.run_dir or tune_dir(args.root, kb)
     backup = run_dir / BACKUP_DIR
     with tune_lock(args.root, kb, "rollback"):
-        identical = restore_backup(args.root, backup)
+        check_backup(args.root, backup)
+        drop_pending(run_dir)  # an install a killed tune began: undone, not finished by the next tune
+        outcome = restore_backup(args.root, backup)
         mark_rolled_back(run_dir)
     print(f"OK    restored model and settings from {backup}")
-    if identical:
+    others = other_served_kbs(args.root, kb)
+    if others:  # a knowledge base added since the install: the settings are the root's (issue 52 X1)
+        print(f"NOTE  {', '.join(others)} search(es) with the root's settings too: back to those before the tune")
+    if outcome in ("same", "rebuilt"):
         print("OK    vectors byte-identical to those before the tune")
+        return 0
+    if outcome == "kept":
+        print("OK    no vector re-embedded: those of chunks added since the tune are as the previous model embeds them")
         return 0
     print(
         "WARN  vectors differ from those saved before the tune (another machine, device or dtype?): "

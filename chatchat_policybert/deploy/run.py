@@ -13,7 +13,9 @@ import datetime
 import fcntl
 import hashlib
 import json
+import os
 import resource
+import signal
 import sys
 import time
 from collections.abc import Iterator
@@ -54,6 +56,20 @@ def tune_lock(root: Path, kb: str, command: str) -> Iterator[None]:
             yield
         finally:
             fcntl.flock(handle, fcntl.LOCK_UN)
+
+
+KILL_AT = "CHATCHAT_POLICYBERT_TUNE_KILL_AT"
+"""Names a point of ``tune``'s install where the process stops itself: ``backup saved``, ``model copied``, ``journal
+written``, ``model_settings.yaml written``, ``kb_settings.yaml written``, ``installed.json written``; SIGKILL, or
+with ``:INT`` appended the SIGINT a Ctrl-C sends. For tests only (a kill between two writes of a one-second install
+cannot be timed from outside); unset, it does nothing."""
+
+
+def kill_point(name: str) -> None:
+    """Stops this process at the install's point ``name`` where :data:`KILL_AT` names it (tests of a killed install)."""
+    wanted = os.environ.get(KILL_AT, "")
+    if wanted.split(":")[0] == name:
+        os.kill(os.getpid(), signal.SIGINT if wanted.endswith(":INT") else signal.SIGKILL)
 
 
 def tune_dir(root: Path, kb: str) -> Path:

@@ -15,14 +15,15 @@ import sys
 import urllib.parse
 from pathlib import Path
 
+from chatchat_policybert.chatchat.config import served_model
 from chatchat_policybert.chatchat.root import content_dir
 from chatchat_policybert.chatchat.settings import OLLAMA_URL
 from chatchat_policybert.configure.doctor import llm_reachable
 from chatchat_policybert.deploy.crossfit import document_folds
-from chatchat_policybert.deploy.query_tune import NEEDS_QUESTIONS, check_tower_record, run_query_tune
+from chatchat_policybert.deploy.query_tune import NEEDS_QUESTIONS, check_tower_record, installed_dir, run_query_tune
 from chatchat_policybert.deploy.questions import is_pairs_file
-from chatchat_policybert.deploy.rollback import INSTALL_STARTED, INSTALLED
-from chatchat_policybert.deploy.run import STATE, Run, tune_dir, tune_lock
+from chatchat_policybert.deploy.rollback import INSTALL_STARTED, INSTALLED, finish_pending, other_served_kbs
+from chatchat_policybert.deploy.run import STATE, Run, model_manifest, tune_dir, tune_lock
 from chatchat_policybert.errors import EXIT_INTERRUPTED, InputError, Interrupted
 from chatchat_policybert.evaluation.dataset import kb_questions
 from chatchat_policybert.files import read_json, regular_file
@@ -82,6 +83,26 @@ def check_llm_url(url: str | None) -> None:
         )
 
 
+def check_only_kb(root: Path, kb: str) -> None:
+    """Refuses a tune where another knowledge base of the root has stored vectors (issue 52 X1): what a tune
+    installs is the root's, not one knowledge base's, so it would change their rankings too.
+
+    Why a refusal and not per-KB settings: Chatchat 0.3.1.3 embeds every knowledge base's questions with the model
+    its embed-model name serves (one ``local_embeddings`` platform, one directory, one query tower) and passes
+    kb_settings.yaml's SCORE_THRESHOLD to every search; the plugin's hybrid weights sit on that platform too. A per-KB
+    query tower would need a model name of its own per knowledge base, and so a vector store under that name: a
+    ``kb -r``, which the query-side tune exists to avoid."""
+    others = other_served_kbs(root, kb)
+    if others:
+        raise InputError(
+            f"tune --kb {kb}: the root also serves knowledge base(s) {', '.join(others)}, and a tune installs the "
+            "root's settings, not one knowledge base's (Chatchat reads the embed model with its query tower and the "
+            "hybrid weights from model_settings.yaml, and SCORE_THRESHOLD from kb_settings.yaml, for every knowledge "
+            f"base alike): their rankings would change too; tune {kb} in a root that serves it alone, nothing was "
+            "changed"
+        )
+
+
 def check_out(out: Path | None) -> None:
     """``--out``: a folder, or a path where one can be made (an existing file is refused, not written into)."""
     if out is not None and (out.exists() or out.is_symlink()) and not out.is_dir():
@@ -99,16 +120,22 @@ def run_tune(args: argparse.Namespace) -> int:
     check_questions(args)
     check_llm_url(args.llm)
     store_of(args.root).check_tune_rights(args.root, args.kb)  # pg: the stored vectors are readable
+    check_only_kb(args.root, args.kb)
     trainer.check_query_args(args)
     args.out = (args.out or tune_dir(args.root, args.kb)).resolve()
     check_tower_record(args.root, args.out)
     with tune_lock(args.root, args.kb, "tune"):
-        run = Run(args, restart=retired_run(args.out, args.root, args.kb))
-        print(f"tune {args.kb} in {args.root}: start model {run.start}; run folder {args.out}")
+        run = None
         try:
+            finished = finish_pending(args.root, args.out)  # a stopped install first: the gate never judges half of one
+            if finished is not None:
+                print(f"tune: finished the install a stopped tune had begun: {finished['model']} serves {args.kb}")
+            restart = retired_run(args.out, args.root, args.kb) or stale_start(args.out, args.root, args.kb)
+            run = Run(args, restart=restart)
+            print(f"tune {args.kb} in {args.root}: start model {run.start}; run folder {args.out}")
             return run_query_tune(run, trainer)
         except KeyboardInterrupt as exc:
-            print(interrupted_line(run, exc), file=sys.stderr)
+            print(interrupted_line(run, args.out, exc), file=sys.stderr)
             return EXIT_INTERRUPTED
         except OSError as exc:  # a full disk, a folder removed under it: one line, and the run folder to continue from
             raise InputError(f"tune stopped: {exc}; the same command continues from {args.out}") from None
@@ -142,10 +169,33 @@ def retired_run(out: Path, root: Path, kb: str) -> bool:
     return True
 
 
-def interrupted_line(run: Run, exc: KeyboardInterrupt) -> str:
+def stale_start(out: Path, root: Path, kb: str) -> bool:
+    """Whether ``out`` holds an unfinished tune that began from a model the root no longer serves (another path, or
+    its files changed: ``setup --model`` and ``kb -r`` since), which starts over from the served model, saying why in
+    one line (issue 52 SS1: it went on training and installed the old model's document tower). The run's own install
+    in progress (the root serving the directory it installs) is no such change: the same command finishes it."""
+    state = out / STATE
+    recorded = read_json(state) if state.is_file() else None
+    if not isinstance(recorded, dict) or recorded.get("finished") or "start" not in recorded:
+        return False
+    _, served = served_model(root)
+    started = read_json(out / INSTALL_STARTED).get("candidate") if (out / INSTALL_STARTED).is_file() else None
+    if started is not None and served == installed_dir(root, kb, started):
+        return False
+    if str(served) != recorded["start"]:
+        why = f"began from {recorded['start']}, which the root no longer serves ({served} serves now)"
+    elif model_manifest(served) != recorded.get("start_files"):
+        why = f"began from {served}, whose files have changed since"
+    else:
+        return False
+    print(f"tune: the unfinished tune in {out} {why}: starting over from the served model", flush=True)
+    return True
+
+
+def interrupted_line(run: Run | None, out: Path, exc: KeyboardInterrupt) -> str:
     """Ctrl-C's line: the step it stopped in, where its training stopped and the checkpoint it holds (a training's
     :class:`~chatchat_policybert.errors.Interrupted`), and that the same command continues (issue 43 item 11: it named
     neither). A tune resumes by itself: each step re-uses what the run folder holds, a training its checkpoint."""
-    where = f" in step {run.current}" if run.current else ""
+    where = f" in step {run.current}" if run is not None and run.current else ""
     kept = f": {exc.kept}" if isinstance(exc, Interrupted) and exc.kept else ""
-    return f"tune: interrupted{where}{kept}; the same command continues from there (run folder {run.out})"
+    return f"tune: interrupted{where}{kept}; the same command continues from there (run folder {out})"
