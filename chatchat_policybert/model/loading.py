@@ -271,6 +271,11 @@ def load_model_dir(
     path = resolve_model_dir(name_or_path)
     config, checked = read_checked_config(path, **model_kwargs)
     refuse_remote_code(path, config)
+    weights = next((path / f for f in WEIGHT_FILES if (path / f).is_file()), None)
+    if weights is None:
+        raise ModelDirError(f"{path}: no weights file (expected one of {', '.join(WEIGHT_FILES)})")
+    if weights.suffix == ".safetensors":
+        check_safetensors(weights)  # before the record's checksum: "truncated" says more than "another SHA-256"
     check_record(path, config)
     forget_record(checked)
     if model_class is not None and model_class.config_class.model_type != config["model_type"]:
@@ -278,11 +283,6 @@ def load_model_dir(
             f"{path / 'config.json'}: model_type {config['model_type']!r}, but {model_class.__name__} "
             f"needs a {model_class.config_class.model_type!r} directory"
         )
-    weights = next((path / f for f in WEIGHT_FILES if (path / f).is_file()), None)
-    if weights is None:
-        raise ModelDirError(f"{path}: no weights file (expected one of {', '.join(WEIGHT_FILES)})")
-    if weights.suffix == ".safetensors":
-        check_safetensors(weights)
     if not any((path / f).is_file() for f in TOKENIZER_FILES):
         raise ModelDirError(f"{path}: no tokenizer (expected one of {', '.join(TOKENIZER_FILES)})")
     is_policybert = config["model_type"] == "policybert" and config.get("word_vocab_size", 0) > 0

@@ -14,10 +14,12 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
+from chatchat_policybert.files import read_json, write_json
 from chatchat_policybert.model.configuration_policybert import FUSION_TYPES
 from chatchat_policybert.model.embeddings import PolicyBertEmbeddings, sentence_vectors
 from chatchat_policybert.model.loading import load_policybert
 from chatchat_policybert.model.modeling_policybert import PolicyBertModel
+from chatchat_policybert.model.tokenization_policybert import FILES_KEY, directory_record
 from tests.support.tiny_models import build_tiny_bert, build_tiny_policybert
 from training.merge_bge import main as merge_main
 
@@ -34,6 +36,14 @@ def texts(policy_documents) -> list[str]:
 def bge_dir(tmp_path_factory, texts) -> Path:
     """A bge-shaped BERT whose LayerNorms are off identity (perturbed), as bge's trained ones are."""
     return build_tiny_bert(tmp_path_factory.mktemp("bge") / "bge", texts, seed=3, perturb=True)
+
+
+def save_weights(state: dict[str, torch.Tensor], weights: Path) -> None:
+    """Write ``state`` as the directory's weights and record them as a save of the package does (config.json records
+    the SHA-256 of model.safetensors, and every loader refuses weights it does not record)."""
+    save_file(state, weights, metadata={"format": "pt"})
+    config = read_json(weights.parent / "config.json")
+    write_json({**config, FILES_KEY: directory_record(weights.parent, config)}, weights.parent / "config.json")
 
 
 def build(tmp_path: Path, bge_dir: Path, lexicon: Path, fusion: str, init: str) -> Path:
@@ -120,13 +130,13 @@ def test_scales_round_trip_and_old_directories_load_as_the_thesis(tmp_path, text
     thesis_vectors = PolicyBertEmbeddings(path).embed_documents(texts)
 
     state["fusion_scales"] = torch.tensor([0.25, -0.5])
-    save_file(state, weights, metadata={"format": "pt"})
+    save_weights(state, weights)
     model, _ = load_policybert(path)
     assert torch.equal(model.fusion_scales.detach(), torch.tensor([0.25, -0.5]))
     assert max_difference(PolicyBertEmbeddings(path).embed_documents(texts), thesis_vectors) > 1e-3
 
     del state["fusion_scales"]
-    save_file(state, weights, metadata={"format": "pt"})
+    save_weights(state, weights)
     model, _ = load_policybert(path)
     assert torch.equal(model.fusion_scales.detach(), torch.ones(2))
     assert max_difference(PolicyBertEmbeddings(path).embed_documents(texts), thesis_vectors) <= IDENTITY_TOL
@@ -148,7 +158,7 @@ def test_serving_shortcuts_obey_the_scales(tmp_path, texts, reference_lexicon, f
     weights = path / "model.safetensors"
     state = load_file(weights)
     state["fusion_scales"] = torch.tensor([0.3, -0.7])
-    save_file(state, weights, metadata={"format": "pt"})
+    save_weights(state, weights)
     served = PolicyBertEmbeddings(path).embed_documents(texts)
     model, tokenizer = load_policybert(path)
     model.train()  # every occurrence of a word runs (no merging); dropout is 0, so the values are eval's
