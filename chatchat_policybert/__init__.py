@@ -5,8 +5,9 @@ LangChain users import. It is resolved lazily (PEP 562): the start-up hook (a ``
 imports this package in every Python process, so importing it must stay light — torch and
 transformers load only when the class is first asked for.
 
-Importing it also sets ``OMP_WAIT_POLICY=PASSIVE`` where the user set nothing (:mod:`chatchat_policybert.cpu`): it
-must be in the environment before torch loads, and this import is the first thing of the package every process runs.
+Importing it also sets ``GOMP_SPINCOUNT=10000`` where the user set no OpenMP wait policy
+(:mod:`chatchat_policybert.cpu`): it must be in the environment before torch loads, and this import is the first thing
+of the package every process runs.
 """
 
 from __future__ import annotations

@@ -51,8 +51,8 @@ def hook_installed() -> Path | None:
 
 
 def cpu_sharing() -> Finding:
-    """What the plugin's processes run torch with on a CPU they share with the LLM: OpenMP's wait policy and the
-    thread counts (docs/deployment.md, "Sharing the CPU with the LLM").
+    """What the plugin's processes run torch with on a CPU they share with the LLM: how long OpenMP's waiting threads
+    spin, and the thread counts (docs/deployment.md, "Sharing the CPU with the LLM").
 
     Read from this process's environment, which is what ``chatchat start`` and ``kb -r`` inherit when started from
     the same shell or service unit: a variable set only for the service shows in its log, not here.
@@ -60,16 +60,15 @@ def cpu_sharing() -> Finding:
     import os
 
     from chatchat_policybert.chatchat.switches import API_THREADS_DEFAULT, API_THREADS_ENV
-    from chatchat_policybert.cpu import WAIT_POLICY, WAIT_POLICY_ENV, describe
+    from chatchat_policybert.cpu import describe
 
-    policy = os.environ.get(WAIT_POLICY_ENV)
+    short, how = describe()
     api = os.environ.get(API_THREADS_ENV) or f"{API_THREADS_DEFAULT} (default; {API_THREADS_ENV} sets it)"
     others = os.environ.get("OMP_NUM_THREADS") or f"{len(os.sched_getaffinity(0))}, the cores (OMP_NUM_THREADS sets it)"
-    level = "OK" if policy is not None and policy.strip().upper() == WAIT_POLICY else "WARN"
-    advice = "" if level == "OK" else "; spinning threads slow every path when the LLM shares the CPU"
+    advice = "" if short else "; threads that spin long slow every path when the LLM shares the CPU"
     return Finding(
-        level,
-        f"CPU sharing: {describe()}{advice}; torch threads: the API process {api}, "
+        "OK" if short else "WARN",
+        f"CPU sharing: {how}{advice}; torch threads: the API process {api}, "
         f"`kb -r`, workers, serve, eval and tune {others}",
     )
 

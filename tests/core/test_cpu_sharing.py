@@ -1,9 +1,8 @@
-"""OpenMP's wait policy: every interpreter of the environment starts torch with waiting threads that sleep (issue 51).
+"""OpenMP's spin count: every interpreter of the environment starts torch with waiting threads that spin briefly, then
+sleep (issue 51).
 
 The proof is libgomp's own report of what it read (``OMP_DISPLAY_ENV=verbose`` prints its settings when torch's
-library loads), in a fresh interpreter started as a user starts one: not our reading of the environment. What matters
-is how long a waiting thread spins: ``GOMP_SPINCOUNT`` 0 with PASSIVE, 300,000 as torch starts it (libgomp displays
-``OMP_WAIT_POLICY = 'PASSIVE'`` for both, so the spin count is the observable).
+library loads), in a fresh interpreter started as a user starts one: not our reading of the environment.
 """
 
 from __future__ import annotations
@@ -16,16 +15,16 @@ import pytest
 
 from chatchat_policybert.chatchat.switches import API_THREADS_ENV
 from chatchat_policybert.configure.doctor import cpu_sharing
-from chatchat_policybert.cpu import PASSIVE_SWITCH_ENV, WAIT_POLICY_ENV
+from chatchat_policybert.cpu import SPIN, SPIN_ENV, SWITCH_ENV, WAIT_POLICY_ENV
 
-SLEEPS_AT_ONCE = "GOMP_SPINCOUNT = '0'"
-TORCH_THEN_REPORT = "import os, torch; torch.ones(4) @ torch.ones(4); print(os.environ.get('OMP_WAIT_POLICY'))"
+TORCH_THEN_REPORT = "import os, torch; torch.ones(4) @ torch.ones(4); print(os.environ.get('GOMP_SPINCOUNT'))"
+OURS = (WAIT_POLICY_ENV, SPIN_ENV, SWITCH_ENV, "OMP_NUM_THREADS")
 
 
 def libgomp_settings(code: str, **env: str) -> tuple[str, str]:
     """Runs ``code`` in a fresh interpreter of this environment (its start-up hook included) with ``env`` added to an
     environment that holds no OpenMP choice; returns (stdout, what libgomp displayed)."""
-    clean = {k: v for k, v in os.environ.items() if k not in (WAIT_POLICY_ENV, PASSIVE_SWITCH_ENV, "OMP_NUM_THREADS")}
+    clean = {k: v for k, v in os.environ.items() if k not in OURS}
     result = subprocess.run(
         [sys.executable, "-c", code],
         env={**clean, "OMP_DISPLAY_ENV": "verbose", **env},
@@ -37,53 +36,64 @@ def libgomp_settings(code: str, **env: str) -> tuple[str, str]:
     return result.stdout.strip(), result.stderr
 
 
-def test_a_fresh_interpreter_starts_torch_with_passive_openmp():
+def spins(count: int | str) -> str:
+    return f"GOMP_SPINCOUNT = '{count}'"
+
+
+def test_a_fresh_interpreter_starts_torch_with_a_short_spin():
     printed, displayed = libgomp_settings(TORCH_THEN_REPORT)
-    assert printed == "PASSIVE"
-    assert SLEEPS_AT_ONCE in displayed, displayed
+    assert printed == SPIN
+    assert spins(SPIN) in displayed, displayed
 
 
-def test_the_users_value_is_kept():
-    printed, displayed = libgomp_settings(TORCH_THEN_REPORT, OMP_WAIT_POLICY="ACTIVE")
-    assert printed == "ACTIVE"
-    assert "OMP_WAIT_POLICY = 'ACTIVE'" in displayed, displayed
+@pytest.mark.parametrize(
+    ("users", "count"),
+    [({WAIT_POLICY_ENV: "ACTIVE"}, 30000000000), ({WAIT_POLICY_ENV: "PASSIVE"}, 0), ({SPIN_ENV: "500"}, 500)],
+)
+def test_the_users_choice_is_kept(users, count):
+    _, displayed = libgomp_settings(TORCH_THEN_REPORT, **users)
+    assert spins(count) in displayed, displayed
 
 
 def test_the_switch_leaves_openmp_as_torch_starts_it():
-    printed, displayed = libgomp_settings(TORCH_THEN_REPORT, **{PASSIVE_SWITCH_ENV: "0"})
+    printed, displayed = libgomp_settings(TORCH_THEN_REPORT, **{SWITCH_ENV: "0"})
     assert printed == "None"
-    assert "GOMP_SPINCOUNT = '300000'" in displayed, displayed
+    assert spins(300000) in displayed, displayed
 
 
 def test_with_the_hook_off_the_package_still_sets_it_before_torch():
     """CHATCHAT_POLICYBERT_HOOK=0 (Chatchat unpatched) still imports the package at start-up: our own commands, and
-    the processes they start, keep the policy."""
+    the processes they start, keep the spin count."""
     printed, displayed = libgomp_settings(TORCH_THEN_REPORT, CHATCHAT_POLICYBERT_HOOK="0")
-    assert printed == "PASSIVE"
-    assert SLEEPS_AT_ONCE in displayed, displayed
+    assert printed == SPIN
+    assert spins(SPIN) in displayed, displayed
 
 
 def test_a_process_the_package_starts_inherits_it():
-    """A child started by a command of ours with the hook off everywhere gets the policy through the environment."""
+    """A child started by a process of ours gets the spin count through the environment."""
     code = (
         "import subprocess, sys, chatchat_policybert; "
         "print(subprocess.run([sys.executable, '-S', '-c', "
-        "'import os; print(os.environ.get(\"OMP_WAIT_POLICY\"))'], capture_output=True, text=True).stdout.strip())"
+        "'import os; print(os.environ.get(\"GOMP_SPINCOUNT\"))'], capture_output=True, text=True).stdout.strip())"
     )
-    printed, _ = libgomp_settings(code, CHATCHAT_POLICYBERT_HOOK="0")
-    assert printed == "PASSIVE"  # -S: the child runs no start-up hook of its own
+    printed, _ = libgomp_settings(code)
+    assert printed == SPIN  # -S: the child runs no start-up hook of its own
 
 
 @pytest.mark.parametrize(
-    ("policy", "level"), [("PASSIVE", "OK"), ("passive", "OK"), ("ACTIVE", "WARN"), (None, "WARN")]
+    ("env", "level"),
+    [
+        ({SPIN_ENV: SPIN}, "OK"),
+        ({WAIT_POLICY_ENV: "passive"}, "OK"),
+        ({WAIT_POLICY_ENV: "ACTIVE"}, "WARN"),
+        ({}, "WARN"),
+    ],
 )
-def test_doctor_says_what_the_processes_run_with(monkeypatch, policy, level):
-    monkeypatch.delenv(API_THREADS_ENV, raising=False)
-    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
-    if policy is None:
-        monkeypatch.delenv(WAIT_POLICY_ENV, raising=False)
-    else:
-        monkeypatch.setenv(WAIT_POLICY_ENV, policy)
+def test_doctor_says_what_the_processes_run_with(monkeypatch, env, level):
+    for name in (*OURS, API_THREADS_ENV):
+        monkeypatch.delenv(name, raising=False)
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
     finding = cpu_sharing()
     assert finding.level == level, finding.message
     assert "the API process 1 (default" in finding.message
