@@ -136,13 +136,18 @@ def child_embed(model: str) -> dict:
     }
 
 
-def child_tune(root: str, model: str, out: str) -> dict:
+def child_tune(root: str, model: str, out: str, docs: str) -> dict:
     """20 steps of the query-side trainer on the shipped training questions, timed in this process."""
+    from chatchat_policybert.corpus import read_policies
     from chatchat_policybert.data import CORPUS_CSV, TRAINING_QUESTIONS
     from chatchat_policybert.deploy.crossfit import stored_questions
     from training.query_side import QuerySideConfig, train_query_tower
 
-    bank, *_ = stored_questions(Path(root), KB, [TRAINING_QUESTIONS], CORPUS_CSV)
+    loaded = {policy.title for policy in read_policies(CORPUS_CSV)[: int(docs) or None]}
+    rows = [json.loads(line) for line in TRAINING_QUESTIONS.read_text(encoding="utf-8").splitlines() if line.strip()]
+    questions = Path(out).with_suffix(".jsonl")  # the training questions on the root's policies
+    questions.write_text("".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows if r["doc_title"] in loaded))
+    bank, *_ = stored_questions(Path(root), KB, [questions], CORPUS_CSV)
     cfg = QuerySideConfig(out=Path(out), max_steps=20, device="cpu")
     started = time.perf_counter()
     train_query_tower(Path(model), bank, cfg)
@@ -333,7 +338,9 @@ def main(argv: list[str] | None = None) -> int:
                 for state in (None, args.competitor):
                     out = work_dir / f"tune-{arm}-{state}"
                     with competitor(state):
-                        measured[state] = child(["tune", str(root), str(served), str(out)], arm_env(arm))
+                        measured[state] = child(
+                            ["tune", str(root), str(served), str(out), str(args.docs)], arm_env(arm)
+                        )
                     shutil.rmtree(out, ignore_errors=True)
                 record("tune", arm, measured[None], measured[args.competitor])
 
