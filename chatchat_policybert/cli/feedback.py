@@ -2,8 +2,10 @@
 (``setup --capture on``) and the sources users said answered them.
 
 The store is :mod:`chatchat_policybert.feedback.store` (the root's own SQLite file, readable by the deployment's user
-only: run these commands as that user); the export's rules are :mod:`chatchat_policybert.feedback.export`. Every call
-first deletes what is older than the retention setting (``setup --capture-retention``, 180 days by default).
+only: run these commands as that user), or, where the knowledge base is on PostgreSQL,
+:mod:`chatchat_policybert.feedback.pg_store` (the plugin's schema of that database); the export's rules are
+:mod:`chatchat_policybert.feedback.export`. Every call first deletes what is older than the retention setting
+(``setup --capture-retention``, 180 days by default).
 """
 
 from __future__ import annotations

@@ -16,8 +16,8 @@ def register(commands: Any) -> None:
     """Add ``rollback`` and its flags to the subcommands of the main parser."""
     rollback = commands.add_parser(
         "rollback",
-        help="restore the model, settings and vectors from before the last "
-        "installed `tune` (vectors rebuilt byte-identical)",
+        help="restore the deployment from before the last installed `tune` (a query-side install: its settings, "
+        "nothing re-embedded; a 0.1.0 install: also its model and vectors)",
         description=run_rollback.__doc__,
     )
     add_root_argument(rollback)

@@ -282,7 +282,10 @@ def mark_rolled_back(run_dir: Path) -> None:
 
 
 def run_rollback(args: argparse.Namespace) -> int:
-    """``chatchat-policybert rollback``: the model, settings and vectors from before the last installed tune."""
+    """``chatchat-policybert rollback``: the deployment from before the last installed tune. A query-side install
+    (0.2.0) gets its settings back and nothing is re-embedded (chunks added since keep their vectors); an install of
+    0.1.0's inverse-cloze tune also gets its model and vectors back (a ``kb -r``). The settings are the root's, so
+    other knowledge bases that use them are named."""
     kb = chosen_kb(args.root, args.kb)
     if not (kb_root(args.root) / kb).is_dir():
         raise InputError(f"knowledge base {kb} has no folder in {kb_root(args.root)}")
