@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from chatchat_policybert.chatchat.config import SETTINGS_FILES, SETUP_RECORD, restored_on_failure
-from chatchat_policybert.chatchat.root import BASIC_SETTINGS, CAPTURE_SETTINGS, content_dir
+from chatchat_policybert.chatchat.root import BASIC_SETTINGS, CAPTURE_SETTINGS
 from chatchat_policybert.cli.common import add_root_argument
 from chatchat_policybert.cli.doctor import report
 from chatchat_policybert.configure.doctor import diagnose
@@ -118,10 +118,11 @@ def run_setup(args: argparse.Namespace) -> int:
             raise InputError(f"{flag} only applies with --calibrate")
     if args.calibrate is not None:
         from chatchat_policybert.deploy.questions import is_pairs_file
+        from chatchat_policybert.stores.rebuild import built_kb
 
         is_pairs_file(args.calibrate)  # found, UTF-8 and JSON before the root changes (a GBK file: one line)
         if args.kb is not None:
-            _check_kb(args.root, args.kb)  # before the model loads
+            built_kb(args.root, args.kb)  # before the model loads
     options = SetupOptions(
         model=args.model,
         device=args.device,
@@ -142,8 +143,7 @@ def run_setup(args: argparse.Namespace) -> int:
     else:
         from chatchat_policybert.deploy.calibration import calibrate_setup, check_calibration_inputs
 
-        kb = args.kb or plan.kb
-        _check_kb(args.root, kb)
+        kb = built_kb(args.root, args.kb or plan.kb)
         check_calibration_inputs(args.root, kb, args.calibrate, args.corpus)
         # All or nothing: the calibration runs on the root as setup writes it; if it refuses, the files go back.
         with restored_on_failure(args.root, (*SETTINGS_FILES, BASIC_SETTINGS, SETUP_RECORD, CAPTURE_SETTINGS)):
@@ -152,16 +152,3 @@ def run_setup(args: argparse.Namespace) -> int:
     if args.no_check:
         return 0
     return report(diagnose(args.root, load_model=True))
-
-
-def _check_kb(root: Path, kb: str) -> None:
-    """``--calibrate``'s knowledge base: a name of one folder (``stores.rebuild.check_kb_name``) that the root holds.
-    Why here: Chatchat's worker, asked for the chunks of a knowledge base it does not have, ended in its own 15-line
-    traceback under the error line (issue 52, S3c)."""
-    from chatchat_policybert.stores.rebuild import check_kb_name
-
-    check_kb_name(kb)
-    if not content_dir(root, kb).is_dir():
-        raise InputError(
-            f"--kb {kb}: no knowledge base folder {content_dir(root, kb)}; expected one `chatchat kb -r` built"
-        )

@@ -28,7 +28,7 @@ from chatchat_policybert.errors import EXIT_INTERRUPTED, InputError, Interrupted
 from chatchat_policybert.evaluation.dataset import kb_questions
 from chatchat_policybert.files import read_json, regular_file
 from chatchat_policybert.stores import store_of
-from chatchat_policybert.stores.rebuild import chosen_kb
+from chatchat_policybert.stores.rebuild import built_kb
 from chatchat_policybert.training_entry import load_training
 
 RETIRED_STEPS = ("pairs", "train", "candidate", "gate.json")
@@ -113,9 +113,7 @@ def run_tune(args: argparse.Namespace) -> int:
     """``chatchat-policybert tune`` with its parsed flags (``args.root`` resolved): every input checked, then the
     steps under the knowledge base's tune lock. Exit 0 installed, 1 refused by the gate, 130 interrupted."""
     trainer = load_training("tune", "`chatchat-policybert tune`")
-    args.kb = chosen_kb(args.root, args.kb)  # `--kb ../x` would put the run folder outside policybert_tune/
-    if not content_dir(args.root, args.kb).is_dir():
-        raise InputError(f"--kb {args.kb}: no knowledge base folder {content_dir(args.root, args.kb)}")
+    args.kb = built_kb(args.root, args.kb)  # `--kb ../x` would put the run folder outside policybert_tune/
     check_out(args.out)
     check_questions(args)
     check_llm_url(args.llm)

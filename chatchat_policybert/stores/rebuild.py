@@ -266,6 +266,18 @@ def chosen_kb(root: Path, kb_name: str | None) -> str:
     return kb_name
 
 
+def built_kb(root: Path, kb_name: str | None) -> str:
+    """:func:`chosen_kb`, refused with one line where the root has no content folder for it: asked for a knowledge
+    base it does not have, Chatchat's worker ended in its own 15-line traceback (issue 52, S3c)."""
+    from chatchat_policybert.chatchat.root import content_dir
+
+    kb_name = chosen_kb(root, kb_name)
+    if not content_dir(root, kb_name).is_dir():
+        folder = content_dir(root, kb_name)
+        raise InputError(f"--kb {kb_name}: no knowledge base folder {folder}; expected one `chatchat kb -r` built")
+    return kb_name
+
+
 def _chatchat_logger():
     from chatchat.utils import build_logger
 
