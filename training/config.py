@@ -12,7 +12,7 @@ import dataclasses
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Literal, TypeVar, overload
+from typing import Any, ClassVar, Literal, TypeVar, overload
 
 from chatchat_policybert.errors import InputError, PlainHelp
 
@@ -31,6 +31,10 @@ class TrainConfig:
     """The settings every stage shares. Defaults are the thesis's (its Tables 2, 3, 5, 6 and the author's
     scripts: lr 5e-5, batch 32, 3 epochs, warm-up over 0.9 of the steps, max length 128); a stage's
     subclass overrides what differs."""
+
+    cpu_bf16: ClassVar[bool] = False
+    """Whether ``--precision auto`` trains in bf16 on a CPU that multiplies bf16 natively (:func:`training.loop.
+    pick_precision`): a stage sets it where bf16 was measured to keep its results (the query-side recipe)."""
 
     out: Path = field(metadata=_help("folder for checkpoint.pt, metrics.json and final/"))
     resume: bool = field(default=False, metadata=_help("continue from OUT/checkpoint.pt"))

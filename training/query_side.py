@@ -36,13 +36,13 @@ import sys
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Literal
+from typing import TYPE_CHECKING, ClassVar, Literal
 
 import numpy as np
 
 from chatchat_policybert.deploy.crossfit import StoredQuestions
 from chatchat_policybert.errors import InputError, run_cli
-from training.config import TrainConfig, parse_flags, require_positive, require_share
+from training.config import Precision, TrainConfig, parse_flags, require_positive, require_share
 
 if TYPE_CHECKING:  # torch and the model load with a run, not with --help
     import torch
@@ -60,7 +60,16 @@ class QuerySideConfig(TrainConfig):
     (docs/training.md, "Query-side tuning"): the best chunk as the positive won there (+0.027 MRR@10, passage hit@5
     +0.043 over every chunk of the document); temperature 0.05 and α 0.25 tied; α 0.75 and 1 lost."""
 
+    cpu_bf16: ClassVar[bool] = True
+
     lr: float = field(default=2e-5, metadata={"help": "peak learning rate"})
+    precision: Precision = field(
+        default="auto",
+        metadata={
+            "help": "auto: bf16 on a GPU that has it (else fp16), on a CPU that multiplies bf16 natively (AVX-512-BF16 "
+            "or AMX), else fp32 (bf16 kept the blind scores: docs/training.md)"
+        },
+    )
     fusion_scale_lr: float | None = field(
         default=1e-2,
         metadata={"help": "learning rate of the fusion scales s (--word-stream only: they start at 0)"},

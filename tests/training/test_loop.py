@@ -290,3 +290,20 @@ def test_a_run_started_with_ctrl_c_ignored_trains_through_it_and_leaves_it_ignor
         signal.signal(signal.SIGINT, previous)
     assert finished and losses == [1, 2, 3, 4]
     assert after is signal.SIG_IGN
+
+
+def test_auto_precision_is_bf16_on_a_native_bf16_cpu_for_the_query_side_only():
+    """``--precision auto`` on CPU: the query-side recipe trains in bf16 where oneDNN multiplies it natively (measured
+    to keep its blind scores, docs/training.md), fp32 elsewhere; every other stage stays fp32 on CPU."""
+    from training.contrastive import ContrastiveConfig
+    from training.loop import cpu_has_bf16, pick_precision
+    from training.query_side import QuerySideConfig
+
+    cpu = torch.device("cpu")
+    native = torch.backends.mkldnn.is_available() and torch.ops.mkldnn._is_mkldnn_bf16_supported()
+    assert cpu_has_bf16() == native
+    query = QuerySideConfig(out=Path("o"))
+    assert pick_precision(query.precision, cpu, query.cpu_bf16) == ("bf16" if native else "fp32")
+    for cfg in (PretrainConfig(out=Path("o")), ContrastiveConfig(out=Path("o")), FinetuneConfig(out=Path("o"))):
+        assert pick_precision(cfg.precision, cpu, cfg.cpu_bf16) == "fp32", type(cfg).__name__
+    assert pick_precision("fp32", cpu, query.cpu_bf16) == "fp32"
