@@ -51,7 +51,7 @@ def query_config(out: Path, device: str, extra: str, seed: int = 0) -> QuerySide
     )
 
 
-OWNED = {"out": "the run folder is tune's --out", "device": "pass tune --device", "seed": "tune sets it (0)"}
+OWNED = {"out": "the run folder is tune's --out", "device": "pass tune --device", "seed": "pass tune --seed"}
 """``training.query_side`` flags ``tune`` sets itself, refused inside ``--query-args`` (a ``--out`` there would put
 every fold's tower in the same folder, outside the run folder)."""
 
@@ -94,7 +94,7 @@ def train_query(
     vectors_file, model_dir = out / "vectors.npy", out / "model"
     if vectors_file.is_file() and (not save or (model_dir / "config.json").is_file()):
         return np.load(vectors_file), model_dir if save else None
-    cfg = query_config(out / "train", run.args.device, run.args.query_args)
+    cfg = query_config(out / "train", run.args.device, run.args.query_args, run.args.seed)
     cfg.resume = (cfg.out / CHECKPOINT).is_file()
     run.command(f"python -m training.query_side --model {run.start} … --out {cfg.out} {run.args.query_args}".strip())
     model, tokenizer = train_query_tower(run.start, questions, cfg)

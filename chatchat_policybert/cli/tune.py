@@ -2,6 +2,7 @@
 your users', judged on questions it never trained on, and installed only when the RAG path gets better.
 
     chatchat-policybert tune --kb WeiMingPolicies --questions my_questions.jsonl    # inside a root `setup` prepared
+    chatchat-policybert tune --kb WeiMingPolicies --feedback                        # what your users marked
     chatchat-policybert tune --kb WeiMingPolicies --llm                             # the deployment's LLM writes them
     chatchat-policybert rollback --kb WeiMingPolicies                               # undo the last installed tune
 
@@ -13,9 +14,12 @@ Steps (each leaves its result in the run folder ``--out``, default ``ROOT/policy
 found there, so a killed or failed run continues where it stopped; the training is the training package's
 ``training.query_side``, reached through the ``chatchat_policybert.training`` entry point):
 
-1. ``questions`` — the ``--questions`` files (and with ``--llm`` the LLM's questions per chunk, those copying 12
-   characters of their chunk dropped) with each question's gold chunks among the stored vectors, split into 5 folds
-   by document (a text repeated on several documents: all of them in one fold).
+1. ``questions`` — the ``--questions`` files, with ``--feedback`` the questions users marked (``feedback export``'s
+   rules: under 6 characters, on a changed document, or repeating a later or a --questions one, dropped), and with
+   ``--llm`` the LLM's questions per chunk (those copying 12 characters of their chunk dropped), each with its gold
+   chunks among the stored vectors (a mark's: the chunk the user marked), split into 5 folds by document (a text
+   repeated or nearly repeated on several documents: all of them in one fold). Your questions judge where there are
+   any, else the users', else the LLM's; the rest only train.
 2. ``folds`` — per fold, a query tower trained from the served model on the other four folds' questions (150 steps
    of 32 questions, merged back halfway toward the served model; ``--query-args`` overrides the recipe), and each
    held-out question's vector by it.
@@ -45,7 +49,8 @@ disk per installed model (its query tower; the served weights are linked where t
 (``--device cuda``) is faster.
 
 Before step 1 every input is checked (the KB name, ``--questions`` against the KB's documents, on at least 5 of
-them, each file once; ``--query-args``, where ``--out``, ``--device`` and ``--seed`` are tune's own; ``--device``;
+them, each file once; with ``--feedback`` the marked questions read from the capture store;
+``--query-args``, where ``--out``, ``--device`` and ``--seed`` are tune's own; ``--device``;
 ``--out``; ``--llm`` answering; the served query tower's record; on pg the right to read the collection), and the
 knowledge base's tune lock is taken: a second ``tune`` or a ``rollback`` of the same knowledge base is refused while
 one runs. An unfinished run folder begun from a model the root no longer serves starts over from the served one.
@@ -104,6 +109,21 @@ def register(commands: Any) -> None:
         "on them by cross-fitting (each question scored by a tower that never trained on its document)",
     )
     parser.add_argument(
+        "--feedback",
+        action="store_true",
+        help="also train on the questions users asked in the RAG tab and marked (`setup --capture on`; the source "
+        "they said answered, or an operator's `feedback label`), exported by `feedback export`'s rules; with "
+        "--questions yours judge and the marks only train, without them the marks also judge (cross-fitted by "
+        "document)",
+    )
+    parser.add_argument(
+        "--feedback-positive",
+        choices=("marked", "best"),
+        default="marked",
+        help="a marked question's positive: marked (default), the chunk the user said answered; best, the chunk of "
+        "its document the served model ranks first (what --questions trains on)",
+    )
+    parser.add_argument(
         "--llm",
         nargs="?",
         const=OLLAMA_URL,
@@ -125,6 +145,9 @@ def register(commands: Any) -> None:
     )
     parser.add_argument(
         "--device", default="auto", help="training device: auto (a GPU where there is one), cpu, cuda, …"
+    )
+    parser.add_argument(
+        "--seed", type=int, default=0, help="the trainings' randomness (order, dropout); the folds do not change"
     )
     parser.add_argument(
         "--out", type=Path, help="run folder (default: ROOT/policybert_tune/KB); re-running continues it"

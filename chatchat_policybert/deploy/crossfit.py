@@ -38,6 +38,7 @@ from chatchat_policybert.deploy.rollback import served_vectors
 from chatchat_policybert.errors import InputError
 from chatchat_policybert.evaluation.dataset import Query
 from chatchat_policybert.evaluation.knowledge_base import Chunk, load_chunks
+from chatchat_policybert.evaluation.metrics import evidence_in_chunk
 from chatchat_policybert.evaluation.scoring import MRR_K, Delta, RunResult, evaluate_retriever, summarised
 from chatchat_policybert.feedback.export import normalised
 
@@ -82,12 +83,35 @@ def chunk_vectors(root: Path, kb: str, chunks: list[Chunk]) -> np.ndarray:
     return np.stack([by_text[chunk.text] for chunk in chunks])
 
 
+@dataclass(frozen=True)
+class Marked:
+    """A question a user marked (or an operator labelled): the knowledge base file that answers it and a verbatim
+    passage of the chunk that does (:mod:`chatchat_policybert.feedback.export`)."""
+
+    qid: str
+    text: str
+    source: str
+    evidence: str
+
+
 def stored_questions(
-    root: Path, kb: str, files: Sequence[Path], corpus: Path | None = None, llm: Sequence[tuple[str, int]] = ()
+    root: Path,
+    kb: str,
+    files: Sequence[Path],
+    corpus: Path | None = None,
+    llm: Sequence[tuple[str, int]] = (),
+    marked: Sequence[Marked] = (),
+    marked_chunk: bool = True,
 ) -> tuple[StoredQuestions, list[Query], list[Chunk]]:
-    """The labelled questions of ``files`` (the evaluation's JSONL, checked against the KB), then ``llm``'s (a question
-    and the index of the chunk it was written for, whose document answers it), the KB's chunks, and each question's
-    gold chunks among the stored vectors. Question ids must be unique across the files."""
+    """The labelled questions of ``files`` (the evaluation's JSONL, checked against the KB), then ``marked``'s (users'
+    marks, ``tune --feedback``), then ``llm``'s (a question and the index of the chunk it was written for, whose
+    document answers it), the KB's chunks, and each question's gold chunks among the stored vectors. Question ids must
+    be unique across the files.
+
+    A marked question's document is its file's (the group its chunks carry, whichever corpus named the groups); its
+    gold chunks are, with ``marked_chunk``, the chunks holding its passage (the one the user said answered), else
+    every chunk of its document (the query-side recipe then takes the one the start model ranks first, as for
+    ``--questions``)."""
     queries: list[Query] = []
     chunks: list[Chunk] = [] if files else load_chunks(root, kb, None)
     for path in files:
@@ -98,6 +122,11 @@ def stored_questions(
                 'query tower on labelled questions ({"id", "question", "doc_title", "evidence"})'
             )
         queries += found
+    group_of = {chunk.source: chunk.group for chunk in chunks}
+    for question in marked:
+        if question.source not in group_of:
+            raise InputError(f"{question.source}: marked by a user, but no longer a file of knowledge base {kb}")
+    queries += [Query(m.qid, m.text, {group_of[m.source]: 1.0}, m.evidence) for m in marked]
     queries += [Query(f"llm-{n}", text, {chunks[i].group: 1.0}) for n, (text, i) in enumerate(llm, 1)]
     seen: set[str] = set()
     for query in queries:
@@ -109,18 +138,27 @@ def stored_questions(
     for i, chunk in enumerate(chunks):
         by_group[chunk.group].append(i)
     positives = [sorted(i for g, gain in q.gains.items() if gain > 0 for i in by_group[g]) for q in queries]
+    if marked_chunk:
+        first = len(queries) - len(llm) - len(marked)
+        for n, question in enumerate(marked, first):
+            holding = [
+                i
+                for i in positives[n]
+                if chunks[i].source == question.source and evidence_in_chunk(chunks[i].text, question.evidence)
+            ]
+            positives[n] = holding or positives[n]
     return StoredQuestions([q.text for q in queries], positives, vectors), queries, chunks
 
 
 def document_folds(queries: Sequence[Query], folds: int = FOLDS, seed: int = 0) -> list[int]:
-    """The fold of each question: every question on one document in one fold, and every question whose normalised
-    text (:func:`~chatchat_policybert.feedback.export.normalised`: NFKC, case, spaces and punctuation ignored) repeats
-    another's in that one's fold, folds as equal in size as these groups allow (largest first, each to the smallest
-    fold; ties broken by a seeded shuffle).
+    """The fold of each question: every question on one document in one fold, and every question that repeats or
+    nearly repeats another (:func:`near_duplicates`) in that one's fold, folds as equal in size as these groups allow
+    (largest first, each to the smallest fold; ties broken by a seeded shuffle).
 
     Why repeated texts go together: "适用范围是什么？" asked of two documents in two folds would be judged by a tower
     that trained on the same text pointing at the other document; in one fold, no tower that judges either copy
-    has seen the text. The copies still train as separate questions (each with its own document as the positive)."""
+    has seen the text. Users repeat themselves with small changes ("…是什么" / "…是什么呢"), so near-duplicates go
+    together too. The copies still train as separate questions (each with its own document as the positive)."""
     by_document: dict[str, list[int]] = defaultdict(list)
     for i, query in enumerate(queries):
         by_document[min(query.gains)].append(i)
@@ -137,10 +175,8 @@ def document_folds(queries: Sequence[Query], folds: int = FOLDS, seed: int = 0) 
             document = parent[document]
         return document
 
-    first_asked: dict[str, str] = {}
-    for query in queries:
-        document = first_asked.setdefault(normalised(query.text), min(query.gains))
-        low, high = sorted((group_of(document), group_of(min(query.gains))))
+    for i, j in near_duplicates([q.text for q in queries]):
+        low, high = sorted((group_of(min(queries[i].gains)), group_of(min(queries[j].gains))))
         parent[high] = low
     groups: dict[str, list[int]] = defaultdict(list)
     for document, members in by_document.items():
@@ -155,6 +191,35 @@ def document_folds(queries: Sequence[Query], folds: int = FOLDS, seed: int = 0) 
         for i in groups[name]:
             fold_of[i] = fold
     return fold_of
+
+
+NEAR_DUPLICATE = 0.8
+"""Jaccard similarity of two questions' character bigrams (of their normalised texts) at or above which they are one
+question asked twice (:func:`near_duplicates`)."""
+
+
+def near_duplicates(texts: Sequence[str]) -> list[tuple[int, int]]:
+    """The pairs (i < j) of ``texts`` that are one question: the same normalised text
+    (:func:`~chatchat_policybert.feedback.export.normalised`: NFKC, case, spaces and punctuation ignored), or sets of
+    character bigrams of it with a Jaccard similarity of at least :data:`NEAR_DUPLICATE` ("申请条件是什么" and
+    "申请条件是什么呢": 6 of 7 bigrams shared, 0.86; "申请条件" and "申报条件": 1 of 5, 0.2).
+
+    Found through an index of the bigrams (only texts sharing one are compared), so that thousands of users'
+    questions cost seconds, not a comparison of every pair."""
+    keys = [normalised(text) for text in texts]
+    grams = [{key[k : k + 2] for k in range(len(key) - 1)} or {key} for key in keys]
+    postings: dict[str, list[int]] = defaultdict(list)
+    pairs = []
+    for j, (key, mine) in enumerate(zip(keys, grams, strict=True)):
+        shared: dict[int, int] = defaultdict(int)
+        for gram in mine:
+            for i in postings[gram]:
+                shared[i] += 1
+            postings[gram].append(j)
+        for i, common in shared.items():
+            if keys[i] == key or common / (len(grams[i]) + len(mine) - common) >= NEAR_DUPLICATE:
+                pairs.append((i, j))
+    return pairs
 
 
 def crossfit_run(

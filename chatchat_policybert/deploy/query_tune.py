@@ -72,8 +72,9 @@ it was judged against. A later tune's "before" for those questions (:func:`out_o
 NEEDS_QUESTIONS = (
     "tune learns from questions like your users' (labelled: the question and the document that answers it), and "
     "has none: pass --questions FILE (the evaluation's JSONL, "
-    '{"id", "question", "doc_title", "evidence"}; write a few dozen on your documents, or collect your users\'), '
-    "or add --llm to have the deployment's LLM write them per chunk"
+    '{"id", "question", "doc_title", "evidence"}; write a few dozen on your documents), or --feedback to learn from '
+    "the sources your users marked in the RAG tab (`setup --capture on`), or add --llm to have the deployment's LLM "
+    "write them per chunk"
 )
 
 
@@ -102,9 +103,15 @@ def run_query_tune(run: Run, trainer: QueryTrainer) -> int:
     files = [Path(f).resolve() for f in args.questions or []]
     with run.step("questions"):
         llm = trainer.llm_questions(run) if args.llm else []
-        bank, queries, chunks = stored_questions(run.root, run.kb, files, args.corpus, llm)
-        judged = len(queries) - len(llm) or len(queries)  # the user's questions judge where there are any
+        marked = args.marked
+        bank, queries, chunks = stored_questions(
+            run.root, run.kb, files, args.corpus, llm, marked, args.feedback_positive == "marked"
+        )
+        yours = len(queries) - len(marked) - len(llm)
+        judged = yours or yours + len(marked) or len(queries)  # yours judge where there are any, else the users'
         folds = document_folds(queries)
+        # What only some runs have enters the key only where they have it: an earlier run folder keeps its key
+        extra = [[vars(m) for m in marked], args.feedback_positive] if marked else []
         key = digest(
             [f.read_text(encoding="utf-8") for f in files],
             llm,
@@ -112,6 +119,8 @@ def run_query_tune(run: Run, trainer: QueryTrainer) -> int:
             run.state["start_files"],
             args.query_args,
             folds,
+            *extra,
+            *([args.seed] if args.seed else []),
         )
         stored = hashlib.sha256(bank.vectors.tobytes()).hexdigest()[:16]
         sizes = [folds.count(f) for f in range(FOLDS)]
@@ -268,7 +277,8 @@ def query_gate(
     )
     deployed_metrics = deployed_run.metrics if deployed_run is not None else {}
     lines = [
-        f"gate: {len(kept)} {'LLM questions' if llm_only(queries) else 'questions'}, each scored by a query tower "
+        *run.args.feedback_lines,
+        f"gate: {len(kept)} {judged_kind(queries[:judged])}, each scored by a query tower "
         f"that never trained on its document ({FOLDS} folds), at the setting chosen on the fold's training questions "
         f"(before: the served tower, the same way); top_k {top_k}",
         *([source] if source else []),
@@ -423,9 +433,14 @@ def check_tower_record(root: Path, out: Path) -> None:
         read_tower_record(file)
 
 
-def llm_only(queries: list) -> bool:
-    """Whether every question is one the LLM wrote (``--llm`` without ``--questions``)."""
-    return all(q.qid.startswith("llm-") for q in queries)
+def judged_kind(judged: list) -> str:
+    """What the judged questions are, by their ids' prefix: the LLM's (``llm-``, ``--llm`` alone), users' marked ones
+    (``fb-``, ``--feedback`` without ``--questions``), else yours."""
+    if all(q.qid.startswith("llm-") for q in judged):
+        return "LLM questions"
+    if all(q.qid.startswith("fb-") for q in judged):
+        return "questions users marked"
+    return "questions"
 
 
 def installed_dir(root: Path, kb: str, key: str) -> Path:

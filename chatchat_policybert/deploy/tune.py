@@ -19,13 +19,15 @@ from chatchat_policybert.chatchat.config import served_model
 from chatchat_policybert.chatchat.root import content_dir
 from chatchat_policybert.chatchat.settings import OLLAMA_URL
 from chatchat_policybert.configure.doctor import llm_reachable
-from chatchat_policybert.deploy.crossfit import document_folds
+from chatchat_policybert.deploy.crossfit import Marked, document_folds
 from chatchat_policybert.deploy.query_tune import NEEDS_QUESTIONS, check_tower_record, installed_dir, run_query_tune
 from chatchat_policybert.deploy.questions import is_pairs_file
 from chatchat_policybert.deploy.rollback import INSTALL_STARTED, INSTALLED, finish_pending, other_served_kbs
 from chatchat_policybert.deploy.run import STATE, Run, model_manifest, tune_dir, tune_lock
 from chatchat_policybert.errors import EXIT_INTERRUPTED, InputError, Interrupted
-from chatchat_policybert.evaluation.dataset import kb_questions
+from chatchat_policybert.evaluation.dataset import Query, kb_questions
+from chatchat_policybert.feedback.export import DROP_RULES, export_questions, normalised
+from chatchat_policybert.feedback.store import open_store, store_location
 from chatchat_policybert.files import read_json, regular_file
 from chatchat_policybert.stores import store_of
 from chatchat_policybert.stores.rebuild import built_kb
@@ -46,8 +48,10 @@ def check_questions(args: argparse.Namespace) -> None:
     files = args.questions or []
     if args.corpus is not None and not files:
         raise InputError("--corpus only applies with --questions")
-    if not files and not args.llm:
+    if not files and not args.llm and not args.feedback:
         raise InputError(NEEDS_QUESTIONS)
+    if args.feedback_positive != "marked" and not args.feedback:
+        raise InputError("--feedback-positive only applies with --feedback")
     queries, seen, files_of = [], {}, {}
     for path in files:
         resolved = regular_file(path, "--questions")  # missing, a directory, a FIFO: named as what it is
@@ -64,8 +68,56 @@ def check_questions(args: argparse.Namespace) -> None:
                 raise InputError(f"--questions {path}: question id {query.qid!r} is in {seen[query.qid]} too")
             seen[query.qid] = path
             queries.append(query)
-    if not args.llm:
-        document_folds(queries)  # fewer documents than folds: refused now (the LLM's questions may add documents)
+    args.marked, args.feedback_lines = marked_questions(args, queries)
+    if not args.llm:  # fewer documents than folds: refused now (the LLM's questions may add documents)
+        document_folds([*queries, *(Query(m.qid, m.text, {m.source: 1.0}) for m in args.marked)])
+
+
+def marked_questions(args: argparse.Namespace, curated: list[Query]) -> tuple[list[Marked], list[str]]:
+    """``--feedback``: the questions of the knowledge base users marked (or an operator labelled), by ``feedback
+    export``'s rules, less those repeating a ``--questions`` question (yours win), and the lines the report gives
+    them; nothing without ``--feedback``. One :class:`InputError` line where the store is missing or holds no marked
+    question, saying how many it holds and how users mark one."""
+    if not args.feedback:
+        return [], []
+    store = open_store(args.root, create=False)
+    if store is None:
+        raise InputError(
+            f"--feedback: no captured questions at {store_location(args.root)}: `chatchat-policybert setup --root "
+            f"{args.root} --capture on` keeps the questions users ask in the RAG tab, and the source they mark"
+        )
+    with store:
+        captures = store.captures(args.kb)
+    export = export_questions(args.root, args.kb, captures)
+    yours = {normalised(q.text) for q in curated}
+    marked, labels, repeated = [], 0, 0
+    for row, source, labelled in zip(export.rows, export.sources, export.labelled, strict=True):
+        if normalised(row["question"]) in yours:
+            repeated += 1
+            continue
+        marked.append(Marked(row["id"], row["question"], source, row["evidence"]))
+        labels += labelled
+    dropped = [f"{n} {DROP_RULES[rule]}" for rule, n in export.dropped.items() if n]
+    dropped += [f"{repeated} repeating a --questions question"] if repeated else []
+    summary = (
+        f"feedback: {len(captures)} captured question(s) of {args.kb}, {export.unmarked} without a mark; "
+        f"{len(marked)} to train on ({len(marked) - labels} users' marks, {labels} operator labels)"
+        + (f"; dropped {', '.join(dropped)}" if dropped else "")
+    )
+    if not marked:
+        raise InputError(
+            f"--feedback: no marked question of {args.kb} to train on ({summary.removeprefix('feedback: ')}): users "
+            "mark the source that answered under each answer of the RAG对话 tab; `chatchat-policybert feedback label` "
+            "names the document of a question nobody marked"
+        )
+    print(summary, flush=True)
+    lines = [
+        summary,
+        "every users' mark names a source the deployment already showed in its top k: the marks teach the order of "
+        "what it retrieves and cannot show a question whose answer it did not retrieve (an operator's label of a "
+        "'none' answer can)",
+    ]
+    return marked, lines
 
 
 def check_llm_url(url: str | None) -> None:

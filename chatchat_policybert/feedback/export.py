@@ -43,6 +43,11 @@ class Export:
     """The questions to write, and how many marked captures each rule dropped."""
 
     rows: list[dict[str, str]] = field(default_factory=list)
+    sources: list[str] = field(default_factory=list)
+    """The knowledge base file (its path in the content folder) of each row: what ``tune --feedback`` maps to chunks."""
+    labelled: list[bool] = field(default_factory=list)
+    """Whether each row's positive is an operator's label (else a user's ``answered`` mark, which is, by construction,
+    a source the deployment already showed in its top k)."""
     dropped: dict[str, int] = field(default_factory=lambda: dict.fromkeys(DROP_RULES, 0))
     unmarked: int = 0
     """Captures with no ``answered`` mark and no label (nothing says which document answers them)."""
@@ -146,4 +151,6 @@ def export_questions(root: Path, kb: str, captures: list[dict[str, Any]]) -> Exp
         }
         for capture, source, evidence in reversed(kept)
     ]
+    result.sources = [source for _, source, _ in reversed(kept)]
+    result.labelled = [capture["label"] is not None for capture, _, _ in reversed(kept)]
     return result

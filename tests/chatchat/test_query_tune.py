@@ -977,3 +977,132 @@ def test_an_unfinished_0_1_0_run_gets_one_line_and_a_half_install_is_rolled_back
     assert len(said) == 1 and said[0].startswith(f"tune: {out / 'tune.json'} records an unfinished tune of 0.1.0"), seen
     assert "starting a query-side tune in its place (pairs/, train/, candidate/ in the run folder" in said[0]
     assert json.loads((out / "tune.json").read_text(encoding="utf-8"))["steps"] == {}, "a new run, not the old one's"
+
+
+# ----------------------------------------------------------------------------- tune --feedback (issue 49 item 5)
+
+
+def mark_questions(root: Path, questions: list[dict], distractor: str | None = None) -> dict[str, str]:
+    """Captures of ``questions`` in the root's store, as the API records them: each shows a chunk of another document
+    first (``distractor``'s, when given) and the chunk of its own document that holds its evidence second, and a user
+    marks rank 2 ('answered'). Returns question text -> the marked chunk. The chunks are Chatchat's own (its splitter,
+    through the plugin's worker), as a capture stores them."""
+    from chatchat_policybert.chatchat.process import call_worker
+    from chatchat_policybert.feedback.store import FeedbackStore, Hit
+
+    chunks = call_worker(root, "chunks", "--kb", KB)["chunks"]
+    marked = {}
+    with FeedbackStore.open(root) as store:
+        for n, q in enumerate(questions):
+            own = next((s, c) for s, c in chunks if Path(s).stem == q["doc_title"] and q["evidence"] in c)
+            other = next((s, c) for s, c in chunks if Path(s).stem != q["doc_title"] and (distractor or s) == s)
+            hits = [Hit(1, other[0], other[1], 0.9), Hit(2, own[0], own[1], 0.8)]
+            capture = store.add_capture(KB, q["question"], "kb_chat", 3, 0.5, 0, "test", hits, now=1_000 + n)
+            store.record_feedback(capture, 2, "answered", "s1")
+            marked[q["question"]] = own[1]
+    return marked
+
+
+def read_questions(path: Path) -> list[dict]:
+    return [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines()]
+
+
+def test_tune_feedback_trains_and_judges_on_users_marks_with_the_marked_chunk_as_the_positive(base_root, tmp_path):
+    """Without --questions the users' marks train and judge (cross-fitted by document); a mark under 6 characters, an
+    unmarked capture are counted, not used; each marked question's positive is the chunk the user
+    marked, not another chunk of its document; the report says that marks cannot show a recall failure."""
+    from chatchat_policybert.deploy.crossfit import Marked, stored_questions
+    from chatchat_policybert.feedback.store import FeedbackStore, Hit
+
+    root = copy_root(base_root, tmp_path / "root")
+    questions = read_questions(write_questions(root, tmp_path / "q.jsonl"))
+    marked = mark_questions(root, questions)
+    with FeedbackStore.open(root) as store:
+        shown = store.captures(KB)[0]["hits"][1]
+        hit = Hit(1, shown["source"], shown["chunk"], 0.1)
+        short = store.add_capture(KB, "补贴？", "kb_chat", 3, 0.5, 0, "test", [hit], now=5_000)
+        store.record_feedback(short, 1, "answered", None)
+        store.add_capture(KB, "没有人标记的问题是什么", "kb_chat", 3, 0.5, 0, "test", [hit], now=5_001)
+    result = tune(root, "--feedback")
+    assert result.returncode in (0, 1), result.stdout[-3000:] + result.stderr[-3000:]
+    out = result.stdout
+    summary = next(line for line in out.splitlines() if line.startswith("feedback: "))
+    assert summary.startswith(f"feedback: {len(questions) + 2} captured question(s) of {KB}, 1 without a mark; ")
+    assert f"{len(questions)} to train on ({len(questions)} users' marks, 0 operator labels)" in summary
+    assert "dropped 1 under 6 characters" in summary
+    assert f"gate: {len(questions)} questions users marked, each scored" in out
+    assert "cannot show a question whose answer it did not retrieve" in (tune_dir(root, KB) / "report.md").read_text(
+        encoding="utf-8"
+    )
+    gate = json.loads((tune_dir(root, KB) / "query_gate.json").read_text(encoding="utf-8"))
+    assert gate["per_question"]["ids"] and all(i.startswith("fb-") for i in gate["per_question"]["ids"])
+    # The positive: the chunk the user marked (--feedback-positive marked), every chunk of its document with best
+    first = questions[0]
+    with FeedbackStore.open(root) as store:
+        capture = next(c for c in store.captures(KB) if c["question"] == first["question"])
+    own = capture["hits"][1]
+    mark = Marked("fb-x", first["question"], own["source"], marked[first["question"]])
+    for marked_chunk in (True, False):
+        bank, queries, chunks = stored_questions(root, KB, [], None, (), [mark], marked_chunk)
+        rows = bank.positives[0]
+        of_document = [i for i, c in enumerate(chunks) if c.source == own["source"]]
+        if marked_chunk:
+            assert [chunks[i].text for i in rows] == [own["chunk"]]
+        else:
+            assert rows == of_document and len(of_document) > 1
+
+
+def test_tune_feedback_with_questions_yours_judge_the_marks_train_and_a_repeat_of_yours_is_dropped(base_root, tmp_path):
+    """With --questions, the curated questions judge and the marks only train; a mark repeating a curated question (its
+    normalised text) is dropped in favour of the curated one."""
+    root = copy_root(base_root, tmp_path / "root")
+    curated = write_questions(root, tmp_path / "q.jsonl", per_document=2)
+    users = read_questions(write_questions(root, tmp_path / "all.jsonl", per_document=4))
+    repeat = {**users[0], "question": " " + users[0]["question"].rstrip("？") + "?"}  # the curated one, re-typed
+    only_users = [q for q in users if q["id"] not in {c["id"] for c in read_questions(curated)}]
+    mark_questions(root, [*only_users, repeat])
+    result = tune(root, "--questions", str(curated), "--feedback")
+    assert result.returncode in (0, 1), result.stdout[-3000:] + result.stderr[-3000:]
+    assert f"{len(only_users)} to train on" in result.stdout and "1 repeating a --questions question" in result.stdout
+    n_curated = len(read_questions(curated))
+    assert f"gate: {n_curated} questions, each scored" in result.stdout
+    trained = [int(m) for m in re.findall(r"fold \d/\d: training on (\d+) questions", result.stdout)]
+    assert sum(trained) == (FOLDS - 1) * (n_curated + len(only_users))
+    gate = json.loads((tune_dir(root, KB) / "query_gate.json").read_text(encoding="utf-8"))
+    assert not any(i.startswith("fb-") for i in gate["per_question"]["ids"])
+
+
+def test_tune_feedback_without_a_store_or_a_marked_question_is_one_line_before_any_work(base_root, tmp_path):
+    from chatchat_policybert.feedback.store import FeedbackStore, Hit
+
+    root = copy_root(base_root, tmp_path / "root")
+    line = one_error_line(tune(root, "--feedback"))
+    assert "--feedback: no captured questions at " in line and "--capture on" in line
+    with FeedbackStore.open(root) as store:
+        store.add_capture(KB, "没有人标记的问题是什么", "kb_chat", 3, 0.5, 0, "test", [Hit(1, "a.md", "x", 0.1)])
+    line = one_error_line(tune(root, "--feedback"))
+    assert "--feedback: no marked question of" in line and "1 without a mark" in line
+    line = one_error_line(
+        tune(root, "--questions", str(write_questions(root, tmp_path / "q.jsonl")), "--feedback-positive", "best")
+    )
+    assert "--feedback-positive only applies with --feedback" in line
+    assert not tune_dir(root, KB).exists()
+
+
+def test_near_duplicate_questions_go_into_one_fold_with_their_documents():
+    """Users repeat themselves with small changes: a near-duplicate (bigram Jaccard ≥ 0.8 of the normalised text) of a
+    question on another document is put in that question's fold, so that no tower judging one has trained on the
+    other; a merely similar question is not."""
+    from chatchat_policybert.deploy.crossfit import near_duplicates
+    from chatchat_policybert.evaluation.dataset import Query
+
+    assert near_duplicates(["申请条件是什么", "申请条件是什么呢", "申报条件", "申请条件是什么？"]) == [
+        (0, 1),
+        (0, 3),
+        (1, 3),
+    ]
+    queries = [Query(f"q{d}-{n}", f"文件{d}的第{n}个问题内容", {f"d{d}": 1.0}) for d in range(8) for n in range(3)]
+    queries += [Query("near", "文件0的第0个问题内容呢", {"d5": 1.0}), Query("far", "文件0的规定", {"d6": 1.0})]
+    folds = document_folds(queries)
+    assert folds[-2] == folds[0]  # the near-duplicate on d5: d5 and d0 share a fold
+    assert {folds[i] for i, q in enumerate(queries) if min(q.gains) in ("d0", "d5")} == {folds[0]}
