@@ -4,36 +4,42 @@ The command, its flags and its steps are the runtime's (:mod:`chatchat_policyber
 :mod:`chatchat_policybert.deploy.query_tune`), which finds this module through the entry point ``tune`` of the group
 ``chatchat_policybert.training`` (setup.cfg) and calls it as a
 :class:`chatchat_policybert.deploy.query_tune.QueryTrainer`: :func:`check_query_args` before any work,
-:func:`llm_questions` (``--llm``), :func:`train_query` (each fold's tower and the installed one). Each leaves its
-result in the run folder and is re-used when found there.
+:func:`llm_questions` (``--llm``), :func:`silver_marks` (``--silver``), :func:`train_query` (each fold's tower and the
+installed one). Each leaves its result in the run folder and is re-used when found there.
 """
 
 from __future__ import annotations
 
 import argparse
+import hashlib
+import json
+import re
 import shlex
 from collections.abc import Sequence
 from pathlib import Path
 
 import numpy as np
+from tqdm import tqdm
 
 from chatchat_policybert.chatchat.config import model_settings
-from chatchat_policybert.deploy.crossfit import StoredQuestions
+from chatchat_policybert.deploy.crossfit import Marked, StoredQuestions
 from chatchat_policybert.deploy.run import Run
 from chatchat_policybert.errors import InputError
 from chatchat_policybert.files import atomic_path
 from training.config import parse_flags
 from training.loop import CHECKPOINT
 from training.pairs.config import PairsConfig
+from training.pairs.llm import chat
 from training.query_side import QuerySideConfig, embed_questions, train_query_tower, two_tower_dir
 
 
 def check_llm(args: argparse.Namespace) -> None:
-    """A bare ``--llm`` gets the root's DEFAULT_LLM_MODEL; refused where the root names none."""
-    if args.llm and not args.llm_model:
+    """A bare ``--llm`` (or ``--silver``) gets the root's DEFAULT_LLM_MODEL; refused where the root names none."""
+    flag = "--llm" if args.llm else "--silver" if args.silver else None
+    if flag and not args.llm_model:
         args.llm_model = str(model_settings(args.root).get("DEFAULT_LLM_MODEL") or "")
         if not args.llm_model:
-            raise InputError("--llm: the root names no DEFAULT_LLM_MODEL; pass --llm-model")
+            raise InputError(f"{flag}: the root names no DEFAULT_LLM_MODEL; pass --llm-model")
 
 
 def pairs_config(flags: list[str]) -> PairsConfig:
@@ -165,3 +171,77 @@ def llm_questions(run: Run) -> list[tuple[str, int]]:
         flush=True,
     )
     return list(kept.items())
+
+
+SILVER_PROMPT_VERSION = 1
+SILVER_PROMPT = (
+    "下面是用户在政务问答系统里提出的问题，以及系统为它检索到的出处。请判断哪一条出处回答了这个问题。"
+    "只回答出处的编号（例如 2）；如果没有一条能回答，回答 0。\n\n问题：{question}\n\n{sources}"
+)
+"""What ``tune --silver`` asks the deployment's LLM about each captured question nobody marked: the question and the
+sources the user was shown, numbered as the WebUI shows them (出处 [i])."""
+
+
+def parse_rank(reply: str, shown: int) -> int | None:
+    """The source a reply names: its first number, where it is 1..``shown``; None for 0, another number or none."""
+    match = re.search(r"\d+", reply)
+    rank = int(match.group()) if match else 0
+    return rank if 1 <= rank <= shown else None
+
+
+def silver_marks(run: Run, captures: Sequence[dict]) -> tuple[list[Marked], list[str]]:
+    """``--silver``: the deployment's LLM reads each of ``captures`` (questions nobody marked, with the sources they
+    were shown) and names the source that answers, or none (:data:`SILVER_PROMPT`, cached in
+    ``OUT/silver_cache.jsonl`` by model, prompt, question and sources); each named source becomes a mark by the
+    export's rules (a changed document, a repeat: dropped), with the id ``silver-…``. Returns them and the report's
+    lines. They only train: the gate never judges with them."""
+    from chatchat_policybert.feedback.export import DROP_RULES, as_marked, export_questions
+
+    args = run.args
+    cache_file = run.out / "silver_cache.jsonl"
+    cache = {}
+    if cache_file.is_file():
+        for line in cache_file.read_text(encoding="utf-8").splitlines():
+            try:
+                entry = json.loads(line)
+                cache[entry["key"]] = entry["rank"]
+            except (json.JSONDecodeError, KeyError, TypeError):
+                continue  # a line an interruption cut short: asked again
+    named = []
+    with open(cache_file, "a", encoding="utf-8") as handle:
+        for capture in tqdm(captures, desc=f"silver labels ({args.llm_model})", unit="question"):
+            hits = capture["hits"]
+            key = hashlib.sha1(
+                json.dumps(
+                    [SILVER_PROMPT_VERSION, args.llm_model, capture["question"], [h["chunk_sha256"] for h in hits]]
+                ).encode()
+            ).hexdigest()
+            if key not in cache:
+                sources = "\n\n".join(f"出处 [{h['rank']}]\n{h['chunk']}" for h in hits)
+                reply = chat(
+                    args.silver,
+                    args.llm_model,
+                    SILVER_PROMPT.format(question=capture["question"], sources=sources),
+                    pairs_config(["--out", "unused"]).llm_timeout,
+                    0.0,
+                    flag="--silver",
+                )
+                cache[key] = parse_rank(reply, len(hits))
+                handle.write(json.dumps({"key": key, "rank": cache[key]}) + "\n")
+                handle.flush()
+            if cache[key] is not None:
+                named.append(as_marked(capture, cache[key]))
+    export = export_questions(run.root, run.kb, named)
+    marks = [
+        Marked("silver-" + row["id"].removeprefix("fb-"), row["question"], source, row["evidence"])
+        for row, source in zip(export.rows, export.sources, strict=True)
+    ]
+    dropped = [f"{n} {DROP_RULES[rule]}" for rule, n in export.dropped.items() if n]
+    line = (
+        f"silver labels (the LLM {args.llm_model}, not users): it read {len(captures)} question(s) nobody marked and "
+        f"named a source for {len(named)}; {len(marks)} train"
+        + (f" (dropped {', '.join(dropped)})" if dropped else "")
+        + "; they never judge"
+    )
+    print(line, flush=True)
+    return marks, [line]

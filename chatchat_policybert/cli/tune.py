@@ -18,8 +18,9 @@ found there, so a killed or failed run continues where it stopped; the training 
    rules: under 6 characters, on a changed document, or repeating a later or a --questions one, dropped), and with
    ``--llm`` the LLM's questions per chunk (those copying 12 characters of their chunk dropped), each with its gold
    chunks among the stored vectors (a mark's: the chunk the user marked), split into 5 folds by document (a text
-   repeated or nearly repeated on several documents: all of them in one fold). Your questions judge where there are
-   any, else the users', else the LLM's; the rest only train.
+   repeated or nearly repeated on several documents: all of them in one fold); with ``--silver`` also the questions
+   nobody marked whose source the LLM named (silver labels, reported apart). Your questions judge where there are
+   any, else the users', else the LLM's (``--llm``'s; silver labels never judge); the rest only train.
 2. ``folds`` — per fold, a query tower trained from the served model on the other four folds' questions (150 steps
    of 32 questions, merged back halfway toward the served model; ``--query-args`` overrides the recipe), and each
    held-out question's vector by it.
@@ -49,11 +50,11 @@ disk per installed model (its query tower; the served weights are linked where t
 (``--device cuda``) is faster.
 
 Before step 1 every input is checked (the KB name, ``--questions`` against the KB's documents, on at least 5 of
-them, each file once; with ``--feedback`` the marked questions read from the capture store;
-``--query-args``, where ``--out``, ``--device`` and ``--seed`` are tune's own; ``--device``;
-``--out``; ``--llm`` answering; the served query tower's record; on pg the right to read the collection), and the
-knowledge base's tune lock is taken: a second ``tune`` or a ``rollback`` of the same knowledge base is refused while
-one runs. An unfinished run folder begun from a model the root no longer serves starts over from the served one.
+them, each file once; with ``--feedback`` the marked questions read from the capture store; ``--query-args``, where
+``--out``, ``--device`` and ``--seed`` are tune's own; ``--device``; ``--out``; ``--llm`` and ``--silver``
+answering; the served query tower's record; on pg the right to read the collection), and the knowledge base's tune
+lock is taken: a second ``tune`` or a ``rollback`` of the same knowledge base is refused while one runs. An
+unfinished run folder begun from a model the root no longer serves starts over from the served one.
 
 Exit status: 0 installed, 1 refused by the gate (the deployment unchanged), 2 a bad input, 130 interrupted.
 """
@@ -131,7 +132,16 @@ def register(commands: Any) -> None:
         help="also train on questions this OpenAI-compatible endpoint writes per chunk (with --questions yours judge, "
         f"without them the LLM's do; bare --llm: {OLLAMA_URL}, the deployment's Ollama)",
     )
-    parser.add_argument("--llm-model", help="chat model of --llm (default: the root's DEFAULT_LLM_MODEL)")
+    parser.add_argument(
+        "--silver",
+        nargs="?",
+        const=OLLAMA_URL,
+        metavar="URL",
+        help="with --feedback: also train on silver labels, the source this OpenAI-compatible endpoint says answered "
+        "each captured question nobody marked (reported apart; they never judge, so --questions or users' marks "
+        f"must; bare --silver: {OLLAMA_URL}, the deployment's Ollama)",
+    )
+    parser.add_argument("--llm-model", help="chat model of --llm and --silver (default: the root's DEFAULT_LLM_MODEL)")
     parser.add_argument(
         "--corpus",
         type=Path,

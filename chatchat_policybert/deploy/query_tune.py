@@ -27,7 +27,7 @@ from __future__ import annotations
 import argparse
 import hashlib
 import shutil
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -37,6 +37,7 @@ from chatchat_policybert.chatchat.config import SETTINGS_FILES, kb_settings, ser
 from chatchat_policybert.deploy.calibration import Candidates, Setting, calibration_record, write_setting
 from chatchat_policybert.deploy.crossfit import (
     FOLDS,
+    Marked,
     StoredQuestions,
     crossfit_calibration,
     crossfit_run,
@@ -59,6 +60,7 @@ from chatchat_policybert.deploy.rollback import (
 from chatchat_policybert.deploy.run import Run, digest, kill_point, model_manifest, now
 from chatchat_policybert.errors import InputError
 from chatchat_policybert.evaluation.scoring import MRR_K, RunResult, compare_runs, summarised
+from chatchat_policybert.feedback.export import normalised
 from chatchat_policybert.files import atomic_path, read_json, write_json
 from chatchat_policybert.model.loading import WEIGHT_FILES, has_query_tower
 from chatchat_policybert.retrieval.hybrid import configured_hybrid
@@ -87,6 +89,10 @@ class QueryTrainer(Protocol):
     def llm_questions(self, run: Run) -> list[tuple[str, int]]:
         """``--llm``: the deployment LLM's questions per chunk (question, chunk index), copies of the chunk dropped."""
 
+    def silver_marks(self, run: Run, captures: Sequence[dict]) -> tuple[list[Marked], list[str]]:
+        """``--silver``: the source the deployment's LLM says answers each of ``captures`` (questions nobody marked),
+        as marks with ``silver-`` ids, and the report's lines."""
+
     def train_query(
         self, run: Run, questions: StoredQuestions, out: Path, embed: list[str], save: bool = False
     ) -> tuple[np.ndarray, Path | None]:
@@ -103,12 +109,17 @@ def run_query_tune(run: Run, trainer: QueryTrainer) -> int:
     files = [Path(f).resolve() for f in args.questions or []]
     with run.step("questions"):
         llm = trainer.llm_questions(run) if args.llm else []
-        marked = args.marked
+        silver, silver_lines = trainer.silver_marks(run, args.unmarked) if args.silver else ([], [])
+        seen = {normalised(m.text) for m in args.marked}
+        marked = [*args.marked, *(m for m in silver if normalised(m.text) not in seen)]
         bank, queries, chunks = stored_questions(
             run.root, run.kb, files, args.corpus, llm, marked, args.feedback_positive == "marked"
         )
         yours = len(queries) - len(marked) - len(llm)
-        judged = yours or yours + len(marked) or len(queries)  # yours judge where there are any, else the users'
+        # Yours judge where there are any, else the users' marks; silver labels and the LLM's questions only train
+        # (the LLM's judge alone where nothing else is: --llm without --questions)
+        judged = yours or yours + len(args.marked) or len(queries)
+        run.args.feedback_lines = [*args.feedback_lines, *silver_lines]
         folds = document_folds(queries)
         # What only some runs have enters the key only where they have it: an earlier run folder keeps its key
         extra = [[vars(m) for m in marked], args.feedback_positive] if marked else []

@@ -14,6 +14,7 @@ import argparse
 import sys
 import urllib.parse
 from pathlib import Path
+from typing import Any
 
 from chatchat_policybert.chatchat.config import served_model
 from chatchat_policybert.chatchat.root import content_dir
@@ -26,7 +27,7 @@ from chatchat_policybert.deploy.rollback import INSTALL_STARTED, INSTALLED, fini
 from chatchat_policybert.deploy.run import STATE, Run, model_manifest, tune_dir, tune_lock
 from chatchat_policybert.errors import EXIT_INTERRUPTED, InputError, Interrupted
 from chatchat_policybert.evaluation.dataset import Query, kb_questions
-from chatchat_policybert.feedback.export import DROP_RULES, export_questions, normalised
+from chatchat_policybert.feedback.export import DROP_RULES, export_questions, normalised, unmarked
 from chatchat_policybert.feedback.store import open_store, store_location
 from chatchat_policybert.files import read_json, regular_file
 from chatchat_policybert.stores import store_of
@@ -52,6 +53,8 @@ def check_questions(args: argparse.Namespace) -> None:
         raise InputError(NEEDS_QUESTIONS)
     if args.feedback_positive != "marked" and not args.feedback:
         raise InputError("--feedback-positive only applies with --feedback")
+    if args.silver and not args.feedback:
+        raise InputError("--silver only applies with --feedback (it labels the captured questions nobody marked)")
     queries, seen, files_of = [], {}, {}
     for path in files:
         resolved = regular_file(path, "--questions")  # missing, a directory, a FIFO: named as what it is
@@ -68,18 +71,26 @@ def check_questions(args: argparse.Namespace) -> None:
                 raise InputError(f"--questions {path}: question id {query.qid!r} is in {seen[query.qid]} too")
             seen[query.qid] = path
             queries.append(query)
-    args.marked, args.feedback_lines = marked_questions(args, queries)
+    args.marked, args.feedback_lines, args.unmarked = marked_questions(args, queries)
+    if args.silver and not queries and not args.marked:
+        raise InputError(
+            "--silver: the LLM's labels only train, and nothing would judge the tune: pass --questions FILE, or tune "
+            "once users have marked sources (or `feedback label` names some)"
+        )
     if not args.llm:  # fewer documents than folds: refused now (the LLM's questions may add documents)
         document_folds([*queries, *(Query(m.qid, m.text, {m.source: 1.0}) for m in args.marked)])
 
 
-def marked_questions(args: argparse.Namespace, curated: list[Query]) -> tuple[list[Marked], list[str]]:
+def marked_questions(
+    args: argparse.Namespace, curated: list[Query]
+) -> tuple[list[Marked], list[str], list[dict[str, Any]]]:
     """``--feedback``: the questions of the knowledge base users marked (or an operator labelled), by ``feedback
-    export``'s rules, less those repeating a ``--questions`` question (yours win), and the lines the report gives
-    them; nothing without ``--feedback``. One :class:`InputError` line where the store is missing or holds no marked
-    question, saying how many it holds and how users mark one."""
+    export``'s rules, less those repeating a ``--questions`` question (yours win), the lines the report gives them,
+    and the captures nobody marked (what ``--silver`` asks the LLM about); nothing without ``--feedback``. One
+    :class:`InputError` line where the store is missing or holds no marked question (and, with ``--silver``, no
+    unmarked one), saying how many it holds and how users mark one."""
     if not args.feedback:
-        return [], []
+        return [], [], []
     store = open_store(args.root, create=False)
     if store is None:
         raise InputError(
@@ -104,7 +115,8 @@ def marked_questions(args: argparse.Namespace, curated: list[Query]) -> tuple[li
         f"{len(marked)} to train on ({len(marked) - labels} users' marks, {labels} operator labels)"
         + (f"; dropped {', '.join(dropped)}" if dropped else "")
     )
-    if not marked:
+    waiting = unmarked(captures) if args.silver else []
+    if not marked and not waiting:
         raise InputError(
             f"--feedback: no marked question of {args.kb} to train on ({summary.removeprefix('feedback: ')}): users "
             "mark the source that answered under each answer of the RAG对话 tab; `chatchat-policybert feedback label` "
@@ -117,20 +129,21 @@ def marked_questions(args: argparse.Namespace, curated: list[Query]) -> tuple[li
         "what it retrieves and cannot show a question whose answer it did not retrieve (an operator's label of a "
         "'none' answer can)",
     ]
-    return marked, lines
+    return marked, lines, waiting
 
 
-def check_llm_url(url: str | None) -> None:
-    """``--llm URL``: an http(s) URL whose server answers ``/models`` now, not after the lock and a run folder."""
+def check_llm_url(url: str | None, flag: str = "--llm") -> None:
+    """``--llm URL`` (``--silver URL``): an http(s) URL whose server answers ``/models`` now, not after the lock and a
+    run folder."""
     if not url:
         return
     parts = urllib.parse.urlsplit(url)
     if parts.scheme not in ("http", "https") or not parts.netloc:
-        raise InputError(f"--llm {url}: not an http(s) URL (e.g. {OLLAMA_URL}, an OpenAI-compatible endpoint)")
+        raise InputError(f"{flag} {url}: not an http(s) URL (e.g. {OLLAMA_URL}, an OpenAI-compatible endpoint)")
     problem = llm_reachable(url)
     if problem is not None:
         raise InputError(
-            f"--llm {url}: the server does not answer {url.rstrip('/')}/models ({problem}); start it (`ollama "
+            f"{flag} {url}: the server does not answer {url.rstrip('/')}/models ({problem}); start it (`ollama "
             "serve`) or pass the URL of a running OpenAI-compatible server; nothing was changed"
         )
 
@@ -169,6 +182,7 @@ def run_tune(args: argparse.Namespace) -> int:
     check_out(args.out)
     check_questions(args)
     check_llm_url(args.llm)
+    check_llm_url(args.silver, "--silver")
     store_of(args.root).check_tune_rights(args.root, args.kb)  # pg: the stored vectors are readable
     check_only_kb(args.root, args.kb)
     trainer.check_query_args(args)

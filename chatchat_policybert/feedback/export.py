@@ -154,3 +154,20 @@ def export_questions(root: Path, kb: str, captures: list[dict[str, Any]]) -> Exp
     result.sources = [source for _, source, _ in reversed(kept)]
     result.labelled = [capture["label"] is not None for capture, _, _ in reversed(kept)]
     return result
+
+
+def unmarked(captures: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The captures nothing says the answer of (no operator's label, no ``answered`` mark: nobody clicked, or a user
+    said 'none'), of at least :data:`MIN_QUESTION_CHARS` characters, that showed a source: what ``tune --silver`` asks
+    the LLM about."""
+    return [
+        capture
+        for capture in captures
+        if positive(capture) is None and len(capture["question"].strip()) >= MIN_QUESTION_CHARS and capture["hits"]
+    ]
+
+
+def as_marked(capture: dict[str, Any], rank: int) -> dict[str, Any]:
+    """``capture`` as if its source ``rank`` had been marked ``answered`` (by the LLM: ``tune --silver``), so that
+    :func:`export_questions` applies every rule to it as to a user's mark."""
+    return {**capture, "label": None, "feedback": [{"session": None, "rank": rank, "verdict": "answered", "time": 0}]}

@@ -1106,3 +1106,69 @@ def test_near_duplicate_questions_go_into_one_fold_with_their_documents():
     folds = document_folds(queries)
     assert folds[-2] == folds[0]  # the near-duplicate on d5: d5 and d0 share a fold
     assert {folds[i] for i, q in enumerate(queries) if min(q.gains) in ("d0", "d5")} == {folds[0]}
+
+
+def test_silver_labels_from_the_llm_train_apart_and_never_judge(base_root, tmp_path):
+    """Issue 49 item 7: `--silver` (with `--feedback`) asks the deployment's LLM, replaced by the stand-in at its
+    network boundary, which shown source answers each captured question nobody marked; a named one trains as a
+    `silver-` question, reported on a line of its own; '0' adds nothing; the curated questions alone judge; the
+    replies are cached in the run folder (a second run asks nothing)."""
+    from ollama_standin import OllamaStandIn
+
+    from chatchat_policybert.chatchat.process import call_worker
+    from chatchat_policybert.feedback.store import FeedbackStore, Hit
+
+    root = copy_root(base_root, tmp_path / "root")
+    curated = write_questions(root, tmp_path / "q.jsonl", per_document=2)
+    asked = read_questions(write_questions(root, tmp_path / "all.jsonl", per_document=4))
+    asked = [q for q in asked if q["id"] not in {c["id"] for c in read_questions(curated)}]
+    chunks = call_worker(root, "chunks", "--kb", KB)["chunks"]
+    right = {}
+    with FeedbackStore.open(root) as store:
+        for n, q in enumerate(asked):
+            own = next((s, c) for s, c in chunks if Path(s).stem == q["doc_title"] and q["evidence"] in c)
+            other = next((s, c) for s, c in chunks if Path(s).stem != q["doc_title"])
+            hits = [Hit(1, *other, 0.9), Hit(2, *own, 0.8)]
+            store.add_capture(KB, q["question"], "kb_chat", 3, 0.5, 0, "test", hits, now=1_000 + n)
+            right[q["question"]] = "2" if n else "0"  # the first: the LLM says none answers
+
+    def rank(body: dict) -> str:
+        content = body["messages"][0]["content"]
+        question = content.split("问题：", 1)[1].split("\n\n", 1)[0]
+        return f"出处 {right[question]}"
+
+    standin = OllamaStandIn(reply=rank).start()
+    try:
+        command = ("--questions", str(curated), "--feedback", "--silver", standin.url, "--llm-model", "qwen2.5:7b")
+        result = tune(root, *command)
+        requests = len(standin.requests)
+        again = policybert(root, "tune", "--kb", KB, "--query-args", QUERY_ARGS, *command)
+    finally:
+        standin.stop()
+    assert result.returncode in (0, 1), result.stdout[-3000:] + result.stderr[-3000:]
+    n = len(asked)
+    assert requests == n and len(standin.requests) == n, "the second run re-used the cached replies"
+    assert again.returncode in (0, 1), again.stdout[-2000:] + again.stderr[-2000:]
+    line = next(x for x in result.stdout.splitlines() if x.startswith("silver labels"))
+    assert line == (
+        f"silver labels (the LLM qwen2.5:7b, not users): it read {n} question(s) nobody marked and named a source for "
+        f"{n - 1}; {n - 1} train; they never judge"
+    )
+    n_curated = len(read_questions(curated))
+    assert f"gate: {n_curated} questions, each scored" in result.stdout
+    trained = [int(m) for m in re.findall(r"fold \d/\d: training on (\d+) questions", result.stdout)]
+    assert sum(trained) == (FOLDS - 1) * (n_curated + n - 1)
+    assert line in (tune_dir(root, KB) / "report.md").read_text(encoding="utf-8")
+
+
+def test_silver_needs_feedback_and_something_to_judge(base_root, tmp_path):
+    from chatchat_policybert.feedback.store import FeedbackStore, Hit
+
+    root = copy_root(base_root, tmp_path / "root")
+    questions = str(write_questions(root, tmp_path / "q.jsonl"))
+    assert "--silver only applies with --feedback" in one_error_line(tune(root, "--questions", questions, "--silver"))
+    with FeedbackStore.open(root) as store:
+        store.add_capture(KB, "没有人标记的问题是什么", "kb_chat", 3, 0.5, 0, "test", [Hit(1, "a.md", "x", 0.1)])
+    line = one_error_line(tune(root, "--feedback", "--silver", "http://127.0.0.1:9/v1"))
+    assert "--silver" in line
+    assert not tune_dir(root, KB).exists()

@@ -35,6 +35,38 @@ def parse_questions(reply: str, limit: int) -> list[str]:
     return questions[:limit]
 
 
+def chat(url: str, model: str, content: str, timeout: float, temperature: float, flag: str = "--llm") -> str:
+    """The reply of an OpenAI-compatible ``/chat/completions`` at ``url`` to one user message; where the server does
+    not answer, answers an error, or not as OpenAI does, one :class:`InputError` line naming ``flag``."""
+    url = url.rstrip("/")
+    body = {
+        "model": model,
+        "stream": False,
+        "temperature": temperature,
+        "messages": [{"role": "user", "content": content}],
+    }
+    request = urllib.request.Request(
+        f"{url}/chat/completions", data=json.dumps(body).encode(), headers={"Content-Type": "application/json"}
+    )
+    try:
+        with urllib.request.urlopen(request, timeout=timeout) as response:
+            return json.loads(response.read())["choices"][0]["message"]["content"] or ""
+    except urllib.error.HTTPError as exc:
+        detail = exc.read().decode("utf-8", "replace")[:300]
+        raise InputError(
+            f"{flag} {url}: HTTP {exc.code} for model {model!r}: {detail} (the URL should end in /v1, and the model "
+            f"be pulled: `ollama pull {model}`)"
+        ) from None
+    except (urllib.error.URLError, TimeoutError, ConnectionError) as exc:
+        reason = getattr(exc, "reason", exc)
+        raise InputError(
+            f"{flag} {url}: the chat endpoint is not answering ({reason}); start it (`ollama serve`) or pass the URL "
+            "of a running OpenAI-compatible server"
+        ) from None
+    except (json.JSONDecodeError, KeyError, IndexError, TypeError):
+        raise InputError(f"{flag} {url}: the reply is not an OpenAI chat completion") from None
+
+
 class LlmQuestions:
     """Questions per chunk from an OpenAI-compatible ``/chat/completions``, cached line by line in ``cache``.
 
@@ -63,33 +95,8 @@ class LlmQuestions:
         return hashlib.sha1(f"{PROMPT_VERSION}\n{self.model}\n{self.questions}\n{text}".encode()).hexdigest()
 
     def ask(self, text: str) -> list[str]:
-        body = {
-            "model": self.model,
-            "stream": False,
-            "temperature": 0.7,
-            "messages": [{"role": "user", "content": PROMPT.format(n=self.questions, chunk=text)}],
-        }
-        request = urllib.request.Request(
-            f"{self.url}/chat/completions", data=json.dumps(body).encode(), headers={"Content-Type": "application/json"}
-        )
-        try:
-            with urllib.request.urlopen(request, timeout=self.timeout) as response:
-                reply = json.loads(response.read())["choices"][0]["message"]["content"]
-        except urllib.error.HTTPError as exc:
-            detail = exc.read().decode("utf-8", "replace")[:300]
-            raise InputError(
-                f"--llm {self.url}: HTTP {exc.code} for model {self.model!r}: {detail} (the URL should "
-                f"end in /v1, and the model be pulled: `ollama pull {self.model}`)"
-            ) from None
-        except (urllib.error.URLError, TimeoutError, ConnectionError) as exc:
-            reason = getattr(exc, "reason", exc)
-            raise InputError(
-                f"--llm {self.url}: the chat endpoint is not answering ({reason}); start it "
-                "(`ollama serve`) or pass the URL of a running OpenAI-compatible server"
-            ) from None
-        except (json.JSONDecodeError, KeyError, IndexError, TypeError):
-            raise InputError(f"--llm {self.url}: the reply is not an OpenAI chat completion") from None
-        return parse_questions(reply or "", self.questions)
+        content = PROMPT.format(n=self.questions, chunk=text)
+        return parse_questions(chat(self.url, self.model, content, self.timeout, 0.7) or "", self.questions)
 
     def pairs(self, chunks: list[Chunk], indices: list[int]) -> list[Pair]:
         todo = [i for i in indices if self.key(chunks[i].text) not in self.known]
