@@ -124,3 +124,19 @@ def feedback_db(root: Path) -> Path:
     """The SQLite file of captured questions, their hits and users' feedback (:mod:`chatchat_policybert.feedback`),
     in the root's :data:`FEEDBACK_DIR`."""
     return Path(root) / FEEDBACK_DIR / "feedback.sqlite3"
+
+
+# A tune's run folder: ``deploy`` writes it, the feedback store's purge scrubs the captured questions out of it
+TUNE_DIR = "policybert_tune"
+"""In the root: every knowledge base's default tune run folder is ``ROOT/policybert_tune/KB``."""
+GATE = "query_gate.json"
+"""In a run folder: the gate's decision, with the tower record it installs (``tower_record``)."""
+TOWER_RECORDS = "query_towers"
+"""Folder of the run folder with a record per installed query tower (``<its directory's name>.json``): the documents
+its questions name, each judged question's held-out record from the gate that installed it, and the stored vectors
+it was judged against. A later tune's "before" for those questions; kept after a ``rollback``, which may serve an
+earlier tower again."""
+STEP_CACHES = "query"
+"""Folder of the run folder with the steps' results, one folder per key of their inputs."""
+BACKUP_DIR = "previous"
+"""Folder of the run folder with the deployment an install replaced: what ``rollback`` restores."""

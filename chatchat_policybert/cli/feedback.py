@@ -72,7 +72,10 @@ def register(commands: Any) -> None:
     label.set_defaults(func=run_label)
 
     purge = actions.add_parser(
-        "purge", help="delete captured questions and their feedback, leaving their text in none of the store's files"
+        "purge",
+        help="delete captured questions and their feedback, leaving their text in none of the store's files and none "
+        "of tune's run folders",
+        description=run_purge.__doc__,
     )
     _common(purge, "only this knowledge base's captures (default: every knowledge base's)")
     which = purge.add_mutually_exclusive_group(required=True)
@@ -103,9 +106,12 @@ def _kb(args: argparse.Namespace) -> str:
 def _retention(root: Path) -> None:
     """The retention purge every command runs first; says what it deleted."""
     days = read_capture(root).retention_days
-    deleted = apply_retention(root, days)
-    if deleted:
-        print(f"deleted {deleted} captured question(s) older than the retention setting ({days} days)")
+    purged = apply_retention(root, days)
+    if purged.captures:
+        print(
+            f"deleted {purged.captures} captured question(s) older than the retention setting ({days} days); "
+            f"{purged.run_files}"
+        )
 
 
 def _open(root: Path) -> FeedbackStore | PgFeedbackStore | None:
@@ -193,18 +199,23 @@ def run_label(args: argparse.Namespace) -> int:
 
 
 def run_purge(args: argparse.Namespace) -> int:
-    """Delete captured questions (and their hits, feedback and labels) and scrub the store's files."""
+    """Delete captured questions with their hits, feedback and labels, and leave their text in none of the store's
+    files (SQLite's file, -wal and -shm rewritten; on PostgreSQL its tables vacuumed) and none of tune's run folders
+    (ROOT/policybert_tune/KB, and every --out a `tune --feedback` wrote): the gate's record and the tower records lose
+    those questions' held-out entries (a later tune has no held-out score for them); any other file that holds one
+    (a step's cache, a log, the report) is deleted, and the next tune recomputes what it needs. Run it when no tune
+    runs."""
     store = _open(args.root)
     if store is None:
         print(f"nothing to purge: no store at {store_location(args.root)}")
         return 0
     started = time.monotonic()
     with store:
-        deleted = store.purge(older_than_days=None if args.all else args.older_than, kb=args.kb)
+        purged = store.purge(older_than_days=None if args.all else args.older_than, kb=args.kb)
     which = f"of '{args.kb}'" if args.kb else "of every knowledge base"
     age = "" if args.all else f" older than {args.older_than:g} days"
     print(
-        f"deleted {deleted} captured question(s) {which}{age}; {store_location(args.root)} rewritten without their "
-        f"text ({time.monotonic() - started:.1f} s)"
+        f"deleted {purged.captures} captured question(s) {which}{age}; {store_location(args.root)} rewritten without "
+        f"their text; tune's run folders: {purged.run_files} ({time.monotonic() - started:.1f} s)"
     )
     return 0

@@ -34,6 +34,7 @@ from typing import Any, Protocol
 import numpy as np
 
 from chatchat_policybert.chatchat.config import SETTINGS_FILES, kb_settings, served_model
+from chatchat_policybert.chatchat.root import BACKUP_DIR, GATE, STEP_CACHES, TOWER_RECORDS
 from chatchat_policybert.deploy.calibration import Candidates, Setting, calibration_record, write_setting
 from chatchat_policybert.deploy.crossfit import (
     FOLDS,
@@ -48,7 +49,6 @@ from chatchat_policybert.deploy.crossfit import (
 )
 from chatchat_policybert.deploy.gate import deployed
 from chatchat_policybert.deploy.rollback import (
-    BACKUP_DIR,
     INSTALL_STARTED,
     INSTALLED,
     PENDING,
@@ -65,12 +65,6 @@ from chatchat_policybert.files import atomic_path, read_json, write_json
 from chatchat_policybert.model.loading import WEIGHT_FILES, has_query_tower
 from chatchat_policybert.retrieval.hybrid import configured_hybrid
 
-GATE = "query_gate.json"
-TOWER_RECORDS = "query_towers"
-"""Folder of the run folder with a record per installed query tower (``<its directory's name>.json``): the documents
-its questions name, each judged question's held-out record from the gate that installed it, and the stored vectors
-it was judged against. A later tune's "before" for those questions (:func:`out_of_sample_before`); kept after a
-``rollback``, which may serve an earlier tower again."""
 NEEDS_QUESTIONS = (
     "tune learns from questions like your users' (labelled: the question and the document that answers it), and "
     "has none: pass --questions FILE (the evaluation's JSONL, "
@@ -140,7 +134,7 @@ def run_query_tune(run: Run, trainer: QueryTrainer) -> int:
             f"{len(chunks)} stored chunk vectors; folds of {'/'.join(map(str, sizes))} questions (by document)",
             flush=True,
         )
-    out = run.out / "query" / key
+    out = run.out / STEP_CACHES / key
     texts = [q.text for q in queries]
     with run.step("folds"):
         served_vectors = trainer.start_vectors(run, texts, out / "start")
@@ -199,8 +193,15 @@ def query_gate(
         begun = key in (run.record(INSTALL_STARTED).get("candidate"), run.record(INSTALLED).get("candidate"))
         if gate.get("key") == key and (gate.get("deployment") == deployment or (begun and gate.get("install"))):
             # Once its install began, the deployment is the gate's own doing: never judged again (issue 52 K2)
-            print(f"gate: decided already on the same questions and deployment ({path})")
-            return gate
+            if Path(gate["calibration_file"]).is_file():
+                print(f"gate: decided already on the same questions and deployment ({path})")
+                return gate
+            if begun:  # its step results deleted (a `feedback purge`, or by hand): nothing can finish that install
+                raise InputError(
+                    f"{path}: this tune's install began, and its step results ({run.out / STEP_CACHES / key}) are "
+                    f"gone (a `feedback purge`, or deleted): `chatchat-policybert rollback --root {run.root} --kb "
+                    f"{run.kb}` puts back the deployment it replaced, then tune again"
+                )
     logs = run.out / "logs"
     configured = configured_hybrid(run.root)
     analyzer = configured.analyzer_name if configured is not None else None
@@ -277,7 +278,7 @@ def query_gate(
             f"({mrr.delta:+.4f}, 95% CI [{mrr.low:+.4f}, {mrr.high:+.4f}] includes 0); at this effect about {needed} "
             f"questions ({needed - len(kept)} more) would decide it"
         )
-    calibration_file = run.out / "query" / key / "calibration.json"
+    calibration_file = run.out / STEP_CACHES / key / "calibration.json"
     write_json(
         {
             "chosen": vars(calibration.chosen),
@@ -492,7 +493,7 @@ def install_query_tower(run: Run, key: str, model_dir: Path | None, gate: dict[s
     the settings at it with the calibrated hybrid, checks that not one stored vector changed, and records what the
     tower trained on and its held-out scores (:data:`TOWER_RECORDS`)."""
     if model_dir is None or not (model_dir / "config.json").is_file():
-        raise InputError(f"the trained query tower is missing from {run.out / 'query' / key}; run tune again")
+        raise InputError(f"the trained query tower is missing from {run.out / STEP_CACHES / key}; run tune again")
     installed = installed_dir(run.root, run.kb, key)
     embed_model, served = served_model(run.root)
     if run.record(INSTALLED).get("candidate") == key and served == installed:

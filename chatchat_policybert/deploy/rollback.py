@@ -44,7 +44,7 @@ from typing import Any
 from chatchat_policybert.chatchat.config import MODEL_SETTINGS, SETTINGS_FILES, copy_settings, kb_settings, served_model
 from chatchat_policybert.chatchat.config import model_settings as read_model_settings
 from chatchat_policybert.chatchat.process import chatchat_command, run_chatchat
-from chatchat_policybert.chatchat.root import kb_root
+from chatchat_policybert.chatchat.root import BACKUP_DIR, kb_root
 from chatchat_policybert.chatchat.settings import find_local_model
 from chatchat_policybert.deploy.run import kill_point, model_manifest, tune_dir, tune_lock
 from chatchat_policybert.errors import InputError, SettingsError
@@ -52,7 +52,6 @@ from chatchat_policybert.files import atomic_path, read_json, write_json
 from chatchat_policybert.stores import store_of
 from chatchat_policybert.stores.rebuild import chosen_kb
 
-BACKUP_DIR = "previous"
 BACKUP_FILE = "backup.json"
 """The backup's copy of the vectors: the FAISS folder, or a pg collection's (text, vector) rows."""
 INSTALL_STARTED, INSTALLED, ROLLED_BACK = "install_started.json", "installed.json", "rolled_back.json"

@@ -23,14 +23,13 @@ from pathlib import Path
 from typing import Any
 
 from chatchat_policybert.chatchat.config import served_model
-from chatchat_policybert.chatchat.root import kb_root
+from chatchat_policybert.chatchat.root import TUNE_DIR, kb_root
 from chatchat_policybert.errors import InputError
 from chatchat_policybert.evaluation.gate_rule import EXIT_WORSE
 from chatchat_policybert.files import read_json, write_json
 
 STEPS = ("questions", "folds", "train", "gate", "install", "report")
 STATE = "tune.json"
-TUNE_DIR = "policybert_tune"
 TUNE_LOCK = ".policybert-tune.lock"
 """In the knowledge base's folder, beside ``kb -r``'s lock: held by a ``tune`` or ``rollback`` of it."""
 

@@ -28,6 +28,7 @@ from chatchat_policybert.deploy.run import STATE, Run, model_manifest, tune_dir,
 from chatchat_policybert.errors import EXIT_INTERRUPTED, InputError, Interrupted
 from chatchat_policybert.evaluation.dataset import Query, kb_questions
 from chatchat_policybert.feedback.export import DROP_RULES, export_questions, normalised, unmarked
+from chatchat_policybert.feedback.runs import remember_run_folder
 from chatchat_policybert.feedback.store import open_store, store_location
 from chatchat_policybert.files import read_json, regular_file
 from chatchat_policybert.stores import store_of
@@ -188,6 +189,8 @@ def run_tune(args: argparse.Namespace) -> int:
     trainer.check_query_args(args)
     args.out = (args.out or tune_dir(args.root, args.kb)).resolve()
     check_tower_record(args.root, args.out)
+    if args.feedback:  # captured questions' text goes into the run folder: a purge must find it there
+        remember_run_folder(args.root, args.out)
     with tune_lock(args.root, args.kb, "tune"):
         run = None
         try:

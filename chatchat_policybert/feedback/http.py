@@ -142,9 +142,9 @@ def start_retention() -> None:
 
     def run() -> None:
         try:
-            deleted = apply_retention(root, cached_capture(root).retention_days, busy_ms=API_BUSY_MS * 40)
-            if deleted:
-                logger.info("policybert: deleted %d captured question(s) past their retention", deleted)
+            purged = apply_retention(root, cached_capture(root).retention_days, busy_ms=API_BUSY_MS * 40)
+            if purged.captures:
+                logger.info("policybert: deleted %s past their retention", purged)
         except Exception as exc:  # the next start or day tries again; the API goes on
             logger.error("policybert: the retention purge of captured questions failed: %s", exc)
 

@@ -15,7 +15,8 @@ a file beside the root would be a second place to guard.
   openers never race.
 - **Purged text is gone from the tables' files.** ``DELETE``, then ``VACUUM FULL`` of the four tables (each rewritten
   into new files, TOAST included; the old ones truncated at once). PostgreSQL's write-ahead log (``pg_wal``) keeps
-  the text until its segments are recycled and overwritten, which no client can force: a purge cannot reach it.
+  the text until its segments are recycled and overwritten, which no client can force: a purge cannot reach it. The
+  purged questions leave ``tune``'s run folders first, as in the SQLite store (:mod:`.runs`).
 
 SQLAlchemy and psycopg2 are imported inside functions, as the rest of the pg code does.
 """
@@ -27,16 +28,19 @@ import threading
 import time
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
+from pathlib import Path
 from typing import Any
 
 from chatchat_policybert.feedback.store import (
     SCHEMA_VERSION,
     SECONDS_PER_DAY,
     Hit,
+    Purged,
     StoreError,
     UnknownCapture,
     assemble_captures,
     check_feedback,
+    scrub_captured_questions,
 )
 from chatchat_policybert.stores.pg_db import CONNECT_TIMEOUT_S, reason, where
 
@@ -93,23 +97,25 @@ class PgFeedbackStore:
     :class:`~chatchat_policybert.feedback.store.FeedbackStore`. Thread-safe (a pooled engine, one transaction per
     call)."""
 
-    def __init__(self, uri: str, busy_ms: int) -> None:
+    def __init__(self, uri: str, root: Path, busy_ms: int) -> None:
         import sqlalchemy
 
         self.uri = uri
+        self.root = Path(root)
+        """The Chatchat root whose store this is: its run folders are scrubbed of what :meth:`purge` deletes."""
         self.where = f"schema {SCHEMA} of PostgreSQL at {where(uri)}"
         self._busy_ms = int(busy_ms)
         self._engine = sqlalchemy.create_engine(uri, connect_args={"connect_timeout": CONNECT_TIMEOUT_S})
         self._lock = threading.Lock()
 
     @classmethod
-    def open(cls, uri: str, busy_ms: int, create: bool = True) -> PgFeedbackStore | None:
-        """The store (its schema created where ``create``); None where the schema does not exist and ``create`` is
-        false. A :class:`StoreError` where the database does not answer, the user lacks a right, or the schema is of
-        a newer release or not the plugin's."""
+    def open(cls, uri: str, root: Path, busy_ms: int, create: bool = True) -> PgFeedbackStore | None:
+        """The store of ``root`` (its knowledge bases in ``uri``'s database; its schema created where ``create``);
+        None where the schema does not exist and ``create`` is false. A :class:`StoreError` where the database does
+        not answer, the user lacks a right, or the schema is of a newer release or not the plugin's."""
         import sqlalchemy
 
-        store = cls(uri, busy_ms)
+        store = cls(uri, root, busy_ms)
         try:
             with store._engine.connect() as connection:
                 exists = connection.execute(
@@ -319,9 +325,9 @@ class PgFeedbackStore:
         kb: str | None = None,
         scrub_if_none: bool = True,
         ids: Sequence[str] | None = None,
-    ) -> int:
-        """As :meth:`FeedbackStore.purge <chatchat_policybert.feedback.store.FeedbackStore.purge>`; the scrub is
-        :meth:`scrub`."""
+    ) -> Purged:
+        """As :meth:`FeedbackStore.purge <chatchat_policybert.feedback.store.FeedbackStore.purge>` (the questions out
+        of the run folders first, then exactly those captures deleted); the scrub is :meth:`scrub`."""
         import sqlalchemy
 
         where_, params = [], {}
@@ -335,19 +341,21 @@ class PgFeedbackStore:
             where_.append("kb = :kb")
             params["kb"] = kb
         condition = " AND ".join(where_) or "TRUE"
+        with self._engine.connect() as db:
+            rows = db.execute(
+                sqlalchemy.text(f"SELECT id, question FROM {SCHEMA}.captures WHERE {condition}"), params
+            ).all()
+        run_files = scrub_captured_questions(self.root, [question for _, question in rows])
+        chosen = {"chosen": [capture_id for capture_id, _ in rows]}
         with self._begin() as db:
             for table in _CHILD_TABLES:
-                db.execute(
-                    sqlalchemy.text(
-                        f"DELETE FROM {SCHEMA}.{table} WHERE capture_id IN "
-                        f"(SELECT id FROM {SCHEMA}.captures WHERE {condition})"
-                    ),
-                    params,
-                )
-            deleted = db.execute(sqlalchemy.text(f"DELETE FROM {SCHEMA}.captures WHERE {condition}"), params).rowcount
+                db.execute(sqlalchemy.text(f"DELETE FROM {SCHEMA}.{table} WHERE capture_id = ANY(:chosen)"), chosen)
+            deleted = db.execute(
+                sqlalchemy.text(f"DELETE FROM {SCHEMA}.captures WHERE id = ANY(:chosen)"), chosen
+            ).rowcount
         if deleted or scrub_if_none:
             self.scrub()
-        return deleted
+        return Purged(deleted, run_files)
 
     def scrub(self) -> None:
         """``VACUUM FULL`` of the store's tables: each rewritten into new files without the deleted rows (the old

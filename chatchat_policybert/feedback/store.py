@@ -16,12 +16,16 @@ A root whose knowledge bases are on PostgreSQL keeps the same tables in its data
   survives the ``kill -9`` of any process (the WAL is in the file system); a power cut may lose the last
   transactions, not the file.
 - **Purged text is gone.** ``secure_delete`` zeroes deleted rows, then the WAL is checkpointed and truncated and the
-  file vacuumed (:meth:`FeedbackStore.purge`): the text is found in none of the files (tests grep their bytes).
+  file vacuumed (:meth:`FeedbackStore.purge`): the text is found in none of the files (tests grep their bytes). The
+  purged questions leave ``tune``'s run folders first (:mod:`.runs`), in both stores' purge: every purge (the
+  ``feedback purge`` command, the retention the API and every ``feedback`` command run, a bench's purge by id) goes
+  through it.
 """
 
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 import pwd
 import secrets
@@ -30,7 +34,7 @@ import threading
 import time
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -94,6 +98,29 @@ CREATE TABLE labels (
 _CHILD_TABLES = ("hits", "feedback", "labels")
 
 
+@dataclass
+class RunScrub:
+    """What a purge did to ``tune``'s run folders (:func:`~.runs.scrub_run_folders`): the files rewritten without
+    the purged questions, and those deleted."""
+
+    rewritten: list[Path] = field(default_factory=list)
+    deleted: list[Path] = field(default_factory=list)
+
+    def __str__(self) -> str:
+        return f"{len(self.rewritten)} run-folder file(s) rewritten, {len(self.deleted)} deleted"
+
+
+@dataclass(frozen=True)
+class Purged:
+    """What a purge deleted: how many captures, and what became of the run-folder files that held their questions."""
+
+    captures: int
+    run_files: RunScrub
+
+    def __str__(self) -> str:
+        return f"{self.captures} captured question(s); {self.run_files}"
+
+
 class StoreError(InputError):
     """The feedback store cannot be used (another user's, a newer schema, not ours, unreadable); the message says
     which file and what to do."""
@@ -145,11 +172,40 @@ def check_owner(folder: Path) -> None:
         )
 
 
+def private_folder(root: Path, create: bool) -> Path | None:
+    """The root's :data:`~chatchat_policybert.chatchat.root.FEEDBACK_DIR` (the store's folder, which also lists
+    ``tune``'s run folders of users' questions: :mod:`.runs`), created 0700 where ``create`` and made 0700 where it
+    is more open; None where it does not exist and ``create`` is false. A :class:`StoreError` where it belongs to
+    another user (:func:`check_owner`), or the root does not exist."""
+    folder = feedback_db(root).parent
+    try:
+        if not folder.exists():
+            if not create:
+                return None
+            folder.mkdir(mode=0o700, parents=False)
+        check_owner(folder)
+        if folder.stat().st_mode & 0o077:
+            folder.chmod(0o700)
+    except PermissionError as exc:
+        raise StoreError(_not_yours(folder, exc)) from None
+    except FileNotFoundError:
+        raise StoreError(f"{folder.parent}: no such Chatchat root") from None
+    return folder
+
+
+def _not_yours(folder: Path, exc: OSError) -> str:
+    return (
+        f"{folder}: {exc.strerror}: the store is readable by the deployment's user only; run the command as that user"
+    )
+
+
 class FeedbackStore:
     """One connection to a root's feedback store; thread-safe (one lock: its writes are short)."""
 
-    def __init__(self, path: Path, busy_ms: int) -> None:
-        self.path = Path(path)
+    def __init__(self, root: Path, busy_ms: int) -> None:
+        self.root = Path(root)
+        """The Chatchat root whose store this is: its run folders are scrubbed of what :meth:`purge` deletes."""
+        self.path = feedback_db(root)
         self.where = str(self.path)
         self._lock = threading.Lock()
         self._db = sqlite3.connect(self.path, timeout=busy_ms / 1000, isolation_level=None, check_same_thread=False)
@@ -172,15 +228,10 @@ class FeedbackStore:
         """The root's store (created, folder 0700 and file 0600, where ``create``); None where it does not exist and
         ``create`` is false. A :class:`StoreError` where it belongs to another user or cannot be used."""
         path = feedback_db(root)
-        folder = path.parent
+        folder = private_folder(root, create)
+        if folder is None:
+            return None
         try:
-            if not folder.exists():
-                if not create:
-                    return None
-                folder.mkdir(mode=0o700, parents=False)
-            check_owner(folder)
-            if folder.stat().st_mode & 0o077:
-                folder.chmod(0o700)
             if not path.exists():
                 if not create:
                     return None
@@ -188,13 +239,8 @@ class FeedbackStore:
             if path.stat().st_mode & 0o077:
                 path.chmod(0o600)
         except PermissionError as exc:
-            raise StoreError(
-                f"{folder}: {exc.strerror}: the store is readable by the deployment's user only; run the command as "
-                "that user"
-            ) from None
-        except FileNotFoundError:
-            raise StoreError(f"{folder.parent}: no such Chatchat root") from None
-        return cls(path, busy_ms)
+            raise StoreError(_not_yours(folder, exc)) from None
+        return cls(root, busy_ms)
 
     def close(self) -> None:
         with self._lock:
@@ -311,11 +357,15 @@ class FeedbackStore:
         kb: str | None = None,
         scrub_if_none: bool = True,
         ids: Sequence[str] | None = None,
-    ) -> int:
+    ) -> Purged:
         """Delete the captures (with their hits, feedback and labels) older than ``older_than_days`` (None: all) of
-        ``kb`` (None: every knowledge base) and, with ``ids``, only those of these ids (a bench's own questions), then
-        scrub the files (:meth:`scrub`; skipped where nothing was deleted and not ``scrub_if_none``); how many
-        captures were deleted."""
+        ``kb`` (None: every knowledge base) and, with ``ids``, only those of these ids (a bench's own questions);
+        what was deleted.
+
+        Their questions first leave the root's run folders (:func:`~.runs.scrub_run_folders`); only then are exactly
+        those captures deleted, and the files scrubbed (:meth:`scrub`; skipped where nothing was deleted and not
+        ``scrub_if_none``). Why in that order: a run-folder file that cannot be changed stops the purge with the
+        questions still in the store, so that the purge run again finds them again."""
         where: list[str] = []
         params: list[Any] = []
         if ids is not None:
@@ -328,15 +378,19 @@ class FeedbackStore:
             where.append("kb = ?")
             params.append(kb)
         condition = " AND ".join(where) or "1"
+        with self._lock:
+            rows = self._db.execute(f"SELECT id, question FROM captures WHERE {condition}", params).fetchall()
+        run_files = scrub_captured_questions(self.root, [question for _, question in rows])
+        chosen = json.dumps([capture_id for capture_id, _ in rows])
         with self._write() as db:
             for table in _CHILD_TABLES:
-                db.execute(
-                    f"DELETE FROM {table} WHERE capture_id IN (SELECT id FROM captures WHERE {condition})", params
-                )
-            deleted = db.execute(f"DELETE FROM captures WHERE {condition}", params).rowcount
+                db.execute(f"DELETE FROM {table} WHERE capture_id IN (SELECT value FROM json_each(?))", (chosen,))
+            deleted = db.execute(
+                "DELETE FROM captures WHERE id IN (SELECT value FROM json_each(?))", (chosen,)
+            ).rowcount
         if deleted or scrub_if_none:
             self.scrub()
-        return deleted
+        return Purged(deleted, run_files)
 
     def scrub(self) -> None:
         """Leave no deleted text in any of the files: the WAL copied into the database and truncated to nothing, the
@@ -431,7 +485,7 @@ def open_store(root: Path, busy_ms: int = CLI_BUSY_MS, create: bool = True) -> F
     if uri is not None:
         from chatchat_policybert.feedback.pg_store import PgFeedbackStore
 
-        return PgFeedbackStore.open(uri, busy_ms, create)
+        return PgFeedbackStore.open(uri, root, busy_ms, create)
     return FeedbackStore.open(root, busy_ms, create)
 
 
@@ -455,11 +509,19 @@ def _database_uri(root: Path) -> str | None:
     return None if store is None else store.database_uri(root)
 
 
-def apply_retention(root: Path, days: int, busy_ms: int = CLI_BUSY_MS) -> int:
-    """Delete the root's captures older than ``days`` (and scrub the files where any were); how many. Nothing to do
-    (no store yet) is 0; run by the API at start and daily, and by every ``feedback`` command."""
+def scrub_captured_questions(root: Path, questions: Sequence[str]) -> RunScrub:
+    """The purged ``questions`` taken out of ``root``'s run folders (:mod:`.runs`), by both stores' purge."""
+    from chatchat_policybert.feedback.runs import scrub_run_folders  # imported here: runs uses this module
+
+    return scrub_run_folders(root, questions)
+
+
+def apply_retention(root: Path, days: int, busy_ms: int = CLI_BUSY_MS) -> Purged:
+    """Delete the root's captures older than ``days`` (their questions out of the run folders too, and the files
+    scrubbed where any were); what was deleted. Nothing to do (no store yet) deletes nothing; run by the API at start
+    and daily, and by every ``feedback`` command."""
     store = open_store(root, busy_ms=busy_ms, create=False)
     if store is None:
-        return 0
+        return Purged(0, RunScrub())
     with store:
         return store.purge(older_than_days=days, scrub_if_none=False)

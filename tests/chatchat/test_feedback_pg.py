@@ -107,7 +107,7 @@ def test_purge_leaves_the_text_in_none_of_the_tables_files(fresh: str, cluster: 
 
     assert in_files(secret) and in_files(chunk[:40])
     with open_store(root) as store:  # the second only, by id (as a bench takes back its own questions)
-        assert store.purge(ids=[c["id"] for c in store.captures() if c["id"] != kept]) == 1
+        assert store.purge(ids=[c["id"] for c in store.captures() if c["id"] != kept]).captures == 1
     assert not in_files(secret) and not in_files(chunk[:40])
     purged = cli(root, "purge", "--all")
     assert purged.returncode == 0 and "deleted 1 captured question(s)" in purged.stdout, purged.stderr
@@ -137,6 +137,6 @@ def test_a_user_without_rights_and_a_newer_schema_are_one_clear_line(fresh: str,
     with engine.begin() as db:
         db.execute(sqlalchemy.text(f"UPDATE {SCHEMA}.meta SET value = '99' WHERE key = 'schema_version'"))
     with pytest.raises(StoreError, match="schema version 99, written by a newer chatchat-policybert"):
-        PgFeedbackStore.open(fresh, busy_ms=1000)
+        PgFeedbackStore.open(fresh, tmp_path, busy_ms=1000)
     with engine.connect() as db:
         assert db.execute(sqlalchemy.text(f"SELECT count(*) FROM {SCHEMA}.captures")).scalar() == 1

@@ -1008,9 +1008,10 @@ def read_questions(path: Path) -> list[dict]:
 
 
 def test_tune_feedback_trains_and_judges_on_users_marks_with_the_marked_chunk_as_the_positive(base_root, tmp_path):
-    """Without --questions the users' marks train and judge (cross-fitted by document); a mark under 6 characters, an
-    unmarked capture are counted, not used; each marked question's positive is the chunk the user
-    marked, not another chunk of its document; the report says that marks cannot show a recall failure."""
+    """Without --questions the users' marks train and judge (cross-fitted by document); a mark under 6 characters and
+    an unmarked capture are counted, not used; each marked question's positive is the chunk the user marked, not
+    another chunk of its document; the report says that marks cannot show a recall failure. The run folder, here
+    outside the root (--out), is remembered: `feedback purge --all` leaves the questions in none of its files."""
     from chatchat_policybert.deploy.crossfit import Marked, stored_questions
     from chatchat_policybert.feedback.store import FeedbackStore, Hit
 
@@ -1023,18 +1024,17 @@ def test_tune_feedback_trains_and_judges_on_users_marks_with_the_marked_chunk_as
         short = store.add_capture(KB, "补贴？", "kb_chat", 3, 0.5, 0, "test", [hit], now=5_000)
         store.record_feedback(short, 1, "answered", None)
         store.add_capture(KB, "没有人标记的问题是什么", "kb_chat", 3, 0.5, 0, "test", [hit], now=5_001)
-    result = tune(root, "--feedback")
+    out = tmp_path / "elsewhere"
+    result = tune(root, "--feedback", "--out", str(out))
     assert result.returncode in (0, 1), result.stdout[-3000:] + result.stderr[-3000:]
-    out = result.stdout
-    summary = next(line for line in out.splitlines() if line.startswith("feedback: "))
+    printed = result.stdout
+    summary = next(line for line in printed.splitlines() if line.startswith("feedback: "))
     assert summary.startswith(f"feedback: {len(questions) + 2} captured question(s) of {KB}, 1 without a mark; ")
     assert f"{len(questions)} to train on ({len(questions)} users' marks, 0 operator labels)" in summary
     assert "dropped 1 under 6 characters" in summary
-    assert f"gate: {len(questions)} questions users marked, each scored" in out
-    assert "cannot show a question whose answer it did not retrieve" in (tune_dir(root, KB) / "report.md").read_text(
-        encoding="utf-8"
-    )
-    gate = json.loads((tune_dir(root, KB) / "query_gate.json").read_text(encoding="utf-8"))
+    assert f"gate: {len(questions)} questions users marked, each scored" in printed
+    assert "cannot show a question whose answer it did not retrieve" in (out / "report.md").read_text(encoding="utf-8")
+    gate = json.loads((out / "query_gate.json").read_text(encoding="utf-8"))
     assert gate["per_question"]["ids"] and all(i.startswith("fb-") for i in gate["per_question"]["ids"])
     # The positive: the chunk the user marked (--feedback-positive marked), every chunk of its document with best
     first = questions[0]
@@ -1050,6 +1050,11 @@ def test_tune_feedback_trains_and_judges_on_users_marks_with_the_marked_chunk_as
             assert [chunks[i].text for i in rows] == [own["chunk"]]
         else:
             assert rows == of_document and len(of_document) > 1
+    held = [q["question"].encode() for q in questions]
+    assert any(text in path.read_bytes() for path in out.rglob("*") if path.is_file() for text in held)
+    purged = policybert(root, "feedback", "purge", "--all")
+    assert purged.returncode == 0, purged.stdout + purged.stderr
+    assert not [p for p in out.rglob("*") if p.is_file() and any(text in p.read_bytes() for text in held)]
 
 
 def test_tune_feedback_with_questions_yours_judge_the_marks_train_and_a_repeat_of_yours_is_dropped(base_root, tmp_path):

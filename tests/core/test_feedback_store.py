@@ -132,22 +132,22 @@ def test_purged_text_is_in_none_of_the_files(tmp_path: Path) -> None:
         api.record_feedback(capture, 1, "answered", "s")
     assert SECRET.encode() in raw_bytes(tmp_path)
     with FeedbackStore.open(tmp_path) as cli:
-        assert cli.purge(older_than_days=5) == 20
+        assert cli.purge(older_than_days=5).captures == 20
     assert SECRET.encode() not in raw_bytes(tmp_path)
     assert [c["id"] for c in api.captures()] == [kept]
     add(api, question=f"{SECRET}第二次", n=2)
     with FeedbackStore.open(tmp_path) as cli:
-        assert cli.purge() == 2  # --all
+        assert cli.purge().captures == 2  # --all
     assert SECRET.encode() not in raw_bytes(tmp_path) and "保留".encode() not in raw_bytes(tmp_path)
     api.close()
 
 
 def test_retention_deletes_only_what_is_older(tmp_path: Path) -> None:
-    assert apply_retention(tmp_path, 180) == 0  # no store: nothing to do, nothing created
+    assert apply_retention(tmp_path, 180).captures == 0  # no store: nothing to do, nothing created
     assert not feedback_db(tmp_path).parent.exists()
     with FeedbackStore.open(tmp_path) as store:
         old, new = add(store, now=time.time() - 181 * 86400), add(store, now=time.time() - 179 * 86400)
-    assert apply_retention(tmp_path, 180) == 1
+    assert apply_retention(tmp_path, 180).captures == 1
     with FeedbackStore.open(tmp_path) as store:
         assert [c["id"] for c in store.captures()] == [new] and old != new
 
@@ -156,7 +156,7 @@ def test_purge_by_id_deletes_exactly_those_captures(tmp_path: Path) -> None:
     """What a bench uses to take back the questions it asked (bench/capture_overhead.py): only the ids named go."""
     with FeedbackStore.open(tmp_path) as store:
         kept, *asked = (add(store, f"问题{i}数据要素") for i in range(4))
-        assert store.purge(ids=asked) == 3 and store.purge(ids=[]) == 0
+        assert store.purge(ids=asked).captures == 3 and store.purge(ids=[]).captures == 0
         assert [c["id"] for c in store.captures()] == [kept]
 
 
