@@ -1,0 +1,630 @@
+"""The loop of issue 49 measured: users ask in the RAG tab, mark the source that answered, and ``tune --feedback``
+trains on the marks; against ``make tune-demo`` (``tune --questions`` on all 213 labelled training questions).
+
+    python bench/feedback_replay.py --root chatchat-root                       # 3 seeds, users a and b (hours)
+    python bench/feedback_replay.py --root chatchat-root --seeds 0 --limit 20 --query-args '--max-steps 5' \\
+        --out bench/results/feedback_replay/check.json                          # a quick check of every step
+
+``--root`` is a root ``make demo`` built and never tuned; it is only read. Per seed S, one after another (never two
+at a time), and for each simulated user U of ``--users``, in a fresh copy of it (its own API port, an empty capture
+store; the copies are the bench's own and are removed after, unless ``--keep``):
+
+1. ``chatchat-policybert setup --capture on`` on the copy, its Ollama pointed at a loopback stand-in (the tests' own,
+   ``tests/chatchat/ollama_standin.py``: Ollama replaced at its network boundary only), and ``chatchat start --api``.
+2. The replay: each question of ``chatchat_policybert/data/policy_training_questions.jsonl`` (the first ``--limit``)
+   asked as the WebUI's RAG对话 tab asks it, through ``/knowledge_base/local_kb/KB/chat/completions``, no history,
+   streamed, with the tab's defaults (``VECTOR_SEARCH_TOP_K``, ``SCORE_THRESHOLD``, the root's LLM and
+   temperature). The first event's ``capture_id`` (the same as the ``X-PolicyBERT-Capture`` header) names the
+   recorded question; ``feedback list --json`` gives its hits, the sources shown as 出处 [1…k] in rank order.
+3. The user marks one of them with ``POST /policybert/feedback`` (``verdict`` answered, one session per question:
+   many users, each asking once). The labelled file serves only to tell which shown source is of the question's
+   document (its ``doc_title`` mapped to the KB's file names as ``eval`` and ``tune --questions --corpus`` map them):
+   - user ``a`` marks the first shown source of the right document, and nothing where none is shown;
+   - user ``b`` reads rank r with probability 1/r, walking down the list, and marks the first source read that is
+     of the right document (nothing where none is read); 10 % of those times they mark a random other shown
+     source instead. Random draws per question, seeded by S and the question's id.
+   Nobody answers 都没有 or labels an unanswered question (``feedback label``).
+4. The API stopped, ``chatchat-policybert tune --root COPY --kb KB --feedback --seed S`` (the marks train and judge,
+   cross-fitted by document), timed, with its peak RSS (the largest process's, as ``/usr/bin/time`` reports).
+Then on another fresh copy the baseline, ``make tune-demo``'s command with the same seed: ``tune --questions
+policy_training_questions.jsonl --corpus Policys_cleaned.csv --seed S`` (with ``--limit``, the same first questions
+the replay asked). ``--query-args`` goes to both tunes. A tune its gate refuses (exit 1) leaves its root as it was,
+and that root is scored as it is.
+
+5. Scores, as the "+0.079 [+0.049, +0.109] pooled" of ``make tune-demo`` was measured (``bench/e5_rag_path.py``:
+   the same objects, sets and depth): MRR@10 at document level on the three blind sets pooled (new 77, third 76,
+   fourth 80: 233 questions), of the untuned root (scored once, on a copy) and of each tuned root:
+   - ``search_docs``: Chatchat's ``search_docs`` at top_k 10 with the root's installed weights and threshold, asked
+     by the evaluation's worker: what users get;
+   - ``dense``: the vector half alone, the stored vectors ranked by the installed query tower: the tower's effect.
+   The recalibration's effect is the rest, search_docs − dense, per question. Each question's MRR is averaged over
+   the seeds first; the differences (feedback − baseline, each over untuned) come with the paired bootstrap 95 %
+   interval over questions (``paired_bootstrap_interval``: 1,000 resamples, seed 0).
+
+Nothing trains on the shipped 49 or the blind sets (the script refuses a training question whose text is in them);
+everything asked through the capturing API stays in the copies. Each step prints a line with its time; the figures
+go to ``--out`` (JSON, with a Markdown table beside it), with the date, the machine and the exact command. Issue 49's
+targets (reported, not asserted): user a keeps at least 80 % of ``make tune-demo``'s pooled lift; user b at least
+50 %, with the interval of its lift over the untuned root above 0.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import random
+import shlex
+import shutil
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import requests
+import torch
+import yaml
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from capture_overhead import start_api, stop
+from e5_rag_path import DENSE, KS, POOLED, SETS, TOP_K
+from embed import REPO, machine_line
+
+sys.path.insert(0, str(REPO))
+from chatchat_policybert.chatchat.config import kb_settings, model_settings
+from chatchat_policybert.chatchat.root import BASIC_SETTINGS, FEEDBACK_DIR, GATE, TUNE_DIR, content_dir
+from chatchat_policybert.cli import build_parser
+from chatchat_policybert.data import CORPUS_CSV, QUESTIONS, TRAINING_QUESTIONS
+from chatchat_policybert.deploy.calibration import LOOSEST, Candidates, Fused, Setting
+from chatchat_policybert.deploy.questions import dev_queries
+from chatchat_policybert.deploy.run import tune_dir
+from chatchat_policybert.errors import InputError
+from chatchat_policybert.evaluation.dataset import Corpus, Query, kb_questions
+from chatchat_policybert.evaluation.metrics import paired_bootstrap_interval
+from chatchat_policybert.evaluation.retrievers import ChatchatEnsemble, ChatchatSearch
+from chatchat_policybert.evaluation.scoring import evaluate_retriever
+from chatchat_policybert.feedback.export import normalised
+from chatchat_policybert.feedback.http import CAPTURE_HEADER, FEEDBACK_PATH
+from chatchat_policybert.files import read_json, write_json
+from tests.chatchat.ollama_standin import OllamaStandIn
+from training.tune import check_query_args
+
+KB = "WeiMingPolicies"
+BIN = Path(sys.executable).parent
+OUT = REPO / "bench" / "results" / "feedback_replay" / "feedback_replay.json"
+SEARCH = "search_docs"
+ROWS = (SEARCH, "dense")
+"""What each root is scored with: Chatchat's search_docs, and the vector half alone (``e5_rag_path``'s DENSE)."""
+NOISE = 0.1
+"""How often user b marks a random other shown source instead of the right one."""
+TARGETS = {"a": 0.8, "b": 0.5}
+"""Issue 49's share of ``make tune-demo``'s pooled lift each user's marks should keep."""
+
+
+@dataclass
+class Asked:
+    """One replayed question: what the RAG route answered with."""
+
+    query: Query
+    capture_id: str
+    shown: int
+    seconds: float
+
+
+class Steps:
+    """Times each step and prints a line per step as it ends: ``[seed 0, user a] tune --feedback: 612.3 s``."""
+
+    def __init__(self) -> None:
+        self.times: list[dict] = []
+
+    @contextmanager
+    def __call__(self, where: str, what: str) -> Iterator[None]:
+        started = time.perf_counter()
+        print(f"[{where}] {what} …", flush=True)
+        yield
+        seconds = time.perf_counter() - started
+        self.times.append({"where": where, "step": what, "seconds": round(seconds, 1)})
+        print(f"[{where}] {what}: {seconds:.1f} s", flush=True)
+
+
+# ----------------------------------------------------------------------------- the copies
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def copy_root(root: Path, dest: Path) -> Path:
+    """A full copy of ``root`` in ``dest`` whose settings' absolute paths (KB folder, info.db, model) point at the
+    copy, with an API port of its own on loopback: nothing a process in the copy does (a capture, a tune's install)
+    reaches ``root``. Its logs are left behind."""
+    shutil.copytree(root, dest, symlinks=True, ignore=lambda folder, names: ["logs"] if Path(folder) == root else [])
+    for settings in [*dest.glob("*.yaml"), *dest.glob("*.json")]:
+        text = settings.read_text(encoding="utf-8")
+        if str(root) in text:
+            settings.write_text(text.replace(str(root), str(dest)), encoding="utf-8")
+    (dest / "logs").mkdir()
+    path = dest / BASIC_SETTINGS
+    basic = yaml.safe_load(path.read_text(encoding="utf-8"))
+    port = free_port()
+    basic["API_SERVER"] = {"host": "127.0.0.1", "port": port, "public_host": "127.0.0.1", "public_port": port}
+    path.write_text(yaml.safe_dump(basic, allow_unicode=True), encoding="utf-8")
+    return dest
+
+
+def policybert(*args: str) -> subprocess.CompletedProcess:
+    """``chatchat-policybert ARGS`` as a user runs it; a failure ends the bench with its output."""
+    command = [str(BIN / "chatchat-policybert"), *args]
+    result = subprocess.run(command, capture_output=True, text=True, timeout=600)
+    if result.returncode != 0:
+        raise SystemExit(f"{shlex.join(command)} exited {result.returncode}:\n{result.stdout[-2000:]}{result.stderr}")
+    return result
+
+
+# ----------------------------------------------------------------------------- the replay and the users
+
+
+def ask(api: str, query: Query, body: dict) -> Asked:
+    """``query`` through the WebUI's RAG route, streamed to the end; its capture id and how many 出处 it showed."""
+    started = time.perf_counter()
+    with requests.post(
+        f"{api}/knowledge_base/local_kb/{KB}/chat/completions",
+        json={**body, "messages": [{"role": "user", "content": query.text}]},
+        stream=True,
+        timeout=300,
+    ) as response:
+        response.raise_for_status()
+        header = response.headers.get(CAPTURE_HEADER)
+        lines = [line for line in response.iter_lines(decode_unicode=True) if line.startswith("data: ")]
+    seconds = time.perf_counter() - started
+    first = json.loads(lines[0].removeprefix("data: "))
+    capture_id = first.get("capture_id")
+    if not capture_id or capture_id != header:
+        raise SystemExit(
+            f"question {query.qid}: first event's capture_id {capture_id!r}, header {header!r}: capture is not on"
+        )
+    shown = sum(1 for doc in first.get("docs") or [] if doc.startswith("出处 ["))
+    return Asked(query, capture_id, shown, seconds)
+
+
+def user_a(right: Sequence[bool], rng: random.Random) -> int | None:
+    """The first shown source of the right document (1-based rank), None where none is shown."""
+    return next((rank for rank, ok in enumerate(right, 1) if ok), None)
+
+
+def user_b(right: Sequence[bool], rng: random.Random) -> int | None:
+    """Reads rank r with probability 1/r; the first source read of the right document, or 10 % of the time
+    (:data:`NOISE`) a random other shown source instead; None where no right source was read."""
+    read = [rank for rank in range(1, len(right) + 1) if rng.random() < 1 / rank]
+    rank = next((r for r in read if right[r - 1]), None)
+    others = [r for r in range(1, len(right) + 1) if r != rank]
+    if rank is not None and others and rng.random() < NOISE:
+        return rng.choice(others)
+    return rank
+
+
+USERS: dict[str, Callable[[Sequence[bool], random.Random], int | None]] = {"a": user_a, "b": user_b}
+
+
+def webui_body(root: Path) -> dict:
+    """What the RAG对话 tab sends besides the messages, at its defaults (the root's settings)."""
+    settings, models = kb_settings(root), model_settings(root)
+    return {
+        "model": models["DEFAULT_LLM_MODEL"],
+        "stream": True,
+        "top_k": settings.get("VECTOR_SEARCH_TOP_K"),
+        "score_threshold": settings.score_threshold,
+        "temperature": models.get("TEMPERATURE"),
+        "prompt_name": "default",
+        "return_direct": False,
+    }
+
+
+def replay(copy: Path, queries: list[Query], corpus: Corpus, user: str, seed: int, step: Steps, where: str) -> dict:
+    """Steps 1–3 on ``copy``: capture on, the API, every question asked, the user's marks posted; the API stopped.
+    Returns the replay's figures and the marks."""
+    standin = OllamaStandIn().start()
+    try:
+        with step(where, "setup --capture on"):
+            policybert("setup", "--root", str(copy), "--capture", "on", "--ollama-url", standin.url, "--no-check")
+        with step(where, "chatchat start --api"):
+            process, api = start_api(copy, copy / "logs" / "replay_api.log")
+        try:
+            body = webui_body(copy)
+            with step(where, f"replay: {len(queries)} questions through the RAG route"):
+                asked = [ask(api, query, body) for query in queries]
+            with step(where, f"user {user} marks"):
+                listed = policybert("feedback", "list", "--kb", KB, "--json", "--root", str(copy))
+                hits = {c["id"]: c["hits"] for c in json.loads(listed.stdout)}
+                marks = [mark(api, one, hits, corpus, user, seed) for one in asked]
+        finally:
+            with step(where, "API stopped"):
+                stop(process)
+    finally:
+        standin.stop()
+    seconds = [one.seconds for one in asked]
+    marked = [m for m in marks if m["rank"] is not None]
+    return {
+        "questions": len(asked),
+        "replay_seconds": round(sum(seconds), 1),
+        "per_question_ms": {
+            "median": round(statistics.median(seconds) * 1000, 1),
+            "max": round(max(seconds) * 1000, 1),
+        },
+        "shown": {"median": statistics.median(one.shown for one in asked), "none": sum(not a.shown for a in asked)},
+        "right_document_shown": sum(m["right_shown"] for m in marks),
+        "marked": len(marked),
+        "marked_right_document": sum(m["right"] for m in marked),
+        "mark_rank_mean": round(statistics.mean(m["rank"] for m in marked), 2) if marked else None,
+        "marks": marks,
+    }
+
+
+def mark(api: str, asked: Asked, hits: dict[str, list[dict]], corpus: Corpus, user: str, seed: int) -> dict:
+    """The user's mark of one replayed question, posted (nothing posted where they mark nothing)."""
+    shown = hits.get(asked.capture_id)
+    if shown is None or len(shown) != asked.shown:
+        raise SystemExit(
+            f"question {asked.query.qid}: the answer showed {asked.shown} sources, the store recorded "
+            f"{'none' if shown is None else len(shown)} for capture {asked.capture_id}"
+        )
+    unknown = [hit["source"] for hit in shown if hit["source"] not in corpus.kb_files]
+    if unknown:
+        raise SystemExit(f"capture {asked.capture_id}: sources not among the KB's files: {unknown[:3]}")
+    right = [corpus.kb_files[hit["source"]] in asked.query.gains for hit in shown]
+    rank = USERS[user](right, random.Random(f"{seed}-{asked.query.qid}"))
+    if rank is not None:
+        body = {
+            "capture_id": asked.capture_id,
+            "rank": rank,
+            "verdict": "answered",
+            "session": f"replay-{user}-{seed}-{asked.query.qid}",
+        }
+        response = requests.post(f"{api}{FEEDBACK_PATH}", json=body, timeout=60)
+        if response.status_code != 200:
+            raise SystemExit(f"POST {FEEDBACK_PATH} {body}: {response.status_code} {response.text[:500]}")
+    return {
+        "id": asked.query.qid,
+        "shown": asked.shown,
+        "right_shown": any(right),
+        "rank": rank,
+        "right": rank is not None and right[rank - 1],
+    }
+
+
+# ----------------------------------------------------------------------------- tunes and scores
+
+
+def timed_tune(copy: Path, flags: list[str], log: Path) -> dict:
+    """``chatchat-policybert tune --root COPY --kb KB FLAGS``: exit status, wall time, peak RSS and the gate's lines.
+
+    Peak RSS: Linux's wait4 reports for the reaped process the larger of its own peak and that of the descendants it
+    reaped (the gate's workers), as ``/usr/bin/time -v`` does (``bench/kb_rebuild.py``)."""
+    command = [str(BIN / "chatchat-policybert"), "tune", "--root", str(copy), "--kb", KB, *flags]
+    with log.open("w", encoding="utf-8") as out:  # a file, not a pipe: nobody reads while wait4 blocks
+        started = time.perf_counter()
+        process = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT)
+        _, status, usage = os.wait4(process.pid, 0)
+        seconds = time.perf_counter() - started
+    code = os.waitstatus_to_exitcode(status)
+    if code not in (0, 1):  # 0 installed, 1 refused by the gate; anything else is the bench's failure
+        tail = log.read_text(encoding="utf-8", errors="replace")[-4000:]
+        raise SystemExit(f"{shlex.join(command)} exited {code}; its log {log}:\n{tail}")
+    gate = read_json(tune_dir(copy, KB) / GATE)
+    return {
+        "command": shlex.join(["chatchat-policybert", "tune", "--root", "COPY", "--kb", KB, *flags]),
+        "exit": code,
+        "installed": code == 0,
+        "seconds": round(seconds, 1),
+        "peak_rss_mb": round(usage.ru_maxrss / 1024),  # KiB on Linux
+        "gate": gate["lines"],
+    }
+
+
+def score_root(root: Path) -> dict[str, dict[str, dict[str, float]]]:
+    """Per-question MRR@10 of each row of :data:`ROWS` on each pooled blind set of ``root``, ``{row: {set: {id:
+    MRR}}}``: ``e5_rag_path.score_sets``' objects and depth, on the :data:`POOLED` sets only."""
+    sets = {name: dev_queries(SETS[name], root, KB, CORPUS_CSV) for name in POOLED}
+    chunks = sets[POOLED[0]][1]
+    scores: dict[str, dict[str, dict[str, float]]] = {row: {} for row in ROWS}
+    with Candidates(root, KB, chunks, root / "logs" / "bench_candidates.log") as candidates:
+        if candidates.top_k != TOP_K:
+            raise SystemExit(f"{root}: VECTOR_SEARCH_TOP_K is {candidates.top_k}, not {TOP_K} (the demo's)")
+        candidates.analyzer = "policy"
+        for name, (queries, _, _) in sets.items():
+            result = evaluate_retriever(
+                Fused(DENSE, candidates, chunks, Setting(0.0, 1.0, LOOSEST)), queries, chunks, KS
+            )
+            scores["dense"][name] = {q["id"]: q["MRR@10"] for q in result.queries}
+    with ChatchatSearch(root, KB, chunks, TOP_K, root / "logs" / "bench_search_docs.log") as worker:
+        for name, (queries, _, _) in sets.items():
+            result = evaluate_retriever(ChatchatEnsemble(worker, None), queries, chunks, KS)
+            scores[SEARCH][name] = {q["id"]: q["MRR@10"] for q in result.queries}
+    return scores
+
+
+def pooled(scores: dict[str, dict[str, float]]) -> dict[str, float]:
+    """One root's per-question scores of one row over the pooled sets, keyed ``set/id``."""
+    return {f"{name}/{qid}": value for name in POOLED for qid, value in scores[name].items()}
+
+
+def seed_mean(runs: list[dict], row: str) -> np.ndarray:
+    """Each pooled question's MRR@10 of ``row``, averaged over the seeds' roots, in one fixed question order."""
+    tables = [pooled(run["scores"][row]) for run in runs]
+    keys = sorted(tables[0])
+    return np.mean([[table[key] for key in keys] for table in tables], axis=0)
+
+
+def compare(candidate: list[dict], baseline: list[dict]) -> dict[str, list[float]]:
+    """Candidate − baseline on the pooled questions, seeds averaged first: ``search_docs`` (what users get), the
+    ``dense`` half (the query tower's effect) and the rest (the recalibration's), each ``[Δ, low, high]`` with the
+    paired bootstrap 95 % interval."""
+    search = {name: seed_mean(runs, SEARCH) for name, runs in (("c", candidate), ("b", baseline))}
+    dense = {name: seed_mean(runs, "dense") for name, runs in (("c", candidate), ("b", baseline))}
+    parts = {
+        SEARCH: (search["c"], search["b"]),
+        "dense (query tower)": (dense["c"], dense["b"]),
+        "rest (recalibration)": (search["c"] - dense["c"], search["b"] - dense["b"]),
+    }
+    out = {}
+    for name, (ours, theirs) in parts.items():
+        low, high = paired_bootstrap_interval(ours, theirs)
+        out[name] = [round(float(np.mean(ours - theirs)), 4), round(low, 4), round(high, 4)]
+    return out
+
+
+# ----------------------------------------------------------------------------- the run
+
+
+def training_queries(root: Path, limit: int | None) -> tuple[Corpus, list[Query]]:
+    """The labelled training questions on the root's KB (the first ``limit``), refused where one is in the shipped
+    49 or a blind set: nothing the scores rest on may train."""
+    corpus, queries = kb_questions(TRAINING_QUESTIONS, content_dir(root, KB), CORPUS_CSV)
+    scored = [
+        line for path in (QUESTIONS, *(SETS[name] for name in POOLED)) for line in path.read_text("utf-8").split("\n")
+    ]
+    kept = {normalised(json.loads(line)["question"]) for line in scored if line.strip()}
+    leaked = [q.qid for q in queries if normalised(q.text) in kept]
+    if leaked:
+        raise SystemExit(f"{TRAINING_QUESTIONS}: {leaked[:5]} repeat a question of the shipped 49 or a blind set")
+    return corpus, queries[:limit]
+
+
+def arm_runs(runs: list[dict], arm: str) -> list[dict]:
+    return [run for run in runs if run["arm"] == arm]
+
+
+def report(figures: dict) -> str:
+    """The Markdown beside the JSON: settings, the arms' scores, the differences, the replay and the steps' times."""
+    runs, users = figures["runs"], figures["settings"]["users"]
+    arms = ["untuned", "baseline", *(f"feedback {u}" for u in users)]
+    lines = [
+        f"# Feedback replay (issue 49 item 6): {figures['started']} – {figures['finished']}",
+        "",
+        f"{figures['machine']}; {figures['platform']}",
+        "",
+        f"`{figures['command']}`",
+        "",
+        f"Seeds {figures['settings']['seeds']}, users {' '.join(users)}, {figures['settings']['questions']} training "
+        f"questions asked{' (--limit: a check, not the measurement)' if figures['settings']['limit'] else ''}, "
+        f"--query-args '{figures['settings']['query_args']}'. MRR@10 (document level) on the blind sets pooled "
+        f"({', '.join(POOLED)}: {figures['pooled_questions']} questions), each question's score averaged over seeds.",
+        "",
+        "| root | search_docs | dense (query tower alone) | per seed search_docs | tunes installed | tune s (mean) "
+        "| tune peak RSS MB (max) |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for arm in arms:
+        these = arm_runs(runs, arm)
+        search, dense = (float(np.mean(seed_mean(these, row))) for row in ROWS)
+        per_seed = ", ".join(f"{np.mean(list(pooled(r['scores'][SEARCH]).values())):.3f}" for r in these)
+        tunes = [r["tune"] for r in these if r.get("tune")]
+        installed = f"{sum(t['installed'] for t in tunes)}/{len(tunes)}" if tunes else "—"
+        seconds = f"{statistics.mean(t['seconds'] for t in tunes):.0f}" if tunes else "—"
+        rss = f"{max(t['peak_rss_mb'] for t in tunes)}" if tunes else "—"
+        lines.append(f"| {arm} | {search:.3f} | {dense:.3f} | {per_seed} | {installed} | {seconds} | {rss} |")
+    lines += [
+        "",
+        "| Δ MRR@10 [paired 95 % CI] | search_docs | dense (the query tower's effect) | rest (the recalibration's) |",
+        "|---|---|---|---|",
+    ]
+    for name, parts in figures["comparisons"].items():
+        cells = [f"{d:+.3f} [{lo:+.3f}, {hi:+.3f}]" for d, lo, hi in parts.values()]
+        lines.append(f"| {name} | " + " | ".join(cells) + " |")
+    lines.append("")
+    for user, kept in figures["kept_share"].items():
+        share = "—" if kept["share"] is None else f"{kept['share']:.0%}"
+        lines.append(
+            f"- user {user} keeps {share} of the baseline's pooled search_docs lift (target ≥ {TARGETS[user]:.0%})"
+            + (
+                f"; its lift over untuned is{'' if kept['lift_ci_above_0'] else ' not'} above 0 (95 % CI)"
+                if user == "b"
+                else ""
+            )
+        )
+    lines += [
+        "",
+        "| seed | user | questions | replay s | per question ms (median) | right document shown | marked | "
+        "on the right document | mean rank marked | marks trained (tune's line) |",
+        "|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for run in runs:
+        if "replay" not in run:
+            continue
+        r = run["replay"]
+        trained = next((line for line in run["tune"]["gate"] if line.startswith("feedback:")), "")
+        lines.append(
+            f"| {run['seed']} | {run['user']} | {r['questions']} | {r['replay_seconds']} | "
+            f"{r['per_question_ms']['median']} | {r['right_document_shown']} | {r['marked']} | "
+            f"{r['marked_right_document']} | {r['mark_rank_mean']} | {trained} |"
+        )
+    lines += ["", "| where | step | s |", "|---|---|---|"]
+    lines += [f"| {t['where']} | {t['step']} | {t['seconds']} |" for t in figures["steps"]]
+    return "\n".join(lines) + "\n"
+
+
+def check_args(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    """Every flag checked before any work: one line naming it, exit 2."""
+    root = args.root
+    if not (root / BASIC_SETTINGS).is_file() or not content_dir(root, KB).is_dir():
+        parser.error(
+            f"--root {root}: no {BASIC_SETTINGS} or no {KB} knowledge base (expected a root `make demo` built)"
+        )
+    if (root / TUNE_DIR).exists():
+        parser.error(
+            f"--root {root}: holds tune run folders ({TUNE_DIR}/): expected a root `make demo` built and never tuned "
+            "(the untuned scores and both tunes start from it)"
+        )
+    if (root / FEEDBACK_DIR).exists():
+        parser.error(
+            f"--root {root}: holds a capture store ({FEEDBACK_DIR}/): expected a fresh root; the replay starts from "
+            "an empty one"
+        )
+    if kb_settings(root).vs_type != "faiss":
+        parser.error(
+            f"--root {root}: the KB is on {kb_settings(root).vs_type}; the copies need their own store (faiss)"
+        )
+    if len(set(args.seeds)) != len(args.seeds):
+        parser.error(f"--seeds {' '.join(map(str, args.seeds))}: a seed twice")
+    if len(set(args.users)) != len(args.users):
+        parser.error(f"--users {' '.join(args.users)}: a user twice")
+    if args.limit is not None and args.limit < 1:
+        parser.error(f"--limit {args.limit}: expected at least 1")
+    if args.out.suffix != ".json":
+        parser.error(f"--out {args.out}: expected a .json file (the Markdown table goes beside it)")
+    try:  # tune's own check (its --seed, --out and --device are its own), now rather than after the first replay
+        tune_args = ["tune", "--root", str(root), "--kb", KB, "--feedback", "--query-args", args.query_args]
+        check_query_args(build_parser().parse_args(tune_args))
+    except InputError as exc:
+        parser.error(str(exc))
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--root", type=Path, required=True, help="a root `make demo` built, never tuned (read only)")
+    parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2], help="seeds of users and tunes (0 1 2)")
+    parser.add_argument(
+        "--users", nargs="+", choices=sorted(USERS), default=sorted(USERS), help="simulated users (a b)"
+    )
+    parser.add_argument("--limit", type=int, help="ask only the first N training questions (a quick check)")
+    parser.add_argument(
+        "--query-args", default="", help="training.query_side flags for both tunes, e.g. '--max-steps 5'"
+    )
+    parser.add_argument(
+        "--out", type=Path, default=OUT, help=f"the figures as JSON, a .md beside it (default {OUT.relative_to(REPO)})"
+    )
+    parser.add_argument("--keep", action="store_true", help="keep the copies (and the tunes' logs) after the run")
+    args = parser.parse_args(argv)
+    args.root = args.root.resolve()
+    check_args(parser, args)
+
+    started = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
+    corpus, queries = training_queries(args.root, args.limit)
+    flags = shlex.split(args.query_args)
+    qa = ["--query-args", args.query_args] if args.query_args else []
+    work = Path(tempfile.mkdtemp(prefix="feedback-replay-"))
+    print(f"copies and logs in {work}{' (kept)' if args.keep else ' (removed after)'}", flush=True)
+    step, runs = Steps(), []
+
+    def write_figures(seeds: list[int]) -> None:
+        """The figures of the seeds done so far, written after each seed: a run stopped later keeps them."""
+        untuned, baseline = arm_runs(runs, "untuned"), arm_runs(runs, "baseline")
+        comparisons = {"baseline − untuned": compare(baseline, untuned)}
+        kept_share = {}
+        for user in args.users:
+            feedback = arm_runs(runs, f"feedback {user}")
+            comparisons[f"feedback {user} − baseline"] = compare(feedback, baseline)
+            comparisons[f"feedback {user} − untuned"] = compare(feedback, untuned)
+            lift = comparisons[f"feedback {user} − untuned"][SEARCH]
+            base_lift = comparisons["baseline − untuned"][SEARCH]
+            kept_share[user] = {
+                "share": round(lift[0] / base_lift[0], 3) if base_lift[0] > 0 else None,
+                "target": TARGETS[user],
+                "lift_ci_above_0": lift[1] > 0,
+            }
+        figures = {
+            "command": shlex.join(["python", "bench/feedback_replay.py", *(sys.argv[1:] if argv is None else argv)]),
+            "started": started,
+            "finished": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+            "machine": machine_line("cpu", torch.get_num_threads()),
+            "platform": platform.platform(),
+            "settings": {
+                "root": str(args.root),
+                "seeds": seeds,
+                "users": args.users,
+                "limit": args.limit,
+                "questions": len(queries),
+                "query_args": " ".join(flags),
+                "kb": KB,
+            },
+            "pooled_questions": len(pooled(runs[0]["scores"][SEARCH])),
+            "comparisons": comparisons,
+            "kept_share": kept_share,
+            "steps": step.times,
+            "runs": runs,
+        }
+        write_json(figures, args.out)
+        text = report(figures)
+        args.out.with_suffix(".md").write_text(text, encoding="utf-8")
+
+    try:
+        if args.limit is not None:
+            baseline_file = work / "training_questions.jsonl"
+            wanted = {q.qid for q in queries}
+            rows = [line for line in TRAINING_QUESTIONS.read_text(encoding="utf-8").splitlines() if line.strip()]
+            baseline_file.write_text(
+                "".join(f"{line}\n" for line in rows if json.loads(line)["id"] in wanted), encoding="utf-8"
+            )
+        else:
+            baseline_file = TRAINING_QUESTIONS
+        for seed in args.seeds:
+            for user in args.users:
+                where = f"seed {seed}, user {user}"
+                copy = work / f"seed{seed}-{user}"
+                with step(where, "copy"):
+                    copy_root(args.root, copy)
+                played = replay(copy, queries, corpus, user, seed, step, where)
+                with step(where, "tune --feedback"):
+                    tune = timed_tune(copy, ["--feedback", "--seed", str(seed), *qa], work / f"{copy.name}_tune.log")
+                with step(where, "scores"):
+                    scores = score_root(copy)
+                arm = {"arm": f"feedback {user}", "seed": seed, "user": user}
+                runs.append({**arm, "replay": played, "tune": tune, "scores": scores})
+                if not args.keep:
+                    shutil.rmtree(copy)
+            where = f"seed {seed}, baseline"
+            copy = work / f"seed{seed}-baseline"
+            with step(where, "copy"):
+                copy_root(args.root, copy)
+            if not arm_runs(runs, "untuned"):
+                with step("untuned", "scores"):
+                    runs.append({"arm": "untuned", "seed": None, "scores": score_root(copy)})
+            with step(where, "tune --questions (make tune-demo)"):
+                baseline_flags = ["--questions", str(baseline_file), "--corpus", str(CORPUS_CSV), "--seed", str(seed)]
+                tune = timed_tune(copy, [*baseline_flags, *qa], work / f"{copy.name}_tune.log")
+            with step(where, "scores"):
+                runs.append({"arm": "baseline", "seed": seed, "tune": tune, "scores": score_root(copy)})
+            if not args.keep:
+                shutil.rmtree(copy)
+            write_figures(args.seeds[: args.seeds.index(seed) + 1])
+    except BaseException:
+        print(f"stopped; the copies and logs so far are kept in {work}", file=sys.stderr, flush=True)
+        raise
+    if not args.keep:
+        shutil.rmtree(work)
+    print(report(read_json(args.out)))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
