@@ -104,8 +104,7 @@ def run_query_tune(run: Run, trainer: QueryTrainer) -> int:
     with run.step("questions"):
         llm = trainer.llm_questions(run) if args.llm else []
         silver, silver_lines = trainer.silver_marks(run, args.unmarked) if args.silver else ([], [])
-        seen = {normalised(m.text) for m in args.marked}
-        marked = [*args.marked, *(m for m in silver if normalised(m.text) not in seen)]
+        marked = [*args.marked, *(m for m in silver if normalised(m.text) not in args.asked)]  # yours and users' win
         bank, queries, chunks = stored_questions(
             run.root, run.kb, files, args.corpus, llm, marked, args.feedback_positive == "marked"
         )

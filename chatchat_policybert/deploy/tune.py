@@ -73,6 +73,7 @@ def check_questions(args: argparse.Namespace) -> None:
             seen[query.qid] = path
             queries.append(query)
     args.marked, args.feedback_lines, args.unmarked = marked_questions(args, queries)
+    args.asked = {normalised(q.text) for q in [*queries, *args.marked]}  # what a silver label may not repeat
     if args.silver and not queries and not args.marked:
         raise InputError(
             "--silver: the LLM's labels only train, and nothing would judge the tune: pass --questions FILE, or tune "
