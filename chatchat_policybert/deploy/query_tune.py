@@ -65,6 +65,13 @@ from chatchat_policybert.files import atomic_path, read_json, write_json
 from chatchat_policybert.model.loading import WEIGHT_FILES, has_query_tower
 from chatchat_policybert.retrieval.hybrid import configured_hybrid
 
+MARKS_JUDGE = (
+    "users' marks judge: each marked source was among the deployment's top {k}, so search_docs as deployed finds every "
+    "one of them, and after − deployed is biased toward the deployment by that selection (its misses are never "
+    "judged); the tower's own effect decides (after − before: the served tower through the same cross-fitted "
+    "procedure), with after − deployed not below 0 beyond noise; --questions FILE, written apart from the marks, "
+    "judges without that bias"
+)
 NEEDS_QUESTIONS = (
     "tune learns from questions like your users' (labelled: the question and the document that answers it), and "
     "has none: pass --questions FILE (the evaluation's JSONL, "
@@ -184,7 +191,12 @@ def query_gate(
     setting is chosen on training questions only); and the tower's own effect must not be below 0 beyond noise, so
     that a worse tower is never carried in by a better calibration (``setup --calibrate`` gives that alone). The
     per-fold recalibration moves "after" either way against the deployment's calibration (up against a poor one,
-    down against one chosen on more questions): the tower's column says how much of a decision is the tower's."""
+    down against one chosen on more questions): the tower's column says how much of a decision is the tower's.
+
+    Where users' marks judge (``--feedback`` without ``--questions``), the two roles swap (:data:`MARKS_JUDGE`): the
+    tower's own effect must lie above 0 and after − deployed must not be below 0 beyond noise. A mark exists only
+    where the deployment showed the right source, so "deployed" is scored on questions chosen by its own success;
+    in issue 49's replay that refused, on 189 marks, a tower whose own effect was +0.063 [+0.025, +0.103]."""
     path = run.out / GATE
     deployment = digest([(run.root / name).read_bytes().decode() for name in SETTINGS_FILES])
     if path.is_file():
@@ -234,6 +246,10 @@ def query_gate(
 
     before, kept, source = out_of_sample_before(run, queries[:judged], served, stored)
     deltas, overall, install, needed = [], [], False, None
+    # Users' marks judge (no --questions): each was shown in the deployed top k, so search_docs as deployed finds
+    # every one of them and after − deployed is biased toward the deployment by that selection (issue 49's replay:
+    # it refused a tower that lifted the blind sets); the tower's own effect decides instead
+    by_marks = all(q.qid.startswith("fb-") for q in queries[:judged])
     deployed_run = None
     if kept:
         after = summarised(after.name, [after.queries[i] for i in kept])
@@ -243,10 +259,31 @@ def query_gate(
         overall = compare_runs(after, deployed_run)
         tower = next(d for d in deltas if d.metric == f"MRR@{MRR_K}")
         mrr = next(d for d in overall if d.metric == f"MRR@{MRR_K}")
-        install = mrr.low > 0 and tower.high >= 0
-        needed = questions_needed(mrr, mrr_scores(after), mrr_scores(deployed_run))
+        if by_marks:
+            install = tower.low > 0 and mrr.high >= 0
+            needed = questions_needed(tower, mrr_scores(after), mrr_scores(before))
+        else:
+            install = mrr.low > 0 and tower.high >= 0
+            needed = questions_needed(mrr, mrr_scores(after), mrr_scores(deployed_run))
     if install:
         reason = ""
+    elif by_marks and kept and mrr.high < 0:
+        reason = (
+            f"the tuned deployment ranks the marked questions worse than the deployment as it is: search_docs "
+            f"MRR@{MRR_K} {mrr.baseline:.4f} → {mrr.candidate:.4f} ({mrr.delta:+.4f}, 95% CI [{mrr.low:+.4f}, "
+            f"{mrr.high:+.4f}])"
+        )
+    elif by_marks and kept:
+        effect = (
+            f"the tower's own effect on the marked questions it never trained on, MRR@{MRR_K} {tower.baseline:.4f} → "
+            f"{tower.candidate:.4f} ({tower.delta:+.4f}, 95% CI [{tower.low:+.4f}, {tower.high:+.4f}])"
+        )
+        reason = (
+            f"the tuned query tower is not better than the served one: {effect}"
+            if needed is None
+            else f"too few marked questions to decide: {effect}; at this effect about {needed} questions "
+            f"({needed - len(kept)} more) would decide it"
+        )
     elif not kept:
         reason = (
             "no question can be judged out of sample against the served query tower (each is on a document it "
@@ -293,8 +330,13 @@ def query_gate(
         f"that never trained on its document ({FOLDS} folds), at the setting chosen on the fold's training questions "
         f"(before: the served tower, the same way); top_k {top_k}",
         *([source] if source else []),
+        *([MARKS_JUDGE.format(k=top_k)] if by_marks else []),
         "| | deployed (search_docs) | before (served tower) | after (tuned tower) | after − deployed [95% CI] "
-        "(decides) | tower's own effect, after − before [95% CI] (must not be below 0) |",
+        + (
+            "(must not be below 0) | tower's own effect, after − before [95% CI] (decides) |"
+            if by_marks
+            else "(decides) | tower's own effect, after − before [95% CI] (must not be below 0) |"
+        ),
         "|---|---|---|---|---|---|",
         *(
             f"| {d.metric} | {o.baseline:.4f} | {d.baseline:.4f} | {d.candidate:.4f} | {o.delta:+.4f} [{o.low:+.4f}, "

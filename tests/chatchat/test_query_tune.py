@@ -1036,6 +1036,12 @@ def test_tune_feedback_trains_and_judges_on_users_marks_with_the_marked_chunk_as
     assert "cannot show a question whose answer it did not retrieve" in (out / "report.md").read_text(encoding="utf-8")
     gate = json.loads((out / "query_gate.json").read_text(encoding="utf-8"))
     assert gate["per_question"]["ids"] and all(i.startswith("fb-") for i in gate["per_question"]["ids"])
+    # Marks judge: the tower's own effect decides, after − deployed must only not be below 0 (selection by the
+    # deployment's own top k biases the latter)
+    assert "users' marks judge: each marked source was among the deployment's top" in printed
+    tower = next(d for d in gate["deltas"] if d["metric"] == "MRR@10")
+    overall = next(d for d in gate["overall"] if d["metric"] == "MRR@10")
+    assert gate["install"] == (tower["low"] > 0 and overall["high"] >= 0) == (result.returncode == 0)
     # The positive: the chunk the user marked (--feedback-positive marked), every chunk of its document with best
     first = questions[0]
     with FeedbackStore.open(root) as store:
@@ -1075,6 +1081,10 @@ def test_tune_feedback_with_questions_yours_judge_the_marks_train_and_a_repeat_o
     assert sum(trained) == (FOLDS - 1) * (n_curated + len(only_users))
     gate = json.loads((tune_dir(root, KB) / "query_gate.json").read_text(encoding="utf-8"))
     assert not any(i.startswith("fb-") for i in gate["per_question"]["ids"])
+    assert "users' marks judge" not in result.stdout  # yours judge: after against search_docs as deployed decides
+    tower = next(d for d in gate["deltas"] if d["metric"] == "MRR@10")
+    overall = next(d for d in gate["overall"] if d["metric"] == "MRR@10")
+    assert gate["install"] == (overall["low"] > 0 and tower["high"] >= 0) == (result.returncode == 0)
 
 
 def test_tune_feedback_without_a_store_or_a_marked_question_is_one_line_before_any_work(base_root, tmp_path):
