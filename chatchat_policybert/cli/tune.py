@@ -44,10 +44,10 @@ What it writes: the run folder (``tune.json``, ``query/`` with each fold's tower
 ``report.md``, and after an install ``previous/``, ``installed.json``, ``query_towers/``); in the root, the installed
 model directory and the two settings files. Nothing in the root changes before step 5.
 
-What it costs: 10 min 31 s on 2 CPU cores (AMD EPYC, idle) for the demo's 213 questions on the e5 base, 600 s of it
-the six trainings, peak RSS 2.6 GB (measured 2026-11-27: docs/deployment.md, "Query-side tuning"); about 81 MB of
-disk per installed model (its query tower; the served weights are linked where the file system allows). A GPU
-(``--device cuda``) is faster.
+What it costs: 10–12 min on 2 CPU cores (AMD EPYC with AVX-512-BF16) for the demo's 213 questions on the e5 base,
+most of it the six trainings, which run under bf16 autocast on such a CPU (1.5–2× faster steps than fp32 in the
+same run); peak RSS about 2.5 GB (docs/deployment.md, "Query-side tuning"); about 81 MB of disk per installed model
+(its query tower; the served weights are linked where the file system allows). A GPU (``--device cuda``) is faster.
 
 Before step 1 every input is checked (the KB name, ``--questions`` against the KB's documents, on at least 5 of
 them, each file once; with ``--feedback`` the marked questions read from the capture store; ``--query-args``, where
