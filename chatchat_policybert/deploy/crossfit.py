@@ -45,6 +45,8 @@ from chatchat_policybert.feedback.export import normalised
 FOLDS = 5
 """Folds of the cross-fitting: each fold model trains on 4/5 of the questions."""
 Z_95 = 1.96
+NEEDED_AT_MOST = 10
+"""A tune "needs more questions" only where at most this many times the questions it has would decide it."""
 
 
 @dataclass(frozen=True)
@@ -280,13 +282,15 @@ def crossfit_calibration(
 
 def questions_needed(delta: Delta, scores_after: Sequence[float], scores_before: Sequence[float]) -> int | None:
     """About how many questions would make an improvement this large significant (the paired interval above 0), from
-    the per-question differences' spread; None where the mean difference is not above 0 (more questions would not
-    help)."""
+    the per-question differences' spread; None where the mean difference is not above 0, or so near 0 that more than
+    :data:`NEEDED_AT_MOST` times the questions there are would be needed (more questions would not help: the replay
+    of issue 49 printed "about 89001 questions" for an effect of +0.002)."""
     diffs = np.asarray(scores_after, dtype=float) - np.asarray(scores_before, dtype=float)
     if delta.delta <= 0 or len(diffs) < 2:
         return None
     spread = float(diffs.std(ddof=1))
-    return max(len(diffs) + 1, math.ceil((Z_95 * spread / delta.delta) ** 2))
+    needed = max(len(diffs) + 1, math.ceil((Z_95 * spread / delta.delta) ** 2))
+    return needed if needed <= NEEDED_AT_MOST * len(diffs) else None
 
 
 def mrr_scores(run: RunResult) -> list[float]:

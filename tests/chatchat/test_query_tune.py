@@ -1194,3 +1194,18 @@ def test_silver_needs_feedback_and_something_to_judge(base_root, tmp_path):
     line = one_error_line(tune(root, "--feedback", "--silver", "http://127.0.0.1:9/v1"))
     assert "--silver" in line
     assert not tune_dir(root, KB).exists()
+
+
+def test_more_questions_are_asked_for_only_where_a_plausible_number_would_decide():
+    """`questions_needed`: an effect whose interval merely straddles 0 asks for a number of questions; one about 0
+    (the replay's +0.002 asked for 89,001) or below 0 asks for none, and the gate then says the tower is not better."""
+    from chatchat_policybert.deploy.crossfit import questions_needed
+    from chatchat_policybert.evaluation.scoring import Delta
+
+    before = np.full(100, 0.5)
+    spread = np.where(np.arange(100) % 2, 0.3, -0.3)  # per-question differences of spread 0.3 around the shift
+    # +0.05 needs (1.96 × 0.3015 / 0.05)² ≈ 140 questions; +0.0005 about 1.4 million, more than 10 × 100: none
+    for shift, expected in ((0.05, 140), (0.0005, None), (-0.05, None)):
+        after = before + shift + spread
+        delta = Delta("MRR@10", float(after.mean()), float(before.mean()), -1.0, 1.0)
+        assert questions_needed(delta, after, before) == expected, shift
