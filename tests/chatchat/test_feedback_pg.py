@@ -7,10 +7,7 @@
 from __future__ import annotations
 
 import json
-import signal
 import subprocess
-import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -23,6 +20,7 @@ from chatchat_policybert.chatchat.process import chatchat_env
 from chatchat_policybert.feedback.pg_store import SCHEMA, PgFeedbackStore
 from chatchat_policybert.feedback.store import BadFeedback, Hit, StoreError, UnknownCapture, open_store
 from tests.support.pg_cluster import PgCluster
+from tests.support.store_writers import killed_writers
 
 pytestmark = pytest.mark.pg
 KB = "PgPolicies"
@@ -145,50 +143,13 @@ def test_a_user_without_rights_and_a_newer_schema_are_one_clear_line(fresh: str,
         assert db.execute(sqlalchemy.text(f"SELECT count(*) FROM {SCHEMA}.captures")).scalar() == 1
 
 
-PG_WRITER = """
-import sys
-from pathlib import Path
-from chatchat_policybert.feedback.store import Hit, open_store
-store = open_store(Path(sys.argv[1]))
-n = 0
-while True:
-    hits = [Hit(r, f"f{r}.md", f"{sys.argv[2]} 块{r} " * 20, 0.5) for r in range(1, 6)]
-    capture = store.add_capture("PgPolicies", f"{sys.argv[2]} 问题 {n}", "search_docs", 5, 2.0, 0, "fp", hits)
-    store.record_feedback(capture, 1 + n % 5, "answered", None)
-    print(capture, flush=True)
-    n += 1
-"""
-
-
 def test_two_writers_on_pg_killed_with_sigkill_lose_no_committed_row(fresh: str, tmp_path: Path) -> None:
     """On pg as on SQLite (tests/core/test_feedback_store.py): two processes write captures and feedback through the
     store `open_store` gives a pg root; each is killed with SIGKILL mid-stream, twice over; every id a writer printed
     after its commit is in the schema with its hits and its feedback."""
     root = pg_root(tmp_path / "root", fresh)
     open_store(root).close()
-    printed: list[str] = []
-    for round_ in range(2):
-        writers = [
-            subprocess.Popen(
-                [sys.executable, "-c", PG_WRITER, str(root), f"w{i}r{round_}"],
-                stdout=subprocess.PIPE,
-                text=True,
-                env=chatchat_env(root),
-            )
-            for i in range(2)
-        ]
-        lines: list[list[str]] = [[], []]
-        deadline = time.monotonic() + 90
-        while min(len(x) for x in lines) < 10 and time.monotonic() < deadline:
-            for writer, out in zip(writers, lines, strict=True):
-                out.append(writer.stdout.readline().strip())
-        for writer in writers:
-            writer.send_signal(signal.SIGKILL)
-        for writer, out in zip(writers, lines, strict=True):
-            rest, _ = writer.communicate()
-            out.extend(rest.split())
-            assert writer.returncode == -signal.SIGKILL
-        printed += [line for out in lines for line in out if line]
+    printed = killed_writers(root, KB, rounds=2, per_writer=10, env=chatchat_env(root), wait=90)
     assert len(printed) >= 40
     with open_store(root) as store:
         stored = {c["id"]: c for c in store.captures(KB)}

@@ -4,10 +4,7 @@ committed row lost to ``kill -9``, and purged text found in none of its files.""
 from __future__ import annotations
 
 import os
-import signal
 import sqlite3
-import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -25,6 +22,7 @@ from chatchat_policybert.feedback.store import (
     UnknownCapture,
     apply_retention,
 )
+from tests.support.store_writers import killed_writers
 
 SECRET = "秘密问题甲乙丙丁"
 """A marker no other row holds: what a purge must leave nowhere in the files."""
@@ -160,49 +158,13 @@ def test_purge_by_id_deletes_exactly_those_captures(tmp_path: Path) -> None:
         assert [c["id"] for c in store.captures()] == [kept]
 
 
-WRITER = """
-import sys
-from pathlib import Path
-from chatchat_policybert.feedback.store import FeedbackStore, Hit
-store = FeedbackStore.open(Path(sys.argv[1]))
-n = 0
-while True:
-    hits = [Hit(r, f"f{r}.md", f"{sys.argv[2]} 块{r} " * 20, 0.5) for r in range(1, 6)]
-    capture = store.add_capture("KB", f"{sys.argv[2]} 问题 {n}", "search_docs", 5, 2.0, 0, "fp", hits)
-    store.record_feedback(capture, 1 + n % 5, "answered", None)
-    print(capture, flush=True)
-    n += 1
-"""
-
-
 @pytest.mark.slow
 def test_two_writers_at_once_then_kill_9_lose_no_committed_row(tmp_path: Path) -> None:
     """Two processes write captures and feedback as fast as they can; each is killed with SIGKILL mid-stream, three
     times over: every id a writer printed after its commit is in the file, with its hits and feedback, and the file
     passes SQLite's integrity check."""
     FeedbackStore.open(tmp_path).close()
-    printed: list[str] = []
-    for round_ in range(3):
-        writers = [
-            subprocess.Popen(
-                [sys.executable, "-c", WRITER, str(tmp_path), f"w{i}r{round_}"],
-                stdout=subprocess.PIPE,
-                text=True,
-            )
-            for i in range(2)
-        ]
-        lines = [[], []]
-        deadline = time.monotonic() + 60
-        while min(len(x) for x in lines) < 15 and time.monotonic() < deadline:
-            for writer, out in zip(writers, lines, strict=True):
-                out.append(writer.stdout.readline().strip())
-        for writer in writers:
-            writer.send_signal(signal.SIGKILL)
-        for writer, out in zip(writers, lines, strict=True):
-            rest, _ = writer.communicate()
-            out.extend(rest.split())
-            assert writer.returncode == -signal.SIGKILL
-        printed += [line for out in lines for line in out if line]
+    printed = killed_writers(tmp_path, "KB", rounds=3, per_writer=15)
     assert len(printed) >= 90
     with sqlite3.connect(feedback_db(tmp_path)) as raw:
         assert raw.execute("PRAGMA integrity_check").fetchone()[0] == "ok"
