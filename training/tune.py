@@ -29,7 +29,7 @@ from chatchat_policybert.files import atomic_path
 from training.config import parse_flags
 from training.loop import CHECKPOINT
 from training.pairs.config import PairsConfig
-from training.pairs.llm import chat
+from training.pairs.llm import ReplyCache, chat
 from training.query_side import QuerySideConfig, embed_questions, train_query_tower, two_tower_dir
 
 
@@ -198,39 +198,28 @@ def silver_marks(run: Run, captures: Sequence[dict]) -> tuple[list[Marked], list
     from chatchat_policybert.feedback.export import DROP_RULES, as_marked, export_questions
 
     args = run.args
-    cache_file = run.out / "silver_cache.jsonl"
-    cache = {}
-    if cache_file.is_file():
-        for line in cache_file.read_text(encoding="utf-8").splitlines():
-            try:
-                entry = json.loads(line)
-                cache[entry["key"]] = entry["rank"]
-            except (json.JSONDecodeError, KeyError, TypeError):
-                continue  # a line an interruption cut short: asked again
+    cache = ReplyCache(run.out / "silver_cache.jsonl", "rank")
     named = []
-    with open(cache_file, "a", encoding="utf-8") as handle:
-        for capture in tqdm(captures, desc=f"silver labels ({args.llm_model})", unit="question"):
-            hits = capture["hits"]
-            key = hashlib.sha1(
-                json.dumps(
-                    [SILVER_PROMPT_VERSION, args.llm_model, capture["question"], [h["chunk_sha256"] for h in hits]]
-                ).encode()
-            ).hexdigest()
-            if key not in cache:
-                sources = "\n\n".join(f"出处 [{h['rank']}]\n{h['chunk']}" for h in hits)
-                reply = chat(
-                    args.silver,
-                    args.llm_model,
-                    SILVER_PROMPT.format(question=capture["question"], sources=sources),
-                    pairs_config(["--out", "unused"]).llm_timeout,
-                    0.0,
-                    flag="--silver",
-                )
-                cache[key] = parse_rank(reply, len(hits))
-                handle.write(json.dumps({"key": key, "rank": cache[key]}) + "\n")
-                handle.flush()
-            if cache[key] is not None:
-                named.append(as_marked(capture, cache[key]))
+    for capture in tqdm(captures, desc=f"silver labels ({args.llm_model})", unit="question"):
+        hits = capture["hits"]
+        key = hashlib.sha1(
+            json.dumps(
+                [SILVER_PROMPT_VERSION, args.llm_model, capture["question"], [h["chunk_sha256"] for h in hits]]
+            ).encode()
+        ).hexdigest()
+        if key not in cache:
+            sources = "\n\n".join(f"出处 [{h['rank']}]\n{h['chunk']}" for h in hits)
+            reply = chat(
+                args.silver,
+                args.llm_model,
+                SILVER_PROMPT.format(question=capture["question"], sources=sources),
+                pairs_config(["--out", "unused"]).llm_timeout,
+                0.0,
+                flag="--silver",
+            )
+            cache.add(key, parse_rank(reply, len(hits)))
+        if cache[key] is not None:
+            named.append(as_marked(capture, cache[key]))
     export = export_questions(run.root, run.kb, named)
     marks = [
         Marked("silver-" + row["id"].removeprefix("fb-"), row["question"], source, row["evidence"])

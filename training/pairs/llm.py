@@ -8,6 +8,7 @@ import re
 import urllib.error
 import urllib.request
 from pathlib import Path
+from typing import Any
 
 from tqdm import tqdm
 
@@ -67,29 +68,47 @@ def chat(url: str, model: str, content: str, timeout: float, temperature: float,
         raise InputError(f"{flag} {url}: the reply is not an OpenAI chat completion") from None
 
 
-class LlmQuestions:
-    """Questions per chunk from an OpenAI-compatible ``/chat/completions``, cached line by line in ``cache``.
+class ReplyCache:
+    """The chat endpoint's answers, one JSON line each (``{"key", "value"}``), appended and flushed as they arrive: an
+    interruption loses at most the answer in flight, and the next run asks only for what the file lacks. A line an
+    interruption cut short is skipped when read (asked again), and never swallows the next one written."""
 
-    Each answer is appended and flushed as it arrives: an interruption loses at most the chunk in
-    flight, and the next run asks only for chunks the cache lacks (keyed by model, prompt and text).
-    """
-
-    def __init__(self, url: str, model: str, questions: int, timeout: float, cache: Path):
-        self.url, self.model, self.questions, self.timeout, self.cache = (
-            url.rstrip("/"),
-            model,
-            questions,
-            timeout,
-            cache,
-        )
-        self.known: dict[str, list[str]] = {}
-        if cache.is_file():
-            for line in cache.read_text(encoding="utf-8").splitlines():
+    def __init__(self, path: Path, field: str = "value"):
+        self.path, self.field = path, field
+        self.known: dict[str, Any] = {}
+        if path.is_file():
+            for line in path.read_text(encoding="utf-8").splitlines():
                 try:
                     entry = json.loads(line)
-                    self.known[entry["key"]] = list(entry["questions"])
+                    self.known[entry["key"]] = entry[field]
                 except (json.JSONDecodeError, KeyError, TypeError):
-                    continue  # the line an interruption cut short; its chunk is asked again
+                    continue
+
+    def __contains__(self, key: str) -> bool:
+        return key in self.known
+
+    def __getitem__(self, key: str) -> Any:
+        return self.known[key]
+
+    def add(self, key: str, value: Any) -> None:
+        self.known[key] = value
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        with self.path.open("a+", encoding="utf-8") as handle:
+            handle.seek(0, 2)
+            if handle.tell():  # a cut-short last line must not swallow this entry
+                handle.seek(handle.tell() - 1)
+                if handle.read(1) != "\n":
+                    handle.write("\n")
+            handle.write(json.dumps({"key": key, self.field: value}, ensure_ascii=False) + "\n")
+
+
+class LlmQuestions:
+    """Questions per chunk from an OpenAI-compatible ``/chat/completions``, cached line by line in ``cache`` (a
+    :class:`ReplyCache`, keyed by model, prompt and text)."""
+
+    def __init__(self, url: str, model: str, questions: int, timeout: float, cache: Path):
+        self.url, self.model, self.questions, self.timeout = url.rstrip("/"), model, questions, timeout
+        self.cache = ReplyCache(cache, "questions")
 
     def key(self, text: str) -> str:
         return hashlib.sha1(f"{PROMPT_VERSION}\n{self.model}\n{self.questions}\n{text}".encode()).hexdigest()
@@ -99,18 +118,7 @@ class LlmQuestions:
         return parse_questions(chat(self.url, self.model, content, self.timeout, 0.7) or "", self.questions)
 
     def pairs(self, chunks: list[Chunk], indices: list[int]) -> list[Pair]:
-        todo = [i for i in indices if self.key(chunks[i].text) not in self.known]
-        if todo:
-            self.cache.parent.mkdir(parents=True, exist_ok=True)
-            with self.cache.open("a+", encoding="utf-8") as handle:
-                handle.seek(0, 2)
-                if handle.tell():  # a cut-short last line must not swallow the next entry
-                    handle.seek(handle.tell() - 1)
-                    if handle.read(1) != "\n":
-                        handle.write("\n")
-                for i in tqdm(todo, desc=f"questions ({self.model})", unit="chunk"):
-                    key = self.key(chunks[i].text)
-                    self.known[key] = self.ask(chunks[i].text)
-                    handle.write(json.dumps({"key": key, "questions": self.known[key]}, ensure_ascii=False) + "\n")
-                    handle.flush()
-        return [Pair("llm", q, chunks[i].text, i) for i in indices for q in self.known[self.key(chunks[i].text)]]
+        todo = [i for i in indices if self.key(chunks[i].text) not in self.cache]
+        for i in tqdm(todo, desc=f"questions ({self.model})", unit="chunk"):
+            self.cache.add(self.key(chunks[i].text), self.ask(chunks[i].text))
+        return [Pair("llm", q, chunks[i].text, i) for i in indices for q in self.cache[self.key(chunks[i].text)]]
