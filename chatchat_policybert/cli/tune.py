@@ -30,8 +30,10 @@ found there, so a killed or failed run continues where it stopped; the training 
    the same with the served query tower (after − before: the tuned tower's own effect, Δ 0 for a tower equal to
    its start). Installs when the paired 95 % bootstrap interval of MRR@10 of after against Chatchat's
    ``search_docs`` as deployed lies above 0 and the tower's own effect is not below 0 beyond noise; otherwise it
-   says why, or about how many questions would decide it. The hybrid weights and threshold installed are
-   calibrated on the held-out vector lists.
+   says why, or about how many questions would decide it. Where users' marks judge (``--feedback`` without
+   ``--questions``) the two roles swap: each mark was in the deployment's top k, which biases the comparison with
+   ``search_docs`` as deployed, so the tower's own effect must lie above 0 and that comparison only not below 0.
+   The hybrid weights and threshold installed are calibrated on the held-out vector lists.
 5. ``install`` — the previous settings and vectors kept in ``OUT/previous`` (what ``rollback`` restores), the
    two-tower directory (the served weights plus ``query_tower.safetensors``) copied to
    ``ROOT/models/policybert-KB-query-KEY``, ``model_settings.yaml`` and ``kb_settings.yaml`` pointed at it with the
@@ -115,7 +117,7 @@ def register(commands: Any) -> None:
         help="also train on the questions users asked in the RAG tab and marked (`setup --capture on`; the source "
         "they said answered, or an operator's `feedback label`), exported by `feedback export`'s rules; with "
         "--questions yours judge and the marks only train, without them the marks also judge (cross-fitted by "
-        "document)",
+        "document, the tower's own effect deciding: step 4)",
     )
     parser.add_argument(
         "--feedback-positive",
