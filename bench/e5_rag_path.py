@@ -52,9 +52,12 @@ SETS = {
     "new 77 (confirmation)": HELDOUT / "new_questions_2026-11-26.jsonl",
     "third 76 (confirmation)": HELDOUT / "third_questions_2026-11-26.jsonl",
     "fourth 80 (confirmation)": HELDOUT / "fourth_questions_2026-11-27.jsonl",
+    "fifth 77 (confirmation, 2026-11-28)": HELDOUT / "fifth_questions_2026-11-28.jsonl",
 }
 POOLED = ("new 77 (confirmation)", "third 76 (confirmation)", "fourth 80 (confirmation)")
 """The sets the query-side tune is measured on together (issue 42): about 77 questions resolve about ±0.07."""
+CONFIRM = "fifth 77 (confirmation, 2026-11-28)"
+"""Written after the pooled sets had guided choices (the marks-judge rule, bf16): reported apart, never pooled."""
 TOP_K = 10
 KS = [1, 5, 10]
 METRICS = ("MRR@10", "R@5")

@@ -2,6 +2,7 @@
 trains on the marks; against ``make tune-demo`` (``tune --questions`` on all 213 labelled training questions).
 
     python bench/feedback_replay.py --root chatchat-root                       # 3 seeds, users a and b (hours)
+    python bench/feedback_replay.py --root chatchat-root --seeds 1 2 --resume  # more seeds beside those in --out
     python bench/feedback_replay.py --root chatchat-root --seeds 0 --limit 20 --query-args '--max-steps 5' \\
         --out bench/results/feedback_replay/check.json                          # a quick check of every step
 
@@ -41,6 +42,11 @@ and that root is scored as it is.
    the seeds first; the differences (feedback − baseline, each over untuned) come with the paired bootstrap 95 %
    interval over questions (``paired_bootstrap_interval``: 1,000 resamples, seed 0).
 
+The fifth blind set (``bench/heldout/fifth_questions_2026-11-28.jsonl``, written after the pooled sets had guided the
+gate's rule for marks) is scored on every root too and reported apart, never pooled: the confirmation.
+``--resume`` adds seeds to the figures already in ``--out`` (made with the same users, ``--limit`` and
+``--query-args``) without running theirs again; the untuned root is scored again where it lacks a set.
+
 Nothing trains on the shipped 49 or the blind sets (the script refuses a training question whose text is in them);
 everything asked through the capturing API stays in the copies. Each step prints a line with its time; the figures
 go to ``--out`` (JSON, with a Markdown table beside it), with the date, the machine and the exact command. Issue 49's
@@ -75,7 +81,7 @@ import yaml
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from capture_overhead import start_api, stop
-from e5_rag_path import DENSE, KS, POOLED, SETS, TOP_K
+from e5_rag_path import CONFIRM, DENSE, KS, POOLED, SETS, TOP_K
 from embed import REPO, machine_line
 
 sys.path.insert(0, str(REPO))
@@ -331,10 +337,14 @@ def timed_tune(copy: Path, flags: list[str], log: Path) -> dict:
     }
 
 
+SCORED = (*POOLED, CONFIRM)
+"""The pooled blind sets, and the fifth, written after they had guided the gate's marks rule: scored apart."""
+
+
 def score_root(root: Path) -> dict[str, dict[str, dict[str, float]]]:
-    """Per-question MRR@10 of each row of :data:`ROWS` on each pooled blind set of ``root``, ``{row: {set: {id:
-    MRR}}}``: ``e5_rag_path.score_sets``' objects and depth, on the :data:`POOLED` sets only."""
-    sets = {name: dev_queries(SETS[name], root, KB, CORPUS_CSV) for name in POOLED}
+    """Per-question MRR@10 of each row of :data:`ROWS` on each set of :data:`SCORED` of ``root``, ``{row: {set: {id:
+    MRR}}}``: ``e5_rag_path.score_sets``' objects and depth."""
+    sets = {name: dev_queries(SETS[name], root, KB, CORPUS_CSV) for name in SCORED}
     chunks = sets[POOLED[0]][1]
     scores: dict[str, dict[str, dict[str, float]]] = {row: {} for row in ROWS}
     with Candidates(root, KB, chunks, root / "logs" / "bench_candidates.log") as candidates:
@@ -353,24 +363,30 @@ def score_root(root: Path) -> dict[str, dict[str, dict[str, float]]]:
     return scores
 
 
-def pooled(scores: dict[str, dict[str, float]]) -> dict[str, float]:
-    """One root's per-question scores of one row over the pooled sets, keyed ``set/id``."""
-    return {f"{name}/{qid}": value for name in POOLED for qid, value in scores[name].items()}
+def pooled(scores: dict[str, dict[str, float]], names: Sequence[str] = POOLED) -> dict[str, float]:
+    """One root's per-question scores of one row over the sets ``names`` (the pooled ones), keyed ``set/id``."""
+    return {f"{name}/{qid}": value for name in names for qid, value in scores[name].items()}
 
 
-def seed_mean(runs: list[dict], row: str) -> np.ndarray:
-    """Each pooled question's MRR@10 of ``row``, averaged over the seeds' roots, in one fixed question order."""
-    tables = [pooled(run["scores"][row]) for run in runs]
+def seed_mean(runs: list[dict], row: str, names: Sequence[str] = POOLED) -> np.ndarray:
+    """Each question's MRR@10 of ``row`` on ``names``, averaged over the seeds' roots, in one fixed question order."""
+    tables = [pooled(run["scores"][row], names) for run in runs]
     keys = sorted(tables[0])
     return np.mean([[table[key] for key in keys] for table in tables], axis=0)
 
 
-def compare(candidate: list[dict], baseline: list[dict]) -> dict[str, list[float]]:
-    """Candidate − baseline on the pooled questions, seeds averaged first: ``search_docs`` (what users get), the
-    ``dense`` half (the query tower's effect) and the rest (the recalibration's), each ``[Δ, low, high]`` with the
-    paired bootstrap 95 % interval."""
-    search = {name: seed_mean(runs, SEARCH) for name, runs in (("c", candidate), ("b", baseline))}
-    dense = {name: seed_mean(runs, "dense") for name, runs in (("c", candidate), ("b", baseline))}
+def scored_on(runs: list[dict], name: str) -> list[dict]:
+    """The runs that scored the set ``name`` (a run of a figures file written before the fifth set has no score on
+    it)."""
+    return [run for run in runs if name in run["scores"][SEARCH]]
+
+
+def compare(candidate: list[dict], baseline: list[dict], names: Sequence[str] = POOLED) -> dict[str, list[float]]:
+    """Candidate − baseline on the questions of ``names`` (the pooled ones), seeds averaged first: ``search_docs``
+    (what users get), the ``dense`` half (the query tower's effect) and the rest (the recalibration's), each ``[Δ,
+    low, high]`` with the paired bootstrap 95 % interval."""
+    search = {name: seed_mean(runs, SEARCH, names) for name, runs in (("c", candidate), ("b", baseline))}
+    dense = {name: seed_mean(runs, "dense", names) for name, runs in (("c", candidate), ("b", baseline))}
     parts = {
         SEARCH: (search["c"], search["b"]),
         "dense (query tower)": (dense["c"], dense["b"]),
@@ -391,7 +407,7 @@ def training_queries(root: Path, limit: int | None) -> tuple[Corpus, list[Query]
     49 or a blind set: nothing the scores rest on may train."""
     corpus, queries = kb_questions(TRAINING_QUESTIONS, content_dir(root, KB), CORPUS_CSV)
     scored = [
-        line for path in (QUESTIONS, *(SETS[name] for name in POOLED)) for line in path.read_text("utf-8").split("\n")
+        line for path in (QUESTIONS, *(SETS[name] for name in SCORED)) for line in path.read_text("utf-8").split("\n")
     ]
     kept = {normalised(json.loads(line)["question"]) for line in scored if line.strip()}
     leaked = [q.qid for q in queries if normalised(q.text) in kept]
@@ -402,6 +418,12 @@ def training_queries(root: Path, limit: int | None) -> tuple[Corpus, list[Query]
 
 def arm_runs(runs: list[dict], arm: str) -> list[dict]:
     return [run for run in runs if run["arm"] == arm]
+
+
+DELTA_HEADER = (
+    "| Δ MRR@10 [paired 95 % CI] | search_docs | dense (the query tower's effect) | rest (the recalibration's) |",
+    "|---|---|---|---|",
+)
 
 
 def report(figures: dict) -> str:
@@ -435,8 +457,7 @@ def report(figures: dict) -> str:
         lines.append(f"| {arm} | {search:.3f} | {dense:.3f} | {per_seed} | {installed} | {seconds} | {rss} |")
     lines += [
         "",
-        "| Δ MRR@10 [paired 95 % CI] | search_docs | dense (the query tower's effect) | rest (the recalibration's) |",
-        "|---|---|---|---|",
+        *DELTA_HEADER,
     ]
     for name, parts in figures["comparisons"].items():
         cells = [f"{d:+.3f} [{lo:+.3f}, {hi:+.3f}]" for d, lo, hi in parts.values()]
@@ -452,6 +473,18 @@ def report(figures: dict) -> str:
                 else ""
             )
         )
+    confirmation = figures.get("confirmation", {})
+    if confirmation.get("comparisons"):
+        lines += [
+            "",
+            f"On {confirmation['set']}, written after the pooled sets had guided the gate's marks rule, apart (seeds "
+            f"{confirmation['runs']}; MRR@10, Δ [paired 95 % CI]):",
+            "",
+            *DELTA_HEADER,
+        ]
+        for name, parts in confirmation["comparisons"].items():
+            cells = [f"{d:+.3f} [{lo:+.3f}, {hi:+.3f}]" for d, lo, hi in parts.values()]
+            lines.append(f"| {name} | " + " | ".join(cells) + " |")
     lines += [
         "",
         "| seed | user | questions | replay s | per question ms (median) | right document shown | marked | "
@@ -509,6 +542,19 @@ def check_args(parser: argparse.ArgumentParser, args: argparse.Namespace) -> Non
         parser.error(str(exc))
 
 
+def resumed(parser: argparse.ArgumentParser, args: argparse.Namespace, query_args: str) -> dict:
+    """The figures ``--resume`` adds to: those in ``--out``, refused in one line where they were made otherwise."""
+    if not args.out.is_file():
+        parser.error(f"--resume: {args.out} does not exist (expected the figures of an earlier run, as --out)")
+    earlier = read_json(args.out)
+    settings = earlier.get("settings", {})
+    ours = {"users": args.users, "limit": args.limit, "query_args": query_args}
+    theirs = {key: settings.get(key) for key in ours}
+    if theirs != ours:
+        parser.error(f"--resume: {args.out} was made with {theirs}, not {ours}: the seeds would not be comparable")
+    return earlier
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--root", type=Path, required=True, help="a root `make demo` built, never tuned (read only)")
@@ -524,6 +570,12 @@ def main(argv: list[str] | None = None) -> int:
         "--out", type=Path, default=OUT, help=f"the figures as JSON, a .md beside it (default {OUT.relative_to(REPO)})"
     )
     parser.add_argument("--keep", action="store_true", help="keep the copies (and the tunes' logs) after the run")
+    parser.add_argument(
+        "--resume",
+        action="store_true",
+        help="add to the figures already in --out (same --users, --limit, --query-args): their seeds are kept, not run "
+        "again; the untuned root is scored again where it lacks a set",
+    )
     args = parser.parse_args(argv)
     args.root = args.root.resolve()
     check_args(parser, args)
@@ -534,7 +586,12 @@ def main(argv: list[str] | None = None) -> int:
     qa = ["--query-args", args.query_args] if args.query_args else []
     work = Path(tempfile.mkdtemp(prefix="feedback-replay-"))
     print(f"copies and logs in {work}{' (kept)' if args.keep else ' (removed after)'}", flush=True)
-    step, runs = Steps(), []
+    step, runs, earlier = Steps(), [], None
+    if args.resume:
+        earlier = resumed(parser, args, " ".join(flags))
+        step.times = earlier["steps"]
+        runs = [r for r in earlier["runs"] if r["arm"] != "untuned" or all(n in r["scores"][SEARCH] for n in SCORED)]
+    done = sorted({r["seed"] for r in runs if r["arm"] == "baseline"})
 
     def write_figures(seeds: list[int]) -> None:
         """The figures of the seeds done so far, written after each seed: a run stopped later keeps them."""
@@ -552,9 +609,20 @@ def main(argv: list[str] | None = None) -> int:
                 "target": TARGETS[user],
                 "lift_ci_above_0": lift[1] > 0,
             }
+        confirm = {"runs": sorted({r["seed"] for r in scored_on(runs, CONFIRM) if r["seed"] is not None})}
+        if scored_on(untuned, CONFIRM) and scored_on(baseline, CONFIRM):
+            confirm["comparisons"] = {
+                "baseline − untuned": compare(scored_on(baseline, CONFIRM), scored_on(untuned, CONFIRM), [CONFIRM])
+            }
+            for user in args.users:
+                if feedback := scored_on(arm_runs(runs, f"feedback {user}"), CONFIRM):
+                    confirm["comparisons"][f"feedback {user} − untuned"] = compare(
+                        feedback, scored_on(untuned, CONFIRM), [CONFIRM]
+                    )
+        command = shlex.join(["python", "bench/feedback_replay.py", *(sys.argv[1:] if argv is None else argv)])
         figures = {
-            "command": shlex.join(["python", "bench/feedback_replay.py", *(sys.argv[1:] if argv is None else argv)]),
-            "started": started,
+            "command": f"{earlier['command']}, then {command}" if earlier else command,
+            "started": f"{earlier['started']} (then {started})" if earlier else started,
             "finished": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
             "machine": machine_line("cpu", torch.get_num_threads()),
             "platform": platform.platform(),
@@ -570,6 +638,7 @@ def main(argv: list[str] | None = None) -> int:
             "pooled_questions": len(pooled(runs[0]["scores"][SEARCH])),
             "comparisons": comparisons,
             "kept_share": kept_share,
+            "confirmation": {"set": CONFIRM, **confirm},
             "steps": step.times,
             "runs": runs,
         }
@@ -588,6 +657,9 @@ def main(argv: list[str] | None = None) -> int:
         else:
             baseline_file = TRAINING_QUESTIONS
         for seed in args.seeds:
+            if seed in done:
+                print(f"[seed {seed}] in {args.out} already (--resume): kept, not run again", flush=True)
+                continue
             for user in args.users:
                 where = f"seed {seed}, user {user}"
                 copy = work / f"seed{seed}-{user}"
@@ -616,7 +688,7 @@ def main(argv: list[str] | None = None) -> int:
                 runs.append({"arm": "baseline", "seed": seed, "tune": tune, "scores": score_root(copy)})
             if not args.keep:
                 shutil.rmtree(copy)
-            write_figures(args.seeds[: args.seeds.index(seed) + 1])
+            write_figures(sorted({*done, *args.seeds[: args.seeds.index(seed) + 1]}))
     except BaseException:
         print(f"stopped; the copies and logs so far are kept in {work}", file=sys.stderr, flush=True)
         raise
