@@ -23,7 +23,7 @@ lint: setup
 
 test: setup
 	$(BIN)/ruff check . && $(BIN)/ruff format --check . && $(BIN)/lint-imports
-	$(BIN)/python -m pytest -q --durations=20
+	$(BIN)/python -m pytest -q -n auto --maxprocesses 4 --dist loadfile --durations=20
 
 # CHATCHAT_ROOT defaults to ./chatchat-root; pass MODEL=DIR to use a trained PolicyBERT.
 demo: setup
