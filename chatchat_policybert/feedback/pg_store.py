@@ -23,7 +23,6 @@ SQLAlchemy and psycopg2 are imported inside functions, as the rest of the pg cod
 
 from __future__ import annotations
 
-import secrets
 import threading
 import time
 from collections.abc import Iterator, Sequence
@@ -40,6 +39,7 @@ from chatchat_policybert.feedback.store import (
     UnknownCapture,
     assemble_captures,
     check_feedback,
+    new_capture_id,
     scrub_captured_questions,
 )
 from chatchat_policybert.stores.pg_db import CONNECT_TIMEOUT_S, reason, where
@@ -252,7 +252,7 @@ class PgFeedbackStore:
         """As :meth:`FeedbackStore.add_capture <chatchat_policybert.feedback.store.FeedbackStore.add_capture>`."""
         import sqlalchemy
 
-        capture_id = secrets.token_urlsafe(16)
+        capture_id = new_capture_id()
         with self._begin() as db:
             db.execute(
                 sqlalchemy.text(

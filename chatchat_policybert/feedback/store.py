@@ -98,6 +98,12 @@ CREATE TABLE labels (
 _CHILD_TABLES = ("hits", "feedback", "labels")
 
 
+def new_capture_id() -> str:
+    """A capture's new, unguessable id: 128 random bits in hex. Hex, not URL-safe base64, because an id that starts
+    with ``-`` (1 in 64 of those) reads as an option to ``feedback label CAPTURE_ID``'s parser."""
+    return secrets.token_hex(16)
+
+
 @dataclass
 class RunScrub:
     """What a purge did to ``tune``'s run folders (:func:`~.runs.scrub_run_folders`): the files rewritten without
@@ -306,7 +312,7 @@ class FeedbackStore:
         now: float | None = None,
     ) -> str:
         """Record one captured search (``question`` already redacted) and its ranked hits; its new, unguessable id."""
-        capture_id = secrets.token_urlsafe(16)
+        capture_id = new_capture_id()
         with self._write() as db:
             db.execute(
                 "INSERT INTO captures VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",

@@ -114,10 +114,13 @@ def test_one_feedback_row_per_capture_and_session_a_second_click_changes_it(tmp_
         assert store.record_feedback(empty, None, "none", None)["verdict"] == "none"
 
 
-def test_capture_ids_are_unguessable(tmp_path: Path) -> None:
+def test_capture_ids_are_unguessable_and_never_read_as_an_option(tmp_path: Path) -> None:
+    """128 random bits each, and none starts with ``-``: a CI run met an id that did (URL-safe base64, 1 in 64), and
+    ``feedback label ID`` read it as an option ("the following arguments are required: CAPTURE_ID")."""
     with FeedbackStore.open(tmp_path) as store:
-        ids = {add(store, n=0) for _ in range(50)}
-    assert len(ids) == 50 and all(len(i) >= 22 for i in ids)
+        ids = {add(store, n=0) for _ in range(400)}
+    assert len(ids) == 400 and all(len(i) == 32 and int(i, 16) >= 0 for i in ids)
+    assert not any(i.startswith("-") for i in ids)
 
 
 def test_purged_text_is_in_none_of_the_files(tmp_path: Path) -> None:
