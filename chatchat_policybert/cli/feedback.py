@@ -64,7 +64,11 @@ def register(commands: Any) -> None:
         "label", help="name the document that answers a captured question (e.g. one users marked 'none')"
     )
     _common(label, "the knowledge base of the capture (default: DEFAULT_KNOWLEDGE_BASE)")
-    label.add_argument("capture_id", metavar="CAPTURE_ID", help="the capture's id (`feedback list`)")
+    label.add_argument(
+        "capture_id",
+        metavar="CAPTURE_ID",
+        help="the capture's id (`feedback list`; an id an older store gave that starts with `-`: put `--` before it)",
+    )
     label.add_argument("--doc", required=True, help="the knowledge base's file that answers, e.g. 政策.md")
     label.add_argument(
         "--evidence", required=True, help="a passage of that file that answers, copied verbatim (tune's evidence)"
