@@ -48,7 +48,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from embed import REPO, corpus_chunks, machine_line
 
 sys.path.insert(0, str(REPO))
-from chatchat_policybert.cpu import SPIN_ENV, SWITCH_ENV, WAIT_POLICY_ENV
+from chatchat_policybert.cpu import SPIN_ENV, SWITCH_ENV, WAIT_POLICY_ENV, cpu_contended
 
 PYTHON = sys.executable
 ARMS = {
@@ -93,6 +93,16 @@ def competitor(kind: str | None) -> Iterator[None]:
     finally:
         process.kill()
         process.wait()
+        settle()
+
+
+def settle(limit: float = 60.0) -> None:
+    """Waits (at most ``limit`` s) until the kernel no longer reports the CPU contended: its 10-second average decays
+    for a while after the competitor stops, and a question embedded meanwhile runs on one thread (``cpu_contended``),
+    which is not the quiet machine the next measurement means."""
+    deadline = time.monotonic() + limit
+    while cpu_contended() and time.monotonic() < deadline:
+        time.sleep(1)
 
 
 def child(args: list[str], env: dict[str, str], timeout: float = 3600) -> dict:

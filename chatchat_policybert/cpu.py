@@ -17,7 +17,12 @@ training) inherits it. A value the user set for either variable is kept (``OMP_W
 decides alone); ``CHATCHAT_POLICYBERT_SPIN=0`` leaves OpenMP's environment as it is (libgomp's default, e.g. to
 compare). A process that imported torch before this package keeps what torch started with.
 
-Standard library only, and only modules Python has already loaded: this runs in every interpreter.
+A second cure, for the one call that waits on a user: a question's embedding runs on one thread while the CPU is
+contended (:func:`one_thread`, :func:`cpu_contended`). Its forward pass is hundreds of small regions; on a quiet
+machine a second thread shortens it (the e5 base: 25 -> 19 ms), beside a busy core the second thread is what it waits
+for (59-91 ms on two threads, 28-36 on one).
+
+Standard library only at import, and only modules Python has already loaded: this runs in every interpreter.
 """
 
 from __future__ import annotations
@@ -63,3 +68,43 @@ def describe() -> tuple[bool, str]:
         False,
         f"{SPIN_ENV} and {WAIT_POLICY_ENV} unset ({SWITCH_ENV} off?): waiting OpenMP threads spin 300,000 iterations",
     )
+
+
+ONE_THREAD_TOKENS = 64
+"""A call of ``PolicyBertEmbeddings`` that embeds at most this many tokens in all (a question: about 20) runs on one
+thread (:func:`one_thread`) while the CPU is contended (:func:`cpu_contended`); a longer one, or any on a quiet CPU,
+keeps every thread. Chosen by measurement (docs/deployment.md, "Sharing the CPU with the LLM")."""
+PRESSURE_FILE = "/proc/pressure/cpu"
+"""Linux's pressure stall information for the CPU (kernel 4.20 and later, where the kernel enables it)."""
+CONTENDED_SHARE = 10.0
+"""The CPU is contended when runnable tasks waited for one in at least this share (%) of the last 10 s."""
+_controller = None
+
+
+def cpu_contended(path: str | None = None) -> bool:
+    """Whether runnable tasks waited for a CPU in at least :data:`CONTENDED_SHARE` % of the last 10 s (the kernel's
+    ``some avg10``: the LLM answering, a ``kb -r``), read at each call (a few microseconds); False where the kernel
+    does not report it, so that such a machine keeps the threads it had. ``path``: :data:`PRESSURE_FILE`."""
+    try:
+        with open(PRESSURE_FILE if path is None else path, "rb") as report:
+            some = report.readline().split()
+        return some[0] == b"some" and float(some[1].partition(b"=")[2]) >= CONTENDED_SHARE
+    except (OSError, IndexError, ValueError):
+        return False
+
+
+def one_thread() -> object:
+    """A context in which torch's OpenMP regions started by *this* thread run on one thread; other threads keep theirs.
+
+    Why: a question's forward pass is hundreds of small OpenMP regions, each of which waits for its slowest thread;
+    on a quiet machine two threads barely beat one there, and beside a busy core (the LLM) the second thread is often
+    descheduled (docs/deployment.md). threadpoolctl sets OpenMP's per-thread count (``omp_set_num_threads``), which
+    torch's OpenMP build reads at each region; ``torch.set_num_threads`` would also change the count every thread
+    that starts its first torch work meanwhile keeps for ever (a Chatchat worker thread, say).
+    """
+    global _controller
+    if _controller is None:  # after torch has loaded libgomp: the controller lists the libraries loaded when made
+        from threadpoolctl import ThreadpoolController
+
+        _controller = ThreadpoolController()
+    return _controller.limit(limits=1, user_api="openmp")

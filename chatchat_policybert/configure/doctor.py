@@ -60,16 +60,22 @@ def cpu_sharing() -> Finding:
     import os
 
     from chatchat_policybert.chatchat.switches import API_THREADS_DEFAULT, API_THREADS_ENV
-    from chatchat_policybert.cpu import describe
+    from chatchat_policybert.cpu import ONE_THREAD_TOKENS, PRESSURE_FILE, cpu_contended, describe
 
     short, how = describe()
+    contention = (
+        f"{PRESSURE_FILE}: {'contended now' if cpu_contended() else 'quiet now'}"
+        if os.path.exists(PRESSURE_FILE)
+        else f"no {PRESSURE_FILE} on this kernel: never"
+    )
     api = os.environ.get(API_THREADS_ENV) or f"{API_THREADS_DEFAULT} (default; {API_THREADS_ENV} sets it)"
     others = os.environ.get("OMP_NUM_THREADS") or f"{len(os.sched_getaffinity(0))}, the cores (OMP_NUM_THREADS sets it)"
     advice = "" if short else "; threads that spin long slow every path when the LLM shares the CPU"
     return Finding(
         "OK" if short else "WARN",
         f"CPU sharing: {how}{advice}; torch threads: the API process {api}, "
-        f"`kb -r`, workers, serve, eval and tune {others}",
+        f"`kb -r`, workers, serve, eval and tune {others}; an embedding call of at most {ONE_THREAD_TOKENS} tokens (a "
+        f"question) runs on one thread while the CPU is contended ({contention})",
     )
 
 

@@ -8,6 +8,7 @@ mean of the token states, as the directory pools, L2-normalised, as float32.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import threading
@@ -18,6 +19,7 @@ import numpy as np
 import torch
 from langchain_core.embeddings import Embeddings
 
+from chatchat_policybert.cpu import ONE_THREAD_TOKENS, cpu_contended, one_thread
 from chatchat_policybert.model.dtypes import DTYPE_NAMES
 from chatchat_policybert.model.loading import load_towers
 from chatchat_policybert.model.modeling_policybert import ClsOnlyLayer, PolicyBertModel
@@ -168,7 +170,13 @@ class PolicyBertEmbeddings(Embeddings):
         lengths = np.array([len(e.ids) for e in encodings])
         order = np.argsort(-lengths, kind="stable")
         dtype = DTYPES[self.dtype]
-        with torch.inference_mode(), torch.autocast(self.device.type, dtype=dtype, enabled=dtype != torch.float32):
+        # A question while the LLM (or anything) keeps the CPU busy: one thread (chatchat_policybert.cpu, measured).
+        alone = self.device.type == "cpu" and int(lengths.sum()) <= ONE_THREAD_TOKENS and cpu_contended()
+        with (
+            one_thread() if alone else contextlib.nullcontext(),
+            torch.inference_mode(),
+            torch.autocast(self.device.type, dtype=dtype, enabled=dtype != torch.float32),
+        ):
             start = 0
             while start < len(order):
                 # Sorted longest first, so the first text sets the batch's padded length.
