@@ -560,7 +560,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--root", type=Path, required=True, help="a root `make demo` built, never tuned (read only)")
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2], help="seeds of users and tunes (0 1 2)")
     parser.add_argument(
-        "--users", nargs="+", choices=sorted(USERS), default=sorted(USERS), help="simulated users (a b)"
+        "--users",
+        nargs="*",
+        choices=sorted(USERS),
+        default=sorted(USERS),
+        help="simulated users (a b); none: only the baseline (make tune-demo's tune) per seed",
     )
     parser.add_argument("--limit", type=int, help="ask only the first N training questions (a quick check)")
     parser.add_argument(

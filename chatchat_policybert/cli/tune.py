@@ -17,11 +17,11 @@ found there, so a killed or failed run continues where it stopped; the training 
 1. ``questions`` — the ``--questions`` files, with ``--feedback`` the questions users marked (``feedback export``'s
    rules: under 6 characters, on a changed document, or repeating a later or a --questions one, dropped), and with
    ``--llm`` the LLM's questions per chunk (those copying 12 characters of their chunk dropped), each with its gold
-   chunks among the stored vectors (a mark's: the chunk the user marked), split into 5 folds by document (a text
+   chunks among the stored vectors (a mark's: the chunk the user marked), split into 3 folds by document (a text
    repeated or nearly repeated on several documents: all of them in one fold); with ``--silver`` also the questions
    nobody marked whose source the LLM named (silver labels, reported apart). Your questions judge where there are
    any, else the users', else the LLM's (``--llm``'s; silver labels never judge); the rest only train.
-2. ``folds`` — per fold, a query tower trained from the served model on the other four folds' questions (150 steps
+2. ``folds`` — per fold, a query tower trained from the served model on the other two folds' questions (150 steps
    of 32 questions, merged back halfway toward the served model; ``--query-args`` overrides the recipe), and each
    held-out question's vector by it.
 3. ``train`` — the query tower trained on every question: what is installed if the gate passes.
@@ -46,17 +46,17 @@ What it writes: the run folder (``tune.json``, ``query/`` with each fold's tower
 ``report.md``, and after an install ``previous/``, ``installed.json``, ``query_towers/``); in the root, the installed
 model directory and the two settings files. Nothing in the root changes before step 5.
 
-What it costs: 10–12 min on 2 CPU cores (AMD EPYC with AVX-512-BF16) for the demo's 213 questions on the e5 base,
-most of it the six trainings, which run under bf16 autocast on such a CPU (1.5–2× faster steps than fp32 in the
-same run); peak RSS about 2.5 GB (docs/deployment.md, "Query-side tuning"); about 81 MB of disk per installed model
-(its query tower; the served weights are linked where the file system allows). A GPU (``--device cuda``) is faster.
+What it costs: about 6 min on 2 CPU cores (AMD EPYC with AVX-512-BF16: 364–382 s) for the demo's 213 questions on
+the e5 base, most of it the four trainings (three folds and the installed tower), which run under bf16 autocast on such
+a CPU; peak RSS about 2.5 GB (docs/deployment.md, "Query-side tuning"); about 81 MB of disk per installed model (its
+query tower; the served weights are linked where the file system allows). A GPU (``--device cuda``) is faster.
 
-Before step 1 every input is checked (the KB name, ``--questions`` against the KB's documents, on at least 5 of
-them, each file once; with ``--feedback`` the marked questions read from the capture store; ``--query-args``, where
-``--out``, ``--device`` and ``--seed`` are tune's own; ``--device``; ``--out``; ``--llm`` and ``--silver``
-answering; the served query tower's record; on pg the right to read the collection), and the knowledge base's tune
-lock is taken: a second ``tune`` or a ``rollback`` of the same knowledge base is refused while one runs. An
-unfinished run folder begun from a model the root no longer serves starts over from the served one.
+Before step 1 every input is checked (the KB name, ``--questions`` against the KB's documents, on at least 3 of
+them (a fold each), each file once; with ``--feedback`` the marked questions read from the capture store;
+``--query-args``, where ``--out``, ``--device`` and ``--seed`` are tune's own; ``--device``; ``--out``; ``--llm``
+and ``--silver`` answering; the served query tower's record; on pg the right to read the collection), and the
+knowledge base's tune lock is taken: a second ``tune`` or a ``rollback`` of the same knowledge base is refused while
+one runs. An unfinished run folder begun from a model the root no longer serves starts over from the served one.
 
 Exit status: 0 installed, 1 refused by the gate (the deployment unchanged), 2 a bad input, 130 interrupted.
 """

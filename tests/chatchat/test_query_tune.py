@@ -551,7 +551,7 @@ OWNED_FLAGS = {"--query-args --out": "--out DIR", "--query-args --dev": "--dev c
         *OWNED_FLAGS,
         "--llm not a url",
         "--llm down",
-        "3 documents",
+        "fewer documents than folds",
         "the same file twice",
         "another KB served",
     ],
@@ -589,9 +589,12 @@ def test_every_input_is_checked_before_any_work(base_root, tmp_path, problem):
         url = closed_port_url()
         error = one_error_line(tune(root, "--llm", url, "--llm-model", "qwen2.5:7b"))
         assert error.startswith(f"error: --llm {url}: the server does not answer {url}/models"), error
-    elif problem == "3 documents":
+    elif problem == "fewer documents than folds":
+        lines = questions.read_text(encoding="utf-8").splitlines(keepends=True)
+        questions.write_text("".join(lines[: FOLDS - 1]), encoding="utf-8")
         error = one_error_line(tune(root, "--questions", str(questions)))
-        assert "the questions name 3 document(s): cross-fitting needs questions on at least 5 documents" in error
+        expected = f"the questions name {FOLDS - 1} document(s): cross-fitting needs questions on at least {FOLDS} "
+        assert expected in error, error
     elif problem == "another KB served":
         shutil.copytree(content_dir(root, KB).parent, content_dir(root, KB).parent.parent / "SecondKB")
         kept = snapshot(root)
