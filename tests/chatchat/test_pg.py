@@ -176,6 +176,7 @@ def test_doctor_names_an_unreachable_server(pg_root: Root, tmp_path: Path):
     assert "PostgreSQL at postgresql+psycopg2://postgres:***@127.0.0.1:1/policybert does not answer" in errors[0]
 
 
+@pytest.mark.slow  # a Python process of its own
 @pytest.mark.parametrize(
     ("args", "fragment"),
     [

@@ -94,6 +94,7 @@ def test_the_hybrid_block_is_resolved_once_per_change_of_the_files(tmp_path: Pat
     assert platform["hybrid"] == {"bm25_weight": 0.7, "dense_weight": 0.3, "analyzer": "policy"}
 
 
+@pytest.mark.slow  # a Python process of its own
 def test_a_root_set_up_before_the_record_existed_keeps_the_users_edits_too(tmp_path: Path, tiny_model: Path):
     """A root set up by an earlier version has no record of what setup wrote: the shipped values stand for it, so the
     user's edits and the model an earlier --model set survive a re-run, which says what it kept."""
@@ -113,6 +114,7 @@ def test_a_root_set_up_before_the_record_existed_keeps_the_users_edits_too(tmp_p
     assert "VECTOR_SEARCH_TOP_K" in rerun.stdout and "DEFAULT_LLM_MODEL" in rerun.stdout
 
 
+@pytest.mark.slow  # a Python process of its own
 def test_a_rerun_of_setup_keeps_the_users_settings_and_says_what_it_changes(tmp_path: Path, tiny_model: Path):
     """Issue #43 item 4: after setup, a calibration and the user's edits of VECTOR_SEARCH_TOP_K, CHUNK_SIZE,
     SCORE_THRESHOLD and DEFAULT_LLM_MODEL, a re-run of setup (to change --bind, as deployment.md suggests) keeps all of

@@ -24,6 +24,7 @@ def with_hybrid(block: str) -> str:
     return SHIPPED_MODEL.replace(HYBRID, block)
 
 
+@pytest.mark.slow  # a Python process of its own
 @pytest.mark.parametrize(
     ("hybrid", "problem"),
     [
@@ -49,6 +50,7 @@ def test_a_bad_settings_dir_value_writes_nothing(tmp_path: Path, hybrid: str, pr
 BAD_BINDS = ["", "not a host", "127.0.0.1:7861", "256.1.1.1", "*", "host\nname", "-lead.example", "a" * 64 + ".x"]
 
 
+@pytest.mark.slow  # a Python process of its own
 @pytest.mark.parametrize("bind", BAD_BINDS)
 def test_setup_refuses_a_bind_that_is_no_address_or_host_name(tmp_path: Path, bind: str):
     root = make_root(tmp_path)
@@ -81,6 +83,7 @@ def test_loopback_is_recognised_as_loopback(host: str, loopback: bool):
     assert is_loopback(host) is loopback
 
 
+@pytest.mark.slow  # a Python process of its own
 def test_doctor_does_not_warn_for_a_loopback_bind(tmp_path: Path, tiny_model: Path):
     """127.1 is 127.0.0.1: doctor warned "reachable from other machines" for it."""
     root = make_root(tmp_path)
@@ -90,6 +93,7 @@ def test_doctor_does_not_warn_for_a_loopback_bind(tmp_path: Path, tiny_model: Pa
     assert "reachable from other machines" not in cli("doctor", "--root", str(root), "--no-load").stdout
 
 
+@pytest.mark.slow  # a Python process of its own
 def test_a_model_that_does_not_load_writes_nothing(tmp_path: Path, tiny_model: Path):
     """Issue 43 item 3: `setup --model <typo>` on a working root exited 1 with the broken path written into
     model_settings.yaml. Now the model is loaded before anything is written: one error line, the root as it was."""
@@ -108,6 +112,7 @@ def test_a_model_that_does_not_load_writes_nothing(tmp_path: Path, tiny_model: P
         assert snapshot(root) == before
 
 
+@pytest.mark.slow  # a Python process of its own
 def test_calibrate_on_a_knowledge_base_the_root_lacks_is_one_line(tmp_path: Path, tiny_model: Path):
     """Issue 52 S3c: ``setup --calibrate FILE --kb NoSuchKB`` printed its error line under a worker's 15-line
     traceback. Now one line naming the knowledge base, before the model loads, and the root as it was."""

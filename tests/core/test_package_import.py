@@ -18,12 +18,14 @@ def run(code: str) -> str:
     return result.stdout.strip()
 
 
+@pytest.mark.slow  # a Python process of its own
 def test_importing_the_package_loads_no_torch():
     assert run("import sys, chatchat_policybert; print('torch' in sys.modules, 'transformers' in sys.modules)") == (
         "False False"
     )
 
 
+@pytest.mark.slow  # a Python process of its own
 def test_the_top_level_name_is_the_embeddings_class():
     code = (
         "from chatchat_policybert import PolicyBertEmbeddings\n"

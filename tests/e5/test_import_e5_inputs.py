@@ -164,6 +164,7 @@ def test_an_out_that_cannot_be_written_is_refused_before_converting(tmp_path, mo
     assert snapshot(tmp_path) == before
 
 
+@pytest.mark.slow  # a Python process of its own
 def test_an_image_that_is_not_a_regular_file_is_refused_without_waiting(tmp_path):
     """Issue 43 item 2: ``--image`` a FIFO blocked forever in the read. A real process, so that a hang fails the test
     (after 120 s) instead of stopping the run."""

@@ -155,6 +155,7 @@ def cli(*args: str) -> subprocess.CompletedProcess:
     )
 
 
+@pytest.mark.slow  # a Python process of its own
 @pytest.mark.parametrize(("damage", "file", "foreign"), DAMAGES, ids=[d[0].__name__ for d in DAMAGES])
 def test_a_damaged_copy_is_refused_by_every_loader_that_can_refuse(open_stream_dir, tmp_path, damage, file, foreign):
     model_dir = shutil.copytree(open_stream_dir, tmp_path / "model")
@@ -173,6 +174,7 @@ def test_a_damaged_copy_is_refused_by_every_loader_that_can_refuse(open_stream_d
     assert result.stderr.startswith(f"error: {model_dir / file}") and result.stderr.count("\n") == 1, result.stderr
 
 
+@pytest.mark.slow  # a Python process of its own
 def test_check_model_passes_a_cls_and_a_mean_directory_and_each_embeds_alike(open_stream_dir, tmp_path):
     """bge's shape ([CLS]) and e5's (mean) are both legitimate: only files that disagree are refused."""
     model, tokenizer = load_policybert(open_stream_dir)
@@ -206,6 +208,7 @@ def test_a_directory_written_before_the_record_keeps_loading(open_stream_dir, tm
         ).embed_documents(TEXTS[:1])
 
 
+@pytest.mark.slow  # a Python process of its own
 def test_a_bit_flipped_in_the_shared_weights_is_refused_in_both_directories(open_stream_dir, tmp_path):
     """Issue 52 item 7 (M14): a two-tower directory hard-links its start's ``model.safetensors``, so a bit flipped in
     one is flipped in the other. Both record the file's SHA-256 (single- and two-tower alike), and every loader and
@@ -260,6 +263,7 @@ def test_save_pretrained_of_a_loaded_model_carries_no_record(open_stream_dir, tm
     assert FILES_KEY in json.loads((open_stream_dir / "config.json").read_text(encoding="utf-8"))
 
 
+@pytest.mark.slow  # a Python process of its own
 def test_a_token_limit_past_the_models_positions_is_refused(tiny_model_dir, tmp_path):
     """Issue 43 item 7: a model with 128 positions, its sentence_bert_config.json raised to 129 (legacy
     ``max_seq_length``, as the hub's older directories write it) — refused by every loader and check-model; before,

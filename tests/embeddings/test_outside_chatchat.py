@@ -84,6 +84,7 @@ def test_the_section_has_the_four_blocks():
 EXPECTED = {0: {"questions": "query", "passages": "document"}, 1: {"vector": "document"}, 2: {"vector": "query"}}
 
 
+@pytest.mark.slow  # a Python process of its own
 @pytest.mark.parametrize("index", sorted(EXPECTED))
 def test_each_block_gives_the_served_vector(index, blocks_dir):
     """sentence-transformers and transformers in an interpreter that never imports this package, and LangChain, on
@@ -195,6 +196,7 @@ def test_auto_model_and_sentence_transformers_keep_the_loader_refusals(damage, t
             load(str(model_dir))
 
 
+@pytest.mark.slow  # a Python process of its own
 def test_without_the_hook_importing_the_modules_registers_policybert(tiny_model_dir):
     """CHATCHAT_POLICYBERT_HOOK=0: transformers does not know the type until the package's modules are imported."""
     model_dir = tiny_model_dir("attn")

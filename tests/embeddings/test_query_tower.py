@@ -244,6 +244,7 @@ def towers_dir(open_stream_dir, tmp_path_factory) -> Path:
     return model_dir
 
 
+@pytest.mark.slow  # a Python process of its own
 @pytest.mark.parametrize(("damage", "by_record"), DAMAGES, ids=[d[0].__name__ for d in DAMAGES])
 def test_a_damaged_query_tower_is_refused_by_every_loader(towers_dir, tmp_path, damage, by_record):
     """Each damage is one error naming the query tower file from ``load_policybert(tower="query")``,
@@ -269,6 +270,7 @@ def test_a_damaged_query_tower_is_refused_by_every_loader(towers_dir, tmp_path, 
     assert result.stderr.startswith(f"error: {model_dir / QUERY_TOWER_FILE}") and result.stderr.count("\n") == 1
 
 
+@pytest.mark.slow  # a Python process of its own
 def test_check_model_says_whether_a_directory_has_a_query_tower(open_stream_dir, towers_dir):
     assert "no query tower" in check_model_dir(open_stream_dir)[1]
     level, message = check_model_dir(towers_dir)
@@ -318,7 +320,14 @@ def cosines(a: np.ndarray, b: np.ndarray) -> np.ndarray:
     return (a * b).sum(axis=1) / np.linalg.norm(a, axis=1) / np.linalg.norm(b, axis=1)
 
 
-@pytest.mark.parametrize("shape", ["bge", "policybert", "e5"])
+@pytest.mark.parametrize(
+    "shape",
+    [
+        "bge",
+        "policybert",
+        pytest.param("e5", marks=pytest.mark.slow),  # over 5 s (fast_loop.py)
+    ],
+)
 def test_the_router_export_embeds_as_policybert_embeddings(shape, request, tmp_path):
     """``python -m training.export --model DIR --router OUT``: sentence-transformers' ``encode_query`` /
     ``encode_document`` on the Router directory give ``PolicyBertEmbeddings``' query and document vectors (cosine

@@ -110,6 +110,7 @@ def test_batch_invariance_property(embeddings, texts, position):
     assert np.abs(np.array(in_batch) - np.array(alone)).max() <= 1e-5
 
 
+@pytest.mark.slow  # a Python process of its own
 def test_two_processes_give_identical_vectors(embeddings):
     if embeddings.tokenizer.lexicon is None:
         pytest.skip("one process pair per word-stream model is enough; the plain path is a subset")

@@ -331,6 +331,7 @@ def test_failed_merge_keeps_previous_output(tmp_path, bge_dir, lexicon_file):
     assert {p.relative_to(out): p.read_bytes() for p in out.rglob("*") if p.is_file()} == before
 
 
+@pytest.mark.slow  # a Python process of its own
 def test_cli_process_exit_code_and_message_offline(tmp_path, lexicon_file):
     result = run_cli("--bge", "BAAI/bge-base-zh-v1.5", "--lexicon", str(lexicon_file), "--out", str(tmp_path / "o"))
     assert result.returncode == 2, result.stderr
@@ -406,6 +407,7 @@ def test_alpha_sweep_keeps_the_best_on_dev_questions(tmp_path, bge_dir, lexicon_
     assert written.keys() == expected.keys() and all(torch.equal(written[k], expected[k]) for k in written)
 
 
+@pytest.mark.slow  # a Python process of its own
 def test_lexicon_with_a_megabyte_word_is_one_error_line_not_a_crash(tmp_path, bge_dir, lexicon_file):
     """Issue #23 item 10: merge_bge wrote the model, then the process segfaulted at exit (status 139)."""
     lexicon = tmp_path / "lexicon.txt"
@@ -439,6 +441,7 @@ def test_a_merge_embeds_as_its_base_does(tmp_path, bge_dir, lexicon_file, texts)
     assert abs(torch.tensor(merged.embed_query(texts[0])) - torch.tensor(start.embed_query(texts[0]))).max() < 1e-6
 
 
+@pytest.mark.slow  # a Python process of its own
 def test_the_merge_prints_no_transformers_warning(tmp_path, bge_dir, lexicon_file):
     """#43 item 11: ``python -m training.merge_bge`` printed transformers' "You are using a model of type `bert` to
     instantiate a model of type ``" (the base's config.json read through the generic config class, for the

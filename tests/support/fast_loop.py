@@ -1,7 +1,10 @@
 """What makes a test `slow`, stated where the slowness is: `pytest -m "not slow"` is the fast loop of docs/tests.md.
 
-A test is slow when it starts Chatchat, uvicorn, a venv (or a pip install), PostgreSQL or torchrun, or builds a
-Chatchat root (`chatchat init`, `kb -r`); nothing else is. Three pieces keep the marker where the cost is:
+A test is slow when it starts Chatchat, uvicorn, a venv (or a pip install), PostgreSQL, torchrun or any other Python
+interpreter but for a ``--help`` (a fresh one imports torch and transformers and mostly loads a model: seconds each),
+builds a Chatchat root (`chatchat init`, `kb -r`), converts the e5 base (the ``e5_base_dir`` fixture), or takes over
+5 s in one process (marked by hand, with a comment saying so); nothing else is. Three pieces keep the marker where the
+cost is:
 
 - A fixture that starts such a process is declared with :func:`slow_fixture` instead of ``pytest.fixture``.
   ``tests/conftest.py`` marks `slow`, at collection, every test that uses it, directly or through other fixtures.
@@ -52,6 +55,9 @@ MODULES = {
 CLI_COMMANDS = {"serve": "uvicorn (serve)", "tune": "tune (Chatchat roots and kb -r)"}
 """`chatchat-policybert` subcommands that start one; their ``--help`` does not."""
 CLI_MODULE = "chatchat_policybert.cli"
+PYTHON = "a Python interpreter"
+HELP = {"-h", "--help"}
+"""A command's ``--help`` loads no model: it stays fast."""
 
 
 def slow_fixture(**options: Any) -> Callable[[Function], Function]:
@@ -90,14 +96,16 @@ def slow_command(argv: str | Sequence[str]) -> str | None:
     if program in PROGRAMS:
         return PROGRAMS[program]
     if program == "chatchat-policybert":
-        return _cli_command(args[1:])
-    if program.startswith("python") and (run := _module_run(args[1:])):
-        module, rest = run
-        if module == CLI_MODULE:
-            return _cli_command(rest)
-        for name in (module, *(module.rsplit(".", n)[0] for n in range(1, module.count(".") + 1))):
-            if name in MODULES:
-                return MODULES[name]
+        return _cli_command(args[1:]) or (None if HELP & set(args) else PYTHON)
+    if program.startswith("python"):
+        if run := _module_run(args[1:]):
+            module, rest = run
+            if module == CLI_MODULE:
+                return _cli_command(rest) or (None if HELP & set(rest) else PYTHON)
+            for name in (module, *(module.rsplit(".", n)[0] for n in range(1, module.count(".") + 1))):
+                if name in MODULES:
+                    return MODULES[name]
+        return None if HELP & set(args) else PYTHON
     return None
 
 
@@ -113,6 +121,6 @@ def _module_run(args: Sequence[str]) -> tuple[str, Sequence[str]] | None:
 
 def _cli_command(args: Sequence[str]) -> str | None:
     command = next((a for a in args if not a.startswith("-")), None)
-    if command in CLI_COMMANDS and not {"-h", "--help"} & set(args):
+    if command in CLI_COMMANDS and not HELP & set(args):
         return CLI_COMMANDS[command]
     return None

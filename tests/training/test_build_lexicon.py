@@ -76,6 +76,7 @@ def test_missing_hanlp_model_is_a_clear_error(tmp_path, corpus_dir, data_dir):
     assert not (tmp_path / "out" / "lexicon.txt").exists()
 
 
+@pytest.mark.slow  # a Python process of its own
 def test_cli_reports_a_corrupt_corpus_in_one_line(tmp_path, data_dir):
     (tmp_path / "corpus.jsonl").write_text(
         '{"doc_id": "1", "sentences": ["完整的句子。"]}\n{"doc_id": 2, oops\n', encoding="utf-8"

@@ -163,6 +163,7 @@ def test_embed_chunk_gives_the_whole_batch_loss_and_gradient(tiny_model_dir, pai
         torch.testing.assert_close(chunked[name], grad, rtol=1e-4, atol=1e-6, msg=name)
 
 
+@pytest.mark.slow  # over 5 s in one process (tests/support/fast_loop.py)
 def test_training_lowers_dev_loss(start_model, pairs, tmp_path):
     """The dev loss (held-out chunks, all dev passages as candidates) falls well below the start's.
 

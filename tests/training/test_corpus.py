@@ -106,6 +106,7 @@ def test_bad_csv_is_one_clear_line(tmp_path, content, message):
         corpus.build_corpus(corpus.load_documents(path))
 
 
+@pytest.mark.slow  # a Python process of its own
 def test_cli_error_has_no_traceback(tmp_path):
     (tmp_path / "bad.csv").write_bytes(b"\xff\xfe\x00garbage\x00")
     result = subprocess.run(

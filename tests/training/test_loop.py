@@ -72,6 +72,7 @@ def test_bad_flags_are_one_line_input_errors(flags, message):
         parse_pretrain(*flags)
 
 
+@pytest.mark.slow  # a Python process of its own
 def test_bad_flag_value_through_the_real_cli_is_one_error_line(tmp_path, repo_root):
     """``python -m training.pretrain``: the config's check runs before the model or corpus is read, exit 2."""
     argv = ["--model", str(tmp_path / "no-model"), "--corpus", str(tmp_path / "no.jsonl"), "--out", str(tmp_path / "o")]
@@ -135,6 +136,7 @@ def test_gradient_checkpointing_trains_the_same_weights(tiny_model_dir, corpus_d
     )
 
 
+@pytest.mark.slow  # a Python process of its own
 def test_ctrl_c_says_where_the_run_resumes_from(tiny_model_dir, corpus_dir, tmp_path):
     """Issue #23 item 13: Ctrl-C during training was a KeyboardInterrupt traceback; now one line naming
     the checkpoint and its step, exit status 130, and --resume continues from that checkpoint."""
