@@ -648,7 +648,7 @@ def test_tune_help_describes_the_query_side_tune_only():
         "2. `folds`",
         "6. `report`",
         "What it writes",
-        "What it costs: 10–12 min",
+        "What it costs: about 6 min",
         "chatchat start -a",
     ):
         assert said in help_text, said
