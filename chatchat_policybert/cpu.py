@@ -83,7 +83,7 @@ _controller = None
 
 def cpu_contended(path: str | None = None) -> bool:
     """Whether runnable tasks waited for a CPU in at least :data:`CONTENDED_SHARE` % of the last 10 s (the kernel's
-    ``some avg10``: the LLM answering, a ``kb -r``), read at each call (a few microseconds); False where the kernel
+    ``some avg10``: the LLM answering, a ``kb -r``), one small file read at each call; False where the kernel
     does not report it, so that such a machine keeps the threads it had. ``path``: :data:`PRESSURE_FILE`."""
     try:
         with open(PRESSURE_FILE if path is None else path, "rb") as report:
@@ -97,10 +97,11 @@ def one_thread() -> object:
     """A context in which torch's OpenMP regions started by *this* thread run on one thread; other threads keep theirs.
 
     Why: a question's forward pass is hundreds of small OpenMP regions, each of which waits for its slowest thread;
-    on a quiet machine two threads barely beat one there, and beside a busy core (the LLM) the second thread is often
-    descheduled (docs/deployment.md). threadpoolctl sets OpenMP's per-thread count (``omp_set_num_threads``), which
-    torch's OpenMP build reads at each region; ``torch.set_num_threads`` would also change the count every thread
-    that starts its first torch work meanwhile keeps for ever (a Chatchat worker thread, say).
+    beside a busy core (the LLM) the second thread is often descheduled and one thread is 2-3x faster, while on a quiet
+    machine two threads are (the e5 base 25 -> 19 ms), hence only while :func:`cpu_contended` (docs/deployment.md).
+    threadpoolctl sets OpenMP's per-thread count (``omp_set_num_threads``), which torch's OpenMP build reads at each
+    region; ``torch.set_num_threads`` would also change the count every thread that starts its first torch work
+    meanwhile keeps for ever (a Chatchat worker thread, say).
     """
     global _controller
     if _controller is None:  # after torch has loaded libgomp: the controller lists the libraries loaded when made
