@@ -426,6 +426,15 @@ DELTA_HEADER = (
 )
 
 
+def delta_table(comparisons: dict[str, dict[str, list[float]]]) -> list[str]:
+    """:func:`compare`'s results, one row each under :data:`DELTA_HEADER`."""
+    rows = [
+        f"| {name} | " + " | ".join(f"{d:+.3f} [{lo:+.3f}, {hi:+.3f}]" for d, lo, hi in parts.values()) + " |"
+        for name, parts in comparisons.items()
+    ]
+    return [*DELTA_HEADER, *rows]
+
+
 def report(figures: dict) -> str:
     """The Markdown beside the JSON: settings, the arms' scores, the differences, the replay and the steps' times."""
     runs, users = figures["runs"], figures["settings"]["users"]
@@ -457,11 +466,8 @@ def report(figures: dict) -> str:
         lines.append(f"| {arm} | {search:.3f} | {dense:.3f} | {per_seed} | {installed} | {seconds} | {rss} |")
     lines += [
         "",
-        *DELTA_HEADER,
+        *delta_table(figures["comparisons"]),
     ]
-    for name, parts in figures["comparisons"].items():
-        cells = [f"{d:+.3f} [{lo:+.3f}, {hi:+.3f}]" for d, lo, hi in parts.values()]
-        lines.append(f"| {name} | " + " | ".join(cells) + " |")
     lines.append("")
     for user, kept in figures["kept_share"].items():
         share = "—" if kept["share"] is None else f"{kept['share']:.0%}"
@@ -480,11 +486,8 @@ def report(figures: dict) -> str:
             f"On {confirmation['set']}, written after the pooled sets had guided the gate's marks rule, apart (seeds "
             f"{confirmation['runs']}; MRR@10, Δ [paired 95 % CI]):",
             "",
-            *DELTA_HEADER,
+            *delta_table(confirmation["comparisons"]),
         ]
-        for name, parts in confirmation["comparisons"].items():
-            cells = [f"{d:+.3f} [{lo:+.3f}, {hi:+.3f}]" for d, lo, hi in parts.values()]
-            lines.append(f"| {name} | " + " | ".join(cells) + " |")
     lines += [
         "",
         "| seed | user | questions | replay s | per question ms (median) | right document shown | marked | "

@@ -21,7 +21,7 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from feedback_replay import CONFIRM, arm_runs, compare, scored_on
+from feedback_replay import CONFIRM, arm_runs, compare, delta_table, scored_on
 
 from chatchat_policybert.files import read_json
 
@@ -36,10 +36,6 @@ def runs_of(paths: list[Path]) -> tuple[list[dict], list[dict], list[str]]:
             baseline.setdefault(run["seed"], run)
         untuned += arm_runs(figures["runs"], "untuned")
     return [baseline[s] for s in sorted(baseline)], untuned, commands
-
-
-def interval(values: list[float]) -> str:
-    return f"{values[0]:+.3f} [{values[1]:+.3f}, {values[2]:+.3f}]"
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -62,9 +58,8 @@ def main(argv: list[str] | None = None) -> int:
     lines = [
         f"Seeds {seeds}; old: {'; '.join(old_commands)}; new: {'; '.join(new_commands)}.",
         "",
-        "| comparison (pooled blind 77+76+80, seeds averaged) | search_docs | dense (query tower) "
-        "| rest (recalibration) |",
-        "|---|---|---|---|",
+        "On the pooled blind sets (77+76+80), seeds averaged:",
+        "",
     ]
     rows = {
         "old − untuned": compare(old, untuned),
@@ -73,9 +68,7 @@ def main(argv: list[str] | None = None) -> int:
     }
     if scored_on(old, CONFIRM) == old and scored_on(new, CONFIRM) == new and scored_on(untuned, CONFIRM):
         rows[f"new − old on {CONFIRM} (confirmation)"] = compare(new, old, [CONFIRM])
-    for name, parts in rows.items():
-        lines.append(f"| {name} | " + " | ".join(interval(v) for v in parts.values()) + " |")
-    lines += ["", "| arm | seed | tune | seconds | peak RSS (MB) |", "|---|---|---|---|---|"]
+    lines += [*delta_table(rows), "", "| arm | seed | tune | seconds | peak RSS (MB) |", "|---|---|---|---|---|"]
     for arm, runs in (("old", old), ("new", new)):
         for run in runs:
             tune = run["tune"]
