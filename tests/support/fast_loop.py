@@ -95,17 +95,18 @@ def slow_command(argv: str | Sequence[str]) -> str | None:
         return slow_command(args[args.index("-c") + 1])
     if program in PROGRAMS:
         return PROGRAMS[program]
+    interpreter = None if HELP & set(args) else PYTHON  # any other Python process, but for a --help
     if program == "chatchat-policybert":
-        return _cli_command(args[1:]) or (None if HELP & set(args) else PYTHON)
+        return _cli_command(args[1:]) or interpreter
     if program.startswith("python"):
         if run := _module_run(args[1:]):
             module, rest = run
             if module == CLI_MODULE:
-                return _cli_command(rest) or (None if HELP & set(rest) else PYTHON)
+                return _cli_command(rest) or interpreter
             for name in (module, *(module.rsplit(".", n)[0] for n in range(1, module.count(".") + 1))):
                 if name in MODULES:
                     return MODULES[name]
-        return None if HELP & set(args) else PYTHON
+        return interpreter
     return None
 
 
