@@ -80,8 +80,8 @@ class QuerySideConfig(TrainConfig):
     checkpoint_every: int = field(
         default=100,
         metadata={
-            "help": "optimiser steps between checkpoints (default: one, two thirds in: each writes the tower and "
-            "Adam's state, 640 MB and 1.4 s for the e5 base, and tune keeps every finished training anyway)"
+            "help": "optimiser steps between checkpoints (100: one in tune's 150 steps, two thirds in; each writes "
+            "the tower and Adam's state, about 1.4 s for the e5 base, and tune keeps every finished training anyway)"
         },
     )
     temperature: float = field(default=0.02, metadata={"help": "softmax temperature over the stored chunk vectors"})
