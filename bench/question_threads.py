@@ -5,10 +5,13 @@ contended).
     python bench/question_threads.py --model DIR                  # quiet
     python bench/question_threads.py --model DIR --busy           # beside one busy 2-thread torch process
 
-Per mode, twice, alternating: ``embed_query`` of the 49 shipped questions (median ms), then ``embed_documents`` of one
-text cut from a policy to about 24, 40, 56, 72 and 128 characters (median of 25 calls, ms, named by its token count).
-``one`` runs every call on one thread and ``process`` on the process's threads, whatever the kernel reports (the rule's
-token bound is moved for the run); the competitor is ``bench/busy_cpu.py``'s. Prints JSON.
+Per mode, twice, alternating: ``embed_query`` of the 49 shipped questions (median ms), then the query tower's
+embedding of one text cut from a policy to about 24, 40, 56, 72 and 128 characters (median of 25 calls, ms, named by
+its token count). ``one`` runs every call on one thread and ``process`` on the process's threads, whatever the kernel
+reports (the rule's token bound is moved for the run); the competitor is ``bench/busy_cpu.py``'s. Then ``bits``: of
+the 49 questions' vectors, one call each, and of the policy text's first 1 to 60 characters, how many differ between
+the two modes, and by at most how much a coordinate (one thread rounds differently: why the rule never touches a
+document). Prints JSON.
 """
 
 from __future__ import annotations
@@ -21,6 +24,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+import numpy as np
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -70,11 +74,25 @@ def main(argv: list[str] | None = None) -> int:
             for _ in range(2):
                 for mode, bound in MODES.items():
                     embeddings_module.ONE_THREAD_TOKENS = bound
-                    ms = timed(lambda part=part: embeddings.embed_documents([part]), 25)
+                    ms = timed(lambda part=part: embeddings.encode([part], tower="query"), 25)
                     results.setdefault(f"text{tokens}/{mode}", []).append(ms)
+    bits = {}
+    for name, texts in (("questions", questions), ("prefixes", [text[:n] for n in range(1, 61)])):
+        vectors = {}
+        for mode, bound in MODES.items():
+            embeddings_module.ONE_THREAD_TOKENS = bound
+            vectors[mode] = np.concatenate([embeddings.encode_queries([t]) for t in texts])
+        differ = ~np.all(vectors["one"] == vectors["process"], axis=1)
+        largest = float(np.abs(vectors["one"] - vectors["process"]).max())
+        bits[name] = {"differ": int(differ.sum()), "of": len(texts), "max_abs": largest}
     print(
         json.dumps(
-            {"machine": machine_line("cpu", torch.get_num_threads()), "busy": args.busy, "ms": results},
+            {
+                "machine": machine_line("cpu", torch.get_num_threads()),
+                "busy": args.busy,
+                "ms": results,
+                "bits": bits,
+            },
             ensure_ascii=False,
         )
     )

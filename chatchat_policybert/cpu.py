@@ -20,7 +20,10 @@ compare). A process that imported torch before this package keeps what torch sta
 A second cure, for the one call that waits on a user: a question's embedding runs on one thread while the CPU is
 contended (:func:`one_thread`, :func:`cpu_contended`). Its forward pass is hundreds of small regions; on a quiet
 machine a second thread shortens it (the e5 base: 25 -> 19 ms), beside a busy core the second thread is what it waits
-for (59-91 ms on two threads, 28-36 on one).
+for (59-91 ms on two threads, 28-36 on one). Only a question's: torch's kernels split small matrices differently on
+one thread than on two, so a short text's vector can differ in its last bits between the two (the e5 base: 8 of a policy
+text's first 1-60 characters, by at most 9.7e-8 a coordinate; ``bench/question_threads.py``), and a stored vector must
+be the same whatever the load when it was embedded.
 
 Standard library only at import, and only modules Python has already loaded: this runs in every interpreter.
 """
@@ -71,9 +74,10 @@ def describe() -> tuple[bool, str]:
 
 
 ONE_THREAD_TOKENS = 64
-"""A call of ``PolicyBertEmbeddings`` that embeds at most this many tokens in all (a question: about 20) runs on one
-thread (:func:`one_thread`) while the CPU is contended (:func:`cpu_contended`); a longer one, or any on a quiet CPU,
-keeps every thread. Chosen by measurement (docs/deployment.md, "Sharing the CPU with the LLM")."""
+"""A call of ``PolicyBertEmbeddings``'s query tower (a question) that embeds at most this many tokens in all (a
+question: about 20) runs on one thread (:func:`one_thread`) while the CPU is contended (:func:`cpu_contended`); a
+longer one, any on a quiet CPU, and every document keep every thread. Chosen by measurement (docs/deployment.md,
+"Sharing the CPU with the LLM")."""
 PRESSURE_FILE = "/proc/pressure/cpu"
 """Linux's pressure stall information for the CPU (kernel 4.20 and later, where the kernel enables it)."""
 CONTENDED_SHARE = 10.0

@@ -137,6 +137,17 @@ def _single_torch_thread():
     torch.set_num_threads(previous)
 
 
+@pytest.fixture(autouse=True)
+def _threads_left_as_found():
+    """Fails a test that leaves torch on another thread count. Why: on more than one thread, a question's vector
+    depends on the machine's load (it runs on one thread while the CPU is contended: ``chatchat_policybert.cpu``, and
+    one thread rounds differently), so every later test of the worker that compares vectors bit for bit could fail
+    by chance (it did once, in CI on 2026-11-28, after ``test_cpu_sharing`` left two threads)."""
+    before = torch.get_num_threads()
+    yield
+    assert torch.get_num_threads() == before, f"the test left torch on {torch.get_num_threads()} threads, not {before}"
+
+
 def _options_without_help(help_text: str) -> list[str]:
     """The option lines of an argparse ``--help`` that carry no help text.
 

@@ -74,8 +74,8 @@ def cpu_sharing() -> Finding:
     return Finding(
         "OK" if short else "WARN",
         f"CPU sharing: {how}{advice}; torch threads: the API process {api}, "
-        f"`kb -r`, workers, serve, eval and tune {others}; an embedding call of at most {ONE_THREAD_TOKENS} tokens (a "
-        f"question) runs on one thread while the CPU is contended ({contention})",
+        f"`kb -r`, workers, serve, eval and tune {others}; a question (at most {ONE_THREAD_TOKENS} tokens a "
+        f"call) runs on one thread while the CPU is contended ({contention}), a document never",
     )
 
 

@@ -171,7 +171,13 @@ class PolicyBertEmbeddings(Embeddings):
         order = np.argsort(-lengths, kind="stable")
         dtype = DTYPES[self.dtype]
         # A question while the LLM (or anything) keeps the CPU busy: one thread (chatchat_policybert.cpu, measured).
-        alone = self.device.type == "cpu" and int(lengths.sum()) <= ONE_THREAD_TOKENS and cpu_contended()
+        # Only the query tower's: one thread rounds differently, and a stored vector must not depend on the load.
+        alone = (
+            tower == "query"
+            and self.device.type == "cpu"
+            and int(lengths.sum()) <= ONE_THREAD_TOKENS
+            and cpu_contended()
+        )
         with (
             one_thread() if alone else contextlib.nullcontext(),
             torch.inference_mode(),

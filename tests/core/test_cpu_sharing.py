@@ -112,16 +112,30 @@ def test_doctor_says_what_the_processes_run_with(monkeypatch, env, level):
     assert finding.level == level, finding.message
     assert "the API process 1 (default" in finding.message
     assert f"{len(os.sched_getaffinity(0))}, the cores" in finding.message
-    assert f"at most {ONE_THREAD_TOKENS} tokens (a question) runs on one thread while the CPU is contended" in (
+    assert f"a question (at most {ONE_THREAD_TOKENS} tokens a call) runs on one thread while the CPU is contended" in (
         finding.message
     )
+    assert "a document never" in finding.message
     monkeypatch.setenv(API_THREADS_ENV, "2")
     monkeypatch.setenv("OMP_NUM_THREADS", "1")
     assert "the API process 2" in cpu_sharing().message
     assert "tune 1" in cpu_sharing().message
 
 
-def test_one_thread_limits_only_the_calling_thread():
+@pytest.fixture
+def two_threads():
+    """Torch on two threads for the test, then the count it had (the suite runs one: ``tests/conftest.py``). Left at
+    two, a later test's vectors in this worker would depend on the machine's load (the rule below), and its bit-for-bit
+    comparisons would fail by chance."""
+    import torch
+
+    previous = torch.get_num_threads()
+    torch.set_num_threads(2)
+    yield
+    torch.set_num_threads(previous)
+
+
+def test_one_thread_limits_only_the_calling_thread(two_threads):
     """Inside :func:`one_thread` this thread's torch regions run on one thread; a thread that does its first torch work
     meanwhile keeps the process's count for ever after (what ``torch.set_num_threads`` would have taken from it), and
     the count comes back when the block ends."""
@@ -131,7 +145,6 @@ def test_one_thread_limits_only_the_calling_thread():
 
     from chatchat_policybert.cpu import one_thread
 
-    torch.set_num_threads(2)
     seen = {}
 
     def newcomer() -> None:
@@ -172,12 +185,13 @@ def test_the_cpu_is_contended_as_the_kernel_reports_it(tmp_path, report, contend
 
 @pytest.mark.parametrize(("share", "question_threads"), [(50.0, 1), (0.0, 2)])
 def test_a_question_runs_on_one_thread_while_the_cpu_is_contended(
-    tiny_model_dir, tmp_path, monkeypatch, share, question_threads
+    tiny_model_dir, tmp_path, monkeypatch, two_threads, share, question_threads
 ):
     """``embed_query`` (a question, under :data:`ONE_THREAD_TOKENS` tokens) runs the query tower's forward pass on one
     thread while the kernel reports the CPU contended, on the process's threads while it is quiet; ``embed_documents``
-    of long chunks keeps the process's threads either way; the process's count is unchanged after. The kernel's
-    report is a file written here (the test cannot make the machine busy on demand)."""
+    keeps the process's threads either way, a long chunk and one as short as a question (a stored vector must not
+    depend on the load: one thread rounds differently); the process's count is unchanged after. The kernel's report is
+    a file written here (the test cannot make the machine busy on demand)."""
     import torch
 
     from chatchat_policybert import PolicyBertEmbeddings
@@ -186,11 +200,11 @@ def test_a_question_runs_on_one_thread_while_the_cpu_is_contended(
     report.write_text(PRESSURE.format(share), encoding="ascii")
     monkeypatch.setattr(cpu, "PRESSURE_FILE", str(report))
     embeddings = PolicyBertEmbeddings(model_name_or_path=tiny_model_dir("gate"))
-    torch.set_num_threads(2)
     threads = []
     for tower in {id(m): m for m in (embeddings.model, embeddings.query_model)}.values():
         tower.register_forward_pre_hook(lambda module, args: threads.append(torch.get_num_threads()))
     embeddings.embed_query("企业研发费用加计扣除比例是多少？")
     embeddings.embed_documents(["促进科技成果转化。" * (ONE_THREAD_TOKENS // 4)])
-    assert threads == [question_threads, 2]
+    embeddings.embed_documents(["企业研发费用加计扣除比例是多少？"])
+    assert threads == [question_threads, 2, 2]
     assert torch.get_num_threads() == 2
