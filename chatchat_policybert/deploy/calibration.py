@@ -112,11 +112,12 @@ class Candidates:
 
     def __init__(self, root: Path, kb: str, chunks: list[Chunk], log_path: Path):
         self._locate = ChunkLocator(chunks)
-        self._worker = WorkerProcess(root, "candidates", "--kb", kb, log_path=log_path)
-        if "error" in self._worker.ready:
-            self._worker.close()
-            raise InputError(self._worker.ready["error"])
-        self.top_k: int = self._worker.ready["top_k"]
+        self.worker = WorkerProcess(root, "candidates", "--kb", kb, log_path=log_path)
+        """The Chatchat worker asked; it answers ``search_docs`` requests too (``ChatchatSearch(worker=…)``)."""
+        if "error" in self.worker.ready:
+            self.worker.close()
+            raise InputError(self.worker.ready["error"])
+        self.top_k: int = self.worker.ready["top_k"]
         self.analyzer: str | None = None
         """The analyzer whose BM25 list :meth:`get` returns; None: the root's configured one."""
         self.tower = ""
@@ -130,7 +131,7 @@ class Candidates:
         return self
 
     def __exit__(self, exc_type: type[BaseException] | None, *exc: object) -> None:
-        self._worker.close(at_once=exc_type is not None)  # an error or Ctrl-C: the worker goes now
+        self.worker.close(at_once=exc_type is not None)  # an error or Ctrl-C: the worker goes now
 
     def get(self, query: str) -> tuple[list[int], list[tuple[int, float]]]:
         """(BM25 hits of :attr:`analyzer`, FAISS hits with their relevance score) as chunk indices, best first."""
@@ -139,7 +140,7 @@ class Candidates:
             request: dict[str, object] = {"query": query, "analyzer": self.analyzer}
             if self.query_vectors is not None:
                 request["vector"] = [float(x) for x in self.query_vectors[query]]
-            answer = self._worker.ask(request)
+            answer = self.worker.ask(request)
             self._known[key] = (
                 [self._locate(s, t) for s, t in answer["bm25"]],
                 [(self._locate(s, t), score) for s, t, score in answer["dense"]],

@@ -95,10 +95,17 @@ class QueryTrainer(Protocol):
         as marks with ``silver-`` ids, and the report's lines."""
 
     def train_query(
-        self, run: Run, questions: StoredQuestions, out: Path, embed: list[str], save: bool = False
+        self,
+        run: Run,
+        questions: StoredQuestions,
+        out: Path,
+        embed: list[str],
+        save: bool = False,
+        installed: int | None = None,
     ) -> tuple[np.ndarray, Path | None]:
         """A query tower trained on ``questions``: the vectors it gives ``embed``, and with ``save`` its two-tower
-        directory; re-used from ``out`` when done there."""
+        directory; re-used from ``out`` when done there. ``installed``: a fold's tower, as many passes over its
+        questions as the installed tower makes over that many."""
 
     def start_vectors(self, run: Run, texts: list[str], out: Path) -> np.ndarray:
         """The served query tower's vectors of ``texts``, computed as a fold tower's are; re-used from ``out``."""
@@ -147,8 +154,9 @@ def run_query_tune(run: Run, trainer: QueryTrainer) -> int:
         fold_vectors = []
         for fold in range(FOLDS):
             trained = [i for i, f in enumerate(folds) if f != fold]
-            print(f"fold {fold + 1}/{FOLDS}: training on {len(trained)} questions", flush=True)
-            vectors, _ = trainer.train_query(run, bank.subset(trained), out / f"fold-{fold}", texts)
+            print(f"fold {fold + 1}/{FOLDS}: training on {len(trained)} of the {len(bank.texts)} questions", flush=True)
+            fold_out = out / f"fold-{fold}"
+            vectors, _ = trainer.train_query(run, bank.subset(trained), fold_out, texts, installed=len(bank.texts))
             fold_vectors.append(vectors)
     with run.step("train"):
         _, model_dir = trainer.train_query(run, bank, out / "final", texts, save=True)
@@ -216,7 +224,7 @@ def query_gate(
     logs = run.out / "logs"
     configured = configured_hybrid(run.root)
     analyzer = configured.analyzer_name if configured is not None else None
-    with Candidates(run.root, run.kb, chunks, logs / "gate_candidates.log") as candidates:
+    with Candidates(run.root, run.kb, chunks, logs / "gate_worker.log") as candidates:
         settings = kb_settings(run.root)
         candidates.analyzer = analyzer
         threshold, store = settings.score_threshold, settings.vs_type
@@ -225,12 +233,27 @@ def query_gate(
             candidates, queries, chunks, folds, [served_vectors] * FOLDS, threshold, store, judged, tower="served"
         )
         calibration = crossfit_calibration(candidates, queries, chunks, folds, fold_vectors, run.root, analyzer)
+        # search_docs as deployed, asked of the same worker: one start of Chatchat and the model, not two
+        searched_run = deployed(
+            run.root,
+            run.kb,
+            "deployed",
+            queries[:judged],
+            chunks,
+            candidates.top_k,
+            logs / "gate_worker.log",
+            candidates.worker,
+        )
         top_k = candidates.top_k
     calibration.source, calibration.kb = "cross-fitted held-out questions", run.kb
     by_id = {record["id"]: record for record in served_run.queries}
+    searched_by_id = {record["id"]: record for record in searched_run.queries}
 
     def served(asked: list) -> RunResult:
         return summarised("before", [by_id[q.qid] for q in asked])
+
+    def searched(asked: list) -> RunResult:
+        return summarised("deployed", [searched_by_id[q.qid] for q in asked])
 
     tower_record = {
         "documents": sorted({g for q in queries for g, gain in q.gains.items() if gain > 0}),
@@ -240,9 +263,6 @@ def query_gate(
         ],
         "stored": stored,
     }
-
-    def searched(asked: list) -> RunResult:
-        return deployed(run.root, run.kb, "deployed", asked, chunks, top_k, logs / "gate_before.log")
 
     before, kept, source = out_of_sample_before(run, queries[:judged], served, stored)
     deltas, overall, install, needed = [], [], False, None

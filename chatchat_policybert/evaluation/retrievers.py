@@ -129,9 +129,24 @@ class ChatchatSearch:
     embed-model check, its BM25 half, the FAISS search.
     """
 
-    def __init__(self, root: Path, kb: str, chunks: list[Chunk], top_k: int, log_path: Path):
+    def __init__(
+        self,
+        root: Path,
+        kb: str,
+        chunks: list[Chunk],
+        top_k: int,
+        log_path: Path,
+        worker: WorkerProcess | None = None,
+    ):
+        """``worker``: a ``candidates`` worker of the same root and KB, already running (``tune``'s gate), asked
+        instead of starting one; it stays open when this closes, and must answer ``top_k`` chunks."""
         self._locate = ChunkLocator(chunks)
-        self._worker = WorkerProcess(root, "search", "--kb", kb, "--top-k", str(top_k), log_path=log_path)
+        self._own = worker is None
+        if worker is None:
+            worker = WorkerProcess(root, "search", "--kb", kb, "--top-k", str(top_k), log_path=log_path)
+        elif worker.ready["top_k"] != top_k:
+            raise ValueError(f"the worker answers {worker.ready['top_k']} chunks a query, not {top_k}")
+        self._worker = worker
         self.configured_threshold: float = self._worker.ready["score_threshold"]
 
     def __enter__(self) -> ChatchatSearch:
@@ -141,12 +156,14 @@ class ChatchatSearch:
         self.close(at_once=exc_type is not None)
 
     def search(self, query: str, threshold: float | None) -> tuple[list[int], float]:
-        answer = self._worker.ask({"query": query, "threshold": threshold})
+        answer = self._worker.ask({"search": True, "query": query, "threshold": threshold})
         return [self._locate(source, text) for source, text in answer["hits"]], answer["seconds"]
 
     def close(self, at_once: bool = False) -> None:
-        """Ends the worker (:meth:`WorkerProcess.close`: ``at_once`` where the caller stops on an error or Ctrl-C)."""
-        self._worker.close(at_once)
+        """Ends the worker it started (:meth:`WorkerProcess.close`: ``at_once`` where the caller stops on an error or
+        Ctrl-C)."""
+        if self._own:
+            self._worker.close(at_once)
 
 
 class ChatchatEnsemble:

@@ -39,6 +39,7 @@ from chatchat_policybert.deploy.calibration import Candidates
 from chatchat_policybert.deploy.crossfit import FOLDS, document_folds
 from chatchat_policybert.deploy.questions import dev_queries
 from chatchat_policybert.deploy.run import model_manifest, tune_dir
+from chatchat_policybert.evaluation.retrievers import ChatchatSearch
 from chatchat_policybert.model.embeddings import PolicyBertEmbeddings
 from chatchat_policybert.model.loading import QUERY_TOWER_FILE
 from chatchat_policybert.model.tokenization_policybert import DEFAULT_QUERY_INSTRUCTION
@@ -226,7 +227,9 @@ def test_tune_installs_the_query_tower_and_changes_no_stored_vector(query_tuned)
 
 
 def test_a_fresh_chatchat_process_searches_with_the_new_query_tower(query_tuned):
-    """What a restarted API or WebUI does: the plugin's search embeds the question with the installed query tower."""
+    """What a restarted API or WebUI does: the plugin's search embeds the question with the installed query tower.
+    The candidates worker answers ``search_docs`` requests as a search worker of its own does (the gate asks both of
+    one process), and stays open when the search over it closes."""
     root = query_tuned["root"]
     queries, chunks, _ = dev_queries(query_tuned["questions"], root, KB)
     embeddings = PolicyBertEmbeddings(served_model(root)[1])
@@ -240,6 +243,13 @@ def test_a_fresh_chatchat_process_searches_with_the_new_query_tower(query_tuned)
             q.text: embeddings.encode([q.text], embeddings.query_instruction)[0] for q in queries[:4]
         }
         by_document_tower = [searched.get(q.text)[1] for q in queries[:4]]
+        # The gate asks search_docs of this same worker (one start of Chatchat): what a worker of its own answers
+        shared = ChatchatSearch(root, KB, chunks, searched.top_k, root / "logs" / "unused.log", searched.worker)
+        with shared:
+            deployed_hits = [shared.search(q.text, None)[0] for q in queries[:4]]
+        assert searched.worker.ask({"query": queries[0].text})["bm25"], "the worker outlives the search over it"
+    with ChatchatSearch(root, KB, chunks, searched.top_k, root / "logs" / "search.log") as alone:
+        assert deployed_hits == [alone.search(q.text, None)[0] for q in queries[:4]]
     assert [[i for i, _ in hits] for hits in served] == [[i for i, _ in hits] for hits in by_vector]
     for hits, expected in zip(served, by_vector, strict=True):
         np.testing.assert_allclose([s for _, s in hits], [s for _, s in expected], atol=1e-5)
@@ -256,12 +266,13 @@ def test_the_gate_scores_each_question_with_a_tower_that_never_trained_on_its_do
         documents = {min(q.gains) for q, f in zip(queries, folds, strict=True) if f == fold}
         assert not any(min(q.gains) in documents for q, f in zip(queries, folds, strict=True) if f != fold)
     (key,) = [p for p in (out / "query").iterdir() if p.is_dir()]
+    final = json.loads((key / "final" / "train" / "run.json").read_text(encoding="utf-8"))
+    assert final["train_examples"] == len(queries) and final["config"]["max_steps"] == 12  # QUERY_ARGS
     for fold in range(FOLDS):
         trained = json.loads((key / f"fold-{fold}" / "train" / "run.json").read_text(encoding="utf-8"))
         assert trained["train_examples"] == sum(f != fold for f in folds)
-    assert json.loads((key / "final" / "train" / "run.json").read_text(encoding="utf-8"))["train_examples"] == len(
-        queries
-    )
+        # As many passes over its questions as the installed tower makes over all of them (issue 50)
+        assert trained["config"]["max_steps"] == round(12 * trained["train_examples"] / len(queries)) < 12
     assert len(gate["per_question"]["after"]) == len(queries)
 
 
@@ -648,7 +659,8 @@ def test_tune_help_describes_the_query_side_tune_only():
         "2. `folds`",
         "6. `report`",
         "What it writes",
-        "What it costs: about 6 min",
+        "What it costs: about",
+        "passes over them as step 3 makes over all",
         "chatchat start -a",
     ):
         assert said in help_text, said
@@ -781,12 +793,13 @@ def test_ctrl_c_in_a_query_side_tune_stops_promptly_naming_the_step_and_the_chec
     stderr = log.read_text(encoding="utf-8")
     assert process.returncode == 130, stderr[-3000:]
     stopped = re.search(
-        r"tune: interrupted in step folds: training stopped at step (\d+) of 100000; (\S+/checkpoint\.pt) holds step "
-        r"(\d+); the same command continues from there",
+        r"tune: interrupted in step folds: training stopped at step (\d+) of (\d+); (\S+/checkpoint\.pt) holds "
+        r"step (\d+); the same command continues from there",
         stderr,
     )
     assert stopped, stderr[-3000:]
-    assert Path(stopped.group(2)).is_file() and 0 < int(stopped.group(3)) <= int(stopped.group(1))
+    assert 0 < int(stopped.group(4)) <= int(stopped.group(1)) < int(stopped.group(2)) < 100000  # a fold's share
+    assert Path(stopped.group(3)).is_file()
     assert snapshot_settings(root) == settings
 
 
@@ -1087,7 +1100,7 @@ def test_tune_feedback_with_questions_yours_judge_the_marks_train_and_a_repeat_o
     assert f"{len(only_users)} to train on" in result.stdout and "1 repeating a --questions question" in result.stdout
     n_curated = len(read_questions(curated))
     assert f"gate: {n_curated} questions, each scored" in result.stdout
-    trained = [int(m) for m in re.findall(r"fold \d/\d: training on (\d+) questions", result.stdout)]
+    trained = [int(m) for m in re.findall(r"fold \d/\d: training on (\d+) of the \d+ questions", result.stdout)]
     assert sum(trained) == (FOLDS - 1) * (n_curated + len(only_users))
     gate = json.loads((tune_dir(root, KB) / "query_gate.json").read_text(encoding="utf-8"))
     assert not any(i.startswith("fb-") for i in gate["per_question"]["ids"])
@@ -1181,7 +1194,7 @@ def test_silver_labels_from_the_llm_train_apart_and_never_judge(base_root, tmp_p
     )
     n_curated = len(read_questions(curated))
     assert f"gate: {n_curated} questions, each scored" in result.stdout
-    trained = [int(m) for m in re.findall(r"fold \d/\d: training on (\d+) questions", result.stdout)]
+    trained = [int(m) for m in re.findall(r"fold \d/\d: training on (\d+) of the \d+ questions", result.stdout)]
     assert sum(trained) == (FOLDS - 1) * (n_curated + n - 1)
     assert line in (tune_dir(root, KB) / "report.md").read_text(encoding="utf-8")
 
