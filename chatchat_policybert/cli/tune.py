@@ -47,7 +47,7 @@ What it writes: the run folder (``tune.json``, ``query/`` with each fold's tower
 ``report.md``, and after an install ``previous/``, ``installed.json``, ``query_towers/``); in the root, the installed
 model directory and the two settings files. Nothing in the root changes before step 5.
 
-What it costs: about 5 min on 2 CPU cores (AMD EPYC with AVX-512-BF16: 291 s) for the demo's 213 questions on
+What it costs: about 5 min on 2 CPU cores (AMD EPYC with AVX-512-BF16: 285 s) for the demo's 213 questions on
 the e5 base, most of it the four trainings (three folds and the installed tower), which run under bf16 autocast on such
 a CPU; peak RSS about 2.5 GB (docs/deployment.md, "Query-side tuning"); about 81 MB of disk per installed model (its
 query tower; the served weights are linked where the file system allows). A GPU (``--device cuda``) is faster.
