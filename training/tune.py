@@ -92,34 +92,17 @@ def check_device(name: str) -> None:
 
 
 def train_query(
-    run: Run,
-    questions: StoredQuestions,
-    out: Path,
-    embed: Sequence[str],
-    save: bool = False,
-    installed: int | None = None,
+    run: Run, questions: StoredQuestions, out: Path, embed: Sequence[str], save: bool = False
 ) -> tuple[np.ndarray, Path | None]:
     """A query tower trained from the root's model on ``questions`` (``training.query_side``), the vectors it gives
     ``embed`` (``OUT/vectors.npy``), and with ``save`` the two-tower directory ``OUT/model``. A finished run folder is
-    re-used; an interrupted training continues from its checkpoint.
-
-    ``installed``: a fold's tower, standing in for the installed one, which trains on this many questions; it makes
-    as many passes over its own questions as that one makes over all (its ``--max-steps`` scaled by the ratio: 100
-    of 150 for 2 of 3 folds). Why: the gate judges the installed recipe by its fold towers, and a fold tower given the
-    installed tower's steps on fewer questions would see each one half as often again (issue 50: a third of ``tune``'s
-    time went to those extra steps)."""
+    re-used; an interrupted training continues from its checkpoint."""
     vectors_file, model_dir = out / "vectors.npy", out / "model"
     if vectors_file.is_file() and (not save or (model_dir / "config.json").is_file()):
         return np.load(vectors_file), model_dir if save else None
     cfg = query_config(out / "train", run.args.device, run.args.query_args, run.args.seed)
     cfg.resume = (cfg.out / CHECKPOINT).is_file()
-    steps = ""
-    if installed and cfg.max_steps:
-        cfg.max_steps = fold_steps(cfg.max_steps, len(questions.texts), installed)
-        steps = f" --max-steps {cfg.max_steps}"
-    run.command(
-        f"python -m training.query_side --model {run.start} … --out {cfg.out} {run.args.query_args}{steps}".strip()
-    )
+    run.command(f"python -m training.query_side --model {run.start} … --out {cfg.out} {run.args.query_args}".strip())
     model, tokenizer = train_query_tower(run.start, questions, cfg)
     vectors = embed_questions(model, tokenizer, list(embed), cfg.max_length)
     if save:
@@ -128,12 +111,6 @@ def train_query(
         np.save(handle, vectors)
     (cfg.out / CHECKPOINT).unlink(missing_ok=True)  # the optimiser's state: 3x the tower, no use once trained
     return vectors, model_dir if save else None
-
-
-def fold_steps(steps: int, questions: int, installed: int) -> int:
-    """The optimiser steps of a tower trained on ``questions`` that make as many passes over them as ``steps`` make
-    over ``installed`` questions (at least 1)."""
-    return max(1, round(steps * questions / installed))
 
 
 def start_vectors(run: Run, texts: Sequence[str], out: Path) -> np.ndarray:

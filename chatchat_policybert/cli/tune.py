@@ -21,11 +21,10 @@ found there, so a killed or failed run continues where it stopped; the training 
    repeated or nearly repeated on several documents: all of them in one fold); with ``--silver`` also the questions
    nobody marked whose source the LLM named (silver labels, reported apart). Your questions judge where there are
    any, else the users', else the LLM's (``--llm``'s; silver labels never judge); the rest only train.
-2. ``folds`` — per fold, a query tower trained from the served model on the other two folds' questions, as many
-   passes over them as step 3 makes over all (100 steps of 32 where step 3 makes 150: the steps scaled by the share
-   of the questions), merged back halfway toward the served model, and each held-out question's vector by it.
-3. ``train`` — the query tower trained on every question (150 steps of 32 questions, merged back halfway;
-   ``--query-args`` overrides the recipe for every training): what is installed if the gate passes.
+2. ``folds`` — per fold, a query tower trained from the served model on the other two folds' questions (150 steps
+   of 32 questions, merged back halfway toward the served model; ``--query-args`` overrides the recipe), and each
+   held-out question's vector by it.
+3. ``train`` — the query tower trained on every question: what is installed if the gate passes.
 4. ``gate`` — after: each question ranked by the plugin's ensemble with the tower of its held-out fold (never one
    that trained on its document) at the weights and threshold chosen on that fold's training questions; before:
    the same with the served query tower (after − before: the tuned tower's own effect, Δ 0 for a tower equal to
@@ -47,7 +46,7 @@ What it writes: the run folder (``tune.json``, ``query/`` with each fold's tower
 ``report.md``, and after an install ``previous/``, ``installed.json``, ``query_towers/``); in the root, the installed
 model directory and the two settings files. Nothing in the root changes before step 5.
 
-What it costs: about 5 min on 2 CPU cores (AMD EPYC with AVX-512-BF16: 285 s) for the demo's 213 questions on
+What it costs: about 6 min on 2 CPU cores (AMD EPYC with AVX-512-BF16: 349 s) for the demo's 213 questions on
 the e5 base, most of it the four trainings (three folds and the installed tower), which run under bf16 autocast on such
 a CPU; peak RSS about 2.5 GB (docs/deployment.md, "Query-side tuning"); about 81 MB of disk per installed model (its
 query tower; the served weights are linked where the file system allows). A GPU (``--device cuda``) is faster.

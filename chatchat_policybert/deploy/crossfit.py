@@ -1,15 +1,14 @@
 """``tune``'s query-side gate: k-fold cross-fitting over the labelled questions, so that no question is ever scored by a
 model that trained on it, and the installed hybrid calibrated on those held-out scores.
 
-Why cross-fitting: a query-side tune trains on the very questions a deployment has (the user's, the LLM's); a gate that
-scored them with the model trained on them would call any memorising model better. Each question is put in one of
-:data:`FOLDS` folds, all questions on one document in the same fold (a model that trained on a document's other
-questions has learnt that document's vocabulary); fold f's questions are embedded by a query tower trained on the other
-folds only, with as many passes over them as the installed tower makes over all the questions (its steps scaled by their
-share: a fold tower stands in for the installed recipe). Inside each fold the hybrid's weights and threshold are chosen
-on that fold's training questions (:func:`chatchat_policybert.deploy.calibration.best_setting`), then the fold's
-held-out questions are ranked with them: the "after" column is what the tuned deployment would give questions it never
-saw. "Before" is Chatchat's own ``search_docs`` on the deployment as it is. The candidate installs only when the paired
+Why cross-fitting: a query-side tune trains on the very questions a deployment has (the user's, the LLM's); a
+gate that scored them with the model trained on them would call any memorising model better. Each question is put
+in one of :data:`FOLDS` folds, all questions on one document in the same fold (a model that trained on a
+document's other questions has learnt that document's vocabulary); fold f's questions are embedded by a query tower
+trained on the other folds only. Inside each fold the hybrid's weights and threshold are chosen on that fold's
+training questions (:func:`chatchat_policybert.deploy.calibration.best_setting`), then the fold's held-out
+questions are ranked with them: the "after" column is what the tuned deployment would give questions it never saw.
+"Before" is Chatchat's own ``search_docs`` on the deployment as it is. The candidate installs only when the paired
 bootstrap interval of MRR@10 (after − before) lies above 0.
 
 Every fold ranks against the vectors the store already holds (FAISS or pg): the query tower changes, the document

@@ -95,17 +95,10 @@ class QueryTrainer(Protocol):
         as marks with ``silver-`` ids, and the report's lines."""
 
     def train_query(
-        self,
-        run: Run,
-        questions: StoredQuestions,
-        out: Path,
-        embed: list[str],
-        save: bool = False,
-        installed: int | None = None,
+        self, run: Run, questions: StoredQuestions, out: Path, embed: list[str], save: bool = False
     ) -> tuple[np.ndarray, Path | None]:
         """A query tower trained on ``questions``: the vectors it gives ``embed``, and with ``save`` its two-tower
-        directory; re-used from ``out`` when done there. ``installed``: a fold's tower, as many passes over its
-        questions as the installed tower makes over that many."""
+        directory; re-used from ``out`` when done there."""
 
     def start_vectors(self, run: Run, texts: list[str], out: Path) -> np.ndarray:
         """The served query tower's vectors of ``texts``, computed as a fold tower's are; re-used from ``out``."""
@@ -155,8 +148,7 @@ def run_query_tune(run: Run, trainer: QueryTrainer) -> int:
         for fold in range(FOLDS):
             trained = [i for i, f in enumerate(folds) if f != fold]
             print(f"fold {fold + 1}/{FOLDS}: training on {len(trained)} of the {len(bank.texts)} questions", flush=True)
-            fold_out = out / f"fold-{fold}"
-            vectors, _ = trainer.train_query(run, bank.subset(trained), fold_out, texts, installed=len(bank.texts))
+            vectors, _ = trainer.train_query(run, bank.subset(trained), out / f"fold-{fold}", texts)
             fold_vectors.append(vectors)
     with run.step("train"):
         _, model_dir = trainer.train_query(run, bank, out / "final", texts, save=True)

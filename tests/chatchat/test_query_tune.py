@@ -271,8 +271,8 @@ def test_the_gate_scores_each_question_with_a_tower_that_never_trained_on_its_do
     for fold in range(FOLDS):
         trained = json.loads((key / f"fold-{fold}" / "train" / "run.json").read_text(encoding="utf-8"))
         assert trained["train_examples"] == sum(f != fold for f in folds)
-        # As many passes over its questions as the installed tower makes over all of them (issue 50)
-        assert trained["config"]["max_steps"] == round(12 * trained["train_examples"] / len(queries)) < 12
+        # The installed tower's steps: fewer made the gate refuse make tune-demo's tune (docs/training.md)
+        assert trained["config"]["max_steps"] == 12
     assert len(gate["per_question"]["after"]) == len(queries)
 
 
@@ -660,7 +660,6 @@ def test_tune_help_describes_the_query_side_tune_only():
         "6. `report`",
         "What it writes",
         "What it costs: about",
-        "passes over them as step 3 makes over all",
         "chatchat start -a",
     ):
         assert said in help_text, said
@@ -798,7 +797,7 @@ def test_ctrl_c_in_a_query_side_tune_stops_promptly_naming_the_step_and_the_chec
         stderr,
     )
     assert stopped, stderr[-3000:]
-    assert 0 < int(stopped.group(4)) <= int(stopped.group(1)) < int(stopped.group(2)) < 100000  # a fold's share
+    assert 0 < int(stopped.group(4)) <= int(stopped.group(1)) < int(stopped.group(2)) == 100000
     assert Path(stopped.group(3)).is_file()
     assert snapshot_settings(root) == settings
 
