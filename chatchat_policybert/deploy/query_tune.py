@@ -225,27 +225,21 @@ def query_gate(
             candidates, queries, chunks, folds, [served_vectors] * FOLDS, threshold, store, judged, tower="served"
         )
         calibration = crossfit_calibration(candidates, queries, chunks, folds, fold_vectors, run.root, analyzer)
-        # search_docs as deployed, asked of the same worker: one start of Chatchat and the model, not two
-        searched_run = deployed(
-            run.root,
-            run.kb,
-            "deployed",
-            queries[:judged],
-            chunks,
-            candidates.top_k,
-            logs / "gate_worker.log",
-            candidates.worker,
-        )
         top_k = candidates.top_k
+        by_id = {record["id"]: record for record in served_run.queries}
+
+        def served(asked: list) -> RunResult:
+            return summarised("before", [by_id[q.qid] for q in asked])
+
+        def searched(asked: list) -> RunResult:
+            # Asked of the same worker: one start of Chatchat and the model, not two
+            worker_log = logs / "gate_worker.log"
+            return deployed(run.root, run.kb, "deployed", asked, chunks, top_k, worker_log, candidates.worker)
+
+        before, kept, source = out_of_sample_before(run, queries[:judged], served, stored)
+        # search_docs as deployed, out of sample too: the served tower's own questions keep their held-out record
+        deployed_run = out_of_sample_before(run, queries[:judged], searched, stored)[0] if kept else None
     calibration.source, calibration.kb = "cross-fitted held-out questions", run.kb
-    by_id = {record["id"]: record for record in served_run.queries}
-    searched_by_id = {record["id"]: record for record in searched_run.queries}
-
-    def served(asked: list) -> RunResult:
-        return summarised("before", [by_id[q.qid] for q in asked])
-
-    def searched(asked: list) -> RunResult:
-        return summarised("deployed", [searched_by_id[q.qid] for q in asked])
 
     tower_record = {
         "documents": sorted({g for q in queries for g, gain in q.gains.items() if gain > 0}),
@@ -256,17 +250,13 @@ def query_gate(
         "stored": stored,
     }
 
-    before, kept, source = out_of_sample_before(run, queries[:judged], served, stored)
     deltas, overall, install, needed = [], [], False, None
     # Users' marks judge (no --questions): each was shown in the deployed top k, so search_docs as deployed finds
     # every one of them and after − deployed is biased toward the deployment by that selection (issue 49's replay:
     # it refused a tower that lifted the blind sets); the tower's own effect decides instead
     by_marks = all(q.qid.startswith("fb-") for q in queries[:judged])
-    deployed_run = None
     if kept:
         after = summarised(after.name, [after.queries[i] for i in kept])
-        # search_docs as deployed, out of sample too: the served tower's own questions keep their held-out record
-        deployed_run, _, _ = out_of_sample_before(run, queries[:judged], searched, stored)
         deltas = compare_runs(after, before)
         overall = compare_runs(after, deployed_run)
         tower = next(d for d in deltas if d.metric == f"MRR@{MRR_K}")
