@@ -26,7 +26,9 @@ store; the copies are the bench's own and are removed after, unless ``--keep``):
      source instead. Random draws per question, seeded by S and the question's id.
    Nobody answers 都没有 or labels an unanswered question (``feedback label``).
 4. The API stopped, ``chatchat-policybert tune --root COPY --kb KB --feedback --seed S`` (the marks train and judge,
-   cross-fitted by document), timed, with its peak RSS (the largest process's, as ``/usr/bin/time`` reports).
+   cross-fitted by document), timed, with its peak RSS (the largest process's, as ``/usr/bin/time`` reports). For a
+   user of ``--best``, a copy of COPY made before that tune is tuned too with ``--feedback-positive best`` (the arm
+   ``feedback U best``: the same marks, the positive the chunk of the marked document the served model ranks first).
 Then on another fresh copy the baseline, ``make tune-demo``'s command with the same seed: ``tune --questions
 policy_training_questions.jsonl --corpus Policys_cleaned.csv --seed S`` (with ``--limit``, the same first questions
 the replay asked). ``--query-args`` goes to both tunes. A tune its gate refuses (exit 1) leaves its root as it was,
@@ -420,6 +422,12 @@ def arm_runs(runs: list[dict], arm: str) -> list[dict]:
     return [run for run in runs if run["arm"] == arm]
 
 
+def feedback_arms(users: Sequence[str], best: Sequence[str]) -> list[tuple[str, str, str]]:
+    """``(arm, user, positive)`` of each ``tune --feedback``: every user's marks with the marked chunk as the positive
+    (``feedback U``, tune's default), and those of ``--best`` again with ``--feedback-positive best``."""
+    return [(f"feedback {u}", u, "marked") for u in users] + [(f"feedback {u} best", u, "best") for u in best]
+
+
 DELTA_HEADER = (
     "| Δ MRR@10 [paired 95 % CI] | search_docs | dense (the query tower's effect) | rest (the recalibration's) |",
     "|---|---|---|---|",
@@ -438,7 +446,8 @@ def delta_table(comparisons: dict[str, dict[str, list[float]]]) -> list[str]:
 def report(figures: dict) -> str:
     """The Markdown beside the JSON: settings, the arms' scores, the differences, the replay and the steps' times."""
     runs, users = figures["runs"], figures["settings"]["users"]
-    arms = ["untuned", "baseline", *(f"feedback {u}" for u in users)]
+    best = figures["settings"].get("best", [])
+    arms = ["untuned", "baseline", *(arm for arm, _, _ in feedback_arms(users, best))]
     lines = [
         f"# Feedback replay (issue 49 item 6): {figures['started']} – {figures['finished']}",
         "",
@@ -446,7 +455,9 @@ def report(figures: dict) -> str:
         "",
         f"`{figures['command']}`",
         "",
-        f"Seeds {figures['settings']['seeds']}, users {' '.join(users)}, {figures['settings']['questions']} training "
+        f"Seeds {figures['settings']['seeds']}, users {' '.join(users)}"
+        f"{f' (and with --feedback-positive best: {chr(32).join(best)})' if best else ''}, "
+        f"{figures['settings']['questions']} training "
         f"questions asked{' (--limit: a check, not the measurement)' if figures['settings']['limit'] else ''}, "
         f"--query-args '{figures['settings']['query_args']}'. MRR@10 (document level) on the blind sets pooled "
         f"({', '.join(POOLED)}: {figures['pooled_questions']} questions), each question's score averaged over seeds.",
@@ -469,15 +480,11 @@ def report(figures: dict) -> str:
         *delta_table(figures["comparisons"]),
     ]
     lines.append("")
-    for user, kept in figures["kept_share"].items():
+    for arm, kept in figures["kept_share"].items():
         share = "—" if kept["share"] is None else f"{kept['share']:.0%}"
         lines.append(
-            f"- user {user} keeps {share} of the baseline's pooled search_docs lift (target ≥ {TARGETS[user]:.0%})"
-            + (
-                f"; its lift over untuned is{'' if kept['lift_ci_above_0'] else ' not'} above 0 (95 % CI)"
-                if user == "b"
-                else ""
-            )
+            f"- {arm} keeps {share} of the baseline's pooled search_docs lift (target ≥ {kept['target']:.0%}); its "
+            f"lift over untuned is{'' if kept['lift_ci_above_0'] else ' not'} above 0 (95 % CI)"
         )
     confirmation = figures.get("confirmation", {})
     if confirmation.get("comparisons"):
@@ -490,7 +497,7 @@ def report(figures: dict) -> str:
         ]
     lines += [
         "",
-        "| seed | user | questions | replay s | per question ms (median) | right document shown | marked | "
+        "| seed | arm | questions | replay s | per question ms (median) | right document shown | marked | "
         "on the right document | mean rank marked | marks trained (tune's line) |",
         "|---|---|---|---|---|---|---|---|---|---|",
     ]
@@ -500,7 +507,7 @@ def report(figures: dict) -> str:
         r = run["replay"]
         trained = next((line for line in run["tune"]["gate"] if line.startswith("feedback:")), "")
         lines.append(
-            f"| {run['seed']} | {run['user']} | {r['questions']} | {r['replay_seconds']} | "
+            f"| {run['seed']} | {run['arm']} | {r['questions']} | {r['replay_seconds']} | "
             f"{r['per_question_ms']['median']} | {r['right_document_shown']} | {r['marked']} | "
             f"{r['marked_right_document']} | {r['mark_rank_mean']} | {trained} |"
         )
@@ -534,6 +541,8 @@ def check_args(parser: argparse.ArgumentParser, args: argparse.Namespace) -> Non
         parser.error(f"--seeds {' '.join(map(str, args.seeds))}: a seed twice")
     if len(set(args.users)) != len(args.users):
         parser.error(f"--users {' '.join(args.users)}: a user twice")
+    if len(set(args.best)) != len(args.best) or not set(args.best) <= set(args.users):
+        parser.error(f"--best {' '.join(args.best)}: expected each of --users ({' '.join(args.users)}) at most once")
     if args.limit is not None and args.limit < 1:
         parser.error(f"--limit {args.limit}: expected at least 1")
     if args.out.suffix != ".json":
@@ -551,8 +560,8 @@ def resumed(parser: argparse.ArgumentParser, args: argparse.Namespace, query_arg
         parser.error(f"--resume: {args.out} does not exist (expected the figures of an earlier run, as --out)")
     earlier = read_json(args.out)
     settings = earlier.get("settings", {})
-    ours = {"users": args.users, "limit": args.limit, "query_args": query_args}
-    theirs = {key: settings.get(key) for key in ours}
+    ours = {"users": args.users, "best": args.best, "limit": args.limit, "query_args": query_args}
+    theirs = {key: settings.get(key, [] if key == "best" else None) for key in ours}
     if theirs != ours:
         parser.error(f"--resume: {args.out} was made with {theirs}, not {ours}: the seeds would not be comparable")
     return earlier
@@ -569,6 +578,14 @@ def main(argv: list[str] | None = None) -> int:
         default=sorted(USERS),
         help="simulated users (a b); none: only the baseline (make tune-demo's tune) per seed",
     )
+    parser.add_argument(
+        "--best",
+        nargs="*",
+        choices=sorted(USERS),
+        default=[],
+        help="users of --users whose marks are tuned again with --feedback-positive best (the positive: the chunk of "
+        "the marked document the served model ranks first), on a copy of their root made before the first tune",
+    )
     parser.add_argument("--limit", type=int, help="ask only the first N training questions (a quick check)")
     parser.add_argument(
         "--query-args", default="", help="training.query_side flags for both tunes, e.g. '--max-steps 5'"
@@ -580,8 +597,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--resume",
         action="store_true",
-        help="add to the figures already in --out (same --users, --limit, --query-args): their seeds are kept, not run "
-        "again; the untuned root is scored again where it lacks a set",
+        help="add to the figures already in --out (same --users, --best, --limit, --query-args): their seeds are kept, "
+        "not run again; the untuned root is scored again where it lacks a set",
     )
     args = parser.parse_args(argv)
     args.root = args.root.resolve()
@@ -605,13 +622,13 @@ def main(argv: list[str] | None = None) -> int:
         untuned, baseline = arm_runs(runs, "untuned"), arm_runs(runs, "baseline")
         comparisons = {"baseline − untuned": compare(baseline, untuned)}
         kept_share = {}
-        for user in args.users:
-            feedback = arm_runs(runs, f"feedback {user}")
-            comparisons[f"feedback {user} − baseline"] = compare(feedback, baseline)
-            comparisons[f"feedback {user} − untuned"] = compare(feedback, untuned)
-            lift = comparisons[f"feedback {user} − untuned"][SEARCH]
+        for arm, user, _ in feedback_arms(args.users, args.best):
+            feedback = arm_runs(runs, arm)
+            comparisons[f"{arm} − baseline"] = compare(feedback, baseline)
+            comparisons[f"{arm} − untuned"] = compare(feedback, untuned)
+            lift = comparisons[f"{arm} − untuned"][SEARCH]
             base_lift = comparisons["baseline − untuned"][SEARCH]
-            kept_share[user] = {
+            kept_share[arm] = {
                 "share": round(lift[0] / base_lift[0], 3) if base_lift[0] > 0 else None,
                 "target": TARGETS[user],
                 "lift_ci_above_0": lift[1] > 0,
@@ -621,9 +638,9 @@ def main(argv: list[str] | None = None) -> int:
             confirm["comparisons"] = {
                 "baseline − untuned": compare(scored_on(baseline, CONFIRM), scored_on(untuned, CONFIRM), [CONFIRM])
             }
-            for user in args.users:
-                if feedback := scored_on(arm_runs(runs, f"feedback {user}"), CONFIRM):
-                    confirm["comparisons"][f"feedback {user} − untuned"] = compare(
+            for arm, _, _ in feedback_arms(args.users, args.best):
+                if feedback := scored_on(arm_runs(runs, arm), CONFIRM):
+                    confirm["comparisons"][f"{arm} − untuned"] = compare(
                         feedback, scored_on(untuned, CONFIRM), [CONFIRM]
                     )
         command = shlex.join(["python", "bench/feedback_replay.py", *(sys.argv[1:] if argv is None else argv)])
@@ -637,6 +654,7 @@ def main(argv: list[str] | None = None) -> int:
                 "root": str(args.root),
                 "seeds": seeds,
                 "users": args.users,
+                "best": args.best,
                 "limit": args.limit,
                 "questions": len(queries),
                 "query_args": " ".join(flags),
@@ -673,14 +691,26 @@ def main(argv: list[str] | None = None) -> int:
                 with step(where, "copy"):
                     copy_root(args.root, copy)
                 played = replay(copy, queries, corpus, user, seed, step, where)
-                with step(where, "tune --feedback"):
-                    tune = timed_tune(copy, ["--feedback", "--seed", str(seed), *qa], work / f"{copy.name}_tune.log")
-                with step(where, "scores"):
-                    scores = score_root(copy)
-                arm = {"arm": f"feedback {user}", "seed": seed, "user": user}
-                runs.append({**arm, "replay": played, "tune": tune, "scores": scores})
-                if not args.keep:
-                    shutil.rmtree(copy)
+                copies = {"marked": copy}
+                if user in args.best:  # the same marks, before any tune touched the root
+                    with step(f"{where}, best", "copy"):
+                        copies["best"] = copy_root(copy, work / f"seed{seed}-{user}-best")
+                for positive, root in copies.items():
+                    arm = f"feedback {user}" if positive == "marked" else f"feedback {user} best"
+                    at = where if positive == "marked" else f"{where}, best"
+                    tune_flags = ["--feedback", "--seed", str(seed), *qa]
+                    tune_flags += ["--feedback-positive", positive] if positive != "marked" else []
+                    with step(
+                        at, "tune --feedback" + (f" --feedback-positive {positive}" if positive != "marked" else "")
+                    ):
+                        tune = timed_tune(root, tune_flags, work / f"{root.name}_tune.log")
+                    with step(at, "scores"):
+                        scores = score_root(root)
+                    runs.append(
+                        {"arm": arm, "seed": seed, "user": user, "replay": played, "tune": tune, "scores": scores}
+                    )
+                    if not args.keep:
+                        shutil.rmtree(root)
             where = f"seed {seed}, baseline"
             copy = work / f"seed{seed}-baseline"
             with step(where, "copy"):
