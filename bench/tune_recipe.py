@@ -1,7 +1,7 @@
 """Two `tune` recipes compared as issue 50 asks: the pooled blind lift of `make tune-demo`'s tune under each, paired
 by seed, and what each tune took (wall time, peak RSS).
 
-    python bench/tune_recipe.py --old bench/results/feedback_replay/feedback_replay.json \
+    python bench/tune_recipe.py --old bench/results/feedback_replay/five_folds.json \
         bench/results/tune_recipe/folds5_seed2.json --new bench/results/tune_recipe/folds3.json \
         --out bench/results/tune_recipe/folds.md
 
