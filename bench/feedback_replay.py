@@ -1,7 +1,7 @@
 """The loop of issue 49 measured: users ask in the RAG tab, mark the source that answered, and ``tune --feedback``
 trains on the marks; against ``make tune-demo`` (``tune --questions`` on all 213 labelled training questions).
 
-    python bench/feedback_replay.py --root chatchat-root                       # 3 seeds, users a and b (hours)
+    python bench/feedback_replay.py --root chatchat-root --best a b            # 3 seeds, users a and b (2 hours)
     python bench/feedback_replay.py --root chatchat-root --seeds 1 2 --resume  # more seeds beside those in --out
     python bench/feedback_replay.py --root chatchat-root --seeds 0 --limit 20 --query-args '--max-steps 5' \\
         --out bench/results/feedback_replay/check.json                          # a quick check of every step
@@ -25,10 +25,11 @@ store; the copies are the bench's own and are removed after, unless ``--keep``):
      of the right document (nothing where none is read); 10 % of those times they mark a random other shown
      source instead. Random draws per question, seeded by S and the question's id.
    Nobody answers 都没有 or labels an unanswered question (``feedback label``).
-4. The API stopped, ``chatchat-policybert tune --root COPY --kb KB --feedback --seed S`` (the marks train and judge,
-   cross-fitted by document), timed, with its peak RSS (the largest process's, as ``/usr/bin/time`` reports). For a
-   user of ``--best``, a copy of COPY made before that tune is tuned too with ``--feedback-positive best`` (the arm
-   ``feedback U best``: the same marks, the positive the chunk of the marked document the served model ranks first).
+4. The API stopped, ``chatchat-policybert tune --root COPY --kb KB --feedback --feedback-positive marked --seed S``
+   (the marks train and judge, cross-fitted by document; the positive: the chunk the user marked), timed, with its
+   peak RSS (the largest process's, as ``/usr/bin/time`` reports). For a user of ``--best``, a copy of COPY made
+   before that tune is tuned too with ``--feedback-positive best`` (the arm ``feedback U best``: the same marks, the
+   positive the chunk of the marked document the served model ranks first, ``tune``'s default).
 Then on another fresh copy the baseline, ``make tune-demo``'s command with the same seed: ``tune --questions
 policy_training_questions.jsonl --corpus Policys_cleaned.csv --seed S`` (with ``--limit``, the same first questions
 the replay asked). ``--query-args`` goes to both tunes. A tune its gate refuses (exit 1) leaves its root as it was,
@@ -424,7 +425,8 @@ def arm_runs(runs: list[dict], arm: str) -> list[dict]:
 
 def feedback_arms(users: Sequence[str], best: Sequence[str]) -> list[tuple[str, str, str]]:
     """``(arm, user, positive)`` of each ``tune --feedback``: every user's marks with the marked chunk as the positive
-    (``feedback U``, tune's default), and those of ``--best`` again with ``--feedback-positive best``."""
+    (``feedback U``: ``--feedback-positive marked``, tune's default until this bench's run of 2026-11-28 21:11 UTC),
+    and those of ``--best`` again with ``--feedback-positive best`` (``feedback U best``, tune's default since)."""
     return [(f"feedback {u}", u, "marked") for u in users] + [(f"feedback {u} best", u, "best") for u in best]
 
 
@@ -698,11 +700,8 @@ def main(argv: list[str] | None = None) -> int:
                 for positive, root in copies.items():
                     arm = f"feedback {user}" if positive == "marked" else f"feedback {user} best"
                     at = where if positive == "marked" else f"{where}, best"
-                    tune_flags = ["--feedback", "--seed", str(seed), *qa]
-                    tune_flags += ["--feedback-positive", positive] if positive != "marked" else []
-                    with step(
-                        at, "tune --feedback" + (f" --feedback-positive {positive}" if positive != "marked" else "")
-                    ):
+                    tune_flags = ["--feedback", "--feedback-positive", positive, "--seed", str(seed), *qa]
+                    with step(at, f"tune --feedback --feedback-positive {positive}"):
                         tune = timed_tune(root, tune_flags, work / f"{root.name}_tune.log")
                     with step(at, "scores"):
                         scores = score_root(root)

@@ -17,7 +17,8 @@ found there, so a killed or failed run continues where it stopped; the training 
 1. ``questions`` — the ``--questions`` files, with ``--feedback`` the questions users marked (``feedback export``'s
    rules: under 6 characters, on a changed document, or repeating a later or a --questions one, dropped), and with
    ``--llm`` the LLM's questions per chunk (those copying 12 characters of their chunk dropped), each with its gold
-   chunks among the stored vectors (a mark's: the chunk the user marked), split into 3 folds by document (a text
+   chunks among the stored vectors (a mark's: its document's, the recipe taking the chunk the served model ranks
+   first; ``--feedback-positive marked``: the chunk the user marked), split into 3 folds by document (a text
    repeated or nearly repeated on several documents: all of them in one fold); with ``--silver`` also the questions
    nobody marked whose source the LLM named (silver labels, reported apart). Your questions judge where there are
    any, else the users', else the LLM's (``--llm``'s; silver labels never judge); the rest only train.
@@ -121,10 +122,10 @@ def register(commands: Any) -> None:
     )
     parser.add_argument(
         "--feedback-positive",
-        choices=("marked", "best"),
-        default="marked",
-        help="a marked question's positive: marked (default), the chunk the user said answered; best, the chunk of "
-        "its document the served model ranks first (what --questions trains on)",
+        choices=("best", "marked"),
+        help="a marked question's positive: best (default), the chunk of the marked source's document the served "
+        "model ranks first (what --questions trains on); marked, the chunk the user said answered (issue 49's "
+        "replay: the gate installed best on every seed of user a's marks, marked on none; docs/deployment.md)",
     )
     parser.add_argument(
         "--llm",

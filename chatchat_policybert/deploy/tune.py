@@ -52,8 +52,9 @@ def check_questions(args: argparse.Namespace) -> None:
         raise InputError("--corpus only applies with --questions")
     if not files and not args.llm and not args.feedback:
         raise InputError(NEEDS_QUESTIONS)
-    if args.feedback_positive != "marked" and not args.feedback:
+    if args.feedback_positive is not None and not args.feedback:
         raise InputError("--feedback-positive only applies with --feedback")
+    args.feedback_positive = args.feedback_positive or "best"
     if args.silver and not args.feedback:
         raise InputError("--silver only applies with --feedback (it labels the captured questions nobody marked)")
     queries, seen, files_of = [], {}, {}
@@ -124,9 +125,16 @@ def marked_questions(
             "mark the source that answered under each answer of the RAG对话 tab; `chatchat-policybert feedback label` "
             "names the document of a question nobody marked"
         )
-    print(summary, flush=True)
+    positive = (
+        "positives: the chunk the user marked (--feedback-positive marked)"
+        if args.feedback_positive == "marked"
+        else "positives: the chunk of each marked source's document the served model ranks first (--feedback-positive "
+        "best; marked: the chunk the user marked)"
+    )
+    print(summary, positive, sep="\n", flush=True)
     lines = [
         summary,
+        positive,
         "every users' mark names a source the deployment already showed in its top k: the marks teach the order of "
         "what it retrieves and cannot show a question whose answer it did not retrieve (an operator's label of a "
         "'none' answer can)",

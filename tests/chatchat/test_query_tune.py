@@ -1029,10 +1029,11 @@ def read_questions(path: Path) -> list[dict]:
     return [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines()]
 
 
-def test_tune_feedback_trains_and_judges_on_users_marks_with_the_marked_chunk_as_the_positive(base_root, tmp_path):
+def test_tune_feedback_trains_and_judges_on_users_marks_with_the_best_chunk_of_the_marked_document(base_root, tmp_path):
     """Without --questions the users' marks train and judge (cross-fitted by document); a mark under 6 characters and
-    an unmarked capture are counted, not used; each marked question's positive is the chunk the user marked, not
-    another chunk of its document; the report says that marks cannot show a recall failure. The run folder, here
+    an unmarked capture are counted, not used; by default a marked question's positives are every chunk of the
+    marked source's document (the recipe takes the one the served model ranks first), with --feedback-positive
+    marked the chunk the user marked; the report says that marks cannot show a recall failure. The run folder, here
     outside the root (--out), is remembered: `feedback purge --all` leaves the questions in none of its files."""
     from chatchat_policybert.deploy.crossfit import Marked, stored_questions
     from chatchat_policybert.feedback.store import FeedbackStore, Hit
@@ -1054,6 +1055,7 @@ def test_tune_feedback_trains_and_judges_on_users_marks_with_the_marked_chunk_as
     assert summary.startswith(f"feedback: {len(questions) + 2} captured question(s) of {KB}, 1 without a mark; ")
     assert f"{len(questions)} to train on ({len(questions)} users' marks, 0 operator labels)" in summary
     assert "dropped 1 under 6 characters" in summary
+    assert "positives: the chunk of each marked source's document the served model ranks first" in printed
     assert f"gate: {len(questions)} questions users marked, each scored" in printed
     assert "cannot show a question whose answer it did not retrieve" in (out / "report.md").read_text(encoding="utf-8")
     gate = json.loads((out / "query_gate.json").read_text(encoding="utf-8"))
@@ -1064,7 +1066,7 @@ def test_tune_feedback_trains_and_judges_on_users_marks_with_the_marked_chunk_as
     tower = next(d for d in gate["deltas"] if d["metric"] == "MRR@10")
     overall = next(d for d in gate["overall"] if d["metric"] == "MRR@10")
     assert gate["install"] == (tower["low"] > 0 and overall["high"] >= 0) == (result.returncode == 0)
-    # The positive: the chunk the user marked (--feedback-positive marked), every chunk of its document with best
+    # The positives: every chunk of its document (best, the default), the chunk the user marked with marked
     first = questions[0]
     with FeedbackStore.open(root) as store:
         capture = next(c for c in store.captures(KB) if c["question"] == first["question"])
@@ -1119,10 +1121,10 @@ def test_tune_feedback_without_a_store_or_a_marked_question_is_one_line_before_a
         store.add_capture(KB, "没有人标记的问题是什么", "kb_chat", 3, 0.5, 0, "test", [Hit(1, "a.md", "x", 0.1)])
     line = one_error_line(tune(root, "--feedback"))
     assert "--feedback: no marked question of" in line and "1 without a mark" in line
-    line = one_error_line(
-        tune(root, "--questions", str(write_questions(root, tmp_path / "q.jsonl")), "--feedback-positive", "best")
-    )
-    assert "--feedback-positive only applies with --feedback" in line
+    questions = write_questions(root, tmp_path / "q.jsonl")
+    for positive in ("best", "marked"):  # either, the default included, is refused without --feedback
+        line = one_error_line(tune(root, "--questions", str(questions), "--feedback-positive", positive))
+        assert "--feedback-positive only applies with --feedback" in line
     assert not tune_dir(root, KB).exists()
 
 
