@@ -693,13 +693,13 @@ def main(argv: list[str] | None = None) -> int:
                 with step(where, "copy"):
                     copy_root(args.root, copy)
                 played = replay(copy, queries, corpus, user, seed, step, where)
-                copies = {"marked": copy}
-                if user in args.best:  # the same marks, before any tune touched the root
-                    with step(f"{where}, best", "copy"):
-                        copies["best"] = copy_root(copy, work / f"seed{seed}-{user}-best")
-                for positive, root in copies.items():
-                    arm = f"feedback {user}" if positive == "marked" else f"feedback {user} best"
-                    at = where if positive == "marked" else f"{where}, best"
+                arms = [(arm, positive) for arm, u, positive in feedback_arms(args.users, args.best) if u == user]
+                roots = [copy]
+                for _, positive in arms[1:]:  # the same marks, before any tune touched the root
+                    with step(f"{where}, {positive}", "copy"):
+                        roots.append(copy_root(copy, work / f"seed{seed}-{user}-{positive}"))
+                for (arm, positive), root in zip(arms, roots, strict=True):
+                    at = where if root is copy else f"{where}, {positive}"
                     tune_flags = ["--feedback", "--feedback-positive", positive, "--seed", str(seed), *qa]
                     with step(at, f"tune --feedback --feedback-positive {positive}"):
                         tune = timed_tune(root, tune_flags, work / f"{root.name}_tune.log")
