@@ -29,7 +29,10 @@ store; the copies are the bench's own and are removed after, unless ``--keep``):
    (the marks train and judge, cross-fitted by document; the positive: the chunk the user marked), timed, with its
    peak RSS (the largest process's, as ``/usr/bin/time`` reports). For a user of ``--best``, a copy of COPY made
    before that tune is tuned too with ``--feedback-positive best`` (the arm ``feedback U best``: the same marks, the
-   positive the chunk of the marked document the served model ranks first, ``tune``'s default).
+   positive the chunk of the marked document the served model ranks first, ``tune``'s default). ``--variants``
+   names the tunes instead, each on its own copy made before any tune: ``best``, ``marked``, ``best:1`` (with
+   ``--feedback-propensity 1``: each mark weighted by its rank, the arm ``feedback U best η1``); ``U/VARIANT`` for
+   user U only.
 Then on another fresh copy the baseline, ``make tune-demo``'s command with the same seed: ``tune --questions
 policy_training_questions.jsonl --corpus Policys_cleaned.csv --seed S`` (with ``--limit``, the same first questions
 the replay asked). ``--query-args`` goes to both tunes. A tune its gate refuses (exit 1) leaves its root as it was,
@@ -41,7 +44,9 @@ and that root is scored as it is.
    - ``search_docs``: Chatchat's ``search_docs`` at top_k 10 with the root's installed weights and threshold, asked
      by the evaluation's worker: what users get;
    - ``dense``: the vector half alone, the stored vectors ranked by the installed query tower: the tower's effect.
-   The recalibration's effect is the rest, search_docs − dense, per question. Each question's MRR is averaged over
+   The recalibration's effect is the rest, search_docs − dense, per question. And the tower each tune trained,
+   installed or refused, on the pooled sets (:func:`tower_dense`: dense, its float32 query vectors, against the
+   served tower's the same way): what a refused tune would have given. Each question's MRR is averaged over
    the seeds first; the differences (feedback − baseline, each over untuned) come with the paired bootstrap 95 %
    interval over questions (``paired_bootstrap_interval``: 1,000 resamples, seed 0).
 
@@ -88,8 +93,8 @@ from e5_rag_path import CONFIRM, DENSE, KS, POOLED, SETS, TOP_K
 from embed import REPO, machine_line
 
 sys.path.insert(0, str(REPO))
-from chatchat_policybert.chatchat.config import kb_settings, model_settings
-from chatchat_policybert.chatchat.root import BASIC_SETTINGS, FEEDBACK_DIR, GATE, TUNE_DIR, content_dir
+from chatchat_policybert.chatchat.config import kb_settings, model_settings, served_model
+from chatchat_policybert.chatchat.root import BASIC_SETTINGS, FEEDBACK_DIR, GATE, STEP_CACHES, TUNE_DIR, content_dir
 from chatchat_policybert.cli import build_parser
 from chatchat_policybert.data import CORPUS_CSV, QUESTIONS, TRAINING_QUESTIONS
 from chatchat_policybert.deploy.calibration import LOOSEST, Candidates, Fused, Setting
@@ -103,8 +108,10 @@ from chatchat_policybert.evaluation.scoring import evaluate_retriever
 from chatchat_policybert.feedback.export import normalised
 from chatchat_policybert.feedback.http import CAPTURE_HEADER, FEEDBACK_PATH
 from chatchat_policybert.files import read_json, write_json
+from chatchat_policybert.model.loading import load_policybert
 from tests.chatchat.ollama_standin import OllamaStandIn
-from training.tune import check_query_args
+from training.query_side import embed_questions
+from training.tune import check_query_args, query_config
 
 KB = "WeiMingPolicies"
 BIN = Path(sys.executable).parent
@@ -366,6 +373,35 @@ def score_root(root: Path) -> dict[str, dict[str, dict[str, float]]]:
     return scores
 
 
+def tower_dense(root: Path, model_dir: Path, max_length: int) -> dict[str, dict[str, float]]:
+    """Per-question dense MRR@10 on each set of :data:`SCORED` of the query tower in ``model_dir`` (its document tower
+    where it has none), ``{set: {id: MRR}}``: the questions embedded as ``tune`` embeds them (float32,
+    :func:`training.query_side.embed_questions`, ``max_length`` tokens: the tune's recipe), ranked against
+    ``root``'s stored vectors. This scores the tower a tune trained whether the gate installed it or not (what a
+    refused tower would have done), and the served tower the same way, so that the two compare like with like."""
+    sets = {name: dev_queries(SETS[name], root, KB, CORPUS_CSV) for name in SCORED}
+    chunks = sets[POOLED[0]][1]
+    model, tokenizer = load_policybert(model_dir, tower="query")
+    texts = sorted({q.text for queries, _, _ in sets.values() for q in queries})
+    vectors = embed_questions(model, tokenizer, texts, max_length)
+    del model
+    scores = {}
+    with Candidates(root, KB, chunks, root / "logs" / "bench_tower.log") as candidates:
+        candidates.tower, candidates.query_vectors = str(model_dir), dict(zip(texts, vectors, strict=True))
+        for name, (queries, _, _) in sets.items():
+            result = evaluate_retriever(
+                Fused(DENSE, candidates, chunks, Setting(0.0, 1.0, LOOSEST)), queries, chunks, KS
+            )
+            scores[name] = {q["id"]: q["MRR@10"] for q in result.queries}
+    return scores
+
+
+def trained_tower(root: Path) -> Path:
+    """The two-tower directory the last tune of ``root`` trained on every question (installed or refused)."""
+    run = tune_dir(root, KB)
+    return run / STEP_CACHES / read_json(run / GATE)["key"] / "final" / "model"
+
+
 def pooled(scores: dict[str, dict[str, float]], names: Sequence[str] = POOLED) -> dict[str, float]:
     """One root's per-question scores of one row over the sets ``names`` (the pooled ones), keyed ``set/id``."""
     return {f"{name}/{qid}": value for name in names for qid, value in scores[name].items()}
@@ -419,14 +455,62 @@ def training_queries(root: Path, limit: int | None) -> tuple[Corpus, list[Query]
     return corpus, queries[:limit]
 
 
+def trained_towers(runs: list[dict], arms: Sequence[str]) -> dict[str, dict]:
+    """Per arm, the dense MRR@10 of the towers its tunes trained (:func:`tower_dense`), pooled and averaged over
+    seeds, and its difference from the served tower's with the paired bootstrap 95 % interval."""
+    untuned = [r for r in arm_runs(runs, "untuned") if "tower_dense" in r]
+    if not untuned:
+        return {}
+
+    def seeds_averaged(these: list[dict]) -> np.ndarray:
+        tables = [pooled(r["tower_dense"]) for r in these]
+        return np.mean([[table[key] for key in sorted(tables[0])] for table in tables], axis=0)
+
+    served, out = seeds_averaged(untuned), {}
+    for arm in arms:
+        these = [r for r in arm_runs(runs, arm) if "tower_dense" in r]
+        if these:
+            ours = seeds_averaged(these)
+            low, high = paired_bootstrap_interval(ours, served)
+            out[arm] = {
+                "installed": f"{sum(r['tune']['installed'] for r in these)}/{len(these)}",
+                "dense": round(float(ours.mean()), 4),
+                "delta": [round(float(np.mean(ours - served)), 4), round(low, 4), round(high, 4)],
+            }
+    return out
+
+
 def arm_runs(runs: list[dict], arm: str) -> list[dict]:
     return [run for run in runs if run["arm"] == arm]
 
 
-def feedback_arms(users: Sequence[str], best: Sequence[str]) -> list[tuple[str, str, str]]:
-    """``(arm, user, positive)`` of each ``tune --feedback``: every user's marks with the marked chunk as the positive
-    (``feedback U``: ``--feedback-positive marked``, tune's default until this bench's run of 2026-11-28 21:11 UTC),
-    and those of ``--best`` again with ``--feedback-positive best`` (``feedback U best``, tune's default since)."""
+def variant_flags(variant: str) -> list[str]:
+    """``tune``'s flags of a ``--variants`` entry: ``POSITIVE`` or ``POSITIVE:ETA`` (``--feedback-propensity``)."""
+    positive, _, eta = variant.partition(":")
+    return ["--feedback-positive", positive, *(["--feedback-propensity", eta] if eta else [])]
+
+
+def variant_arm(user: str, variant: str) -> str:
+    """An arm's name: ``feedback U`` (marked), ``feedback U best``, ``feedback U best η1`` (best:1)."""
+    positive, _, eta = variant.partition(":")
+    return " ".join([f"feedback {user}", *([positive] if positive != "marked" else []), *([f"η{eta}"] if eta else [])])
+
+
+def feedback_arms(
+    users: Sequence[str], best: Sequence[str], variants: Sequence[str] = ()
+) -> list[tuple[str, str, str]]:
+    """``(arm, user, variant)`` of each ``tune --feedback``. With ``--variants``, each user's marks tuned with each
+    (``U/VARIANT``: user U's only).
+    Without (as the runs before 2026-11-29 were): every user's marks with the marked chunk as the positive (``feedback
+    U``: ``--feedback-positive marked``, tune's default until this bench's run of 2026-11-28 21:11 UTC), and those of
+    ``--best`` again with ``--feedback-positive best`` (``feedback U best``, tune's default since)."""
+    if variants:
+        return [
+            (variant_arm(u, v.rpartition("/")[2]), u, v.rpartition("/")[2])
+            for u in users
+            for v in variants
+            if v.rpartition("/")[0] in ("", u)
+        ]
     return [(f"feedback {u}", u, "marked") for u in users] + [(f"feedback {u} best", u, "best") for u in best]
 
 
@@ -448,8 +532,8 @@ def delta_table(comparisons: dict[str, dict[str, list[float]]]) -> list[str]:
 def report(figures: dict) -> str:
     """The Markdown beside the JSON: settings, the arms' scores, the differences, the replay and the steps' times."""
     runs, users = figures["runs"], figures["settings"]["users"]
-    best = figures["settings"].get("best", [])
-    arms = ["untuned", "baseline", *(arm for arm, _, _ in feedback_arms(users, best))]
+    best, variants = figures["settings"].get("best", []), figures["settings"].get("variants", [])
+    arms = ["untuned", "baseline", *(arm for arm, _, _ in feedback_arms(users, best, variants))]
     lines = [
         f"# Feedback replay (issue 49 item 6): {figures['started']} – {figures['finished']}",
         "",
@@ -458,7 +542,8 @@ def report(figures: dict) -> str:
         f"`{figures['command']}`",
         "",
         f"Seeds {figures['settings']['seeds']}, users {' '.join(users)}"
-        f"{f' (and with --feedback-positive best: {chr(32).join(best)})' if best else ''}, "
+        f"{f' (and with --feedback-positive best: {chr(32).join(best)})' if best else ''}"
+        f"{f', each tuned with --variants {chr(32).join(variants)}' if variants else ''}, "
         f"{figures['settings']['questions']} training "
         f"questions asked{' (--limit: a check, not the measurement)' if figures['settings']['limit'] else ''}, "
         f"--query-args '{figures['settings']['query_args']}'. MRR@10 (document level) on the blind sets pooled "
@@ -481,6 +566,21 @@ def report(figures: dict) -> str:
         "",
         *delta_table(figures["comparisons"]),
     ]
+    if trained := figures.get("trained_towers"):
+        lines += [
+            "",
+            "The tower each tune trained, installed or refused (the gate's decision does not enter): dense MRR@10 "
+            "of its query vectors (float32, as tune embeds) over the stored vectors, against the served tower's the "
+            "same way, pooled; each question averaged over seeds first:",
+            "",
+            "| arm | installed | dense, the tower trained | Δ over the served tower [paired 95 % CI] |",
+            "|---|---|---|---|",
+            *(
+                f"| {arm} | {row['installed']} | {row['dense']:.3f} | {row['delta'][0]:+.3f} [{row['delta'][1]:+.3f}, "
+                f"{row['delta'][2]:+.3f}] |"
+                for arm, row in trained.items()
+            ),
+        ]
     lines.append("")
     for arm, kept in figures["kept_share"].items():
         share = "—" if kept["share"] is None else f"{kept['share']:.0%}"
@@ -545,6 +645,18 @@ def check_args(parser: argparse.ArgumentParser, args: argparse.Namespace) -> Non
         parser.error(f"--users {' '.join(args.users)}: a user twice")
     if len(set(args.best)) != len(args.best) or not set(args.best) <= set(args.users):
         parser.error(f"--best {' '.join(args.best)}: expected each of --users ({' '.join(args.users)}) at most once")
+    if args.variants and args.best:
+        parser.error("--variants and --best: --variants names every arm (best is a variant); pass one of them")
+    for variant in args.variants:
+        user, _, tune = variant.rpartition("/")
+        positive, _, eta = tune.partition(":")
+        if positive not in ("best", "marked") or (eta and not eta.replace(".", "", 1).isdigit()):
+            parser.error(f"--variants {variant}: expected best or marked, with :ETA for --feedback-propensity ETA")
+        if user and user not in args.users:
+            parser.error(f"--variants {variant}: {user} is not one of --users ({' '.join(args.users)})")
+    arms = [arm for arm, _, _ in feedback_arms(args.users, args.best, args.variants)]
+    if len(set(arms)) != len(arms):
+        parser.error(f"--variants {' '.join(args.variants)}: a user's variant twice")
     if args.limit is not None and args.limit < 1:
         parser.error(f"--limit {args.limit}: expected at least 1")
     if args.out.suffix != ".json":
@@ -562,8 +674,14 @@ def resumed(parser: argparse.ArgumentParser, args: argparse.Namespace, query_arg
         parser.error(f"--resume: {args.out} does not exist (expected the figures of an earlier run, as --out)")
     earlier = read_json(args.out)
     settings = earlier.get("settings", {})
-    ours = {"users": args.users, "best": args.best, "limit": args.limit, "query_args": query_args}
-    theirs = {key: settings.get(key, [] if key == "best" else None) for key in ours}
+    ours = {
+        "users": args.users,
+        "best": args.best,
+        "variants": args.variants,
+        "limit": args.limit,
+        "query_args": query_args,
+    }
+    theirs = {key: settings.get(key, [] if key in ("best", "variants") else None) for key in ours}
     if theirs != ours:
         parser.error(f"--resume: {args.out} was made with {theirs}, not {ours}: the seeds would not be comparable")
     return earlier
@@ -588,6 +706,14 @@ def main(argv: list[str] | None = None) -> int:
         help="users of --users whose marks are tuned again with --feedback-positive best (the positive: the chunk of "
         "the marked document the served model ranks first), on a copy of their root made before the first tune",
     )
+    parser.add_argument(
+        "--variants",
+        nargs="*",
+        default=[],
+        help="the tunes of every user's marks, each on its own copy made before any tune: best, marked, or "
+        "POSITIVE:ETA with --feedback-propensity ETA, U/… for user U only (e.g. best:1 b/best); without it, marked "
+        "for every user and best for those of --best",
+    )
     parser.add_argument("--limit", type=int, help="ask only the first N training questions (a quick check)")
     parser.add_argument(
         "--query-args", default="", help="training.query_side flags for both tunes, e.g. '--max-steps 5'"
@@ -610,6 +736,7 @@ def main(argv: list[str] | None = None) -> int:
     corpus, queries = training_queries(args.root, args.limit)
     flags = shlex.split(args.query_args)
     qa = ["--query-args", args.query_args] if args.query_args else []
+    max_length = query_config(Path(tempfile.gettempdir()), "cpu", args.query_args).max_length
     work = Path(tempfile.mkdtemp(prefix="feedback-replay-"))
     print(f"copies and logs in {work}{' (kept)' if args.keep else ' (removed after)'}", flush=True)
     step, runs, earlier = Steps(), [], None
@@ -624,7 +751,7 @@ def main(argv: list[str] | None = None) -> int:
         untuned, baseline = arm_runs(runs, "untuned"), arm_runs(runs, "baseline")
         comparisons = {"baseline − untuned": compare(baseline, untuned)}
         kept_share = {}
-        for arm, user, _ in feedback_arms(args.users, args.best):
+        for arm, user, _ in feedback_arms(args.users, args.best, args.variants):
             feedback = arm_runs(runs, arm)
             comparisons[f"{arm} − baseline"] = compare(feedback, baseline)
             comparisons[f"{arm} − untuned"] = compare(feedback, untuned)
@@ -640,7 +767,7 @@ def main(argv: list[str] | None = None) -> int:
             confirm["comparisons"] = {
                 "baseline − untuned": compare(scored_on(baseline, CONFIRM), scored_on(untuned, CONFIRM), [CONFIRM])
             }
-            for arm, _, _ in feedback_arms(args.users, args.best):
+            for arm, _, _ in feedback_arms(args.users, args.best, args.variants):
                 if feedback := scored_on(arm_runs(runs, arm), CONFIRM):
                     confirm["comparisons"][f"{arm} − untuned"] = compare(
                         feedback, scored_on(untuned, CONFIRM), [CONFIRM]
@@ -657,6 +784,7 @@ def main(argv: list[str] | None = None) -> int:
                 "seeds": seeds,
                 "users": args.users,
                 "best": args.best,
+                "variants": args.variants,
                 "limit": args.limit,
                 "questions": len(queries),
                 "query_args": " ".join(flags),
@@ -665,6 +793,9 @@ def main(argv: list[str] | None = None) -> int:
             "pooled_questions": len(pooled(runs[0]["scores"][SEARCH])),
             "comparisons": comparisons,
             "kept_share": kept_share,
+            "trained_towers": trained_towers(
+                runs, ["baseline", *(arm for arm, _, _ in feedback_arms(args.users, args.best, args.variants))]
+            ),
             "confirmation": {"set": CONFIRM, **confirm},
             "steps": step.times,
             "runs": runs,
@@ -693,20 +824,29 @@ def main(argv: list[str] | None = None) -> int:
                 with step(where, "copy"):
                     copy_root(args.root, copy)
                 played = replay(copy, queries, corpus, user, seed, step, where)
-                arms = [(arm, positive) for arm, u, positive in feedback_arms(args.users, args.best) if u == user]
+                arms = [(arm, v) for arm, u, v in feedback_arms(args.users, args.best, args.variants) if u == user]
                 roots = [copy]
-                for _, positive in arms[1:]:  # the same marks, before any tune touched the root
-                    with step(f"{where}, {positive}", "copy"):
-                        roots.append(copy_root(copy, work / f"seed{seed}-{user}-{positive}"))
-                for (arm, positive), root in zip(arms, roots, strict=True):
-                    at = where if root is copy else f"{where}, {positive}"
-                    tune_flags = ["--feedback", "--feedback-positive", positive, "--seed", str(seed), *qa]
-                    with step(at, f"tune --feedback --feedback-positive {positive}"):
+                for _, variant in arms[1:]:  # the same marks, before any tune touched the root
+                    with step(f"{where}, {variant}", "copy"):
+                        roots.append(copy_root(copy, work / f"seed{seed}-{user}-{variant.replace(':', '-')}"))
+                for (arm, variant), root in zip(arms, roots, strict=True):
+                    at = where if root is copy else f"{where}, {variant}"
+                    tune_flags = ["--feedback", *variant_flags(variant), "--seed", str(seed), *qa]
+                    with step(at, f"tune --feedback {shlex.join(variant_flags(variant))}"):
                         tune = timed_tune(root, tune_flags, work / f"{root.name}_tune.log")
                     with step(at, "scores"):
                         scores = score_root(root)
+                        tower = tower_dense(root, trained_tower(root), max_length)
                     runs.append(
-                        {"arm": arm, "seed": seed, "user": user, "replay": played, "tune": tune, "scores": scores}
+                        {
+                            "arm": arm,
+                            "seed": seed,
+                            "user": user,
+                            "replay": played,
+                            "tune": tune,
+                            "scores": scores,
+                            "tower_dense": tower,
+                        }
                     )
                     if not args.keep:
                         shutil.rmtree(root)
@@ -714,14 +854,19 @@ def main(argv: list[str] | None = None) -> int:
             copy = work / f"seed{seed}-baseline"
             with step(where, "copy"):
                 copy_root(args.root, copy)
-            if not arm_runs(runs, "untuned"):
+            if not any("tower_dense" in r for r in arm_runs(runs, "untuned")):
                 with step("untuned", "scores"):
-                    runs.append({"arm": "untuned", "seed": None, "scores": score_root(copy)})
+                    served = tower_dense(copy, served_model(copy)[1], max_length)
+                    runs = [r for r in runs if r["arm"] != "untuned"]
+                    runs.append({"arm": "untuned", "seed": None, "scores": score_root(copy), "tower_dense": served})
             with step(where, "tune --questions (make tune-demo)"):
                 baseline_flags = ["--questions", str(baseline_file), "--corpus", str(CORPUS_CSV), "--seed", str(seed)]
                 tune = timed_tune(copy, [*baseline_flags, *qa], work / f"{copy.name}_tune.log")
             with step(where, "scores"):
-                runs.append({"arm": "baseline", "seed": seed, "tune": tune, "scores": score_root(copy)})
+                tower = tower_dense(copy, trained_tower(copy), max_length)
+                runs.append(
+                    {"arm": "baseline", "seed": seed, "tune": tune, "scores": score_root(copy), "tower_dense": tower}
+                )
             if not args.keep:
                 shutil.rmtree(copy)
             write_figures(sorted({*done, *args.seeds[: args.seeds.index(seed) + 1]}))

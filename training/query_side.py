@@ -116,6 +116,7 @@ class QuerySideTask:
         self.texts = [tokenizer.query_prompt + text for text in questions.texts]
         self.encodings = tokenizer.encode(self.texts, max_length=cfg.max_length)
         self.positives = questions.positives
+        self.weights = None if questions.weights is None else torch.tensor(questions.weights, dtype=torch.float32)
         self.vectors = torch.from_numpy(np.ascontiguousarray(questions.vectors, dtype=np.float32))
 
     def __len__(self) -> int:
@@ -133,6 +134,8 @@ class QuerySideTask:
         for row, i in enumerate(indices):
             mask[row, self.positives[i]] = True
         batch["positive_mask"] = mask
+        if self.weights is not None:
+            batch["weights"] = self.weights[indices]
         return batch
 
     def loss(self, model: nn.Module, batch: dict[str, torch.Tensor]) -> torch.Tensor:
@@ -140,12 +143,16 @@ class QuerySideTask:
 
         from chatchat_policybert.model.embeddings import sentence_vectors
 
-        mask = batch.pop("positive_mask")
+        mask, weights = batch.pop("positive_mask"), batch.pop("weights", None)
         queries = sentence_vectors(model, batch, self.tokenizer.pooling)
         self.vectors = self.vectors.to(queries.device)
         logits = queries @ self.vectors.T / self.temperature
         positive = torch.logsumexp(logits.masked_fill(~mask, float("-inf")), dim=-1)
-        return (torch.logsumexp(logits, dim=-1) - positive).mean()
+        losses = torch.logsumexp(logits, dim=-1) - positive
+        if weights is None:
+            return losses.mean()
+        weights = weights.to(losses.device)  # self-normalised in the batch: the scale of the loss stays that of 1s
+        return (weights * losses).sum() / weights.sum()
 
     def evaluate(self, model: nn.Module) -> dict:
         """Nothing: questions held out of the training are scored by the caller (tune's folds), not per epoch."""
@@ -224,10 +231,9 @@ def train_query_tower(
         freeze_word_stream(model)
         cfg = dataclasses.replace(cfg, fusion_scale_lr=None)  # the scales stay 0: no group of their own to train
     if cfg.positives == "best":
-        questions = StoredQuestions(
-            questions.texts,
-            best_positives(questions, embed_questions(model, tokenizer, questions.texts, cfg.max_length)),
-            questions.vectors,
+        questions = dataclasses.replace(
+            questions,
+            positives=best_positives(questions, embed_questions(model, tokenizer, questions.texts, cfg.max_length)),
         )
     reference = {name: p.detach().clone() for name, p in model.named_parameters() if p.requires_grad}
     train(model, QuerySideTask(tokenizer, questions, cfg, words), cfg)

@@ -18,7 +18,8 @@ found there, so a killed or failed run continues where it stopped; the training 
    rules: under 6 characters, on a changed document, or repeating a later or a --questions one, dropped), and with
    ``--llm`` the LLM's questions per chunk (those copying 12 characters of their chunk dropped), each with its gold
    chunks among the stored vectors (a mark's: its document's, the recipe taking the chunk the served model ranks
-   first; ``--feedback-positive marked``: the chunk the user marked), split into 3 folds by document (a text
+   first; ``--feedback-positive marked``: the chunk the user marked; ``--feedback-propensity ETA``: each mark
+   weighing r^ETA for its rank r, in the training and the gate's means), split into 3 folds by document (a text
    repeated or nearly repeated on several documents: all of them in one fold); with ``--silver`` also the questions
    nobody marked whose source the LLM named (silver labels, reported apart). Your questions judge where there are
    any, else the users', else the LLM's (``--llm``'s; silver labels never judge); the rest only train.
@@ -126,6 +127,17 @@ def register(commands: Any) -> None:
         help="a marked question's positive: best (default), the chunk of the marked source's document the served "
         "model ranks first (what --questions trains on); marked, the chunk the user said answered (issue 49's "
         "replay: the gate installed best on every seed of user a's marks, marked on none; docs/deployment.md)",
+    )
+    parser.add_argument(
+        "--feedback-propensity",
+        type=float,
+        metavar="ETA",
+        help="assume users read the source shown at rank r with probability (1/r)^ETA, and weigh each mark r^ETA in "
+        "the training and in the gate (inverse propensity, Joachims et al. 2017); default 0: every mark alike. "
+        "Only with --feedback. ETA is an assumption the marks cannot check, and one larger than your users' inflates "
+        "the gate's figure (issue 49's replay with 1: user b's marks installed on 1 seed of 3, none without it; user "
+        "a's, who reads every source, on 3 of 3 either way, the gate's figure 3.4 times its unweighted one; "
+        'docs/deployment.md, "Position bias")',
     )
     parser.add_argument(
         "--llm",

@@ -60,16 +60,24 @@ class StoredQuestions:
     texts: list[str]
     positives: list[list[int]]
     vectors: np.ndarray
+    weights: list[float] | None = None
+    """Each question's weight in the loss (users' marks under ``--feedback-propensity``: :func:`mark_weights`); None:
+    all alike."""
 
     def __post_init__(self) -> None:
         if len(self.texts) != len(self.positives):
             raise ValueError(f"{len(self.texts)} questions but {len(self.positives)} positive lists")
+        if self.weights is not None and len(self.weights) != len(self.texts):
+            raise ValueError(f"{len(self.texts)} questions but {len(self.weights)} weights")
         empty = [i for i, rows in enumerate(self.positives) if not rows]
         if empty:
             raise InputError(f"question {self.texts[empty[0]]!r}: its document has no chunk in the knowledge base")
 
     def subset(self, indices: Sequence[int]) -> StoredQuestions:
-        return StoredQuestions([self.texts[i] for i in indices], [self.positives[i] for i in indices], self.vectors)
+        weights = None if self.weights is None else [self.weights[i] for i in indices]
+        return StoredQuestions(
+            [self.texts[i] for i in indices], [self.positives[i] for i in indices], self.vectors, weights
+        )
 
 
 def chunk_vectors(root: Path, kb: str, chunks: list[Chunk]) -> np.ndarray:
@@ -97,6 +105,27 @@ class Marked:
     text: str
     source: str
     evidence: str
+    rank: int | None = None
+    """The rank the marked source was shown at (出处 [i]); None for an operator's label or an LLM's (silver)."""
+
+
+def without_rank(marked: Marked) -> dict[str, str]:
+    """A mark as a tune's key held it before marks had ranks: an earlier run folder keeps its key where every mark
+    weighs alike (the ranks enter the key with ``--feedback-propensity``)."""
+    return {name: value for name, value in vars(marked).items() if name != "rank"}
+
+
+MAX_PROPENSITY = 2.0
+"""The largest ``--feedback-propensity``: at 2 a mark at rank 10 already weighs 100 of rank 1's."""
+
+
+def mark_weights(marked: Sequence[Marked], propensity: float) -> list[float]:
+    """Each mark's inverse-propensity weight, ``rank ** propensity`` (1 for a label): a user who reads the source at
+    rank r with probability (1/r)^η marks a right source shown at rank r that often, so weighting each mark by
+    r^η makes the weighted marks count every rank as if each were read (Joachims, Swaminathan & Schnabel 2017,
+    "Unbiased learning-to-rank with biased feedback"). η = 0: every mark alike. η is an assumption about the
+    users, not something the marks alone can tell (docs/deployment.md, "Position bias")."""
+    return [float(m.rank) ** propensity if m.rank is not None and propensity else 1.0 for m in marked]
 
 
 def stored_questions(
@@ -107,6 +136,7 @@ def stored_questions(
     llm: Sequence[tuple[str, int]] = (),
     marked: Sequence[Marked] = (),
     marked_chunk: bool = True,
+    propensity: float = 0.0,
 ) -> tuple[StoredQuestions, list[Query], list[Chunk]]:
     """The labelled questions of ``files`` (the evaluation's JSONL, checked against the KB), then ``marked``'s (users'
     marks, ``tune --feedback``), then ``llm``'s (a question and the index of the chunk it was written for, whose
@@ -116,7 +146,8 @@ def stored_questions(
     A marked question's document is its file's (the group its chunks carry, whichever corpus named the groups); its
     gold chunks are, with ``marked_chunk``, the chunks holding its passage (the one the user said answered), else
     every chunk of its document (the query-side recipe then takes the one the start model ranks first, as for
-    ``--questions``)."""
+    ``--questions``). With ``propensity`` each mark weighs :func:`mark_weights`' weight in the loss, every other
+    question 1."""
     queries: list[Query] = []
     chunks: list[Chunk] = [] if files else load_chunks(root, kb, None)
     for path in files:
@@ -152,7 +183,9 @@ def stored_questions(
                 if chunks[i].source == question.source and evidence_in_chunk(chunks[i].text, question.evidence)
             ]
             positives[n] = holding or positives[n]
-    return StoredQuestions([q.text for q in queries], positives, vectors), queries, chunks
+    first = len(queries) - len(llm) - len(marked)
+    weights = [1.0] * first + mark_weights(marked, propensity) + [1.0] * len(llm) if propensity else None
+    return StoredQuestions([q.text for q in queries], positives, vectors, weights), queries, chunks
 
 
 def document_folds(queries: Sequence[Query], folds: int = FOLDS, seed: int = 0) -> list[int]:
@@ -283,16 +316,26 @@ def crossfit_calibration(
     return calibrate(candidates, queries, chunks, settings.score_threshold, settings.vs_type, analyzer)
 
 
-def questions_needed(delta: Delta, scores_after: Sequence[float], scores_before: Sequence[float]) -> int | None:
+def questions_needed(
+    delta: Delta,
+    scores_after: Sequence[float],
+    scores_before: Sequence[float],
+    weights: Sequence[float] | None = None,
+) -> int | None:
     """About how many questions would make an improvement this large significant (the paired interval above 0), from
     the per-question differences' spread; None where the mean difference is not above 0, or so near 0 that more than
     :data:`NEEDED_AT_MOST` times the questions there are would be needed (more questions would not help: the replay
-    of issue 49 printed "about 89001 questions" for an effect of +0.002)."""
+    of issue 49 printed "about 89001 questions" for an effect of +0.002). With ``weights``, the weighted spread, and
+    the questions scaled by Kish's effective sample size (n_eff = (Σw)²/Σw²: unequal weights count for fewer)."""
     diffs = np.asarray(scores_after, dtype=float) - np.asarray(scores_before, dtype=float)
     if delta.delta <= 0 or len(diffs) < 2:
         return None
-    spread = float(diffs.std(ddof=1))
-    needed = max(len(diffs) + 1, math.ceil((Z_95 * spread / delta.delta) ** 2))
+    w = np.ones_like(diffs) if weights is None else np.asarray(weights, dtype=float)
+    spread = math.sqrt(
+        float(np.average((diffs - np.average(diffs, weights=w)) ** 2, weights=w)) * len(diffs) / (len(diffs) - 1)
+    )
+    effective = float(w.sum() ** 2 / (w**2).sum())
+    needed = max(len(diffs) + 1, math.ceil((Z_95 * spread / delta.delta) ** 2 * len(diffs) / effective))
     return needed if needed <= NEEDED_AT_MOST * len(diffs) else None
 
 

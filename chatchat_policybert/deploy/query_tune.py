@@ -46,6 +46,7 @@ from chatchat_policybert.deploy.crossfit import (
     mrr_scores,
     questions_needed,
     stored_questions,
+    without_rank,
 )
 from chatchat_policybert.deploy.gate import deployed
 from chatchat_policybert.deploy.rollback import (
@@ -113,7 +114,14 @@ def run_query_tune(run: Run, trainer: QueryTrainer) -> int:
         silver, silver_lines = trainer.silver_marks(run, args.unmarked) if args.silver else ([], [])
         marked = [*args.marked, *(m for m in silver if normalised(m.text) not in args.asked)]  # yours and users' win
         bank, queries, chunks = stored_questions(
-            run.root, run.kb, files, args.corpus, llm, marked, args.feedback_positive == "marked"
+            run.root,
+            run.kb,
+            files,
+            args.corpus,
+            llm,
+            marked,
+            args.feedback_positive == "marked",
+            args.feedback_propensity,
         )
         yours = len(queries) - len(marked) - len(llm)
         # Yours judge where there are any, else the users' marks; silver labels and the LLM's questions only train
@@ -122,7 +130,8 @@ def run_query_tune(run: Run, trainer: QueryTrainer) -> int:
         run.args.feedback_lines = [*args.feedback_lines, *silver_lines]
         folds = document_folds(queries)
         # What only some runs have enters the key only where they have it: an earlier run folder keeps its key
-        extra = [[vars(m) for m in marked], args.feedback_positive] if marked else []
+        extra = [[without_rank(m) for m in marked], args.feedback_positive] if marked else []
+        extra += [args.feedback_propensity, [m.rank for m in marked]] if args.feedback_propensity else []
         key = digest(
             [f.read_text(encoding="utf-8") for f in files],
             llm,
@@ -153,7 +162,8 @@ def run_query_tune(run: Run, trainer: QueryTrainer) -> int:
     with run.step("train"):
         _, model_dir = trainer.train_query(run, bank, out / "final", texts, save=True)
     with run.step("gate"):
-        gate = query_gate(run, key, queries, chunks, folds, fold_vectors, served_vectors, judged, stored)
+        weights = bank.weights[:judged] if bank.weights is not None else None
+        gate = query_gate(run, key, queries, chunks, folds, fold_vectors, served_vectors, judged, stored, weights)
     print("\n".join(gate["lines"]), flush=True)
     if gate["install"]:
         with run.step("install"):
@@ -175,6 +185,7 @@ def query_gate(
     served_vectors: np.ndarray,
     judged: int,
     stored: str,
+    weights: Sequence[float] | None = None,
 ) -> dict[str, Any]:
     """Before, after and Chatchat's ``search_docs`` as deployed on the first ``judged`` questions (the user's where
     there are any, else the LLM's), the decision, and the hybrid to install (calibrated on all of them). ``stored``:
@@ -196,7 +207,10 @@ def query_gate(
     Where users' marks judge (``--feedback`` without ``--questions``), the two roles swap (:data:`MARKS_JUDGE`): the
     tower's own effect must lie above 0 and after − deployed must not be below 0 beyond noise. A mark exists only
     where the deployment showed the right source, so "deployed" is scored on questions chosen by its own success;
-    in issue 49's replay that refused, on 189 marks, a tower whose own effect was +0.063 [+0.025, +0.103]."""
+    in issue 49's replay that refused, on 189 marks, a tower whose own effect was +0.063 [+0.025, +0.103].
+
+    ``weights`` (one per judged question; users' marks under ``--feedback-propensity``): every mean and interval is
+    the weighted one, so that a mark at rank r counts for the marks at that rank users did not read."""
     path = run.out / GATE
     deployment = digest([(run.root / name).read_bytes().decode() for name in SETTINGS_FILES])
     if path.is_file():
@@ -257,16 +271,17 @@ def query_gate(
     by_marks = all(q.qid.startswith("fb-") for q in queries[:judged])
     if kept:
         after = summarised(after.name, [after.queries[i] for i in kept])
-        deltas = compare_runs(after, before)
-        overall = compare_runs(after, deployed_run)
+        kept_weights = [weights[i] for i in kept] if weights is not None else None
+        deltas = compare_runs(after, before, weights=kept_weights)
+        overall = compare_runs(after, deployed_run, weights=kept_weights)
         tower = next(d for d in deltas if d.metric == f"MRR@{MRR_K}")
         mrr = next(d for d in overall if d.metric == f"MRR@{MRR_K}")
         if by_marks:
             install = tower.low > 0 and mrr.high >= 0
-            needed = questions_needed(tower, mrr_scores(after), mrr_scores(before))
+            needed = questions_needed(tower, mrr_scores(after), mrr_scores(before), kept_weights)
         else:
             install = mrr.low > 0 and tower.high >= 0
-            needed = questions_needed(mrr, mrr_scores(after), mrr_scores(deployed_run))
+            needed = questions_needed(mrr, mrr_scores(after), mrr_scores(deployed_run), kept_weights)
     if install:
         reason = ""
     elif by_marks and kept and mrr.high < 0:
@@ -358,6 +373,7 @@ def query_gate(
         "rows": {"before": before.metrics, "after": after.metrics, "deployed": deployed_metrics},
         "per_question": {
             "ids": [q["id"] for q in after.queries] if kept else [],
+            "weights": kept_weights if kept else None,
             "before": mrr_scores(before) if kept else [],
             "after": mrr_scores(after) if kept else [],
         },

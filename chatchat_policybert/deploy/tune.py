@@ -20,7 +20,7 @@ from chatchat_policybert.chatchat.config import served_model
 from chatchat_policybert.chatchat.root import content_dir
 from chatchat_policybert.chatchat.settings import OLLAMA_URL
 from chatchat_policybert.configure.doctor import llm_reachable
-from chatchat_policybert.deploy.crossfit import Marked, document_folds
+from chatchat_policybert.deploy.crossfit import MAX_PROPENSITY, Marked, document_folds
 from chatchat_policybert.deploy.query_tune import NEEDS_QUESTIONS, check_tower_record, installed_dir, run_query_tune
 from chatchat_policybert.deploy.questions import is_pairs_file
 from chatchat_policybert.deploy.rollback import INSTALL_STARTED, INSTALLED, finish_pending, other_served_kbs
@@ -55,6 +55,14 @@ def check_questions(args: argparse.Namespace) -> None:
     if args.feedback_positive is not None and not args.feedback:
         raise InputError("--feedback-positive only applies with --feedback")
     args.feedback_positive = args.feedback_positive or "best"
+    if args.feedback_propensity is not None and not args.feedback:
+        raise InputError("--feedback-propensity only applies with --feedback")
+    args.feedback_propensity = args.feedback_propensity or 0.0
+    if not 0 <= args.feedback_propensity <= MAX_PROPENSITY:  # NaN too
+        raise InputError(
+            f"--feedback-propensity {args.feedback_propensity:g}: expected a number from 0 (every mark alike) to "
+            f"{MAX_PROPENSITY:g} (1: users read rank r with probability 1/r)"
+        )
     if args.silver and not args.feedback:
         raise InputError("--silver only applies with --feedback (it labels the captured questions nobody marked)")
     queries, seen, files_of = [], {}, {}
@@ -105,12 +113,12 @@ def marked_questions(
     export = export_questions(args.root, args.kb, captures)
     yours = {normalised(q.text) for q in curated}
     marked, labels, repeated = [], 0, 0
-    for row, source, labelled in zip(export.rows, export.sources, export.labelled, strict=True):
+    for row, source, rank in zip(export.rows, export.sources, export.ranks, strict=True):
         if normalised(row["question"]) in yours:
             repeated += 1
             continue
-        marked.append(Marked(row["id"], row["question"], source, row["evidence"]))
-        labels += labelled
+        marked.append(Marked(row["id"], row["question"], source, row["evidence"], rank))
+        labels += rank is None
     dropped = [f"{n} {DROP_RULES[rule]}" for rule, n in export.dropped.items() if n]
     dropped += [f"{repeated} repeating a --questions question"] if repeated else []
     summary = (
@@ -131,10 +139,18 @@ def marked_questions(
         else "positives: the chunk of each marked source's document the served model ranks first (--feedback-positive "
         "best; marked: the chunk the user marked)"
     )
-    print(summary, positive, sep="\n", flush=True)
+    weights = (
+        f"weights: each mark r^{args.feedback_propensity:g} for its rank r, in the training and the gate "
+        f"(--feedback-propensity {args.feedback_propensity:g}: users assumed to read rank r with probability "
+        f"(1/r)^{args.feedback_propensity:g})"
+        if args.feedback_propensity
+        else "weights: every mark alike (--feedback-propensity 0: users assumed to read every shown source)"
+    )
+    print(summary, positive, weights, sep="\n", flush=True)
     lines = [
         summary,
         positive,
+        weights,
         "every users' mark names a source the deployment already showed in its top k: the marks teach the order of "
         "what it retrieves and cannot show a question whose answer it did not retrieve (an operator's label of a "
         "'none' answer can)",

@@ -117,20 +117,33 @@ def percentile(values: Sequence[float], q: float) -> float:
 
 
 def paired_bootstrap_interval(
-    candidate: Sequence[float], baseline: Sequence[float], resamples: int = 1000, seed: int = 0, level: float = 0.95
+    candidate: Sequence[float],
+    baseline: Sequence[float],
+    resamples: int = 1000,
+    seed: int = 0,
+    level: float = 0.95,
+    weights: Sequence[float] | None = None,
 ) -> tuple[float, float]:
     """The ``level`` percentile interval of mean(candidate - baseline) over questions resampled with replacement.
 
     Paired: both scores of a question travel together, so the interval reflects how much the
     *difference* varies across questions, not each model's own spread (which is far wider
     when questions differ in difficulty). A fixed seed makes a gate decision reproducible.
+    ``weights``: the weighted mean Σwd/Σw instead (a question's weight travels with it), for users' marks weighted
+    by their inverse propensity (``tune --feedback-propensity``).
     """
     if len(candidate) != len(baseline) or not len(candidate):
         raise ValueError(
             f"paired scores need the same, non-zero number of questions ({len(candidate)} vs {len(baseline)})"
         )
+    if weights is not None and (len(weights) != len(candidate) or min(weights) <= 0):
+        raise ValueError(f"expected a positive weight per question ({len(weights)} for {len(candidate)})")
     differences = np.asarray(candidate, dtype=np.float64) - np.asarray(baseline, dtype=np.float64)
     picks = np.random.default_rng(seed).integers(0, len(differences), size=(resamples, len(differences)))
-    means = differences[picks].mean(axis=1)
+    if weights is None:
+        means = differences[picks].mean(axis=1)
+    else:
+        w = np.asarray(weights, dtype=np.float64)[picks]
+        means = (w * differences[picks]).sum(axis=1) / w.sum(axis=1)
     tail = (1.0 - level) / 2 * 100
     return float(np.percentile(means, tail)), float(np.percentile(means, 100 - tail))

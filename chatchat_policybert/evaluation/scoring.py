@@ -6,8 +6,10 @@ ablations and the benches — so each of them scores a ranking the same way.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
+import numpy as np
 from tqdm import tqdm
 
 from chatchat_policybert.evaluation.dataset import Query
@@ -107,15 +109,25 @@ class Delta:
         return self.candidate - self.baseline
 
 
-def compare_runs(candidate: RunResult, baseline: RunResult, resamples: int = BOOTSTRAP_RESAMPLES) -> list[Delta]:
-    """Per quality metric, the difference of the means and its 95 % interval, paired by question."""
+def compare_runs(
+    candidate: RunResult,
+    baseline: RunResult,
+    resamples: int = BOOTSTRAP_RESAMPLES,
+    weights: Sequence[float] | None = None,
+) -> list[Delta]:
+    """Per quality metric, the difference of the means and its 95 % interval, paired by question; with ``weights``
+    (one per question) of the weighted means."""
     if [q["id"] for q in candidate.queries] != [q["id"] for q in baseline.queries]:
         raise ValueError("candidate and baseline must be scored on the same questions in the same order")
     deltas = []
     for metric in (name for name in candidate.metrics if name.startswith(QUALITY_PREFIXES)):
         ours, theirs = [q[metric] for q in candidate.queries], [q[metric] for q in baseline.queries]
-        low, high = paired_bootstrap_interval(ours, theirs, resamples)
-        deltas.append(Delta(metric, candidate.metrics[metric], baseline.metrics[metric], low, high))
+        low, high = paired_bootstrap_interval(ours, theirs, resamples, weights=weights)
+        if weights is None:
+            means = candidate.metrics[metric], baseline.metrics[metric]
+        else:
+            means = (float(np.average(ours, weights=weights)), float(np.average(theirs, weights=weights)))
+        deltas.append(Delta(metric, *means, low, high))
     return deltas
 
 

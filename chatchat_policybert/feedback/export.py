@@ -45,9 +45,9 @@ class Export:
     rows: list[dict[str, str]] = field(default_factory=list)
     sources: list[str] = field(default_factory=list)
     """The knowledge base file (its path in the content folder) of each row: what ``tune --feedback`` maps to chunks."""
-    labelled: list[bool] = field(default_factory=list)
-    """Whether each row's positive is an operator's label (else a user's ``answered`` mark, which is, by construction,
-    a source the deployment already showed in its top k)."""
+    ranks: list[int | None] = field(default_factory=list)
+    """Each row's rank as shown (出处 [i]) of the source a user marked ``answered``, which is, by construction, in the
+    deployment's top k; None where the positive is an operator's label."""
     dropped: dict[str, int] = field(default_factory=lambda: dict.fromkeys(DROP_RULES, 0))
     unmarked: int = 0
     """Captures with no ``answered`` mark and no label (nothing says which document answers them)."""
@@ -59,9 +59,9 @@ def normalised(question: str) -> str:
     return "".join(ch for ch in text if not ch.isspace() and unicodedata.category(ch)[0] not in "PS")
 
 
-def positive(capture: dict[str, Any]) -> dict[str, str] | None:
-    """What answers a capture (``source`` and ``evidence`` of a label, or ``source``, ``chunk`` and
-    ``chunk_sha256`` of the hit the latest ``answered`` mark names), None without either."""
+def positive(capture: dict[str, Any]) -> dict[str, Any] | None:
+    """What answers a capture (``source`` and ``evidence`` of a label, or ``source``, ``chunk``, ``chunk_sha256``
+    and ``rank`` of the hit the latest ``answered`` mark names), None without either."""
     if capture["label"] is not None:
         return {"source": capture["label"]["source"], "evidence": capture["label"]["evidence"]}
     marks = [f for f in capture["feedback"] if f["verdict"] == "answered"]
@@ -69,7 +69,7 @@ def positive(capture: dict[str, Any]) -> dict[str, str] | None:
         return None
     rank = max(marks, key=lambda f: f["time"])["rank"]
     hit = next(h for h in capture["hits"] if h["rank"] == rank)
-    return {"source": hit["source"], "chunk": hit["chunk"], "chunk_sha256": hit["chunk_sha256"]}
+    return {"source": hit["source"], "chunk": hit["chunk"], "chunk_sha256": hit["chunk_sha256"], "rank": rank}
 
 
 def evidence_in(chunk: str, document: str) -> str | None:
@@ -132,16 +132,16 @@ def export_questions(root: Path, kb: str, captures: list[dict[str, Any]]) -> Exp
             if evidence is None:
                 result.dropped["changed"] += 1
                 continue
-        valid.append((capture, source, evidence))
+        valid.append((capture, source, evidence, answer.get("rank")))
     seen: set[str] = set()
     kept = []
-    for capture, source, evidence in sorted(valid, key=lambda v: v[0]["time"], reverse=True):
+    for capture, source, evidence, rank in sorted(valid, key=lambda v: v[0]["time"], reverse=True):
         key = normalised(capture["question"])
         if key in seen:
             result.dropped["duplicate"] += 1
             continue
         seen.add(key)
-        kept.append((capture, source, evidence))
+        kept.append((capture, source, evidence, rank))
     result.rows = [
         {
             "id": "fb-" + hashlib.sha256(capture["id"].encode()).hexdigest()[:16],
@@ -149,10 +149,10 @@ def export_questions(root: Path, kb: str, captures: list[dict[str, Any]]) -> Exp
             "doc_title": PurePosixPath(source).stem,
             "evidence": evidence,
         }
-        for capture, source, evidence in reversed(kept)
+        for capture, source, evidence, _ in reversed(kept)
     ]
-    result.sources = [source for _, source, _ in reversed(kept)]
-    result.labelled = [capture["label"] is not None for capture, _, _ in reversed(kept)]
+    result.sources = [source for _, source, _, _ in reversed(kept)]
+    result.ranks = [rank for *_, rank in reversed(kept)]
     return result
 
 

@@ -1004,11 +1004,14 @@ def test_an_unfinished_0_1_0_run_gets_one_line_and_a_half_install_is_rolled_back
 # ----------------------------------------------------------------------------- tune --feedback (issue 49 item 5)
 
 
-def mark_questions(root: Path, questions: list[dict], distractor: str | None = None) -> dict[str, str]:
+def mark_questions(
+    root: Path, questions: list[dict], distractor: str | None = None, first_every: int = 0
+) -> dict[str, str]:
     """Captures of ``questions`` in the root's store, as the API records them: each shows a chunk of another document
     first (``distractor``'s, when given) and the chunk of its own document that holds its evidence second, and a user
-    marks rank 2 ('answered'). Returns question text -> the marked chunk. The chunks are Chatchat's own (its splitter,
-    through the plugin's worker), as a capture stores them."""
+    marks rank 2 ('answered'); with ``first_every`` N, every Nth question shows its own chunk first and the user marks
+    rank 1. Returns question text -> the marked chunk. The chunks are Chatchat's own (its splitter, through the
+    plugin's worker), as a capture stores them."""
     from chatchat_policybert.chatchat.process import call_worker
     from chatchat_policybert.feedback.store import FeedbackStore, Hit
 
@@ -1018,9 +1021,10 @@ def mark_questions(root: Path, questions: list[dict], distractor: str | None = N
         for n, q in enumerate(questions):
             own = next((s, c) for s, c in chunks if Path(s).stem == q["doc_title"] and q["evidence"] in c)
             other = next((s, c) for s, c in chunks if Path(s).stem != q["doc_title"] and (distractor or s) == s)
-            hits = [Hit(1, other[0], other[1], 0.9), Hit(2, own[0], own[1], 0.8)]
+            shown = [other, own] if not first_every or n % first_every else [own, other]
+            hits = [Hit(rank, source, chunk, 1 - rank / 10) for rank, (source, chunk) in enumerate(shown, 1)]
             capture = store.add_capture(KB, q["question"], "kb_chat", 3, 0.5, 0, "test", hits, now=1_000 + n)
-            store.record_feedback(capture, 2, "answered", "s1")
+            store.record_feedback(capture, shown.index(own) + 1, "answered", "s1")
             marked[q["question"]] = own[1]
     return marked
 
@@ -1029,18 +1033,21 @@ def read_questions(path: Path) -> list[dict]:
     return [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines()]
 
 
-def test_tune_feedback_trains_and_judges_on_users_marks_with_the_best_chunk_of_the_marked_document(base_root, tmp_path):
+def test_tune_feedback_trains_and_judges_on_users_marks_weighted_by_rank_with_the_best_chunk_of_the_document(
+    base_root, tmp_path
+):
     """Without --questions the users' marks train and judge (cross-fitted by document); a mark under 6 characters and
     an unmarked capture are counted, not used; by default a marked question's positives are every chunk of the
     marked source's document (the recipe takes the one the served model ranks first), with --feedback-positive
-    marked the chunk the user marked; the report says that marks cannot show a recall failure. The run folder, here
-    outside the root (--out), is remembered: `feedback purge --all` leaves the questions in none of its files."""
+    marked the chunk the user marked; the report says that marks cannot show a recall failure. With
+    --feedback-propensity 1 a mark at rank r weighs r, and the gate's means are the weighted ones. The run folder,
+    here outside the root (--out), is remembered: `feedback purge --all` leaves the questions in none of its files."""
     from chatchat_policybert.deploy.crossfit import Marked, stored_questions
     from chatchat_policybert.feedback.store import FeedbackStore, Hit
 
     root = copy_root(base_root, tmp_path / "root")
     questions = read_questions(write_questions(root, tmp_path / "q.jsonl"))
-    marked = mark_questions(root, questions)
+    marked = mark_questions(root, questions, first_every=3)
     with FeedbackStore.open(root) as store:
         shown = store.captures(KB)[0]["hits"][1]
         hit = Hit(1, shown["source"], shown["chunk"], 0.1)
@@ -1048,9 +1055,10 @@ def test_tune_feedback_trains_and_judges_on_users_marks_with_the_best_chunk_of_t
         store.record_feedback(short, 1, "answered", None)
         store.add_capture(KB, "没有人标记的问题是什么", "kb_chat", 3, 0.5, 0, "test", [hit], now=5_001)
     out = tmp_path / "elsewhere"
-    result = tune(root, "--feedback", "--out", str(out))
+    result = tune(root, "--feedback", "--feedback-propensity", "1", "--out", str(out))
     assert result.returncode in (0, 1), result.stdout[-3000:] + result.stderr[-3000:]
     printed = result.stdout
+    assert "weights: each mark r^1 for its rank r, in the training and the gate" in printed
     summary = next(line for line in printed.splitlines() if line.startswith("feedback: "))
     assert summary.startswith(f"feedback: {len(questions) + 2} captured question(s) of {KB}, 1 without a mark; ")
     assert f"{len(questions)} to train on ({len(questions)} users' marks, 0 operator labels)" in summary
@@ -1066,6 +1074,20 @@ def test_tune_feedback_trains_and_judges_on_users_marks_with_the_best_chunk_of_t
     tower = next(d for d in gate["deltas"] if d["metric"] == "MRR@10")
     overall = next(d for d in gate["overall"] if d["metric"] == "MRR@10")
     assert gate["install"] == (tower["low"] > 0 and overall["high"] >= 0) == (result.returncode == 0)
+    # Each judged mark weighs its rank: 1 where the own chunk was shown first, 2 where second
+    with FeedbackStore.open(root) as store:
+        ranks = {
+            "fb-" + hashlib.sha256(c["id"].encode()).hexdigest()[:16]: c["feedback"][0]["rank"]
+            for c in store.captures(KB)
+            if c["feedback"]
+        }
+    per_question = gate["per_question"]
+    assert per_question["weights"] == [float(ranks[i]) for i in per_question["ids"]]
+    assert set(per_question["weights"]) == {1.0, 2.0}
+    weighted = np.average(per_question["after"], weights=per_question["weights"]) - np.average(
+        per_question["before"], weights=per_question["weights"]
+    )
+    assert tower["delta"] == pytest.approx(weighted, abs=1e-9)
     # The positives: every chunk of its document (best, the default), the chunk the user marked with marked
     first = questions[0]
     with FeedbackStore.open(root) as store:
@@ -1099,6 +1121,7 @@ def test_tune_feedback_with_questions_yours_judge_the_marks_train_and_a_repeat_o
     result = tune(root, "--questions", str(curated), "--feedback")
     assert result.returncode in (0, 1), result.stdout[-3000:] + result.stderr[-3000:]
     assert f"{len(only_users)} to train on" in result.stdout and "1 repeating a --questions question" in result.stdout
+    assert "weights: every mark alike (--feedback-propensity 0" in result.stdout
     n_curated = len(read_questions(curated))
     assert f"gate: {n_curated} questions, each scored" in result.stdout
     trained = [int(m) for m in re.findall(r"fold \d/\d: training on (\d+) of the \d+ questions", result.stdout)]
@@ -1125,6 +1148,11 @@ def test_tune_feedback_without_a_store_or_a_marked_question_is_one_line_before_a
     for positive in ("best", "marked"):  # either, the default included, is refused without --feedback
         line = one_error_line(tune(root, "--questions", str(questions), "--feedback-positive", positive))
         assert "--feedback-positive only applies with --feedback" in line
+    line = one_error_line(tune(root, "--questions", str(questions), "--feedback-propensity", "0"))
+    assert "--feedback-propensity only applies with --feedback" in line
+    for eta in ("-1", "2.5", "nan"):
+        line = one_error_line(tune(root, "--feedback", "--feedback-propensity", eta))
+        assert line.startswith(f"error: --feedback-propensity {float(eta):g}: expected a number from 0 "), line
     assert not tune_dir(root, KB).exists()
 
 
@@ -1226,3 +1254,9 @@ def test_more_questions_are_asked_for_only_where_a_plausible_number_would_decide
         after = before + shift + spread
         delta = Delta("MRR@10", float(after.mean()), float(before.mean()), -1.0, 1.0)
         assert questions_needed(delta, after, before) == expected, shift
+    # Weighted marks (--feedback-propensity): half weighing 3 count as 80 of the 100 (Kish), so 140 × 100/80 = 175
+    after = before + 0.05 + spread
+    delta = Delta("MRR@10", float(after.mean()), float(before.mean()), -1.0, 1.0)
+    weights = np.where(np.arange(100) < 50, 1.0, 3.0)
+    assert questions_needed(delta, after, before, np.ones(100)) == 140
+    assert questions_needed(delta, after, before, weights) == 175

@@ -38,6 +38,27 @@ def test_paired_bootstrap_interval():
     assert 0 < low < 0.05 < high < 0.1, "the interval holds the true mean shift, paired variation only"
     assert paired_bootstrap_interval(better, baseline) == (low, high), "fixed seed: the same decision every run"
     assert paired_bootstrap_interval(better, baseline, seed=2) != (low, high)
+
+
+def test_weighted_paired_bootstrap_interval_is_of_the_weighted_mean_and_unit_weights_change_nothing():
+    """``tune --feedback-propensity``: marks seen where few users look weigh more. As in issue 49's replay of user b,
+    most marks confirm the top hit (a tower can only lose there, a little) and few are below it (a large gain): the
+    plain mean is about 0, the weighted one (weight 4 below the top) is above 0 beyond noise."""
+    rng = np.random.default_rng(3)
+    confirmed, below = 160, 40
+    baseline = np.concatenate([np.full(confirmed, 1.0), np.full(below, 0.4)])
+    candidate = baseline + np.concatenate([rng.normal(-0.05, 0.1, confirmed), rng.normal(0.2, 0.1, below)])
+    weights = np.concatenate([np.ones(confirmed), np.full(below, 4.0)])
+    ones = paired_bootstrap_interval(candidate, baseline, weights=np.ones(confirmed + below))
+    assert ones == paired_bootstrap_interval(candidate, baseline)
+    low, high = paired_bootstrap_interval(candidate, baseline)
+    assert low < 0 < high
+    weighted = np.average(candidate - baseline, weights=weights)
+    w_low, w_high = paired_bootstrap_interval(candidate, baseline, weights=weights)
+    assert 0 < w_low < weighted < w_high
+    for bad in ([1.0] * 3, [0.0] * (confirmed + below)):
+        with pytest.raises(ValueError, match="expected a positive weight per question"):
+            paired_bootstrap_interval(candidate, baseline, weights=bad)
     with pytest.raises(ValueError, match="same, non-zero number"):
         paired_bootstrap_interval([1.0], [1.0, 0.0])
 
