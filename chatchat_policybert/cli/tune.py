@@ -133,7 +133,7 @@ def register(commands: Any) -> None:
         type=float,
         metavar="ETA",
         help="assume users read the source shown at rank r with probability (1/r)^ETA, and weigh each mark r^ETA in "
-        "the training and in the gate (inverse propensity, Joachims et al. 2017); default 0: every mark alike. "
+        "the training and in the gate (propensity weighting, Joachims et al. 2017); default 0: every mark alike. "
         "Only with --feedback. ETA is an assumption the marks cannot check, and one larger than your users' inflates "
         "the gate's figure (issue 49's replay with 1: user b's marks installed on 1 seed of 3, none without it; user "
         "a's, who reads every source, on 3 of 3 either way, the gate's figure 3.4 times its unweighted one; "

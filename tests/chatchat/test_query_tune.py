@@ -1092,7 +1092,7 @@ def test_tune_feedback_trains_and_judges_on_users_marks_weighted_by_rank_with_th
     first = questions[0]
     with FeedbackStore.open(root) as store:
         capture = next(c for c in store.captures(KB) if c["question"] == first["question"])
-    own = capture["hits"][1]
+    own = next(hit for hit in capture["hits"] if hit["rank"] == capture["feedback"][0]["rank"])
     mark = Marked("fb-x", first["question"], own["source"], marked[first["question"]])
     for marked_chunk in (True, False):
         bank, queries, chunks = stored_questions(root, KB, [], None, (), [mark], marked_chunk)
