@@ -484,15 +484,22 @@ def arm_runs(runs: list[dict], arm: str) -> list[dict]:
     return [run for run in runs if run["arm"] == arm]
 
 
+def parse_variant(variant: str) -> tuple[str, str, str]:
+    """``(user, positive, eta)`` of a ``--variants`` entry ``[U/]POSITIVE[:ETA]`` ("" where a part is absent)."""
+    user, _, tune = variant.rpartition("/")
+    positive, _, eta = tune.partition(":")
+    return user, positive, eta
+
+
 def variant_flags(variant: str) -> list[str]:
     """``tune``'s flags of a ``--variants`` entry: ``POSITIVE`` or ``POSITIVE:ETA`` (``--feedback-propensity``)."""
-    positive, _, eta = variant.partition(":")
+    _, positive, eta = parse_variant(variant)
     return ["--feedback-positive", positive, *(["--feedback-propensity", eta] if eta else [])]
 
 
 def variant_arm(user: str, variant: str) -> str:
     """An arm's name: ``feedback U`` (marked), ``feedback U best``, ``feedback U best η1`` (best:1)."""
-    positive, _, eta = variant.partition(":")
+    _, positive, eta = parse_variant(variant)
     return " ".join([f"feedback {user}", *([positive] if positive != "marked" else []), *([f"η{eta}"] if eta else [])])
 
 
@@ -506,10 +513,10 @@ def feedback_arms(
     ``--best`` again with ``--feedback-positive best`` (``feedback U best``, tune's default since)."""
     if variants:
         return [
-            (variant_arm(u, v.rpartition("/")[2]), u, v.rpartition("/")[2])
+            (variant_arm(u, v), u, v.rpartition("/")[2])
             for u in users
             for v in variants
-            if v.rpartition("/")[0] in ("", u)
+            if parse_variant(v)[0] in ("", u)
         ]
     return [(f"feedback {u}", u, "marked") for u in users] + [(f"feedback {u} best", u, "best") for u in best]
 
@@ -648,8 +655,7 @@ def check_args(parser: argparse.ArgumentParser, args: argparse.Namespace) -> Non
     if args.variants and args.best:
         parser.error("--variants and --best: --variants names every arm (best is a variant); pass one of them")
     for variant in args.variants:
-        user, _, tune = variant.rpartition("/")
-        positive, _, eta = tune.partition(":")
+        user, positive, eta = parse_variant(variant)
         if positive not in ("best", "marked") or (eta and not eta.replace(".", "", 1).isdigit()):
             parser.error(f"--variants {variant}: expected best or marked, with :ETA for --feedback-propensity ETA")
         if user and user not in args.users:

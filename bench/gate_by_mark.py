@@ -17,7 +17,6 @@ the served tower (``feedback_replay.tower_dense``). This is how issue 49's b-use
 from __future__ import annotations
 
 import argparse
-import hashlib
 import json
 import subprocess
 import sys
@@ -32,6 +31,7 @@ from chatchat_policybert.chatchat.config import served_model
 from chatchat_policybert.chatchat.root import GATE
 from chatchat_policybert.deploy.run import tune_dir
 from chatchat_policybert.evaluation.metrics import paired_bootstrap_interval
+from chatchat_policybert.feedback.export import positive, question_id
 from chatchat_policybert.files import read_json
 from training.tune import query_config
 
@@ -54,13 +54,10 @@ def main(argv: list[str] | None = None) -> int:
     by_text = {q.text: q for q in queries}
     kinds = {}
     for capture in json.loads(listed.stdout):
-        marks = [f for f in capture["feedback"] if f["verdict"] == "answered"]
-        if marks and capture["question"] in by_text:
-            rank = max(marks, key=lambda f: f["time"])["rank"]
-            source = next(h["source"] for h in capture["hits"] if h["rank"] == rank)
-            right = corpus.kb_files[source] in by_text[capture["question"]].gains
-            fb = "fb-" + hashlib.sha256(capture["id"].encode()).hexdigest()[:16]
-            kinds[fb] = (rank, right)
+        answer = positive(capture)  # the mark the export (and so the tune) took; a label has no rank
+        if answer is not None and "rank" in answer and capture["question"] in by_text:
+            right = corpus.kb_files[answer["source"]] in by_text[capture["question"]].gains
+            kinds[question_id(capture["id"])] = (answer["rank"], right)
     per_question = read_json(gate_file)["per_question"]
     before, after = np.array(per_question["before"]), np.array(per_question["after"])
     rank = np.array([kinds[i][0] for i in per_question["ids"]])

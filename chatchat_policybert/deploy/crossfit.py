@@ -174,8 +174,8 @@ def stored_questions(
     for i, chunk in enumerate(chunks):
         by_group[chunk.group].append(i)
     positives = [sorted(i for g, gain in q.gains.items() if gain > 0 for i in by_group[g]) for q in queries]
+    first = len(queries) - len(llm) - len(marked)  # the files' questions, then the marks, then the LLM's
     if marked_chunk:
-        first = len(queries) - len(llm) - len(marked)
         for n, question in enumerate(marked, first):
             holding = [
                 i
@@ -183,7 +183,6 @@ def stored_questions(
                 if chunks[i].source == question.source and evidence_in_chunk(chunks[i].text, question.evidence)
             ]
             positives[n] = holding or positives[n]
-    first = len(queries) - len(llm) - len(marked)
     weights = [1.0] * first + mark_weights(marked, propensity) + [1.0] * len(llm) if propensity else None
     return StoredQuestions([q.text for q in queries], positives, vectors, weights), queries, chunks
 

@@ -59,6 +59,12 @@ def normalised(question: str) -> str:
     return "".join(ch for ch in text if not ch.isspace() and unicodedata.category(ch)[0] not in "PS")
 
 
+def question_id(capture_id: str) -> str:
+    """The exported question id of a capture: ``fb-`` and a hash of its id (the id itself stays a secret of the
+    store); what ``tune``'s gate records the capture's mark under."""
+    return "fb-" + hashlib.sha256(capture_id.encode()).hexdigest()[:16]
+
+
 def positive(capture: dict[str, Any]) -> dict[str, Any] | None:
     """What answers a capture (``source`` and ``evidence`` of a label, or ``source``, ``chunk``, ``chunk_sha256``
     and ``rank`` of the hit the latest ``answered`` mark names), None without either."""
@@ -144,7 +150,7 @@ def export_questions(root: Path, kb: str, captures: list[dict[str, Any]]) -> Exp
         kept.append((capture, source, evidence, rank))
     result.rows = [
         {
-            "id": "fb-" + hashlib.sha256(capture["id"].encode()).hexdigest()[:16],
+            "id": question_id(capture["id"]),
             "question": capture["question"],
             "doc_title": PurePosixPath(source).stem,
             "evidence": evidence,

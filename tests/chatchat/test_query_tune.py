@@ -1043,6 +1043,7 @@ def test_tune_feedback_trains_and_judges_on_users_marks_weighted_by_rank_with_th
     --feedback-propensity 1 a mark at rank r weighs r, and the gate's means are the weighted ones. The run folder,
     here outside the root (--out), is remembered: `feedback purge --all` leaves the questions in none of its files."""
     from chatchat_policybert.deploy.crossfit import Marked, stored_questions
+    from chatchat_policybert.feedback.export import question_id
     from chatchat_policybert.feedback.store import FeedbackStore, Hit
 
     root = copy_root(base_root, tmp_path / "root")
@@ -1076,11 +1077,7 @@ def test_tune_feedback_trains_and_judges_on_users_marks_weighted_by_rank_with_th
     assert gate["install"] == (tower["low"] > 0 and overall["high"] >= 0) == (result.returncode == 0)
     # Each judged mark weighs its rank: 1 where the own chunk was shown first, 2 where second
     with FeedbackStore.open(root) as store:
-        ranks = {
-            "fb-" + hashlib.sha256(c["id"].encode()).hexdigest()[:16]: c["feedback"][0]["rank"]
-            for c in store.captures(KB)
-            if c["feedback"]
-        }
+        ranks = {question_id(c["id"]): c["feedback"][0]["rank"] for c in store.captures(KB) if c["feedback"]}
     per_question = gate["per_question"]
     assert per_question["weights"] == [float(ranks[i]) for i in per_question["ids"]]
     assert set(per_question["weights"]) == {1.0, 2.0}
