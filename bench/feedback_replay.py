@@ -246,13 +246,25 @@ def webui_body(root: Path) -> dict:
     }
 
 
-def replay(copy: Path, queries: list[Query], corpus: Corpus, user: str, seed: int, step: Steps, where: str) -> dict:
-    """Steps 1–3 on ``copy``: capture on, the API, every question asked, the user's marks posted; the API stopped.
-    Returns the replay's figures and the marks."""
+def replay(
+    copy: Path,
+    queries: list[Query],
+    corpus: Corpus,
+    user: str,
+    seed: int,
+    step: Steps,
+    where: str,
+    swap: float = 0.0,
+) -> dict:
+    """Steps 1–3 on ``copy``: capture on (``swap``: ``--capture-swap``'s share, ``bench/propensity_swap.py``), the
+    API, every question asked, the user's marks posted; the API stopped. Returns the replay's figures and the marks."""
     standin = OllamaStandIn().start()
     try:
         with step(where, "setup --capture on"):
-            policybert("setup", "--root", str(copy), "--capture", "on", "--ollama-url", standin.url, "--no-check")
+            policybert(
+                "setup", "--root", str(copy), "--capture", "on", "--capture-swap", str(swap), "--ollama-url",
+                standin.url, "--no-check",
+            )  # fmt: skip
         with step(where, "chatchat start --api"):
             process, api = start_api(copy, copy / "logs" / "replay_api.log")
         try:

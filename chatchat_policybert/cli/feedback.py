@@ -1,5 +1,5 @@
-"""``chatchat-policybert feedback list|export|label|purge``: the operator's side of the questions the API captured
-(``setup --capture on``) and the sources users said answered them.
+"""``chatchat-policybert feedback list|export|label|propensity|purge``: the operator's side of the questions the
+API captured (``setup --capture on``) and the sources users said answered them.
 
 The store is :mod:`chatchat_policybert.feedback.store` (the root's own SQLite file, readable by the deployment's user
 only: run these commands as that user), or, where the knowledge base is on PostgreSQL,
@@ -22,6 +22,7 @@ from chatchat_policybert.chatchat.root import content_dir
 from chatchat_policybert.cli.common import add_root_argument
 from chatchat_policybert.errors import InputError, PlainArgumentParser
 from chatchat_policybert.feedback.export import DROP_RULES, document_text, export_questions
+from chatchat_policybert.feedback.propensity import TooFewSwaps, estimate_propensity, observations
 from chatchat_policybert.feedback.settings import read_capture
 from chatchat_policybert.feedback.store import (
     FeedbackStore,
@@ -37,7 +38,7 @@ if TYPE_CHECKING:
 
 
 def register(commands: Any) -> None:
-    """Add ``feedback`` and its four subcommands to the subcommands of the main parser."""
+    """Add ``feedback`` and its five subcommands to the subcommands of the main parser."""
     feedback = commands.add_parser(
         "feedback",
         help="list, export, label or purge the questions users asked and the sources they marked",
@@ -74,6 +75,15 @@ def register(commands: Any) -> None:
         "--evidence", required=True, help="a passage of that file that answers, copied verbatim (tune's evidence)"
     )
     label.set_defaults(func=run_label)
+
+    propensity = actions.add_parser(
+        "propensity",
+        help="measure how much less users read the sources shown lower (ETA for `tune --feedback-propensity`), "
+        "from the questions `setup --capture-swap` showed with their first source moved",
+    )
+    _common(propensity, "the knowledge base (default: DEFAULT_KNOWLEDGE_BASE)")
+    propensity.add_argument("--json", action="store_true", help="one JSON object: ETA, its interval and the counts")
+    propensity.set_defaults(func=run_propensity)
 
     purge = actions.add_parser(
         "purge",
@@ -176,6 +186,34 @@ def run_export(args: argparse.Namespace) -> int:
         raise InputError(f"no question of '{kb}' to export ({len(captures)} captured); {out} not written")
     write_jsonl(result.rows, out)
     print(f"wrote {len(result.rows)} question(s) to {out}: `chatchat-policybert tune --kb {kb} --questions {out}`")
+    return 0
+
+
+def run_propensity(args: argparse.Namespace) -> int:
+    """Print ETA, users' reading of rank r as (1/r)^ETA, estimated from the swapped questions
+    (:mod:`chatchat_policybert.feedback.propensity`), with its 95 % interval and the counts it rests on."""
+    kb = _kb(args)
+    store = _open(args.root)
+    if store is None:
+        raise InputError(f"{store_location(args.root)}: no store; nothing was captured (`setup --capture on`)")
+    with store:
+        captures = store.captures(kb)
+    try:
+        estimate = estimate_propensity(observations(captures))
+    except TooFewSwaps as exc:
+        raise InputError(f"'{kb}': {exc}") from None
+    if args.json:
+        print(json.dumps({"kb": kb, **estimate.as_json()}, ensure_ascii=False, indent=1))
+        return 0
+    questions, marked = estimate.unswapped
+    print(f"'{kb}': the document ranked first, shown first: marked in {marked} of {questions} question(s)")
+    for place, (n, m) in sorted(estimate.by_place.items()):
+        print(f"  shown at {place} (swapped): marked in {m} of {n}")
+    print(
+        f"ETA {estimate.eta:.2f} [{estimate.low:.2f}, {estimate.high:.2f}] (95 %): users read the source at rank r "
+        f"about (1/r)^{estimate.eta:.2f} as often as the first; `tune --feedback --feedback-propensity ETA` weighs "
+        "marks by it (an interval that holds 0 says nothing against leaving it at 0)"
+    )
     return 0
 
 

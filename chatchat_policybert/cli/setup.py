@@ -88,6 +88,14 @@ def register(commands: Any) -> None:
         metavar="DAYS",
         help="days a captured question and its feedback are kept before they are deleted (default 180)",
     )
+    setup.add_argument(
+        "--capture-swap",
+        type=float,
+        metavar="SHARE",
+        help="share of captured RAG questions (0 to 1; default 0) shown with their first source in the place of "
+        "another shown one, recorded, so that `feedback propensity` can measure how much less users read lower "
+        "sources (Joachims et al. 2017's swap intervention; the LLM reads the same sources)",
+    )
     setup.add_argument("--no-check", action="store_true", help="skip the doctor's checks after merging")
     setup.add_argument(
         "--calibrate",
@@ -136,6 +144,7 @@ def run_setup(args: argparse.Namespace) -> int:
         bind=args.bind,
         capture=None if args.capture is None else args.capture == "on",
         capture_retention=args.capture_retention,
+        capture_swap=args.capture_swap,
     )
     plan = plan_setup(args.root, options)  # every input of setup checked, the model loaded; nothing written yet
     if args.calibrate is None:

@@ -202,6 +202,7 @@ def _check_capture(root: Path) -> list[Finding]:
     state = (
         f"capture on: the API records each question to a local knowledge base (redacted) and its hits, kept "
         f"{capture.retention_days} days"
+        + (f", a share of {capture.swap:g} of RAG questions with their first source swapped" if capture.swap else "")
         if capture.enabled
         else "capture off: the API records no question (`chatchat-policybert setup --capture on` to let users say "
         "which source answered)"

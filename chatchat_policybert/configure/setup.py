@@ -41,7 +41,13 @@ from chatchat_policybert.chatchat.config import (
 from chatchat_policybert.chatchat.root import BASIC_SETTINGS, SERVERS, check_bind_host, content_dir
 from chatchat_policybert.chatchat.settings import PLATFORM_KEY, round_trip_yaml
 from chatchat_policybert.errors import InputError, SettingsError
-from chatchat_policybert.feedback.settings import CaptureSettings, check_retention, read_capture, write_capture
+from chatchat_policybert.feedback.settings import (
+    CaptureSettings,
+    check_retention,
+    check_swap,
+    read_capture,
+    write_capture,
+)
 from chatchat_policybert.feedback.store import store_location
 from chatchat_policybert.files import atomic_path, read_json, regular_file, write_json
 from chatchat_policybert.retrieval.hybrid import HYBRID_KEY, HybridConfig, configured_analyzer, parse_hybrid
@@ -67,6 +73,8 @@ class SetupOptions:
     """Record the API's users' questions (``--capture on|off``; None: as the root has it, off by default)."""
     capture_retention: int | None = None
     """Days a captured question is kept (None: as the root has it, 180 by default)."""
+    capture_swap: float | None = None
+    """Share of captured RAG questions shown with their first source swapped (None: as the root has it, 0)."""
 
 
 @dataclass
@@ -264,14 +272,16 @@ def plan_setup(root: Path, options: SetupOptions) -> SetupPlan:
 
 
 def _planned_capture(root: Path, options: SetupOptions) -> CaptureSettings | None:
-    """The capture switch ``--capture`` / ``--capture-retention`` ask for, the root's other value kept; None where
-    neither flag is given. An InputError for a retention below one day or a switch file setup did not write."""
-    if options.capture is None and options.capture_retention is None:
+    """The capture switch ``--capture`` / ``--capture-retention`` / ``--capture-swap`` ask for, the root's other
+    values kept; None where no such flag is given. An InputError for a retention below one day, a share outside 0–1
+    or a switch file setup did not write."""
+    if options.capture is None and options.capture_retention is None and options.capture_swap is None:
         return None
     current = read_capture(root)  # a file that does not read: refused before anything is written
     return CaptureSettings(
         current.enabled if options.capture is None else options.capture,
         current.retention_days if options.capture_retention is None else check_retention(options.capture_retention),
+        current.swap if options.capture_swap is None else check_swap(options.capture_swap),
     )
 
 
@@ -285,6 +295,13 @@ def _write_capture(root: Path, capture: CaptureSettings, report: SetupReport) ->
             f"it was shown, in {store_location(root)} (kept {capture.retention_days} days); from the next question, "
             "no restart; `chatchat-policybert feedback list|export|purge` reads and deletes them",
         )
+        if capture.swap:
+            report.add(
+                "OK",
+                f"capture swap {capture.swap:g}: that share of RAG questions shows its first source in the place of "
+                "another shown one, so that `chatchat-policybert feedback propensity` can measure how much less "
+                "users read lower sources",
+            )
     else:
         report.add(
             "OK",

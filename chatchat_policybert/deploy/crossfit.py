@@ -115,10 +115,6 @@ def without_rank(marked: Marked) -> dict[str, str]:
     return {name: value for name, value in vars(marked).items() if name != "rank"}
 
 
-MAX_PROPENSITY = 2.0
-"""The largest ``--feedback-propensity``: at 2 a mark at rank 10 already weighs 100 of rank 1's."""
-
-
 def mark_weights(marked: Sequence[Marked], propensity: float) -> list[float]:
     """Each mark's inverse-propensity weight, ``rank ** propensity`` (1 for a label): a user who reads the source at
     rank r with probability (1/r)^η marks a right source shown at rank r that often, so weighting each mark by

@@ -20,7 +20,7 @@ from chatchat_policybert.chatchat.config import served_model
 from chatchat_policybert.chatchat.root import content_dir
 from chatchat_policybert.chatchat.settings import OLLAMA_URL
 from chatchat_policybert.configure.doctor import llm_reachable
-from chatchat_policybert.deploy.crossfit import MAX_PROPENSITY, Marked, document_folds
+from chatchat_policybert.deploy.crossfit import Marked, document_folds
 from chatchat_policybert.deploy.query_tune import NEEDS_QUESTIONS, check_tower_record, installed_dir, run_query_tune
 from chatchat_policybert.deploy.questions import is_pairs_file
 from chatchat_policybert.deploy.rollback import INSTALL_STARTED, INSTALLED, finish_pending, other_served_kbs
@@ -28,6 +28,7 @@ from chatchat_policybert.deploy.run import STATE, Run, model_manifest, tune_dir,
 from chatchat_policybert.errors import EXIT_INTERRUPTED, InputError, Interrupted
 from chatchat_policybert.evaluation.dataset import Query, kb_questions
 from chatchat_policybert.feedback.export import DROP_RULES, export_questions, normalised, unmarked
+from chatchat_policybert.feedback.propensity import MAX_PROPENSITY
 from chatchat_policybert.feedback.runs import remember_run_folder
 from chatchat_policybert.feedback.store import open_store, store_location
 from chatchat_policybert.files import read_json, regular_file

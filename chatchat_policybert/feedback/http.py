@@ -14,7 +14,10 @@ records after its search, before it returns. ``kb_chat`` searches inside its eve
 sent; so for a captured question the search runs first (:func:`capture_chat`: the same call, same arguments), the
 row is written, and the stream's own call gets those hits back instead of searching again (:func:`prefetched`). The
 first event of the stream carries the id as ``capture_id``, where the WebUI reads it. A search that fails there is
-left to ``kb_chat``, which reports it as it always did.
+left to ``kb_chat``, which reports it as it always did. Where the root's ``swap`` share is set (``setup
+--capture-swap``), that share of these questions get their first source shown in the place of another one
+(:func:`~chatchat_policybert.feedback.propensity.choose_swap`), recorded with the capture: the LLM and the WebUI get
+the same sources in that order, and ``search_docs`` answers are never reordered.
 
 A storage error (a busy or unreadable file) is logged and sends no id; the answer goes out as without capture, and
 waits at most :data:`~chatchat_policybert.feedback.store.API_BUSY_MS` for the file.
@@ -34,6 +37,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from chatchat_policybert.feedback.fingerprint import served_fingerprint
+from chatchat_policybert.feedback.propensity import choose_swap, swapped
 from chatchat_policybert.feedback.redact import redact
 from chatchat_policybert.feedback.settings import cached_capture
 from chatchat_policybert.feedback.store import (
@@ -151,25 +155,32 @@ def start_retention() -> None:
     threading.Thread(target=run, name="policybert-retention", daemon=True).start()
 
 
-def record(slot: Slot, kb: str, query: str, top_k: Any, score_threshold: Any, history: int, docs: list) -> None:
-    """Write one captured search (the question redacted, the hits as ranked) and put its id in ``slot``; any
-    failure is logged and leaves no id."""
+def record(
+    slot: Slot, kb: str, query: str, top_k: Any, score_threshold: Any, history: int, docs: list, swap: int | None = None
+) -> None:
+    """Write one captured search (the question redacted, the hits as shown; ``swap``: the served rank shown first)
+    and put its id in ``slot``; any failure is logged and leaves no id."""
     try:
         question, _ = redact(query)
         hits = [
-            Hit(rank, str((doc.get("metadata") or {}).get("source", "")), str(doc.get("page_content", "")), _score(doc))
+            Hit(rank, source_of(doc), str(doc.get("page_content", "")), _score(doc))
             for rank, doc in enumerate(docs, start=1)
         ]
         root = chatchat_root()
         slot.capture_id = api_store().add_capture(
             kb, question, slot.route, _number(top_k, int), _number(score_threshold, float), history,
-            served_fingerprint(root), hits,
+            served_fingerprint(root), hits, swap=swap,
         )  # fmt: skip
     except Exception as exc:
         logger.error("policybert: a question to '%s' was not captured (%s); answered without a capture id", kb, exc)
         return
     if time.monotonic() - _last_retention > SECONDS_PER_DAY:
         start_retention()
+
+
+def source_of(doc: dict) -> str:
+    """The knowledge-base file a hit of ``search_docs`` came from ("" where it names none)."""
+    return str((doc.get("metadata") or {}).get("source", ""))
 
 
 def _number(value: Any, kind: type) -> Any:
@@ -237,10 +248,13 @@ async def capture_chat(params: dict[str, Any], answer: Any) -> Any:
         hits = await run_in_threadpool(sys.modules[KB_DOC_API_MODULE].search_docs, **search)
     except Exception:  # kb_chat's own search reports it, as without capture
         return await answer()
+    swap = choose_swap([source_of(doc) for doc in hits], cached_capture(chatchat_root()).swap)
+    if swap is not None:
+        hits = swapped(hits, swap)
     slot.prefetched = (_search_key(search), hits)
     history = params.get("history")
     size = len(history) if isinstance(history, list) else 0
-    await run_in_threadpool(record, slot, kb, query, params["top_k"], params["score_threshold"], size, hits)
+    await run_in_threadpool(record, slot, kb, query, params["top_k"], params["score_threshold"], size, hits, swap)
     return with_capture_id(await answer(), slot.capture_id)  # its stream's search takes `prefetched` (once)
 
 

@@ -41,6 +41,7 @@ from chatchat_policybert.feedback.store import (
     check_feedback,
     new_capture_id,
     scrub_captured_questions,
+    upgrade_columns,
 )
 from chatchat_policybert.stores.pg_db import CONNECT_TIMEOUT_S, reason, where
 
@@ -62,7 +63,8 @@ CREATE TABLE {SCHEMA}.captures (
     top_k INTEGER,
     score_threshold DOUBLE PRECISION,
     history INTEGER NOT NULL,
-    fingerprint TEXT NOT NULL
+    fingerprint TEXT NOT NULL,
+    swap INTEGER
 );
 CREATE INDEX captures_kb_time ON {SCHEMA}.captures (kb, time);
 CREATE INDEX captures_time ON {SCHEMA}.captures (time);
@@ -227,13 +229,20 @@ class PgFeedbackStore:
                 if "meta" in tables
                 else None
             )
-        if version is None or not version.isdigit():
-            raise StoreError(f"{self.where}: holds tables that are not the feedback store's; move them away")
-        if int(version) > SCHEMA_VERSION:
-            raise StoreError(
-                f"{self.where}: schema version {version}, written by a newer chatchat-policybert (this one reads up to "
-                f"{SCHEMA_VERSION}): upgrade chatchat-policybert; nothing was changed"
-            )
+            if version is None or not version.isdigit():
+                raise StoreError(f"{self.where}: holds tables that are not the feedback store's; move them away")
+            if int(version) > SCHEMA_VERSION:
+                raise StoreError(
+                    f"{self.where}: schema version {version}, written by a newer chatchat-policybert (this one reads "
+                    f"up to {SCHEMA_VERSION}): upgrade chatchat-policybert; nothing was changed"
+                )
+            for table, column in upgrade_columns(int(version)):  # an older release's store: every row kept
+                db.execute(sqlalchemy.text(f"ALTER TABLE {SCHEMA}.{table} ADD COLUMN IF NOT EXISTS {column}"))
+            if int(version) < SCHEMA_VERSION:
+                db.execute(
+                    sqlalchemy.text(f"UPDATE {SCHEMA}.meta SET value = :v WHERE key = 'schema_version'"),
+                    {"v": str(SCHEMA_VERSION)},
+                )
 
     # ------------------------------------------------------------------ writes
 
@@ -248,6 +257,7 @@ class PgFeedbackStore:
         fingerprint: str,
         hits: Sequence[Hit],
         now: float | None = None,
+        swap: int | None = None,
     ) -> str:
         """As :meth:`FeedbackStore.add_capture <chatchat_policybert.feedback.store.FeedbackStore.add_capture>`."""
         import sqlalchemy
@@ -257,11 +267,12 @@ class PgFeedbackStore:
             db.execute(
                 sqlalchemy.text(
                     f"INSERT INTO {SCHEMA}.captures VALUES (:id, :kb, :q, :t, :route, :top_k, :threshold, :history, "
-                    ":fp)"
+                    ":fp, :swap)"
                 ),
                 {
                     "id": capture_id, "kb": kb, "q": question, "t": now or time.time(), "route": route,
                     "top_k": top_k, "threshold": score_threshold, "history": history, "fp": fingerprint,
+                    "swap": swap,
                 },
             )  # fmt: skip
             if hits:

@@ -1,7 +1,7 @@
 """The capture switch of a root: whether the API records its users' questions, and how many days they are kept.
 
 One small JSON file, :data:`~chatchat_policybert.chatchat.root.CAPTURE_SETTINGS` (``{"capture": true,
-"retention_days": 180}``), written by ``setup --capture on|off`` only; no file means off. Why not a key of
+"retention_days": 180, "swap": 0.0}``), written by ``setup --capture on|off`` only; no file means off. Why not a key of
 model_settings.yaml: ``tune`` installs and ``rollback`` restores those files whole, and a rollback must never turn
 back on a capture the operator turned off since. The API reads it at each question (one ``stat`` while it is
 unchanged, :func:`cached_capture`), so a change needs no restart.
@@ -9,6 +9,7 @@ unchanged, :func:`cached_capture`), so a change needs no restart.
 
 from __future__ import annotations
 
+import math
 import os
 import threading
 from dataclasses import dataclass
@@ -24,13 +25,15 @@ DEFAULT_RETENTION_DAYS = 180
 
 @dataclass(frozen=True)
 class CaptureSettings:
-    """A root's capture switch (the defaults: off, 180 days)."""
+    """A root's capture switch (the defaults: off, 180 days, no source shown out of order). ``swap``: the share of
+    captured RAG questions whose first source is shown in the place of another one (:mod:`.propensity`)."""
 
     enabled: bool = False
     retention_days: int = DEFAULT_RETENTION_DAYS
+    swap: float = 0.0
 
     def as_json(self) -> dict[str, object]:
-        return {"capture": self.enabled, "retention_days": self.retention_days}
+        return {"capture": self.enabled, "retention_days": self.retention_days, "swap": self.swap}
 
 
 def check_retention(days: object, what: str = "--capture-retention") -> int:
@@ -38,6 +41,13 @@ def check_retention(days: object, what: str = "--capture-retention") -> int:
     if isinstance(days, bool) or not isinstance(days, int) or days < 1:
         raise SettingsError(f"{what} {days!r}: expected a whole number of days, at least 1")
     return days
+
+
+def check_swap(share: object, what: str = "--capture-swap") -> float:
+    """``share`` as a number from 0 to 1; a :class:`SettingsError` naming ``what`` otherwise."""
+    if isinstance(share, bool) or not isinstance(share, int | float) or not (math.isfinite(share) and 0 <= share <= 1):
+        raise SettingsError(f"{what} {share!r}: expected a share of the questions from 0 to 1 (0.1: one in ten)")
+    return float(share)
 
 
 def read_capture(root: Path) -> CaptureSettings:
@@ -49,10 +59,11 @@ def read_capture(root: Path) -> CaptureSettings:
     data = read_json(path, SettingsError)
     if not isinstance(data, dict) or not isinstance(data.get("capture"), bool):
         raise SettingsError(
-            f'{path}: expected {{"capture": true|false, "retention_days": DAYS}} (what `setup --capture` writes)'
+            f'{path}: expected {{"capture": true|false, "retention_days": DAYS, "swap": SHARE}} (what `setup '
+            "--capture` writes)"
         )
     days = check_retention(data.get("retention_days", DEFAULT_RETENTION_DAYS), f"{path}: retention_days")
-    return CaptureSettings(data["capture"], days)
+    return CaptureSettings(data["capture"], days, check_swap(data.get("swap", 0.0), f"{path}: swap"))
 
 
 def write_capture(root: Path, settings: CaptureSettings) -> Path:

@@ -45,8 +45,13 @@ from chatchat_policybert.errors import InputError
 if TYPE_CHECKING:
     from chatchat_policybert.feedback.pg_store import PgFeedbackStore
 
-SCHEMA_VERSION = 1
-"""``PRAGMA user_version`` of the schema below; a file with a larger one was written by a newer release."""
+SCHEMA_VERSION = 2
+"""``PRAGMA user_version`` of the schema below; a file with a larger one was written by a newer release, a smaller
+one is upgraded in place by :data:`ADDED_COLUMNS` on opening."""
+ADDED_COLUMNS: dict[int, tuple[tuple[str, str], ...]] = {2: (("captures", "swap INTEGER"),)}
+"""What each schema version added to the one before: (table, column definition), in both stores. 2: ``swap``, the
+rank whose source was shown first instead of the first (:mod:`.propensity`); NULL where the order was the served
+one."""
 APPLICATION_ID = 0x50424642
 """``PRAGMA application_id`` of this store ("PBFB"): a SQLite file without it (and not empty) is not ours."""
 VERDICTS = ("answered", "none")
@@ -67,7 +72,8 @@ CREATE TABLE captures (
     top_k INTEGER,
     score_threshold REAL,
     history INTEGER NOT NULL,
-    fingerprint TEXT NOT NULL
+    fingerprint TEXT NOT NULL,
+    swap INTEGER
 );
 CREATE INDEX captures_kb_time ON captures (kb, time);
 CREATE INDEX captures_time ON captures (time);
@@ -281,8 +287,15 @@ class FeedbackStore:
         if version == SCHEMA_VERSION:
             self._check_application_id()
             return
-        with self._write() as db:  # two first openers at once: the second finds the schema made
-            if db.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION:
+        with self._write() as db:  # two first openers at once: the second finds the schema made (or upgraded)
+            version = db.execute("PRAGMA user_version").fetchone()[0]
+            if version == SCHEMA_VERSION:
+                return
+            if version:  # an older release's store: its columns added, every row kept
+                self._check_application_id()
+                for table, column in upgrade_columns(version):
+                    db.execute(f"ALTER TABLE {table} ADD COLUMN {column}")
+                db.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
                 return
             if db.execute("SELECT count(*) FROM sqlite_master").fetchone()[0]:
                 raise StoreError(f"{self.path}: holds tables that are not the feedback store's; move it away")
@@ -310,14 +323,17 @@ class FeedbackStore:
         fingerprint: str,
         hits: Sequence[Hit],
         now: float | None = None,
+        swap: int | None = None,
     ) -> str:
-        """Record one captured search (``question`` already redacted) and its ranked hits; its new, unguessable id."""
+        """Record one captured search (``question`` already redacted) and its hits in the order they were shown
+        (``swap``: the served rank shown first, :mod:`.propensity`); its new, unguessable id."""
         capture_id = new_capture_id()
         with self._write() as db:
             db.execute(
-                "INSERT INTO captures VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
-                (capture_id, kb, question, now or time.time(), route, top_k, score_threshold, history, fingerprint),
-            )
+                "INSERT INTO captures VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                (capture_id, kb, question, now or time.time(), route, top_k, score_threshold, history, fingerprint,
+                 swap),
+            )  # fmt: skip
             db.executemany(
                 "INSERT INTO hits VALUES (?, ?, ?, ?, ?, ?)",
                 [(capture_id, h.rank, h.source, h.chunk, h.sha256, h.score) for h in hits],
@@ -458,12 +474,17 @@ def check_feedback(rank: int | None, verdict: str, shown: int) -> None:
         )
 
 
+def upgrade_columns(version: int) -> list[tuple[str, str]]:
+    """The (table, column definition) pairs a store of schema ``version`` lacks (:data:`ADDED_COLUMNS`)."""
+    return [added for v in range(version + 1, SCHEMA_VERSION + 1) for added in ADDED_COLUMNS.get(v, ())]
+
+
 def assemble_captures(
     rows: Sequence[tuple], hits: Sequence[tuple], feedback: Sequence[tuple], labels: Sequence[tuple]
 ) -> list[dict[str, Any]]:
     """The captures' rows (in order), each with its hits, its feedback (one row per session) and its operator's label
     (None), from the four tables' rows as both stores hold them."""
-    names = ("id", "kb", "question", "time", "route", "top_k", "score_threshold", "history", "fingerprint")
+    names = ("id", "kb", "question", "time", "route", "top_k", "score_threshold", "history", "fingerprint", "swap")
     captures = [dict(zip(names, values, strict=True)) for values in rows]
     by_id = {c["id"]: c for c in captures}
     for c in captures:

@@ -390,6 +390,73 @@ def test_export_writes_what_tune_reads_and_counts_what_it_dropped(capturing: Dep
     assert [q.text for q in questions] == [r["question"] for r in rows]
 
 
+def rag(deployment: Deployment, query: str, top_k: int) -> requests.Response:
+    """``query`` through the OpenAI-compatible RAG route the WebUI's RAG对话 tab calls, streamed."""
+    return requests.post(
+        f"{deployment.api}/knowledge_base/local_kb/{KB_NAME}/chat/completions",
+        json={"model": "qwen2.5:7b", "messages": [{"role": "user", "content": query}], "stream": True,
+              "top_k": top_k, "score_threshold": 2.0},
+        stream=True,
+        timeout=120,
+    )  # fmt: skip
+
+
+def test_a_swap_share_moves_the_first_source_shown_and_feedback_propensity_reads_the_marks(
+    capturing: Deployment,
+) -> None:
+    """`setup --capture-swap 1`: a RAG question shows its served first source in the place of another document's
+    (the LLM's sources and 出处 [i] in that order) and its capture records which; `search_docs` keeps its order.
+    `feedback propensity` fits ETA from where the first-ranked document was shown and marked."""
+    assert cli(capturing, "feedback", "purge", "--all").returncode == 0
+    empty = cli(capturing, "feedback", "propensity", "--kb", KB_NAME)
+    assert empty.returncode == 2 and empty.stderr.count("\n") == 1
+    assert empty.stderr.startswith(f"error: '{KB_NAME}': 0 swapped question(s)"), empty.stderr
+    switch = capturing.root / "policybert_capture.json"
+    before = switch.read_bytes()
+    refused = cli(capturing, "setup", "--capture-swap", "1.5", "--no-check")
+    assert refused.returncode == 2 and refused.stderr.startswith("error: --capture-swap 1.5: expected a share")
+    assert switch.read_bytes() == before
+
+    question = "数据交易场所的建设要求"
+    served = search(capturing, question, top_k=10).json()
+    assert len({hit["metadata"]["source"] for hit in served}) >= 2  # a swap can move a document here
+    on = cli(capturing, "setup", "--capture-swap", "1", "--no-check")
+    assert on.returncode == 0 and "capture swap 1: that share of RAG questions" in on.stdout, on.stdout
+    try:
+        assert "of RAG questions with their first source swapped" in cli(capturing, "doctor", "--no-load").stdout
+        again = search(capturing, question, top_k=10)
+        assert again.json() == served and by_id(capturing)[again.headers[CAPTURE_HEADER]]["swap"] is None
+        response = rag(capturing, question, top_k=10)
+        capture_id, shown = response.headers[CAPTURE_HEADER], events(response)[0]["docs"]
+    finally:
+        assert cli(capturing, "setup", "--capture-swap", "0", "--no-check").returncode == 0
+    row = by_id(capturing)[capture_id]
+    swap = row["swap"]
+    assert 2 <= swap <= len(served) and served[swap - 1]["metadata"]["source"] != served[0]["metadata"]["source"]
+    order = list(range(len(served)))
+    order[0], order[swap - 1] = swap - 1, 0
+    assert [(h["source"], h["chunk"]) for h in row["hits"]] == [
+        (served[i]["metadata"]["source"], served[i]["page_content"]) for i in order
+    ]
+    for hit, source in zip(row["hits"], shown, strict=True):
+        assert source.startswith(f"出处 [{hit['rank']}] [{hit['source']}]") and hit["chunk"] in source
+    first = served[0]["metadata"]["source"]
+    place = next(h["rank"] for h in row["hits"] if h["source"] == first)
+    assert feedback(capturing, capture_id=capture_id, rank=place, verdict="answered").status_code == 200
+
+    unswapped = rag(capturing, QUESTION, top_k=10)  # the share is 0 again: served order
+    kept = by_id(capturing)[unswapped.headers[CAPTURE_HEADER]]
+    assert kept["swap"] is None
+    marked = feedback(capturing, capture_id=kept["id"], rank=1, verdict="answered")
+    assert marked.status_code == 200
+    fitted = cli(capturing, "feedback", "propensity", "--kb", KB_NAME, "--json")
+    assert fitted.returncode == 0, fitted.stderr
+    estimate = json.loads(fitted.stdout)
+    assert estimate["unswapped"] == {"questions": 1, "marked": 1}
+    assert estimate["swapped"] == {str(place): {"questions": 1, "marked": 1}}
+    assert estimate["eta"] == 0.0  # marked where moved as often as where first: no sign of reading less below
+
+
 def test_purge_leaves_the_text_in_none_of_the_files_while_the_api_runs(capturing: Deployment) -> None:
     secret = "绝密测试问题鸢尾花"
     assert CAPTURE_HEADER in search(capturing, f"{secret}怎么申请").headers

@@ -18,7 +18,14 @@ from sqlalchemy.engine import make_url
 
 from chatchat_policybert.chatchat.process import chatchat_env
 from chatchat_policybert.feedback.pg_store import SCHEMA, PgFeedbackStore
-from chatchat_policybert.feedback.store import BadFeedback, Hit, StoreError, UnknownCapture, open_store
+from chatchat_policybert.feedback.store import (
+    SCHEMA_VERSION,
+    BadFeedback,
+    Hit,
+    StoreError,
+    UnknownCapture,
+    open_store,
+)
 from tests.support.pg_cluster import PgCluster
 from tests.support.store_writers import killed_writers
 
@@ -37,9 +44,11 @@ def cli(root: Path, *args: str) -> subprocess.CompletedProcess:
     return run([str(BIN / "chatchat-policybert"), "feedback", *args, "--root", str(root)], chatchat_env(root))
 
 
-def add(store: PgFeedbackStore, question: str, chunk: str = "数据要素市场化配置改革的意见全文") -> str:
+def add(
+    store: PgFeedbackStore, question: str, chunk: str = "数据要素市场化配置改革的意见全文", swap: int | None = None
+) -> str:
     hits = [Hit(rank, f"政策{rank}.md", f"{chunk}（第{rank}段）", 0.9 - rank / 10) for rank in (1, 2, 3)]
-    return store.add_capture(KB, question, "search_docs", 3, 2.0, 0, "policybert:fp", hits)
+    return store.add_capture(KB, question, "search_docs", 3, 2.0, 0, "policybert:fp", hits, swap=swap)
 
 
 @pytest.fixture
@@ -141,6 +150,26 @@ def test_a_user_without_rights_and_a_newer_schema_are_one_clear_line(fresh: str,
         PgFeedbackStore.open(fresh, tmp_path, busy_ms=1000)
     with engine.connect() as db:
         assert db.execute(sqlalchemy.text(f"SELECT count(*) FROM {SCHEMA}.captures")).scalar() == 1
+
+
+def test_an_older_releases_schema_gains_the_swap_column_and_keeps_every_row(fresh: str, tmp_path: Path) -> None:
+    """A schema-1 store (before `--capture-swap`: no `swap` column) is upgraded in place on opening, rows kept."""
+    root = pg_root(tmp_path / "root", fresh)
+    with open_store(root) as store:
+        old = add(store, "公共数据怎么开放共享")
+        store.record_feedback(old, 2, "answered", "tab")
+    engine = sqlalchemy.create_engine(fresh)
+    with engine.begin() as db:  # back to schema 1, as that release wrote it
+        db.execute(sqlalchemy.text(f"ALTER TABLE {SCHEMA}.captures DROP COLUMN swap"))
+        db.execute(sqlalchemy.text(f"UPDATE {SCHEMA}.meta SET value = '1' WHERE key = 'schema_version'"))
+    with open_store(root) as store:
+        new = add(store, "数据交易场所怎么建设", swap=3)
+        rows = {c["id"]: c for c in store.captures(KB)}
+    assert rows[old]["swap"] is None and rows[old]["feedback"][0]["rank"] == 2 and len(rows[old]["hits"]) == 3
+    assert rows[new]["swap"] == 3
+    with engine.connect() as db:
+        version = db.execute(sqlalchemy.text(f"SELECT value FROM {SCHEMA}.meta WHERE key = 'schema_version'"))
+        assert version.scalar() == str(SCHEMA_VERSION) == "2"
 
 
 def test_two_writers_on_pg_killed_with_sigkill_lose_no_committed_row(fresh: str, tmp_path: Path) -> None:

@@ -74,6 +74,25 @@ def test_a_newer_schema_or_a_foreign_file_is_refused_and_left_as_it_is(tmp_path:
         FeedbackStore.open(other)
 
 
+def test_an_older_releases_store_gains_the_swap_column_and_keeps_every_row(tmp_path: Path) -> None:
+    """A schema-1 file (what the release before `--capture-swap` wrote: no `swap` column) is upgraded in place on
+    opening, its rows and feedback kept; a new capture records its swap."""
+    with FeedbackStore.open(tmp_path) as store:
+        old = add(store)
+        store.record_feedback(old, 2, "answered", "tab")
+    with sqlite3.connect(feedback_db(tmp_path)) as raw:  # back to schema 1, as that release wrote it
+        raw.execute("ALTER TABLE captures DROP COLUMN swap")
+        raw.execute("PRAGMA user_version = 1")
+    with FeedbackStore.open(tmp_path) as store:
+        new = add(store, swap=3)
+        rows = {c["id"]: c for c in store.captures()}
+    assert rows[old]["swap"] is None and rows[old]["feedback"][0]["rank"] == 2 and len(rows[old]["hits"]) == 3
+    assert rows[new]["swap"] == 3
+    with sqlite3.connect(feedback_db(tmp_path)) as raw:
+        assert raw.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION == 2
+        assert raw.execute("PRAGMA application_id").fetchone()[0] == APPLICATION_ID
+
+
 @pytest.mark.skipif(os.geteuid() != 0, reason="giving the folder to another user needs root")
 def test_another_users_store_is_one_clear_error(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     """Root included: files it created in the store would be root's, and the deployment's user could not open them."""
@@ -186,6 +205,7 @@ def test_two_writers_at_once_then_kill_9_lose_no_committed_row(tmp_path: Path) -
         (["purge", "--older-than", "3", "--all"], "not allowed with argument"),
         (["export"], "--out"),
         (["label", "--doc", "a.md", "--evidence", "x"], "CAPTURE_ID"),
+        (["propensity", "--eta", "1"], "unrecognized arguments: --eta"),
     ],
 )
 def test_bad_command_lines_are_one_error_line(
@@ -211,12 +231,14 @@ def test_export_refuses_an_existing_file_and_label_a_document_the_kb_lacks(
         argv = ["feedback", "label", "abc", "--kb", "KB", "--doc", doc, "--evidence", "x", "--root", str(tmp_path)]
         assert main(argv) == 2
         assert capsys.readouterr().err.startswith(f"error: --doc {doc}: not a .md/.txt file")
+    assert main(["feedback", "propensity", "--kb", "KB", "--root", str(tmp_path)]) == 2
+    assert "no store; nothing was captured" in capsys.readouterr().err
     assert main(["feedback", "list", "--kb", "KB", "--json", "--root", str(tmp_path)]) == 0
     assert capsys.readouterr().out.strip() == "[]"
     assert not feedback_db(tmp_path).parent.exists()  # reading creates no store
 
 
-@pytest.mark.parametrize("action", [[], ["list"], ["export"], ["label"], ["purge"]])
+@pytest.mark.parametrize("action", [[], ["list"], ["export"], ["label"], ["propensity"], ["purge"]])
 def test_every_feedback_command_explains_every_option(
     action: list[str], capsys: pytest.CaptureFixture[str], options_without_help
 ) -> None:
