@@ -9,8 +9,10 @@ Per seed S and user U, on a fresh copy of ``--root`` (a root ``make demo`` built
 marks posted), with ``--capture-swap SHARE`` on: that share of the questions shows the served first source in the
 place of a random other document's source, and the simulated users read and mark the sources **as shown** (the
 positions the capture records). Then ``chatchat-policybert feedback propensity --json`` on the copy: ETA with its 95 %
-bootstrap interval. The copies' captures are also pooled over the seeds (three times the questions: a deployment's
-three months instead of one) and fitted once more. No tune runs; nothing trains.
+bootstrap interval, fitted on the questions whose first-ranked document has one shown source (the command's rule);
+beside it the same fit on every question (``shown_once=False``, the first version's rule, which user b's several
+sources of one document pull down). The copies' captures are also pooled over the seeds (three times the questions:
+a deployment's three months instead of one) and fitted once more. No tune runs; nothing trains.
 
 The figures go to ``--out`` (JSON, and a Markdown table beside it) with the date, the machine and the command.
 """
@@ -57,24 +59,23 @@ def report(figures: dict) -> str:
         f"Share swapped {figures['share']}; {figures['questions']} training questions asked per seed and user; ETA "
         "fitted to where the first-ranked document was shown and marked (95 % bootstrap interval, 2,000 resamples).",
         "",
-        "| user (true ETA) | seed | swapped | first kept first: marked / asked | ETA [95 %] |",
-        "|---|---|---|---|---|",
+        "Columns 3–5: the questions whose first-ranked document has one shown source (`feedback propensity`); the "
+        "last: every question (a document shown at several places counted where first shown).",
+        "",
+        "| user (true ETA) | seed | swapped | first kept first: marked / asked | ETA [95 %] | every question: ETA |",
+        "|---|---|---|---|---|---|",
     ]
     for user, runs in figures["users"].items():
-        for run in runs:
-            found = run["estimate"]
+        rows = [(run["seed"], run["estimate"], run["every"]) for run in runs]
+        rows.append(("pooled", figures["pooled"][user], figures["pooled_every"][user]))
+        for seed, found, every in rows:
             unswapped = found["unswapped"]
             swapped = sum(v["questions"] for v in found["swapped"].values())
+            bold = "**" if seed == "pooled" else ""
             lines.append(
-                f"| {user} ({TRUE_ETA[user]:g}) | {run['seed']} | {swapped} | {unswapped['marked']} / "
-                f"{unswapped['questions']} | {interval(found)} |"
+                f"| {user} ({TRUE_ETA[user]:g}) | {seed} | {swapped} | {unswapped['marked']} / "
+                f"{unswapped['questions']} | {bold}{interval(found)}{bold} | {interval(every)} |"
             )
-        pooled = figures["pooled"][user]
-        swapped = sum(v["questions"] for v in pooled["swapped"].values())
-        lines.append(
-            f"| {user} ({TRUE_ETA[user]:g}) | pooled | {swapped} | {pooled['unswapped']['marked']} / "
-            f"{pooled['unswapped']['questions']} | **{interval(pooled)}** |"
-        )
     return "\n".join(lines) + "\n"
 
 
@@ -109,11 +110,16 @@ def main(argv: list[str] | None = None) -> int:
                 found = json.loads(policybert("feedback", "propensity", *asked).stdout)
                 listed = json.loads(policybert("feedback", "list", *asked).stdout)
                 pooled[user].extend(observations(listed))
-                print(f"[{where}] ETA {interval(found)} (true {TRUE_ETA[user]:g})", flush=True)
+                every = estimate_propensity(observations(listed), shown_once=False).as_json()
+                print(f"[{where}] ETA {interval(found)}; every question {interval(every)} (true {TRUE_ETA[user]:g})")
                 figures["users"][user].append(
-                    {"seed": seed, "estimate": found, "marked": played["marked"], "replay_s": played["replay_seconds"]}
-                )
+                    {"seed": seed, "estimate": found, "every": every, "marked": played["marked"],
+                     "replay_s": played["replay_seconds"]}
+                )  # fmt: skip
     figures["pooled"] = {user: estimate_propensity(found).as_json() for user, found in pooled.items()}
+    figures["pooled_every"] = {
+        user: estimate_propensity(found, shown_once=False).as_json() for user, found in pooled.items()
+    }
     figures["ended"] = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
     figures["steps"] = step.times
     write_json(figures, args.out)

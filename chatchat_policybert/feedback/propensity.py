@@ -11,8 +11,12 @@ the place of another one, chosen at random among the shown sources of another do
 capture records which (its ``swap``). The random choice makes the document ranked first equally likely to be right
 whether or not it was moved, so the rate at which users mark it at display position d, divided by the rate at which
 they mark it where it stayed first, is the relative chance of reading position d. :func:`estimate_propensity` fits
-(1/d)^ETA to those rates (a document is counted where its first source is shown, and the estimate is a document's:
-what a mark names for ``tune``). The LLM reads the same sources either way; only their order changes.
+(1/d)^ETA to those rates, on the questions where that document has one source among those shown: a document shown
+at several places is read where any of them is read, more often than at its first place alone, so counting it would
+make users look as if they read lower places more than they do (on the replay, user b's ETA 1 came out 0.37 [0.16,
+0.63] with them: ``bench/propensity_swap.py``). Keeping a question or not depends only on which sources were shown,
+never on their order, so the swap stays random among those kept. The LLM reads the same sources either way; only
+their order changes.
 """
 
 from __future__ import annotations
@@ -55,10 +59,12 @@ def swapped(hits: Sequence[T], swap: int) -> list[T]:
 @dataclass(frozen=True)
 class Observation:
     """One captured RAG question that could be swapped: ``place`` is the display position of the first source of
-    the document ranked first (1 where nothing was swapped), ``marked`` whether a user marked that document."""
+    the document ranked first (1 where nothing was swapped), ``marked`` whether a user marked that document,
+    ``copies`` how many of the shown sources are of it."""
 
     place: int
     marked: bool
+    copies: int = 1
 
 
 def observations(captures: Sequence[dict[str, Any]]) -> list[Observation]:
@@ -78,7 +84,7 @@ def observations(captures: Sequence[dict[str, Any]]) -> list[Observation]:
             for row in capture["feedback"]
             if row["verdict"] == "answered" and row["rank"] is not None and 1 <= row["rank"] <= len(sources)
         }
-        out.append(Observation(sources.index(first) + 1, first in marked))
+        out.append(Observation(sources.index(first) + 1, first in marked, sources.count(first)))
     return out
 
 
@@ -127,16 +133,21 @@ def fit_eta(places: np.ndarray, marked: np.ndarray) -> float:
     return (low + high) / 2
 
 
-def estimate_propensity(found: Sequence[Observation], resamples: int = 2000, seed: int = 0) -> PropensityEstimate:
-    """ETA fitted to ``found`` (:func:`fit_eta`), with a percentile bootstrap interval that resamples the unswapped
-    and the swapped questions apart. :class:`TooFewSwaps` where either group has no mark."""
+def estimate_propensity(
+    found: Sequence[Observation], resamples: int = 2000, seed: int = 0, shown_once: bool = True
+) -> PropensityEstimate:
+    """ETA fitted to ``found`` (:func:`fit_eta`; ``shown_once``: only the questions whose first-ranked document has
+    one shown source, the module's docstring says why), with a percentile bootstrap interval that resamples the
+    unswapped and the swapped questions apart. :class:`TooFewSwaps` where either group has no mark."""
+    found = [o for o in found if o.copies == 1 or not shown_once]
     places = np.array([o.place for o in found], dtype=np.int64)
     marked = np.array([o.marked for o in found], dtype=bool)
     first, moved = np.flatnonzero(places == 1), np.flatnonzero(places > 1)
     if not len(moved) or not marked[first].any():
         raise TooFewSwaps(
             f"{len(moved)} swapped question(s), {int(marked[first].sum())} mark(s) where the first source stayed "
-            "first: nothing to compare yet (turn `setup --capture-swap SHARE` on and let users mark sources)"
+            f"first{' (of questions whose first-ranked document has one shown source)' if shown_once else ''}: "
+            "nothing to compare yet (turn `setup --capture-swap SHARE` on and let users mark sources)"
         )
     eta = fit_eta(places, marked)
     rng = np.random.default_rng(seed)

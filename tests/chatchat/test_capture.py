@@ -440,21 +440,34 @@ def test_a_swap_share_moves_the_first_source_shown_and_feedback_propensity_reads
     ]
     for hit, source in zip(row["hits"], shown, strict=True):
         assert source.startswith(f"出处 [{hit['rank']}] [{hit['source']}]") and hit["chunk"] in source
-    first = served[0]["metadata"]["source"]
-    place = next(h["rank"] for h in row["hits"] if h["source"] == first)
-    assert feedback(capturing, capture_id=capture_id, rank=place, verdict="answered").status_code == 200
 
-    unswapped = rag(capturing, QUESTION, top_k=10)  # the share is 0 again: served order
-    kept = by_id(capturing)[unswapped.headers[CAPTURE_HEADER]]
-    assert kept["swap"] is None
-    marked = feedback(capturing, capture_id=kept["id"], rank=1, verdict="answered")
-    assert marked.status_code == 200
+    # ETA from a question asked twice at top_k 2, its two sources of two documents: once swapped, once not
+    assert cli(capturing, "feedback", "purge", "--all").returncode == 0
+    pairs = {q: search(capturing, q, top_k=2).json() for q in (question, QUESTION, "失业保险金的申领条件是什么")}
+    question = next(q for q, hits in pairs.items() if len({h["metadata"]["source"] for h in hits}) == 2)
+    assert cli(capturing, "setup", "--capture-swap", "1", "--no-check").returncode == 0
+    try:
+        asked = rag(capturing, question, top_k=2)
+        moved = asked.headers[CAPTURE_HEADER]
+        assert events(asked)[0]["capture_id"] == moved
+    finally:
+        assert cli(capturing, "setup", "--capture-swap", "0", "--no-check").returncode == 0
+    asked = rag(capturing, question, top_k=2)
+    kept = asked.headers[CAPTURE_HEADER]
+    assert events(asked)[0]["capture_id"] == kept
+    stored = by_id(capturing)
+    assert (stored[moved]["swap"], stored[kept]["swap"]) == (2, None)
+    for capture_id, rank in ((moved, 2), (kept, 1)):  # the document ranked first, where it was shown
+        assert feedback(capturing, capture_id=capture_id, rank=rank, verdict="answered").status_code == 200
     fitted = cli(capturing, "feedback", "propensity", "--kb", KB_NAME, "--json")
     assert fitted.returncode == 0, fitted.stderr
     estimate = json.loads(fitted.stdout)
     assert estimate["unswapped"] == {"questions": 1, "marked": 1}
-    assert estimate["swapped"] == {str(place): {"questions": 1, "marked": 1}}
+    assert estimate["swapped"] == {"2": {"questions": 1, "marked": 1}}
     assert estimate["eta"] == 0.0  # marked where moved as often as where first: no sign of reading less below
+    text = cli(capturing, "feedback", "propensity", "--kb", KB_NAME)
+    assert text.returncode == 0 and "ETA 0.00" in text.stdout
+    assert "shown at 2 (swapped): marked in 1 of 1" in text.stdout
 
 
 def test_purge_leaves_the_text_in_none_of_the_files_while_the_api_runs(capturing: Deployment) -> None:

@@ -52,9 +52,25 @@ def test_observations_place_the_first_ranked_document_where_it_was_shown() -> No
     assert observations(rows) == [
         Observation(1, True),
         Observation(3, True),
-        Observation(2, True),
+        Observation(2, True, copies=2),
         Observation(2, False),
     ]
+
+
+def test_a_document_shown_at_several_places_is_left_out_of_the_fit_by_default() -> None:
+    """Users who read each place with probability 1/d find a document shown at d and below more often than at d
+    alone: counted, it pulls ETA down; the default fit keeps only documents shown once."""
+    rng = random.Random(0)
+    found = []
+    for _ in range(6000):
+        place = rng.randint(2, 10) if rng.random() < 0.3 else 1
+        copies = rng.choice([1, 3])  # a document shown once, or also at the next two places
+        read = any(rng.random() < 1 / d for d in range(place, place + copies))
+        found.append(Observation(place, read and rng.random() < 0.7, copies))
+    once = estimate_propensity(found, resamples=200)
+    every = estimate_propensity(found, resamples=200, shown_once=False)
+    assert abs(once.eta - 1.0) < 0.2 and once.low <= 1.0 <= once.high
+    assert every.high < 0.85 < once.low
 
 
 def simulated(eta: float, n: int, seed: int, share: float = 0.3, k: int = 10, relevant: float = 0.7) -> list:
