@@ -9,9 +9,9 @@ Per seed S and user U, on a fresh copy of ``--root`` (a root ``make demo`` built
 marks posted), with ``--capture-swap SHARE`` on: that share of the questions shows the served first source in the
 place of a random other document's source, and the simulated users read and mark the sources **as shown** (the
 positions the capture records). Then ``chatchat-policybert feedback propensity --json`` on the copy: ETA with its 95 %
-bootstrap interval, fitted on the questions whose first-ranked document has one shown source (the command's rule);
-beside it the same fit on every question (``shown_once=False``, the first version's rule, which user b's several
-sources of one document pull down). The copies' captures are also pooled over the seeds (three times the questions:
+bootstrap interval (the position-based model over every place the document ranked first was shown at); beside it
+the same fit on its first place alone (the first version's model, which user b's several sources of one document
+pull down). The copies' captures are also pooled over the seeds (three times the questions:
 a deployment's three months instead of one) and fitted once more. No tune runs; nothing trains.
 
 The figures go to ``--out`` (JSON, and a Markdown table beside it) with the date, the machine and the command.
@@ -35,12 +35,17 @@ from embed import REPO, machine_line
 from feedback_replay import KB, USERS, Steps, copy_root, policybert, replay, training_queries
 
 sys.path.insert(0, str(REPO))
-from chatchat_policybert.feedback.propensity import estimate_propensity, observations
+from chatchat_policybert.feedback.propensity import Observation, estimate_propensity, observations
 from chatchat_policybert.files import write_json
 
 OUT = REPO / "bench" / "results" / "feedback_replay" / "propensity_swap.json"
 TRUE_ETA = {"a": 0.0, "b": 1.0}
 """How each simulated user reads (bench/feedback_replay.py's user_a, user_b): what the estimate should find."""
+
+
+def first_place(found: list[Observation]) -> list[Observation]:
+    """The first version's model: each document counted at its first shown place only."""
+    return [Observation(o.places[:1], o.marked) for o in found]
 
 
 def interval(found: dict) -> str:
@@ -59,22 +64,22 @@ def report(figures: dict) -> str:
         f"Share swapped {figures['share']}; {figures['questions']} training questions asked per seed and user; ETA "
         "fitted to where the first-ranked document was shown and marked (95 % bootstrap interval, 2,000 resamples).",
         "",
-        "Columns 3–5: the questions whose first-ranked document has one shown source (`feedback propensity`); the "
-        "last: every question (a document shown at several places counted where first shown).",
+        "ETA: `feedback propensity` (a document found where any of its places is read); the last column: the same "
+        "questions fitted on the document's first place alone (the first version).",
         "",
-        "| user (true ETA) | seed | swapped | first kept first: marked / asked | ETA [95 %] | every question: ETA |",
+        "| user (true ETA) | seed | swapped | first kept first: marked / asked | ETA [95 %] | first place alone: ETA |",
         "|---|---|---|---|---|---|",
     ]
     for user, runs in figures["users"].items():
-        rows = [(run["seed"], run["estimate"], run["every"]) for run in runs]
-        rows.append(("pooled", figures["pooled"][user], figures["pooled_every"][user]))
-        for seed, found, every in rows:
+        rows = [(run["seed"], run["estimate"], run["first_place"]) for run in runs]
+        rows.append(("pooled", figures["pooled"][user], figures["pooled_first_place"][user]))
+        for seed, found, alone in rows:
             unswapped = found["unswapped"]
             swapped = sum(v["questions"] for v in found["swapped"].values())
             bold = "**" if seed == "pooled" else ""
             lines.append(
                 f"| {user} ({TRUE_ETA[user]:g}) | {seed} | {swapped} | {unswapped['marked']} / "
-                f"{unswapped['questions']} | {bold}{interval(found)}{bold} | {interval(every)} |"
+                f"{unswapped['questions']} | {bold}{interval(found)}{bold} | {interval(alone)} |"
             )
     return "\n".join(lines) + "\n"
 
@@ -110,15 +115,15 @@ def main(argv: list[str] | None = None) -> int:
                 found = json.loads(policybert("feedback", "propensity", *asked).stdout)
                 listed = json.loads(policybert("feedback", "list", *asked).stdout)
                 pooled[user].extend(observations(listed))
-                every = estimate_propensity(observations(listed), shown_once=False).as_json()
-                print(f"[{where}] ETA {interval(found)}; every question {interval(every)} (true {TRUE_ETA[user]:g})")
+                alone = estimate_propensity(first_place(observations(listed))).as_json()
+                print(f"[{where}] ETA {interval(found)}; first place alone {interval(alone)} (true {TRUE_ETA[user]:g})")
                 figures["users"][user].append(
-                    {"seed": seed, "estimate": found, "every": every, "marked": played["marked"],
+                    {"seed": seed, "estimate": found, "first_place": alone, "marked": played["marked"],
                      "replay_s": played["replay_seconds"]}
                 )  # fmt: skip
     figures["pooled"] = {user: estimate_propensity(found).as_json() for user, found in pooled.items()}
-    figures["pooled_every"] = {
-        user: estimate_propensity(found, shown_once=False).as_json() for user, found in pooled.items()
+    figures["pooled_first_place"] = {
+        user: estimate_propensity(first_place(found)).as_json() for user, found in pooled.items()
     }
     figures["ended"] = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
     figures["steps"] = step.times

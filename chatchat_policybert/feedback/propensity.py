@@ -9,14 +9,12 @@ The swap intervention (Joachims, Swaminathan & Schnabel 2017, "Unbiased learning
 §5) tells it. For a random share of the RAG questions (``setup --capture-swap SHARE``) the first source is shown in
 the place of another one, chosen at random among the shown sources of another document (:func:`choose_swap`); the
 capture records which (its ``swap``). The random choice makes the document ranked first equally likely to be right
-whether or not it was moved, so the rate at which users mark it at display position d, divided by the rate at which
-they mark it where it stayed first, is the relative chance of reading position d. :func:`estimate_propensity` fits
-(1/d)^ETA to those rates, on the questions where that document has one source among those shown: a document shown
-at several places is read where any of them is read, more often than at its first place alone, so counting it would
-make users look as if they read lower places more than they do (on the replay, user b's ETA 1 came out 0.37 [0.16,
-0.63] with them: ``bench/propensity_swap.py``). Keeping a question or not depends only on which sources were shown,
-never on their order, so the swap stays random among those kept. The LLM reads the same sources either way; only
-their order changes.
+whether or not it was moved, so how often users mark it where it was moved to, against where it stayed first, is how
+much less they read those places. :func:`estimate_propensity` fits the position-based model those weights assume:
+each place d is read with probability (1/d)^ETA, and a document is found where any of its shown sources is read, so
+one shown at places D is found with probability 1 − Π_{d∈D}(1 − d^-ETA) (the top 10 often shows several chunks of
+one document: fitting on its first place alone made user b's ETA 1 come out 0.37 [0.16, 0.63] on the replay,
+``bench/propensity_swap.py``). The LLM reads the same sources either way; only their order changes.
 """
 
 from __future__ import annotations
@@ -58,13 +56,17 @@ def swapped(hits: Sequence[T], swap: int) -> list[T]:
 
 @dataclass(frozen=True)
 class Observation:
-    """One captured RAG question that could be swapped: ``place`` is the display position of the first source of
-    the document ranked first (1 where nothing was swapped), ``marked`` whether a user marked that document,
-    ``copies`` how many of the shown sources are of it."""
+    """One captured RAG question that could be swapped: ``places``, the display positions (ascending) of the shown
+    sources of the document ranked first (the first is 1 where nothing was swapped); ``marked``, whether a user marked
+    that document."""
 
-    place: int
+    places: tuple[int, ...]
     marked: bool
-    copies: int = 1
+
+    @property
+    def place(self) -> int:
+        """Where the document ranked first was first shown."""
+        return self.places[0]
 
 
 def observations(captures: Sequence[dict[str, Any]]) -> list[Observation]:
@@ -84,7 +86,7 @@ def observations(captures: Sequence[dict[str, Any]]) -> list[Observation]:
             for row in capture["feedback"]
             if row["verdict"] == "answered" and row["rank"] is not None and 1 <= row["rank"] <= len(sources)
         }
-        out.append(Observation(sources.index(first) + 1, first in marked, sources.count(first)))
+        out.append(Observation(tuple(d for d, s in enumerate(sources, 1) if s == first), first in marked))
     return out
 
 
@@ -112,15 +114,23 @@ class TooFewSwaps(ValueError):
     """Not enough swapped or unswapped marked questions to fit ETA; the message says what is missing."""
 
 
+def found_probability(places: np.ndarray, eta: float) -> np.ndarray:
+    """Per row of ``places`` (display positions, 0-padded), the chance that a user who reads place d with
+    probability d^-eta reads at least one of them."""
+    read = np.where(places > 0, np.maximum(places, 1).astype(float) ** -eta, 0.0)
+    return 1.0 - np.prod(1.0 - read, axis=1)
+
+
 def fit_eta(places: np.ndarray, marked: np.ndarray) -> float:
-    """The ETA in [0, :data:`MAX_PROPENSITY`] at which the swapped questions' expected marks, the unswapped mark rate
-    times Σ d^-ETA, equal their marks (the moment equation; its left side falls as ETA grows, so one root, found by
-    bisection, or the bound it passes)."""
-    first, moved = places == 1, places > 1
-    rate, observed, d = marked[first].mean(), marked[moved].sum(), places[moved].astype(float)
+    """The ETA in [0, :data:`MAX_PROPENSITY`] at which the swapped questions' expected marks (the unswapped questions'
+    mark rate, where the document is found for sure, times each one's :func:`found_probability`) equal their marks:
+    the moment equation of the position-based model. Its left side falls as ETA grows, so one root, found by
+    bisection, or the bound it passes. ``places``: one 0-padded row per question, ascending."""
+    first, moved = places[:, 0] == 1, places[:, 0] > 1
+    rate, observed, rows = marked[first].mean(), marked[moved].sum(), places[moved]
 
     def excess(eta: float) -> float:
-        return rate * float(np.sum(d**-eta)) - observed
+        return rate * float(found_probability(rows, eta).sum()) - observed
 
     if excess(0.0) <= 0:
         return 0.0
@@ -133,29 +143,26 @@ def fit_eta(places: np.ndarray, marked: np.ndarray) -> float:
     return (low + high) / 2
 
 
-def estimate_propensity(
-    found: Sequence[Observation], resamples: int = 2000, seed: int = 0, shown_once: bool = True
-) -> PropensityEstimate:
-    """ETA fitted to ``found`` (:func:`fit_eta`; ``shown_once``: only the questions whose first-ranked document has
-    one shown source, the module's docstring says why), with a percentile bootstrap interval that resamples the
-    unswapped and the swapped questions apart. :class:`TooFewSwaps` where either group has no mark."""
-    found = [o for o in found if o.copies == 1 or not shown_once]
-    places = np.array([o.place for o in found], dtype=np.int64)
+def estimate_propensity(found: Sequence[Observation], resamples: int = 2000, seed: int = 0) -> PropensityEstimate:
+    """ETA fitted to ``found`` (:func:`fit_eta`), with a percentile bootstrap interval that resamples the unswapped
+    and the swapped questions apart. :class:`TooFewSwaps` where either group has no mark."""
+    width = max((len(o.places) for o in found), default=1)
+    places = np.array([[*o.places, *[0] * (width - len(o.places))] for o in found], dtype=np.int64).reshape(-1, width)
     marked = np.array([o.marked for o in found], dtype=bool)
-    first, moved = np.flatnonzero(places == 1), np.flatnonzero(places > 1)
+    first, moved = np.flatnonzero(places[:, 0] == 1), np.flatnonzero(places[:, 0] > 1)
     if not len(moved) or not marked[first].any():
         raise TooFewSwaps(
             f"{len(moved)} swapped question(s), {int(marked[first].sum())} mark(s) where the first source stayed "
-            f"first{' (of questions whose first-ranked document has one shown source)' if shown_once else ''}: "
-            "nothing to compare yet (turn `setup --capture-swap SHARE` on and let users mark sources)"
+            "first: nothing to compare yet (turn `setup --capture-swap SHARE` on and let users mark sources)"
         )
     eta = fit_eta(places, marked)
     rng = np.random.default_rng(seed)
     draws = []
     for _ in range(resamples):
         rows = np.concatenate([rng.choice(first, len(first)), rng.choice(moved, len(moved))])
-        if marked[rows][places[rows] == 1].any():
+        if marked[rows][places[rows, 0] == 1].any():
             draws.append(fit_eta(places[rows], marked[rows]))
     low, high = np.percentile(draws, [2.5, 97.5])
-    by_place = {int(d): (int((places == d).sum()), int(marked[places == d].sum())) for d in np.unique(places[moved])}
+    at = places[moved, 0]
+    by_place = {int(d): (int((at == d).sum()), int(marked[moved][at == d].sum())) for d in np.unique(at)}
     return PropensityEstimate(eta, float(low), float(high), (len(first), int(marked[first].sum())), by_place)
