@@ -19,7 +19,8 @@ found there, so a killed or failed run continues where it stopped; the training 
    ``--llm`` the LLM's questions per chunk (those copying 12 characters of their chunk dropped), each with its gold
    chunks among the stored vectors (a mark's: its document's, the recipe taking the chunk the served model ranks
    first; ``--feedback-positive marked``: the chunk the user marked; ``--feedback-propensity ETA``: each mark
-   weighing r^ETA for its rank r, in the training and the gate's means), split into 3 folds by document (a text
+   weighing one over the chance its document is found at the ranks it was shown, r^ETA where shown once at r, in
+   the training and the gate's means), split into 3 folds by document (a text
    repeated or nearly repeated on several documents: all of them in one fold); with ``--silver`` also the questions
    nobody marked whose source the LLM named (silver labels, reported apart). Your questions judge where there are
    any, else the users', else the LLM's (``--llm``'s; silver labels never judge); the rest only train.
@@ -132,12 +133,13 @@ def register(commands: Any) -> None:
         "--feedback-propensity",
         type=float,
         metavar="ETA",
-        help="assume users read the source shown at rank r with probability (1/r)^ETA, and weigh each mark r^ETA in "
-        "the training and in the gate (propensity weighting, Joachims et al. 2017); default 0: every mark alike. "
-        "Only with --feedback. ETA is an assumption the marks cannot check, and one larger than your users' inflates "
-        "the gate's figure (issue 49's replay with 1: user b's marks installed on 1 seed of 3, none without it; user "
-        "a's, who reads every source, on 3 of 3 either way, the gate's figure 3.4 times its unweighted one; "
-        'docs/deployment.md, "Position bias")',
+        help="assume users read the source shown at rank r with probability (1/r)^ETA, and weigh each mark by one over "
+        "the chance its document is found at the ranks it was shown (r^ETA where shown once, at r) in the training "
+        "and in the gate (propensity weighting, Joachims et al. 2017); default 0: every mark alike. Only with "
+        "--feedback. Measure ETA with `setup --capture-swap` and `feedback propensity`; one larger than your "
+        "users' inflates the gate's figure (issue 49's replay with 1: user b's marks installed on 1 seed of 3, none "
+        "without it; user a's, who reads every source, on 3 of 3 either way, the gate's figure 3.4 times its "
+        'unweighted one; docs/deployment.md, "Position bias")',
     )
     parser.add_argument(
         "--llm",

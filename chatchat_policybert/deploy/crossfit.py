@@ -41,6 +41,7 @@ from chatchat_policybert.evaluation.knowledge_base import Chunk, load_chunks
 from chatchat_policybert.evaluation.metrics import evidence_in_chunk
 from chatchat_policybert.evaluation.scoring import MRR_K, Delta, RunResult, evaluate_retriever, summarised
 from chatchat_policybert.feedback.export import normalised
+from chatchat_policybert.feedback.propensity import found_probability
 
 FOLDS = 3
 """Folds of the cross-fitting: each fold model trains on 2/3 of the questions. Three since 0.2.0 (five before): a tune
@@ -105,23 +106,29 @@ class Marked:
     text: str
     source: str
     evidence: str
-    rank: int | None = None
-    """The rank the marked source was shown at (出处 [i]); None for an operator's label or an LLM's (silver)."""
+    places: tuple[int, ...] | None = None
+    """The places (出处 [i]) the marked source's document was shown at; None for an operator's label or an LLM's
+    (silver)."""
 
 
-def without_rank(marked: Marked) -> dict[str, str]:
-    """A mark as a tune's key held it before marks had ranks: an earlier run folder keeps its key where every mark
-    weighs alike (the ranks enter the key with ``--feedback-propensity``)."""
-    return {name: value for name, value in vars(marked).items() if name != "rank"}
+def without_places(marked: Marked) -> dict[str, str]:
+    """A mark as a tune's key held it before marks had places: an earlier run folder keeps its key where every mark
+    weighs alike (the places enter the key with ``--feedback-propensity``)."""
+    return {name: value for name, value in vars(marked).items() if name != "places"}
 
 
 def mark_weights(marked: Sequence[Marked], propensity: float) -> list[float]:
-    """Each mark's inverse-propensity weight, ``rank ** propensity`` (1 for a label): a user who reads the source at
-    rank r with probability (1/r)^η marks a right source shown at rank r that often, so weighting each mark by
-    r^η makes the weighted marks count every rank as if each were read (Joachims, Swaminathan & Schnabel 2017,
-    "Unbiased learning-to-rank with biased feedback"). η = 0: every mark alike. η is an assumption about the
-    users, not something the marks alone can tell (docs/deployment.md, "Position bias")."""
-    return [float(m.rank) ** propensity if m.rank is not None and propensity else 1.0 for m in marked]
+    """Each mark's inverse-propensity weight (1 for a label): one over the chance that a user who reads place d with
+    probability (1/d)^η finds the marked document at any of the places it was shown
+    (:func:`~chatchat_policybert.feedback.propensity.found_probability`: r^η for a document shown once, at r), so
+    that the weighted marks count every place as if each were read (Joachims, Swaminathan & Schnabel 2017,
+    "Unbiased learning-to-rank with biased feedback"; the position-based model ``feedback propensity`` fits η by).
+    η = 0: every mark alike."""
+    if not propensity:
+        return [1.0] * len(marked)
+    return [
+        1.0 if m.places is None else 1.0 / float(found_probability(np.array([m.places]), propensity)[0]) for m in marked
+    ]
 
 
 def stored_questions(

@@ -46,7 +46,7 @@ from chatchat_policybert.deploy.crossfit import (
     mrr_scores,
     questions_needed,
     stored_questions,
-    without_rank,
+    without_places,
 )
 from chatchat_policybert.deploy.gate import deployed
 from chatchat_policybert.deploy.rollback import (
@@ -130,8 +130,8 @@ def run_query_tune(run: Run, trainer: QueryTrainer) -> int:
         run.args.feedback_lines = [*args.feedback_lines, *silver_lines]
         folds = document_folds(queries)
         # What only some runs have enters the key only where they have it: an earlier run folder keeps its key
-        extra = [[without_rank(m) for m in marked], args.feedback_positive] if marked else []
-        extra += [args.feedback_propensity, [m.rank for m in marked]] if args.feedback_propensity else []
+        extra = [[without_places(m) for m in marked], args.feedback_positive] if marked else []
+        extra += [args.feedback_propensity, [m.places for m in marked]] if args.feedback_propensity else []
         key = digest(
             [f.read_text(encoding="utf-8") for f in files],
             llm,

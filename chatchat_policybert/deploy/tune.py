@@ -114,12 +114,12 @@ def marked_questions(
     export = export_questions(args.root, args.kb, captures)
     yours = {normalised(q.text) for q in curated}
     marked, labels, repeated = [], 0, 0
-    for row, source, rank in zip(export.rows, export.sources, export.ranks, strict=True):
+    for row, source, places in zip(export.rows, export.sources, export.places, strict=True):
         if normalised(row["question"]) in yours:
             repeated += 1
             continue
-        marked.append(Marked(row["id"], row["question"], source, row["evidence"], rank))
-        labels += rank is None
+        marked.append(Marked(row["id"], row["question"], source, row["evidence"], places))
+        labels += places is None
     dropped = [f"{n} {DROP_RULES[rule]}" for rule, n in export.dropped.items() if n]
     dropped += [f"{repeated} repeating a --questions question"] if repeated else []
     summary = (
@@ -141,7 +141,8 @@ def marked_questions(
         "best; marked: the chunk the user marked)"
     )
     weights = (
-        f"weights: each mark r^{args.feedback_propensity:g} for its rank r, in the training and the gate "
+        f"weights: each mark one over the chance its document is found where it was shown (r^"
+        f"{args.feedback_propensity:g} where shown once, at rank r), in the training and the gate "
         f"(--feedback-propensity {args.feedback_propensity:g}: users assumed to read rank r with probability "
         f"(1/r)^{args.feedback_propensity:g})"
         if args.feedback_propensity

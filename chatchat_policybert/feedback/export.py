@@ -45,9 +45,10 @@ class Export:
     rows: list[dict[str, str]] = field(default_factory=list)
     sources: list[str] = field(default_factory=list)
     """The knowledge base file (its path in the content folder) of each row: what ``tune --feedback`` maps to chunks."""
-    ranks: list[int | None] = field(default_factory=list)
-    """Each row's rank as shown (出处 [i]) of the source a user marked ``answered``, which is, by construction, in the
-    deployment's top k; None where the positive is an operator's label."""
+    places: list[tuple[int, ...] | None] = field(default_factory=list)
+    """Each row's places as shown (出处 [i]) of the sources of the document a user marked ``answered``, which are, by
+    construction, in the deployment's top k (what ``--feedback-propensity`` weighs a mark by); None where the
+    positive is an operator's label."""
     dropped: dict[str, int] = field(default_factory=lambda: dict.fromkeys(DROP_RULES, 0))
     unmarked: int = 0
     """Captures with no ``answered`` mark and no label (nothing says which document answers them)."""
@@ -67,7 +68,8 @@ def question_id(capture_id: str) -> str:
 
 def positive(capture: dict[str, Any]) -> dict[str, Any] | None:
     """What answers a capture (``source`` and ``evidence`` of a label, or ``source``, ``chunk``, ``chunk_sha256``
-    and ``rank`` of the hit the latest ``answered`` mark names), None without either."""
+    and ``rank`` of the hit the latest ``answered`` mark names, and ``places``, the ranks of every shown hit of that
+    source), None without either."""
     if capture["label"] is not None:
         return {"source": capture["label"]["source"], "evidence": capture["label"]["evidence"]}
     marks = [f for f in capture["feedback"] if f["verdict"] == "answered"]
@@ -75,7 +77,11 @@ def positive(capture: dict[str, Any]) -> dict[str, Any] | None:
         return None
     rank = max(marks, key=lambda f: f["time"])["rank"]
     hit = next(h for h in capture["hits"] if h["rank"] == rank)
-    return {"source": hit["source"], "chunk": hit["chunk"], "chunk_sha256": hit["chunk_sha256"], "rank": rank}
+    places = tuple(h["rank"] for h in capture["hits"] if h["source"] == hit["source"])
+    return {
+        "source": hit["source"], "chunk": hit["chunk"], "chunk_sha256": hit["chunk_sha256"], "rank": rank,
+        "places": places,
+    }  # fmt: skip
 
 
 def evidence_in(chunk: str, document: str) -> str | None:
@@ -138,16 +144,16 @@ def export_questions(root: Path, kb: str, captures: list[dict[str, Any]]) -> Exp
             if evidence is None:
                 result.dropped["changed"] += 1
                 continue
-        valid.append((capture, source, evidence, answer.get("rank")))
+        valid.append((capture, source, evidence, answer.get("places")))
     seen: set[str] = set()
     kept = []
-    for capture, source, evidence, rank in sorted(valid, key=lambda v: v[0]["time"], reverse=True):
+    for capture, source, evidence, places in sorted(valid, key=lambda v: v[0]["time"], reverse=True):
         key = normalised(capture["question"])
         if key in seen:
             result.dropped["duplicate"] += 1
             continue
         seen.add(key)
-        kept.append((capture, source, evidence, rank))
+        kept.append((capture, source, evidence, places))
     result.rows = [
         {
             "id": question_id(capture["id"]),
@@ -158,7 +164,7 @@ def export_questions(root: Path, kb: str, captures: list[dict[str, Any]]) -> Exp
         for capture, source, evidence, _ in reversed(kept)
     ]
     result.sources = [source for _, source, _, _ in reversed(kept)]
-    result.ranks = [rank for *_, rank in reversed(kept)]
+    result.places = [places for *_, places in reversed(kept)]
     return result
 
 

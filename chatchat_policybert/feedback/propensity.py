@@ -2,8 +2,9 @@
 
 Why: users mark the sources they read, and they read the top of a list more than its bottom, so their marks
 over-represent what the deployment already ranks first. ``tune --feedback-propensity ETA`` corrects for that by
-weighing a mark at rank r by r^ETA, which is right only where users read rank r with probability (1/r)^ETA; the marks
-alone cannot tell ETA (a source marked rarely at rank 5 may be read rarely or be rarely right).
+weighing a mark by one over the chance of finding its document (r^ETA for a document shown once, at rank r), which is
+right only where users read rank r with probability (1/r)^ETA; the marks alone cannot tell ETA (a source marked
+rarely at rank 5 may be read rarely or be rarely right).
 
 The swap intervention (Joachims, Swaminathan & Schnabel 2017, "Unbiased learning-to-rank with biased feedback",
 §5) tells it. For a random share of the RAG questions (``setup --capture-swap SHARE``) the first source is shown in

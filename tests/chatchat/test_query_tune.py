@@ -1059,7 +1059,7 @@ def test_tune_feedback_trains_and_judges_on_users_marks_weighted_by_rank_with_th
     result = tune(root, "--feedback", "--feedback-propensity", "1", "--out", str(out))
     assert result.returncode in (0, 1), result.stdout[-3000:] + result.stderr[-3000:]
     printed = result.stdout
-    assert "weights: each mark r^1 for its rank r, in the training and the gate" in printed
+    assert "weights: each mark one over the chance its document is found where it was shown (r^1 where" in printed
     summary = next(line for line in printed.splitlines() if line.startswith("feedback: "))
     assert summary.startswith(f"feedback: {len(questions) + 2} captured question(s) of {KB}, 1 without a mark; ")
     assert f"{len(questions)} to train on ({len(questions)} users' marks, 0 operator labels)" in summary
@@ -1075,12 +1075,21 @@ def test_tune_feedback_trains_and_judges_on_users_marks_weighted_by_rank_with_th
     tower = next(d for d in gate["deltas"] if d["metric"] == "MRR@10")
     overall = next(d for d in gate["overall"] if d["metric"] == "MRR@10")
     assert gate["install"] == (tower["low"] > 0 and overall["high"] >= 0) == (result.returncode == 0)
-    # Each judged mark weighs its rank: 1 where the own chunk was shown first, 2 where second
+    # Each judged mark weighs one over the chance of finding its document at the places it was shown, each place d
+    # read with probability 1/d: 1 where a source of it was shown first, 2 where it was shown at 2 alone
     with FeedbackStore.open(root) as store:
-        ranks = {question_id(c["id"]): c["feedback"][0]["rank"] for c in store.captures(KB) if c["feedback"]}
+        marked_source = {
+            c["id"]: c["hits"][c["feedback"][0]["rank"] - 1]["source"] for c in store.captures(KB) if c["feedback"]
+        }
+        places = {
+            question_id(c["id"]): [h["rank"] for h in c["hits"] if h["source"] == marked_source[c["id"]]]
+            for c in store.captures(KB)
+            if c["id"] in marked_source
+        }
     per_question = gate["per_question"]
-    assert per_question["weights"] == [float(ranks[i]) for i in per_question["ids"]]
-    assert set(per_question["weights"]) == {1.0, 2.0}
+    expected = [1 / (1 - np.prod([1 - 1 / d for d in places[i]])) for i in per_question["ids"]]
+    assert per_question["weights"] == pytest.approx(expected)
+    assert min(per_question["weights"]) == 1.0 < max(per_question["weights"])
     weighted = np.average(per_question["after"], weights=per_question["weights"]) - np.average(
         per_question["before"], weights=per_question["weights"]
     )

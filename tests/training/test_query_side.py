@@ -38,11 +38,18 @@ def test_a_weighted_batch_loss_is_the_weighted_mean_of_each_questions_loss(tiny_
     assert loss != pytest.approx(np.mean(each), rel=1e-3), "the weights change the loss"
 
 
-def test_a_marks_weight_is_its_rank_to_the_propensity_and_a_label_weighs_1():
-    marks = [Marked("fb-1", "q", "a.md", "e", 1), Marked("fb-2", "q", "a.md", "e", 4), Marked("fb-3", "q", "a.md", "e")]
-    assert mark_weights(marks, 0.0) == [1.0, 1.0, 1.0]
-    assert mark_weights(marks, 1.0) == [1.0, 4.0, 1.0]
-    assert mark_weights(marks, 0.5) == [1.0, 2.0, 1.0]
+def test_a_marks_weight_is_one_over_the_chance_its_document_is_found_and_a_label_weighs_1():
+    """Shown once at r: r^η; at several places: one over 1 − Π(1 − d^-η) (at 2 and 3 with η 1: 1 / (1 − 1/2 · 2/3)
+    = 1.5); shown first: 1 whatever else; an operator's label: 1."""
+    marks = [
+        Marked("fb-1", "q", "a.md", "e", (1, 5)),
+        Marked("fb-2", "q", "a.md", "e", (4,)),
+        Marked("fb-3", "q", "a.md", "e", (2, 3)),
+        Marked("fb-4", "q", "a.md", "e"),
+    ]
+    assert mark_weights(marks, 0.0) == [1.0, 1.0, 1.0, 1.0]
+    assert mark_weights(marks, 1.0) == pytest.approx([1.0, 4.0, 1.5, 1.0])
+    assert mark_weights(marks, 0.5) == pytest.approx([1.0, 2.0, 1 / (1 - (1 - 2**-0.5) * (1 - 3**-0.5)), 1.0])
     with pytest.raises(ValueError, match="4 questions but 3 weights"):
         StoredQuestions(TEXTS, [[0], [1], [2], [3]], np.zeros((4, 2), np.float32), [1.0, 1.0, 1.0])
     assert bank(2, [1.0, 2.0, 3.0, 4.0]).subset([3, 1]).weights == [4.0, 2.0]
