@@ -248,7 +248,10 @@ async def capture_chat(params: dict[str, Any], answer: Any) -> Any:
         hits = await run_in_threadpool(sys.modules[KB_DOC_API_MODULE].search_docs, **search)
     except Exception:  # kb_chat's own search reports it, as without capture
         return await answer()
-    swap = choose_swap([source_of(doc) for doc in hits], cached_capture(chatchat_root()).swap)
+    try:
+        swap = choose_swap([source_of(doc) for doc in hits], cached_capture(chatchat_root()).swap)
+    except Exception:  # hits of a shape record() would not store either: shown as served, never a failed answer
+        swap = None
     if swap is not None:
         hits = swapped(hits, swap)
     slot.prefetched = (_search_key(search), hits)
