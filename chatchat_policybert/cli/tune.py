@@ -137,9 +137,9 @@ def register(commands: Any) -> None:
         "the chance its document is found at the ranks it was shown (r^ETA where shown once, at r) in the training "
         "and in the gate (propensity weighting, Joachims et al. 2017); default 0: every mark alike. Only with "
         "--feedback. Measure ETA with `setup --capture-swap` and `feedback propensity`; one larger than your "
-        "users' inflates the gate's figure (issue 49's replay with 1: user b's marks installed on 1 seed of 3, none "
-        "without it; user a's, who reads every source, on 3 of 3 either way, the gate's figure 3.4 times its "
-        'unweighted one; docs/deployment.md, "Position bias")',
+        "users' inflates the gate's figure (issue 49's replay with 1, user b's own reading: b's marks installed on "
+        "no seed of 3, too few to decide; user a's, who reads every source, on 3 of 3, the gate's figure 2.8 times "
+        'its unweighted one; docs/deployment.md, "Position bias")',
     )
     parser.add_argument(
         "--llm",
