@@ -1,7 +1,8 @@
-"""The capture switch of a root: whether the API records its users' questions, and how many days they are kept.
+"""The capture switch of a root: whether the API records its users' questions, how many days they are kept, and
+what share of RAG questions shows its sources with the first moved (``--capture-swap``).
 
 One small JSON file, :data:`~chatchat_policybert.chatchat.root.CAPTURE_SETTINGS` (``{"capture": true,
-"retention_days": 180, "swap": 0.0}``), written by ``setup --capture on|off`` only; no file means off. Why not a key of
+"retention_days": 180, "swap": 0.0}``), written by ``setup --capture…`` only; no file means off. Why not a key of
 model_settings.yaml: ``tune`` installs and ``rollback`` restores those files whole, and a rollback must never turn
 back on a capture the operator turned off since. The API reads it at each question (one ``stat`` while it is
 unchanged, :func:`cached_capture`), so a change needs no restart.
