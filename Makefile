@@ -30,7 +30,7 @@ demo: setup
 	$(BIN)/python -m chatchat_policybert.demo --root $${CHATCHAT_ROOT:-chatchat-root} $(if $(MODEL),--model $(MODEL))
 
 # After `make demo`: the query tower trained on the shipped training questions (213, on 60 of the 80 documents), judged
-# by 5-fold cross-fitting on Chatchat's search_docs, installed when better (no kb -r); prints before/after.
+# by 3-fold cross-fitting on Chatchat's search_docs, installed when better (no kb -r); prints before/after.
 tune-demo: setup
 	$(BIN)/chatchat-policybert tune --root $${CHATCHAT_ROOT:-chatchat-root} --kb WeiMingPolicies \
 		--questions chatchat_policybert/data/policy_training_questions.jsonl \
