@@ -26,6 +26,7 @@ from typing import Any
 from chatchat_policybert.chatchat.process import call_worker
 from chatchat_policybert.chatchat.root import content_dir
 from chatchat_policybert.corpus import FOLDER_SUFFIXES
+from chatchat_policybert.feedback.propensity import shown_places
 from chatchat_policybert.feedback.store import chunk_sha256
 
 MIN_QUESTION_CHARS = 6
@@ -77,10 +78,9 @@ def positive(capture: dict[str, Any]) -> dict[str, Any] | None:
         return None
     rank = max(marks, key=lambda f: f["time"])["rank"]
     hit = next(h for h in capture["hits"] if h["rank"] == rank)
-    places = tuple(h["rank"] for h in capture["hits"] if h["source"] == hit["source"])
     return {
         "source": hit["source"], "chunk": hit["chunk"], "chunk_sha256": hit["chunk_sha256"], "rank": rank,
-        "places": places,
+        "places": shown_places([h["source"] for h in capture["hits"]], hit["source"]),
     }  # fmt: skip
 
 

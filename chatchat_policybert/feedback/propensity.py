@@ -70,6 +70,12 @@ class Observation:
         return self.places[0]
 
 
+def shown_places(sources: Sequence[str], source: str) -> tuple[int, ...]:
+    """Where ``source``'s document was shown (1-based, ascending) among ``sources``, the shown hits' files in order:
+    the places a user could find it at, for the fit here and for ``tune``'s weights alike."""
+    return tuple(place for place, shown in enumerate(sources, 1) if shown == source)
+
+
 def observations(captures: Sequence[dict[str, Any]]) -> list[Observation]:
     """What :func:`estimate_propensity` reads of ``captures`` (``feedback list --json``'s rows): the RAG questions
     that showed a source of a second document (the only ones a swap can move), each with where the document ranked
@@ -87,7 +93,7 @@ def observations(captures: Sequence[dict[str, Any]]) -> list[Observation]:
             for row in capture["feedback"]
             if row["verdict"] == "answered" and row["rank"] is not None and 1 <= row["rank"] <= len(sources)
         }
-        out.append(Observation(tuple(d for d, s in enumerate(sources, 1) if s == first), first in marked))
+        out.append(Observation(shown_places(sources, first), first in marked))
     return out
 
 
