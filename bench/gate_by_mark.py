@@ -7,11 +7,12 @@
 Each mark the gate judged (its ``per_question`` scores: before, the served tower; after, the held-out fold tower) is
 put in one of three kinds by the labelled training question it replayed: the right document marked at rank 1, the
 right document marked below it, or another document (user b's 10 % noise). Per kind: how many, the mean before and
-after, and the mean tower effect. Then the gate's tower effect re-weighted, nothing retrained, by rank^η for each
-``--propensity`` η (what ``tune --feedback-propensity`` would weigh the same scores by), with the weighted paired
-bootstrap 95 % interval; and the tower the tune trained, installed or refused, scored on the pooled blind sets against
-the served tower (``feedback_replay.tower_dense``). This is how issue 49's b-user refusals were read
-(docs/deployment.md, "Position bias").
+after, and the mean tower effect. Then the gate's tower effect re-weighted, nothing retrained, by rank^η of the
+marked source for each ``--propensity`` η (what ``tune --feedback-propensity`` weighed marks by until 2026-11-29; it
+now weighs one over the chance of finding the marked document at any place it was shown, which equals rank^η only
+for a document shown once), with the weighted paired bootstrap 95 % interval; and the tower the tune trained,
+installed or refused, scored on the pooled blind sets against the served tower (``feedback_replay.tower_dense``).
+This is how issue 49's b-user refusals were read (docs/deployment.md, "Position bias").
 """
 
 from __future__ import annotations

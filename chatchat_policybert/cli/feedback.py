@@ -41,7 +41,8 @@ def register(commands: Any) -> None:
     """Add ``feedback`` and its five subcommands to the subcommands of the main parser."""
     feedback = commands.add_parser(
         "feedback",
-        help="list, export, label or purge the questions users asked and the sources they marked",
+        help="list, export, label or purge the questions users asked and the sources they marked, or measure from "
+        "them how much less users read lower sources (propensity)",
         description=__doc__,
     )
     actions = feedback.add_subparsers(dest="action", required=True, parser_class=PlainArgumentParser)
@@ -80,6 +81,7 @@ def register(commands: Any) -> None:
         "propensity",
         help="measure how much less users read the sources shown lower (ETA for `tune --feedback-propensity`), "
         "from the questions `setup --capture-swap` showed with their first source moved",
+        description=run_propensity.__doc__,
     )
     _common(propensity, "the knowledge base (default: DEFAULT_KNOWLEDGE_BASE)")
     propensity.add_argument("--json", action="store_true", help="one JSON object: ETA, its interval and the counts")
@@ -190,8 +192,12 @@ def run_export(args: argparse.Namespace) -> int:
 
 
 def run_propensity(args: argparse.Namespace) -> int:
-    """Print ETA, users' reading of rank r as (1/r)^ETA, estimated from the swapped questions
-    (:mod:`chatchat_policybert.feedback.propensity`), with its 95 % interval and the counts it rests on."""
+    """Estimate ETA, how much less users read the sources shown lower (the source at rank r read with probability
+    (1/r)^ETA), from the questions `setup --capture-swap SHARE` showed with their first source in another
+    document's place: how often users marked that document where it was moved, against where it stayed first.
+    Prints ETA with its 95 % bootstrap interval and the counts it rests on; one error line while there is no
+    swapped question or no mark yet. Pass ETA to `tune --feedback --feedback-propensity ETA` yourself: tune never
+    applies it on its own."""
     kb = _kb(args)
     store = _open(args.root)
     if store is None:
