@@ -31,7 +31,8 @@ store; the copies are the bench's own and are removed after, unless ``--keep``):
    before that tune is tuned too with ``--feedback-positive best`` (the arm ``feedback U best``: the same marks, the
    positive the chunk of the marked document the served model ranks first, ``tune``'s default). ``--variants``
    names the tunes instead, each on its own copy made before any tune: ``best``, ``marked``, ``best:1`` (with
-   ``--feedback-propensity 1``: each mark weighted by its rank, the arm ``feedback U best η1``); ``U/VARIANT`` for
+   ``--feedback-propensity 1``: each mark weighted as tune weighs it, r where its document was shown once at rank
+   r, the arm ``feedback U best η1``); ``U/VARIANT`` for
    user U only.
 Then on another fresh copy the baseline, ``make tune-demo``'s command with the same seed: ``tune --questions
 policy_training_questions.jsonl --corpus Policys_cleaned.csv --seed S`` (with ``--limit``, the same first questions
