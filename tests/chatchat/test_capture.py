@@ -42,10 +42,8 @@ def by_id(deployment: Deployment) -> dict[str, dict]:
     return {c["id"]: c for c in captures(deployment)}
 
 
-def search(
-    deployment: Deployment, query: str, top_k: int = 3, kb: str = KB_NAME, threshold: float = 2.0
-) -> requests.Response:
-    body = {"query": query, "knowledge_base_name": kb, "top_k": top_k, "score_threshold": threshold}
+def search(deployment: Deployment, query: str, top_k: int = 3, kb: str = KB_NAME) -> requests.Response:
+    body = {"query": query, "knowledge_base_name": kb, "top_k": top_k, "score_threshold": 2.0}
     return requests.post(f"{deployment.api}/knowledge_base/search_docs", json=body, timeout=120)
 
 

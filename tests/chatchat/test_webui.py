@@ -16,9 +16,8 @@ from pathlib import Path
 import pytest
 from chatchat_deploy import Deployment
 from ollama_standin import REPLY
-from test_capture import captures, capturing, search  # noqa: F401 (capturing: the fixture that turns capture on)
+from test_capture import captures, capturing  # noqa: F401 (capturing: the fixture that turns capture on)
 
-from chatchat_policybert.chatchat.config import kb_settings
 from chatchat_policybert.demo import TOP_K
 from chatchat_policybert.plugin.webui import NONE, NOTICE, QUESTION
 
@@ -50,6 +49,16 @@ def open_rag_tab(page: object) -> None:
     page.get_by_placeholder(PROMPT).wait_for()
 
 
+def wait_for_the_settings(page: object) -> None:
+    """The sidebar's number inputs hold the shipped values, as a user sees them before asking. Playwright's retrying
+    assertion: a number input first renders before its value arrives (in one CI run it read "1", the widget's minimum,
+    at the first look); a wrong value still fails after 30 s."""
+    sidebar = page.get_by_test_id("stSidebar")
+    expect = playwright_sync.expect
+    expect(sidebar.get_by_label("匹配知识条数：")).to_have_value(str(TOP_K), timeout=30_000)  # the demo's
+    expect(sidebar.get_by_label("历史对话轮数：")).to_have_value("3", timeout=30_000)
+
+
 def ask(page: object, question: str) -> None:
     prompt = page.get_by_placeholder(PROMPT)
     prompt.fill(question)
@@ -66,11 +75,7 @@ def test_rag_page_answers_with_sources(server, policies, tmp_path: Path):
         # The knowledge base selected by default, and the shipped retrieval settings in the widgets.
         sidebar.get_by_text("请选择知识库：").wait_for()
         assert "WeiMingPolicies" in sidebar.get_by_test_id("stSelectbox").nth(1).inner_text()
-        # Playwright's retrying assertion: a number input first renders before its value arrives (in one CI run it
-        # read "1", the widget's minimum, at the first look); a wrong value still fails after 30 s.
-        expect = playwright_sync.expect
-        expect(sidebar.get_by_label("匹配知识条数：")).to_have_value(str(TOP_K), timeout=30_000)  # the demo's
-        expect(sidebar.get_by_label("历史对话轮数：")).to_have_value("3", timeout=30_000)
+        wait_for_the_settings(page)
         assert "0.29" in sidebar.get_by_test_id("stSlider").inner_text()
 
         ask(page, question)
@@ -87,28 +92,26 @@ def test_a_click_under_the_answer_records_one_feedback_row(capturing: Deployment
     """Ask in the RAG tab with capture on: the question is stored with the hits the answer showed, the control under
     it offers 出处 [1]…[k] and 都没有, and a click is one feedback row of this browser session; a rerun posts
     nothing, a second click changes that row, and a reload does not add one."""
-    # The question the page answers with the most sources at its own settings (top_k, SCORE_THRESHOLD), asked first
-    # through search_docs: the tiny model's scores sit near the threshold, and one CI run's fixed question got one.
-    threshold = kb_settings(capturing.root).score_threshold
-    candidates = [question for p in policies for question in (f"{p.content[:20]}的主要内容", f"{p.title}有哪些要求")]
-    hits = {q: len(search(capturing, q, top_k=TOP_K, threshold=threshold).json()) for q in candidates}
-    question = max(candidates, key=hits.get)
-    assert hits[question] >= 2, f"no question has two sources at top_k {TOP_K}, threshold {threshold}: {hits}"
+    question = f"{policies[1].content[:20]}的主要内容"
 
     def the_capture() -> dict:
-        found = [c for c in captures(capturing) if c["question"] == question and c["route"] == "openai"]
+        found = [c for c in captures(capturing) if c["question"] == question]
         assert len(found) == 1, [c["question"] for c in captures(capturing)]
         return found[0]
 
     with rag_page(capturing) as page:
         page.get_by_test_id("stSidebar").get_by_text(NOTICE).wait_for()  # told before asking
+        wait_for_the_settings(page)
         ask(page, question)
         control = page.get_by_test_id("stRadio").filter(has_text=QUESTION)
         control.wait_for()
         captured = the_capture()
-        assert captured["route"] == "openai" and captured["feedback"] == []
+        assert (captured["route"], captured["top_k"], captured["feedback"]) == ("openai", TOP_K, [])
         shown = len(captured["hits"])
-        assert shown >= 2
+        # One CI run (stop 59) saw a single source here, asked without waiting for the settings; not reproduced in 14
+        # tries, idle and under load. The top_k asserted above and this message say what the page asked with.
+        asked = {key: captured[key] for key in ("top_k", "score_threshold", "history", "fingerprint")}
+        assert shown >= 2, (asked, [(hit["rank"], hit["source"], hit["score"]) for hit in captured["hits"]])
         choices = control.locator("label[data-baseweb='radio']")
         assert choices.all_inner_texts() == [*(f"出处 [{i}]" for i in range(1, shown + 1)), NONE]
 
