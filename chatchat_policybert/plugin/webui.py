@@ -10,7 +10,8 @@ which changes two names of it and nothing else:
   first chunk's ``capture_id`` and number of sources shown are kept in the answer's message metadata (the chat box's
   history, which lives in ``st.session_state`` and is saved and restored with each conversation).
 - ``kb_chat``: the page, then, inside each answer that has a ``capture_id``, one radio "哪条出处回答了问题？" with 1…k
-  and 都没有, and the notice that questions are kept. Choosing posts ``POST /policybert/feedback`` to the API server's
+  and 都没有, and the notice that questions are kept (and, with ``setup --capture-swap`` above 0, that some answers show
+  their first source in another place). Choosing posts ``POST /policybert/feedback`` to the API server's
   address from the root's settings (the one the page asks, ``api_address(is_public=True)``), so it works where the
   WebUI and the API run on different hosts.
 
@@ -28,10 +29,13 @@ from types import ModuleType
 from typing import Any
 
 from chatchat_policybert.chatchat.switches import WRAPPED_MARK
+from chatchat_policybert.feedback.settings import CaptureSettings, cached_capture
 
 QUESTION = "哪条出处回答了问题？"
 NONE = "都没有"
 NOTICE = "问题记录已开启：知识库问答的问题和它找到的出处会被保存，用于改进检索。"
+SWAP_NOTICE = "出处顺序实验已开启：部分回答的第一条出处会与另一条对调位置，用于衡量出处的排位对阅读的影响。"
+"""Shown with :data:`NOTICE` while ``setup --capture-swap`` is above 0: users are told the order may be changed."""
 METADATA_KEY = "policybert_capture"
 """The key, in an answer's message metadata, of ``{"id", "shown", "choice", "status"}``."""
 SESSION_KEY = "policybert_feedback_session"
@@ -98,7 +102,8 @@ def _noting_capture(stream: Any, chat_box: Any) -> Any:
 
 def render_feedback(chat_box: Any) -> None:
     """Under each answer of the chat box that has a capture id, the source control (:func:`source_control`); the
-    notice in the sidebar while this root's capture switch is on or an answer was captured."""
+    notice in the sidebar while this root's capture switch is on or an answer was captured, and the swap notice while
+    capture is on with a swap share above 0."""
     import streamlit as st
 
     session = st.session_state.setdefault(SESSION_KEY, secrets.token_urlsafe(16))
@@ -112,19 +117,20 @@ def render_feedback(chat_box: Any) -> None:
             captured = True
             with container:
                 source_control(capture, session)
-    if captured or _capture_on():
+    switch = _capture_switch()
+    if captured or switch.enabled:
         st.sidebar.caption(NOTICE)
+    if switch.enabled and switch.swap > 0:
+        st.sidebar.caption(SWAP_NOTICE)
 
 
-def _capture_on() -> bool:
-    """Whether the WebUI's root has capture on (the same root as the API's where both run on one host)."""
+def _capture_switch() -> CaptureSettings:
+    """The WebUI's root's capture switch (the same root as the API's where both run on one host)."""
     from pathlib import Path
 
     from chatchat.settings import Settings
 
-    from chatchat_policybert.feedback.settings import cached_capture
-
-    return cached_capture(Path(Settings.CHATCHAT_ROOT)).enabled
+    return cached_capture(Path(Settings.CHATCHAT_ROOT))
 
 
 def source_control(capture: dict[str, Any], session: str) -> None:

@@ -16,10 +16,10 @@ from pathlib import Path
 import pytest
 from chatchat_deploy import Deployment
 from ollama_standin import REPLY
-from test_capture import captures, capturing  # noqa: F401 (capturing: the fixture that turns capture on)
+from test_capture import captures, capturing, cli  # noqa: F401 (capturing: the fixture that turns capture on)
 
 from chatchat_policybert.demo import TOP_K
-from chatchat_policybert.plugin.webui import NONE, NOTICE, QUESTION
+from chatchat_policybert.plugin.webui import NONE, NOTICE, QUESTION, SWAP_NOTICE
 
 pytestmark = pytest.mark.webui
 playwright_sync = pytest.importorskip("playwright.sync_api", reason="pip install playwright")
@@ -102,6 +102,7 @@ def test_a_click_under_the_answer_records_one_feedback_row(capturing: Deployment
     with rag_page(capturing) as page:
         page.get_by_test_id("stSidebar").get_by_text(NOTICE).wait_for()  # told before asking
         wait_for_the_settings(page)
+        assert page.get_by_text(SWAP_NOTICE).count() == 0  # no source shown out of order: nothing said about it
         ask(page, question)
         control = page.get_by_test_id("stRadio").filter(has_text=QUESTION)
         control.wait_for()
@@ -137,3 +138,21 @@ def test_a_click_under_the_answer_records_one_feedback_row(capturing: Deployment
         page.wait_for_timeout(3000)
         assert page.get_by_test_id("stRadio").filter(has_text=QUESTION).count() == 0  # a new session, no answers
         assert the_capture()["feedback"] == [second]
+
+
+@needs_chromium
+def test_with_a_swap_share_the_sidebar_says_sources_may_be_reordered(capturing: Deployment):  # noqa: F811
+    """`setup --capture-swap` above 0 (no restart): the RAG tab tells its users, beside the capture notice, that some
+    answers show their first source in another place; back at 0 it no longer does."""
+    assert cli(capturing, "setup", "--capture-swap", "0.2", "--no-check").returncode == 0
+    try:
+        with rag_page(capturing) as page:
+            sidebar = page.get_by_test_id("stSidebar")
+            sidebar.get_by_text(NOTICE).wait_for()
+            sidebar.get_by_text(SWAP_NOTICE).wait_for()
+    finally:
+        assert cli(capturing, "setup", "--capture-swap", "0", "--no-check").returncode == 0
+    with rag_page(capturing) as page:
+        page.get_by_test_id("stSidebar").get_by_text(NOTICE).wait_for()
+        page.wait_for_timeout(1000)  # the two notices arrive in one run of the page: give the second time to show
+        assert page.get_by_text(SWAP_NOTICE).count() == 0
