@@ -109,8 +109,8 @@ def test_a_click_under_the_answer_records_one_feedback_row(capturing: Deployment
         captured = the_capture()
         assert (captured["route"], captured["top_k"], captured["feedback"]) == ("openai", TOP_K, [])
         shown = len(captured["hits"])
-        # One CI run (stop 59) saw a single source here, asked without waiting for the settings; not reproduced in 14
-        # tries, idle and under load. The top_k asserted above and this message say what the page asked with.
+        # One CI run (stop 59) saw a single source here, asked without waiting for the settings; not reproduced
+        # (probe_webui_first_question.py, docs/tests.md). The top_k asserted above and this message say what it asked.
         asked = {key: captured[key] for key in ("top_k", "score_threshold", "history", "fingerprint")}
         assert shown >= 2, (asked, [(hit["rank"], hit["source"], hit["score"]) for hit in captured["hits"]])
         choices = control.locator("label[data-baseweb='radio']")
