@@ -94,7 +94,8 @@ def register(commands: Any) -> None:
         metavar="SHARE",
         help="share of captured RAG questions (0 to 1; default 0) shown with their first source in the place of "
         "another shown one, recorded, so that `feedback propensity` can measure how much less users read lower "
-        "sources (Joachims et al. 2017's swap intervention; the LLM reads the same sources)",
+        "sources (Joachims et al. 2017's swap intervention; the LLM reads the same sources; the WebUI's RAG tab tells "
+        "its users)",
     )
     setup.add_argument("--no-check", action="store_true", help="skip the doctor's checks after merging")
     setup.add_argument(
